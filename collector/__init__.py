@@ -1,0 +1,1 @@
+"""HTTP in, durable write: the UBI collector (FastAPI) and the embedded DuckDB store."""

@@ -1,0 +1,347 @@
+"""The embedded DuckDB store: one writing process, readers through snapshots.
+
+DuckDB lets one process open a file for writing, and no other process may open it at all while it does.
+The design (README, "One writer, many readers"):
+
+* The process that owns the file (``ubi serve``, or a command run while no collector runs) holds a
+  :class:`Store` opened read-write. Every write is one transaction over whole Arrow batches; a 202 is sent
+  only after it committed (DuckDB fsyncs its WAL on commit).
+* A running collector advertises itself in a sidecar file next to the database (``<db>.collector.json``).
+* Readers (``ubi process``, ``ubi report``) call :func:`open_reader`: when the file is free they open it
+  read-only; when a collector holds it, they ask the collector for a consistent snapshot
+  (``POST /v1/admin/snapshot``: a checkpoint and a copy of the database taken between two write
+  transactions) and read that. Derived tables they produce go back through the collector
+  (``POST /v1/admin/load/{table}``), so the one writer stays the one writer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from schemas import tables
+from schemas.errors import StoreError, StoreLocked
+
+#: Derived tables other processes may load through a running collector.
+LOADABLE_TABLES = ("judgments", "human_judgments")
+
+
+def sidecar_path(db: Path) -> Path:
+    """Where a running collector advertises its URL for the database ``db``."""
+    return Path(str(db) + ".collector.json")
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    return "lock" in str(exc).lower()
+
+
+def utcnow() -> datetime:
+    """Now, as a naive UTC datetime (the stored convention for TIMESTAMP columns)."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What one committed write did."""
+
+    queries_inserted: int = 0
+    queries_duplicate: int = 0
+    query_conflicts: tuple[int, ...] = ()  # batch positions of conflicting query records
+    events_inserted: int = 0
+    events_duplicate: int = 0
+    failed_inserted: int = 0
+
+
+class Store:
+    """A DuckDB database file opened for writing by this process. Thread-safe (one lock)."""
+
+    def __init__(self, path: Path | str, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if not create and not self.path.exists():
+            raise StoreError(f"{self.path}: no such database; run `ubi serve` or `ubi import` first")
+        try:
+            self.con = duckdb.connect(str(self.path))
+        except duckdb.IOException as exc:
+            if _is_lock_error(exc):
+                raise StoreLocked(
+                    f"{self.path} is held by another process (a running `ubi serve`?). Stop it, or point this "
+                    "command at the running collector instead."
+                ) from exc
+            raise StoreError(f"{self.path}: cannot open: {exc}") from exc
+        self.lock = threading.Lock()
+        ensure_tables(self.con)
+
+    def close(self) -> None:
+        with self.lock:
+            self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One write transaction under the store lock; rolled back on any error."""
+        with self.lock:
+            cur = self.con.cursor()
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+            finally:
+                cur.close()
+
+    def write(
+        self,
+        queries: pa.Table | None = None,
+        events: pa.Table | None = None,
+        failed: pa.Table | None = None,
+    ) -> WriteResult:
+        """Insert whole Arrow batches in one committed transaction, deduplicating on the table keys.
+
+        Events already stored (same ``event_key``) count as duplicates. A query whose ``query_key`` is
+        stored with the same ``content_hash`` is a duplicate; with a different hash it is a conflict: it
+        is not stored and its batch position is returned so the caller can keep it as a failed record.
+        """
+        q_ins = q_dup = e_ins = e_dup = f_ins = 0
+        conflicts: list[int] = []
+        with self.transaction() as cur:
+            if queries is not None and queries.num_rows:
+                qbatch = queries.append_column("_pos", pa.array(range(queries.num_rows), pa.int64()))
+                cur.register("_qbatch", qbatch)
+                rows = cur.execute(
+                    "SELECT b._pos, b.content_hash = s.content_hash FROM _qbatch b "
+                    "JOIN ubi_queries s ON s.query_key = b.query_key"
+                ).fetchall()
+                # first occurrence of each key in the batch wins; later ones are duplicates or conflicts
+                first: dict[str, tuple[int, str]] = {}
+                keys = qbatch.column("query_key").to_pylist()
+                hashes = qbatch.column("content_hash").to_pylist()
+                stored_same = {pos: same for pos, same in rows}
+                keep: list[int] = []
+                for pos, (key, h) in enumerate(zip(keys, hashes, strict=True)):
+                    if pos in stored_same:
+                        if stored_same[pos]:
+                            q_dup += 1
+                        else:
+                            conflicts.append(pos)
+                        continue
+                    if key in first:
+                        if first[key][1] == h:
+                            q_dup += 1
+                        else:
+                            conflicts.append(pos)
+                        continue
+                    first[key] = (pos, h)
+                    keep.append(pos)
+                cur.unregister("_qbatch")
+                if keep:
+                    kept = queries.take(pa.array(keep, pa.int64()))
+                    cur.register("_qkeep", kept)
+                    cur.execute(f"INSERT INTO ubi_queries SELECT {', '.join(tables.QUERY_COLUMNS)} FROM _qkeep")
+                    cur.unregister("_qkeep")
+                q_ins = len(keep)
+            if events is not None and events.num_rows:
+                cur.register("_ebatch", events)
+                (e_ins,) = cur.execute(
+                    f"INSERT OR IGNORE INTO ubi_events SELECT {', '.join(tables.EVENT_COLUMNS)} FROM _ebatch"
+                ).fetchone() or (0,)
+                cur.unregister("_ebatch")
+                e_dup = events.num_rows - e_ins
+            if failed is not None and failed.num_rows:
+                cur.register("_fbatch", failed)
+                cur.execute(f"INSERT INTO failed_records SELECT {', '.join(tables.FAILED_COLUMNS)} FROM _fbatch")
+                cur.unregister("_fbatch")
+                f_ins = failed.num_rows
+        return WriteResult(q_ins, q_dup, tuple(conflicts), e_ins, e_dup, f_ins)
+
+    def load_table(self, name: str, data: pa.Table, *, replace_where: str | None = None) -> int:
+        """Insert or replace rows of a derived table (``judgments``, ``human_judgments``) in one transaction."""
+        if name not in LOADABLE_TABLES:
+            raise StoreError(f"table {name!r} cannot be loaded; expected one of {', '.join(LOADABLE_TABLES)}")
+        cols = ", ".join(data.column_names)
+        with self.transaction() as cur:
+            cur.register("_load", data)
+            cur.execute(f"INSERT OR REPLACE INTO {name} ({cols}) SELECT {cols} FROM _load")
+            cur.unregister("_load")
+        return data.num_rows
+
+    def snapshot(self, dest: Path | None = None) -> Path:
+        """Copy the whole database, between two write transactions, to a new file opened by nobody."""
+        dest = dest or self.path.with_name(f"{self.path.name}.snapshot-{uuid.uuid4().hex[:12]}")
+        with self.lock:
+            cur = self.con.cursor()
+            try:
+                cur.execute("CHECKPOINT")
+                cur.execute(f"ATTACH '{_sql_str(dest)}' AS _snap")
+                (src,) = cur.execute("SELECT current_database()").fetchone() or ("",)
+                cur.execute(f'COPY FROM DATABASE "{src}" TO _snap')
+                cur.execute("DETACH _snap")
+            finally:
+                cur.close()
+        return dest
+
+    def read(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run a read query on the writer connection (for the collector's own routes)."""
+        with self.lock:
+            cur = self.con.cursor()
+            try:
+                return cur.execute(sql, params or []).fetchall()
+            finally:
+                cur.close()
+
+
+def _sql_str(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """Create every table of ``schemas.tables`` that does not exist yet."""
+    for ddl in tables.ALL_TABLES:
+        con.execute(ddl)
+
+
+def failed_row(
+    *,
+    source: str,
+    kind: str,
+    reason: str,
+    raw: bytes | None,
+    item_index: int | None = None,
+    field: str | None = None,
+    received_at: datetime | None = None,
+    kafka: tuple[str, int, int] | None = None,
+) -> dict[str, Any]:
+    """One ``failed_records`` row as a dict (see ``schemas.tables.FAILED_RECORDS``)."""
+    topic, partition, offset = kafka or (None, None, None)
+    return {
+        "failed_id": uuid.uuid4().hex,
+        "received_at": received_at or utcnow(),
+        "source": source,
+        "kind": kind,
+        "item_index": item_index,
+        "field": field,
+        "reason": reason,
+        "raw": raw,
+        "kafka_topic": topic,
+        "kafka_partition": partition,
+        "kafka_offset": offset,
+    }
+
+
+FAILED_SCHEMA = pa.schema(
+    [
+        ("failed_id", pa.string()),
+        ("received_at", pa.timestamp("us")),
+        ("source", pa.string()),
+        ("kind", pa.string()),
+        ("item_index", pa.int32()),
+        ("field", pa.string()),
+        ("reason", pa.string()),
+        ("raw", pa.binary()),
+        ("kafka_topic", pa.string()),
+        ("kafka_partition", pa.int32()),
+        ("kafka_offset", pa.int64()),
+    ]
+)
+
+
+def failed_table(rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=FAILED_SCHEMA)
+
+
+def open_reader(db: Path | str) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the store, or to a fresh snapshot of it when a collector holds the file.
+
+    Raises :class:`StoreError` when the file does not exist, or is locked and no collector answers.
+    """
+    path = Path(db)
+    if not path.exists():
+        raise StoreError(f"{path}: no such database; ingest something first (`ubi serve`, `ubi import`)")
+    try:
+        return duckdb.connect(str(path), read_only=True)
+    except duckdb.IOException as exc:
+        if not _is_lock_error(exc):
+            raise StoreError(f"{path}: cannot open: {exc}") from exc
+    snap = request_snapshot(path)
+    try:
+        return duckdb.connect(str(snap), read_only=True)
+    except duckdb.Error as exc:
+        raise StoreError(f"{snap}: cannot open the snapshot: {exc}") from exc
+
+
+def collector_url(db: Path) -> str:
+    """URL of the collector that holds ``db``, from its sidecar file."""
+    side = sidecar_path(db)
+    try:
+        info = json.loads(side.read_text())
+        return str(info["url"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise StoreLocked(
+            f"{db} is locked by another process and no running collector advertises it ({side} missing or "
+            "unreadable). Stop the process holding the file, or run this command again once it has finished."
+        ) from exc
+
+
+def request_snapshot(db: Path) -> Path:
+    """Ask the collector holding ``db`` for a consistent snapshot; return the snapshot's path."""
+    import httpx
+
+    url = collector_url(db)
+    try:
+        resp = httpx.post(url + "/v1/admin/snapshot", timeout=600)
+        resp.raise_for_status()
+        return Path(resp.json()["path"])
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        raise StoreLocked(f"{db} is held by the collector at {url}, which did not give a snapshot: {exc}") from exc
+
+
+def load_derived(db: Path | str, name: str, data: pa.Table) -> int:
+    """Write a derived table into the store: directly when the file is free, else through the collector."""
+    path = Path(db)
+    try:
+        with Store(path) as store:
+            return store.load_table(name, data)
+    except StoreLocked:
+        pass
+    import httpx
+
+    url = collector_url(path)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write_table(data)
+    try:
+        resp = httpx.post(
+            f"{url}/v1/admin/load/{name}",
+            content=sink.getvalue().to_pybytes(),
+            headers={"content-type": "application/vnd.apache.arrow.stream"},
+            timeout=600,
+        )
+        resp.raise_for_status()
+        return int(resp.json()["rows"])
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        raise StoreError(f"could not load {name} through the collector at {url}: {exc}") from exc
+
+
+def advertise(db: Path, url: str) -> Path:
+    """Write the sidecar that tells readers where the collector holding ``db`` listens."""
+    side = sidecar_path(db)
+    side.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    return side

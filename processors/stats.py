@@ -1,0 +1,139 @@
+"""Sufficient statistics of click logs: the arrays every click model and estimator fits on.
+
+Built once, in DuckDB SQL from the store (``processors.sessions``) or in numpy from simulated sessions,
+then handed to pure numpy kernels. Ten million events never become ten million Python objects.
+
+Conventions: ranks are 1-based; ``pair`` indexes :class:`PairIndex` (one normalised query text and one doc
+id); ``K`` is the deepest rank kept (``Settings``/``--max-rank``, default 10).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from schemas.errors import UbiError
+
+
+class StatsError(UbiError):
+    """Arrays handed to a model are inconsistent (wrong shapes, ranks outside 1..K, negative counts)."""
+
+
+@dataclass(frozen=True)
+class PairIndex:
+    """The (query, doc) pairs the arrays refer to: pair ``p`` is ``(queries[p], doc_ids[p])``."""
+
+    queries: NDArray[np.object_]  # normalised query text per pair
+    doc_ids: NDArray[np.object_]
+    query_index: NDArray[np.int64]  # query number per pair (0..n_queries-1), for per-query grouping
+
+    def __len__(self) -> int:
+        return len(self.doc_ids)
+
+
+@dataclass(frozen=True)
+class ClickCells:
+    """PBM statistics: one row per (pair, rank) cell with its impression and click counts."""
+
+    pairs: PairIndex
+    pair: NDArray[np.int64]
+    rank: NDArray[np.int64]  # 1..K
+    impressions: NDArray[np.int64]
+    clicks: NDArray[np.int64]
+    max_rank: int
+
+    def check(self) -> None:
+        n = len(self.pair)
+        for name in ("rank", "impressions", "clicks"):
+            if len(getattr(self, name)) != n:
+                raise StatsError(f"ClickCells.{name} has {len(getattr(self, name))} rows, expected {n}")
+        if n and (self.rank.min() < 1 or self.rank.max() > self.max_rank):
+            raise StatsError(f"ClickCells.rank must lie in 1..{self.max_rank}")
+        if n and (self.clicks > self.impressions).any():
+            raise StatsError("ClickCells.clicks exceed impressions in some cell")
+
+
+@dataclass(frozen=True)
+class UbmCells:
+    """UBM statistics: cells keyed by (pair, rank, rank of the previous click; 0 = no click before)."""
+
+    pairs: PairIndex
+    pair: NDArray[np.int64]
+    rank: NDArray[np.int64]
+    prev_click: NDArray[np.int64]  # 0..rank-1
+    impressions: NDArray[np.int64]
+    clicks: NDArray[np.int64]
+    max_rank: int
+
+
+@dataclass(frozen=True)
+class SessionPatterns:
+    """Deduplicated sessions for the cascade family: identical (query, ranking, clicks) weighted by count.
+
+    ``docs[s, k-1]`` is the pair shown at rank k of pattern s, -1 when the list was shorter than K;
+    ``clicks[s, k-1]`` whether it was clicked; ``weight[s]`` how many sessions had that pattern.
+    """
+
+    pairs: PairIndex
+    query: NDArray[np.int64]  # query number per pattern
+    docs: NDArray[np.int64]  # [n, K]
+    clicks: NDArray[np.bool_]  # [n, K]
+    weight: NDArray[np.int64]  # [n]
+
+    @property
+    def max_rank(self) -> int:
+        return int(self.docs.shape[1])
+
+    @property
+    def n_sessions(self) -> int:
+        return int(self.weight.sum())
+
+    def check(self) -> None:
+        if self.docs.shape != self.clicks.shape:
+            raise StatsError(f"SessionPatterns.docs {self.docs.shape} and clicks {self.clicks.shape} differ")
+        if len(self.weight) != self.docs.shape[0] or len(self.query) != self.docs.shape[0]:
+            raise StatsError("SessionPatterns.weight/query must have one entry per pattern")
+        if (self.clicks & (self.docs < 0)).any():
+            raise StatsError("SessionPatterns has a click where no doc was shown")
+
+
+def cells_from_sessions(s: SessionPatterns) -> ClickCells:
+    """Aggregate weighted session patterns to PBM cells with ``bincount`` (vectorised, no Python loop)."""
+    n, k = s.docs.shape
+    shown = s.docs >= 0
+    rank = np.broadcast_to(np.arange(1, k + 1), (n, k))[shown]
+    pair = s.docs[shown]
+    w = np.broadcast_to(s.weight[:, None], (n, k))[shown]
+    c = s.clicks[shown]
+    key = pair * (k + 1) + rank
+    uniq, inv = np.unique(key, return_inverse=True)
+    imps = np.bincount(inv, weights=w).astype(np.int64)
+    clk = np.bincount(inv, weights=w * c).astype(np.int64)
+    return ClickCells(s.pairs, (uniq // (k + 1)).astype(np.int64), (uniq % (k + 1)).astype(np.int64), imps, clk, k)
+
+
+def ubm_cells_from_sessions(s: SessionPatterns) -> UbmCells:
+    """Aggregate weighted session patterns to UBM cells (pair, rank, previous click rank)."""
+    n, k = s.docs.shape
+    ranks = np.arange(1, k + 1)
+    clicked_rank = np.where(s.clicks, ranks, 0)
+    # previous click rank before position k: running max of clicked ranks over positions < k
+    prev = np.zeros((n, k), dtype=np.int64)
+    if k > 1:
+        prev[:, 1:] = np.maximum.accumulate(clicked_rank, axis=1)[:, :-1]
+    shown = s.docs >= 0
+    pair = s.docs[shown]
+    rank = np.broadcast_to(ranks, (n, k))[shown]
+    pc = prev[shown]
+    w = np.broadcast_to(s.weight[:, None], (n, k))[shown]
+    c = s.clicks[shown]
+    key = (pair * (k + 1) + rank) * (k + 1) + pc
+    uniq, inv = np.unique(key, return_inverse=True)
+    imps = np.bincount(inv, weights=w).astype(np.int64)
+    clk = np.bincount(inv, weights=w * c).astype(np.int64)
+    pc_u = uniq % (k + 1)
+    rest = uniq // (k + 1)
+    return UbmCells(s.pairs, (rest // (k + 1)).astype(np.int64), (rest % (k + 1)).astype(np.int64),
+                    pc_u.astype(np.int64), imps, clk, k)

@@ -1,0 +1,1 @@
+"""Judgments merged with provenance, offline and online metrics, agreement, comparison, gates, rendering."""

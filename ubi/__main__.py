@@ -1,0 +1,3 @@
+from ubi.cli import main
+
+raise SystemExit(main())
