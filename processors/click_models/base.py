@@ -1,0 +1,51 @@
+"""What every click model offers, so that judgments, propensities and benchmarks treat them alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Self, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from processors.stats import PairIndex, SessionPatterns
+
+
+@dataclass(frozen=True)
+class RelevanceEstimate:
+    """A model's relevance estimate per (query, doc) pair, with its support and interval.
+
+    Arrays are aligned with ``pairs``; ``ci_low``/``ci_high`` are NaN where the model gives no interval.
+    ``score`` is on the model's own scale (CTR, attractiveness, satisfaction-based relevance, COEC ratio).
+    """
+
+    pairs: PairIndex
+    score: NDArray[np.float64]
+    ci_low: NDArray[np.float64]
+    ci_high: NDArray[np.float64]
+    impressions: NDArray[np.int64]
+    clicks: NDArray[np.int64]
+    sessions: NDArray[np.int64]
+    parameters: dict[str, Any] = field(default_factory=dict)  # model-level parameters worth recording
+
+
+@runtime_checkable
+class ClickModel(Protocol):
+    """A click model: fit on weighted session patterns, predict clicks, estimate relevance.
+
+    ``click_probs`` gives the full (unconditional) P(C_k = 1) per pattern and rank;
+    ``conditional_click_probs`` gives P(C_k = c_k | clicks above) for the observed clicks, which is what the
+    log-likelihood and conditional perplexity use. Both are [n_patterns, K] arrays (NaN where nothing shown).
+    Pairs unseen in training get the model's prior.
+    """
+
+    name: str
+    version: str
+
+    def fit(self, sessions: SessionPatterns) -> Self: ...
+
+    def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]: ...
+
+    def conditional_click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]: ...
+
+    def relevance(self) -> RelevanceEstimate: ...
