@@ -33,4 +33,22 @@ class Settings(BaseSettings):
     max_ci_width: float = Field(0.5, description="widest confidence interval that still gets a grade")
     max_client_queries_per_minute: float = Field(60.0, description="clients above this query rate are filtered as bots")
     filter_click_all: bool = Field(True, description="drop searches with a click on every displayed result")
+    # (processors core: sessions, filters, judgments, review)
+    position_base_by_application: dict[str, int] = Field(
+        default_factory=dict,
+        description='position base per application overriding position_base, e.g. {"Chorus": 1} (JSON in UBI_*)',
+    )
+    click_actions: list[str] = Field(
+        default_factory=lambda: ["click"],
+        description="action_name values counted as clicks on a result (JSON list in UBI_CLICK_ACTIONS)",
+    )
+    impression_action: str = Field("impression", description="action_name of the events that say a result was displayed")
+    max_rank: int = Field(10, ge=1, le=100, description="deepest rank kept in sessions and click models (K)")
+    click_all_min_results: int = Field(
+        2, ge=1, description="filter_click_all applies to searches that displayed at least this many results"
+    )
+    grade_max: int = Field(3, ge=1, description="top grade of the human scale (grades 0..grade_max)")
+    calibration_fraction: float = Field(
+        0.5, gt=0.0, lt=1.0, description="share of human-graded pairs used to fit the grade mapping (rest: held out)"
+    )
     seed: int = 0
