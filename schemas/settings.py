@@ -27,6 +27,27 @@ class Settings(BaseSettings):
     max_items: int = Field(10_000, description="most records in one request (413 above)")
     failed_list_limit: int = 100
 
+    # --- kafka transport (helper: kafka): `ubi serve --sink kafka`, `ubi consume` ---
+    kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, HOST:PORT[,HOST:PORT...]")
+    kafka_topic_prefix: str = Field("ubi", description="topics are <prefix>.queries, <prefix>.events, <prefix>.failed")
+    kafka_partitions: int = Field(6, ge=1, description="partitions of a topic when ubi creates a missing one")
+    kafka_ack_timeout: float = Field(
+        5.0, gt=0, description="seconds the collector waits for the broker's acknowledgement before spooling"
+    )
+    kafka_linger_ms: int = Field(2, ge=0, description="producer linger: records wait this long to share a batch")
+    kafka_batch_bytes: int = Field(1024 * 1024, ge=1024, description="producer batch size per partition")
+    kafka_compression: str | None = Field(None, description="producer compression: none, gzip, lz4, snappy, zstd")
+    spool_dir: Path = Field(Path("ubi-spool"), description="local durable spool used while the broker is unreachable")
+    spool_max_bytes: int = Field(1024**3, ge=1024, description="spool size above which the collector answers 503")
+    spool_segment_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="size of one spool segment file")
+    consumer_group: str = Field("ubi-loader", description="consumer group of `ubi consume`")
+    consumer_batch_records: int = Field(20_000, ge=1, description="records per loaded batch (one commit each)")
+    consumer_batch_seconds: float = Field(1.0, gt=0, description="longest wait to fill a batch before loading it")
+    consumer_max_poll_interval_ms: int = Field(
+        300_000, ge=1000, description="Kafka max.poll.interval.ms (also the group rebalance timeout)"
+    )
+    consumer_session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka session.timeout.ms of the loader")
+
     # --- processors ---
     position_base: int = Field(0, description="base of event_attributes.position.ordinal (0 as OpenSearch tooling counts)")
     min_support: int = Field(10, description="impressions a (query, doc) needs before it gets a grade")
