@@ -7,8 +7,9 @@ Nothing else in ubi-pipeline reads the environment. Commands build a :class:`Set
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -73,3 +74,53 @@ class Settings(BaseSettings):
         0.5, gt=0.0, lt=1.0, description="share of human-graded pairs used to fit the grade mapping (rest: held out)"
     )
     seed: int = 0
+
+    # --- security (helper: browser client; collector/security.py, README "Safe to expose") ---
+    cors_allow_origins: list[str] = Field(
+        default_factory=list,
+        description='origins allowed to send records from a browser, e.g. ["https://shop.example"] (JSON in '
+        'UBI_CORS_ALLOW_ORIGINS; "*" allows any). Empty: only pages served by the collector itself',
+    )
+    api_keys: dict[str, list[SecretStr]] = Field(
+        default_factory=dict,
+        description='API keys per application, e.g. {"shop-search": ["k1", "k2"]}. When set, every write needs '
+        "X-API-Key (or ?api_key= for beacons) and records must carry the key's application",
+    )
+    rate_limit_per_second: float = Field(
+        0.0, ge=0.0, description="requests per second per client (API key, else IP); 0 turns the limit off"
+    )
+    rate_limit_burst: float = Field(60.0, ge=1.0, description="requests a client may send at once (bucket size)")
+    trusted_proxies: int = Field(
+        0, ge=0, description="reverse proxies in front of the collector; the client IP is read from X-Forwarded-For"
+    )
+    admin_remote: bool = Field(
+        False, description="allow /v1/admin/* and /v1/failed from other hosts than loopback (default: loopback only)"
+    )
+    pseudonymise_key: SecretStr | None = Field(
+        None, description="key of the HMAC-SHA256 that replaces client_id, user_id and session_id at ingest; unset: off"
+    )
+    pseudonymise_fields: list[str] = Field(
+        default_factory=lambda: ["client_id", "user_id", "session_id"],
+        description="fields replaced by their keyed hash when pseudonymise_key is set",
+    )
+    drop_fields: list[str] = Field(
+        default_factory=list,
+        description='fields removed from every record before storage, e.g. ["message"]; dotted paths reach into '
+        'objects ("event_attributes.position.x")',
+    )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _one_key_or_many(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {app: [keys] if isinstance(keys, str) else keys for app, keys in value.items()}
+        return value
+
+    @field_validator("drop_fields")
+    @classmethod
+    def _keep_required(cls, value: list[str]) -> list[str]:
+        required = {"action_name", "timestamp", "user_query"}
+        bad = sorted(required.intersection(value))
+        if bad:
+            raise ValueError(f"drop_fields cannot drop required UBI fields {bad}; records without them are invalid")
+        return value
