@@ -1,0 +1,80 @@
+"""COEC: clicks over expected clicks (Zhang & Jones, "Comparing click logs and editorial labels", SIGIR 2007).
+
+    COEC(q, d) = Σ_s c_s(q, d) / Σ_{impressions i of (q, d)} ρ_{k(i)}
+
+where ρ_k is the global CTR at rank k (clicks at k / impressions at k over all pairs) and the denominator sums
+over *every* impression of the pair at the rank it was shown at (docs/ubi.md: the Search Relevance
+Workbench's shortcut does not). COEC = 1 means "clicked as often as an average result at the same ranks";
+it is unbounded above.
+
+As a click model it predicts P(C_k = 1) = min(COEC(q, d)·ρ_k, 1), independent across ranks, so the conditional
+probabilities equal the full ones. Unseen pairs get the prior COEC = 1 (an average result).
+
+Interval: the expected clicks E are treated as fixed (they rest on all pairs' data) and the clicks c as
+Poisson, giving the exact Garwood interval [χ²_{a/2}(2c)/2, χ²_{1−a/2}(2c+2)/2] / E.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.stats import chi2
+
+from processors.click_models.base import RelevanceEstimate
+from processors.click_models.common import CONFIDENCE, gather, safe_div
+from processors.click_models.ctr import _CountingModel, expected_clicks
+from processors.stats import SessionPatterns
+
+PRIOR_COEC = 1.0
+
+
+def coec_scores(clicks: NDArray[np.float64], expected: NDArray[np.float64]) -> NDArray[np.float64]:
+    """COEC = clicks / expected clicks, NaN where nothing was expected (pair never shown)."""
+    return safe_div(clicks, expected)
+
+
+def poisson_ratio_interval(
+    clicks: NDArray[np.float64], expected: NDArray[np.float64], confidence: float = CONFIDENCE
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Garwood (exact Poisson) interval of clicks, divided by the expected clicks."""
+    c = np.asarray(clicks, dtype=np.float64)
+    tail = (1.0 - confidence) / 2.0
+    lo = np.where(c > 0, chi2.ppf(tail, 2.0 * np.maximum(c, 1e-300)) / 2.0, 0.0)
+    hi = chi2.ppf(1.0 - tail, 2.0 * c + 2.0) / 2.0
+    return safe_div(lo, expected), safe_div(hi, expected)
+
+
+class COEC(_CountingModel):
+    """Clicks over expected clicks per (query, doc), expected clicks from the global per-rank CTR."""
+
+    name = "coec"
+
+    def fit(self, sessions: SessionPatterns) -> Self:
+        """ρ_k per rank, then COEC(q, d) = clicks(q, d) / Σ over its impressions of ρ_k."""
+        self._fit_counts(sessions)
+        self.expected_clicks = expected_clicks(sessions, self.rank_ctr)
+        self.coec = coec_scores(self.clicks, self.expected_clicks)
+        return self
+
+    def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
+        self._require_fit(sessions)
+        k = sessions.max_rank
+        ratio = gather(self.coec, sessions.docs, PRIOR_COEC)
+        return np.minimum(ratio * self.rank_ctr[None, :k], 1.0)
+
+    def relevance(self) -> RelevanceEstimate:
+        """Score = COEC with its Garwood interval; never-shown pairs score the prior 1 with no interval."""
+        self._require_fit()
+        lo, hi = poisson_ratio_interval(self.clicks, self.expected_clicks)
+        score = np.where(np.isnan(self.coec), PRIOR_COEC, self.coec)
+        return self._estimate(
+            score,
+            lo,
+            hi,
+            {
+                "rank_ctr": self.rank_ctr.tolist(),
+                "prior": PRIOR_COEC,
+            },
+        )

@@ -1,0 +1,154 @@
+"""Helpers every click model shares: input checks, per-pair support counts, intervals, clamping.
+
+Pure numpy (and scipy's Beta quantiles); no I/O.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.stats import beta as beta_dist
+from scipy.stats import norm
+
+from processors.stats import ClickCells, SessionPatterns, StatsError
+from schemas.errors import UbiError
+
+# Probabilities are clamped to [PROB_EPS, 1 - PROB_EPS] wherever a log is taken of a prediction, so that a
+# pair never seen clicked (α̂ = 0) costs log2(1e-6) ≈ -20 bits on a held-out click instead of -inf.
+PROB_EPS = 1e-6
+CONFIDENCE = 0.95
+
+
+class ClickModelError(UbiError):
+    """A click model was used wrongly: predicting before fitting, or on sessions of another shape."""
+
+
+def check_sessions(sessions: SessionPatterns) -> None:
+    """Raise ``ClickModelError`` unless the patterns are consistent (shapes, pair ids, non-negative weights)."""
+    try:
+        sessions.check()
+    except StatsError as exc:
+        raise ClickModelError(str(exc)) from exc
+    if sessions.docs.ndim != 2:
+        raise ClickModelError(
+            f"SessionPatterns.docs must be [patterns, ranks], got shape {sessions.docs.shape}"
+        )
+    if len(sessions.weight) and sessions.weight.min() < 0:
+        raise ClickModelError("SessionPatterns.weight must be >= 0")
+    if sessions.docs.size and sessions.docs.max() >= len(sessions.pairs):
+        raise ClickModelError(
+            f"SessionPatterns.docs refers to pair {int(sessions.docs.max())} but the PairIndex has "
+            f"{len(sessions.pairs)} pairs"
+        )
+
+
+def check_cells(cells: ClickCells) -> None:
+    """Raise ``ClickModelError`` unless the PBM cells are consistent."""
+    try:
+        cells.check()
+    except StatsError as exc:
+        raise ClickModelError(str(exc)) from exc
+    if len(cells.pair) and (cells.pair.min() < 0 or cells.pair.max() >= len(cells.pairs)):
+        raise ClickModelError(f"cell pair ids must lie in 0..{len(cells.pairs) - 1}")
+    if len(cells.pair) and (cells.clicks.min() < 0 or cells.impressions.min() < 0):
+        raise ClickModelError("cell counts must be >= 0")
+
+
+def check_rank(fitted_k: int, sessions: SessionPatterns, model: str) -> None:
+    """Predictions need sessions no deeper than the ranks the model was fitted on."""
+    if sessions.max_rank > fitted_k:
+        raise ClickModelError(
+            f"{model} was fitted on {fitted_k} ranks but the sessions have {sessions.max_rank}; "
+            f"fit on sessions at least as deep"
+        )
+
+
+def clamp(p: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Keep probabilities away from 0 and 1 (NaN stays NaN)."""
+    return np.clip(p, PROB_EPS, 1.0 - PROB_EPS)
+
+
+def gather(values: NDArray[np.float64], docs: NDArray[np.int64], prior: float) -> NDArray[np.float64]:
+    """Per-position values of a per-pair parameter: ``prior`` for pair ids beyond the fitted ones, NaN if unshown.
+
+    Pair ids index the same :class:`PairIndex` the model was fitted with; ids the model never saw (beyond
+    ``len(values)``, or marked NaN in ``values``) get ``prior``.
+    """
+    n = len(values)
+    inside = (docs >= 0) & (docs < n)
+    v = np.where(inside, values[np.clip(docs, 0, max(n - 1, 0))] if n else prior, prior)
+    v = np.where(np.isnan(v), prior, v)
+    return np.where(docs >= 0, v, np.nan)
+
+
+def pair_support(sessions: SessionPatterns) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """(impressions, clicks, sessions) per pair: shown count, clicked count, distinct sessions showing it."""
+    n_pairs = len(sessions.pairs)
+    d, c = sessions.docs, sessions.clicks
+    w = np.broadcast_to(sessions.weight[:, None], d.shape)
+    shown = d >= 0
+    imps = np.bincount(d[shown], weights=w[shown], minlength=n_pairs)
+    clk = np.bincount(d[shown & c], weights=w[shown & c], minlength=n_pairs)
+    # a pair shown twice in one ranking is one session: count only its first occurrence per row
+    ds = np.sort(d, axis=1)
+    first = ds >= 0
+    first[:, 1:] &= ds[:, 1:] != ds[:, :-1]
+    ses = np.bincount(ds[first], weights=w[first], minlength=n_pairs)
+    return imps.astype(np.int64), clk.astype(np.int64), ses.astype(np.int64)
+
+
+def wilson_interval(
+    successes: NDArray[np.float64], trials: NDArray[np.float64], confidence: float = CONFIDENCE
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Wilson score interval for a binomial proportion (Wilson 1927); NaN where there are no trials."""
+    z = float(norm.ppf(0.5 + confidence / 2.0))
+    n = np.asarray(trials, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.asarray(successes, dtype=np.float64) / n
+        denom = 1.0 + z * z / n
+        centre = (p + z * z / (2.0 * n)) / denom
+        half = z * np.sqrt(p * (1.0 - p) / n + z * z / (4.0 * n * n)) / denom
+    lo = np.where(n > 0, np.clip(centre - half, 0.0, 1.0), np.nan)
+    hi = np.where(n > 0, np.clip(centre + half, 0.0, 1.0), np.nan)
+    return lo, hi
+
+
+def beta_interval(
+    successes: NDArray[np.float64], trials: NDArray[np.float64], confidence: float = CONFIDENCE
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Equal-tailed Jeffreys interval: Beta(s + ½, n − s + ½) quantiles; accepts fractional (effective) counts.
+
+    EM models use it on *effective* counts, e.g. successes = α̂·n_eff with n_eff the expected number of
+    examinations of the pair. This ignores the uncertainty of the examination parameters (they rest on all
+    pairs' data, so it is small next to a single pair's) and is an approximation, not a bootstrap.
+    """
+    n = np.maximum(np.asarray(trials, dtype=np.float64), 0.0)
+    s = np.clip(np.asarray(successes, dtype=np.float64), 0.0, n)
+    tail = (1.0 - confidence) / 2.0
+    with np.errstate(invalid="ignore"):
+        lo = beta_dist.ppf(tail, s + 0.5, n - s + 0.5)
+        hi = beta_dist.ppf(1.0 - tail, s + 0.5, n - s + 0.5)
+    lo = np.where(s <= 0, 0.0, lo)  # Jeffreys convention: the bound at an observed 0 or n is the boundary
+    hi = np.where(s >= n, 1.0, hi)
+    return np.where(n > 0, lo, np.nan), np.where(n > 0, hi, np.nan)
+
+
+def safe_div(num: NDArray[np.float64], den: NDArray[np.float64], fill: float = np.nan) -> NDArray[np.float64]:
+    """num/den elementwise, ``fill`` where den == 0."""
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    out = np.full(np.broadcast(num, den).shape, fill, dtype=np.float64)
+    np.divide(num, den, out=out, where=den != 0)
+    return out
+
+
+def bernoulli_loglik(
+    p: NDArray[np.float64], clicks: NDArray[np.float64], trials: NDArray[np.float64]
+) -> float:
+    """Σ c·ln p + (n − c)·ln(1 − p) over cells; terms with a zero count contribute 0 even at p ∈ {0, 1}."""
+    c = np.asarray(clicks, dtype=np.float64)
+    nc = np.asarray(trials, dtype=np.float64) - c
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(c > 0, c * np.log(np.where(c > 0, p, 1.0)), 0.0)
+        b = np.where(nc > 0, nc * np.log1p(-np.where(nc > 0, p, 0.0)), 0.0)
+    return float(a.sum() + b.sum())
