@@ -8,7 +8,8 @@ and raw bytes, for the ``failed_records`` table.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import bisect
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -17,24 +18,26 @@ import orjson
 import pyarrow as pa
 from pydantic import ValidationError
 
-from collector.store import Store, failed_row, failed_table, utcnow
-from schemas.errors import UbiError
+from collector.errors import RequestError, TooLarge  # noqa: F401  (TooLarge: re-exported)
+from collector.store import DUPLICATE, INSERTED, Store, failed_row, failed_table, utcnow
 from schemas.ubi import UbiEvent, UbiQuery, content_hash, event_key, query_key
 
 Kind = Literal["query", "event"]
 
 
-class BodyError(UbiError):
+class BodyError(RequestError):
     """A request body or file that cannot be parsed at all (400): names line and column."""
+
+    status_code = 400
+    kind = "body"
 
     def __init__(self, message: str, *, line: int | None = None, column: int | None = None) -> None:
         self.line, self.column, self.message = line, column, message
         where = f"line {line}, column {column}: " if line is not None else ""
         super().__init__(where + message)
+        self.message = where + message
 
 
-class TooLarge(UbiError):
-    """A body over the byte limit or with too many items (413)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class RawItem:
     error: str | None = None  # set when the item could not even be parsed
     field: str | None = None
     event_id: str | None = None  # from a _bulk action line's _id
+    line: int | None = None  # 1-based line of the item's document in the body, when known
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,36 @@ class Validated:
     def size(self) -> int:
         return len(self.queries) + len(self.events) + len(self.errors)
 
+    def reject(self, index: int, *, field: str | None, message: str, kind: str) -> None:
+        """Move the valid item at request position ``index`` to the errors (for record filters)."""
+        raw = self.raws.get(index, b"")
+        self.queries = [(i, q) for i, q in self.queries if i != index]
+        self.events = [(i, e, b) for i, e, b in self.events if i != index]
+        self.errors.append(ItemError(index, field, message, kind, raw))
+        self.errors.sort(key=lambda e: e.index)
+
+
+@dataclass(frozen=True)
+class IngestContext:
+    """Where a batch came from, for record filters: the route or file, request headers, the peer."""
+
+    source: str
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names; empty for files
+    client: str | None = None
+
+
+#: A step run on every validated batch before the sink (pseudonymisation, API-key checks, ...). It returns
+#: the batch to store (it may change records or move items to the errors with ``Validated.reject``) or raises
+#: a :class:`collector.errors.RequestError` to refuse the whole request.
+RecordFilter = Callable[[Validated, IngestContext], Validated]
+
+
+def apply_filters(validated: Validated, filters: Sequence[RecordFilter], ctx: IngestContext) -> Validated:
+    """Run the record filters in order."""
+    for step in filters:
+        validated = step(validated, ctx)
+    return validated
+
 
 @dataclass(frozen=True)
 class IngestResult:
@@ -86,8 +120,10 @@ class IngestResult:
     duplicates: int
     rejected: int
     errors: tuple[ItemError, ...]
-    queries: int = 0
-    events: int = 0
+    queries: int = 0  # accepted query records
+    events: int = 0  # accepted events
+    query_duplicates: int = 0
+    event_duplicates: int = 0
 
     def public(self, max_errors: int = 1000) -> dict[str, Any]:
         return {
@@ -344,49 +380,129 @@ def event_row(e: UbiEvent, received_at: datetime, bulk_id: str | None = None) ->
 # ---------------------------------------------------------------- the stage
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """One validated body turned into Arrow tables of the stored shape, ready to be merged into a write."""
+
+    validated: Validated
+    source: str
+    received_at: datetime
+    queries: pa.Table | None
+    events: pa.Table | None
+    failed: pa.Table | None
+
+    @property
+    def n_queries(self) -> int:
+        return self.queries.num_rows if self.queries is not None else 0
+
+    @property
+    def n_events(self) -> int:
+        return self.events.num_rows if self.events is not None else 0
+
+
+def prepare(validated: Validated, *, source: str, received_at: datetime | None = None) -> Prepared:
+    """Build the stored rows of one validated body (and the ``failed_records`` rows of its rejected items)."""
+    now = received_at or utcnow()
+    qrows = [query_row(q, now) for _, q in validated.queries]
+    erows = [event_row(e, now, bulk_id) for _, e, bulk_id in validated.events]
+    failed = [
+        failed_row(source=source, kind=err.kind, reason=err.message, raw=err.raw, item_index=err.index,
+                   field=err.field, received_at=now)
+        for err in validated.errors
+    ]
+    return Prepared(
+        validated=validated,
+        source=source,
+        received_at=now,
+        queries=pa.Table.from_pylist(qrows, schema=QUERY_SCHEMA) if qrows else None,
+        events=pa.Table.from_pylist(erows, schema=EVENT_SCHEMA) if erows else None,
+        failed=failed_table(failed) if failed else None,
+    )
+
+
+def _concat(tables: list[pa.Table | None]) -> pa.Table | None:
+    present = [t for t in tables if t is not None and t.num_rows]
+    if not present:
+        return None
+    return present[0] if len(present) == 1 else pa.concat_tables(present)
+
+
+def _conflict_error(p: Prepared, pos: int) -> ItemError:
+    index, q = p.validated.queries[pos]
+    message = (f"query_id {q.query_id!r} (query_response_id {q.query_response_id!r}) is already stored "
+               "with different content; first write wins, this record is kept as a conflict")
+    return ItemError(index, "query_id", message, "conflict", p.validated.raws.get(index, b""))
+
+
+def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
+    """Write several prepared bodies in ONE committed transaction (group commit); one result per body.
+
+    Deduplication runs across the whole group in order, so two requests carrying the same event count it
+    once (the first accepted, the second a duplicate), exactly as if they had been written one by one.
+    Conflicting query records are kept in ``failed_records`` in the same transaction.
+    """
+    q_offsets, e_offsets = [], []
+    nq = ne = 0
+    for p in batches:
+        q_offsets.append(nq)
+        e_offsets.append(ne)
+        nq += p.n_queries
+        ne += p.n_events
+    conflict_errors: dict[int, list[ItemError]] = {}
+
+    def keep_conflicts(positions: Sequence[int]) -> pa.Table:
+        rows = []
+        for pos in positions:
+            b = bisect.bisect_right(q_offsets, pos) - 1
+            # skip bodies with no queries that share the offset
+            while batches[b].n_queries == 0:
+                b -= 1
+            p = batches[b]
+            err = _conflict_error(p, pos - q_offsets[b])
+            conflict_errors.setdefault(b, []).append(err)
+            rows.append(failed_row(source=p.source, kind="conflict", reason=err.message, raw=err.raw,
+                                   item_index=err.index, field=err.field, received_at=p.received_at))
+        return failed_table(rows)
+
+    outcome = store.write_rows(
+        _concat([p.queries for p in batches]),
+        _concat([p.events for p in batches]),
+        _concat([p.failed for p in batches]),
+        conflicts=keep_conflicts,
+    )
+    results = []
+    for b, p in enumerate(batches):
+        qs = outcome.query_status[q_offsets[b]:q_offsets[b] + p.n_queries]
+        es = outcome.event_inserted[e_offsets[b]:e_offsets[b] + p.n_events]
+        q_ins = sum(1 for s in qs if s == INSERTED)
+        q_dup = sum(1 for s in qs if s == DUPLICATE)
+        e_ins = sum(es)
+        errors = list(p.validated.errors)
+        if b in conflict_errors:
+            errors.extend(conflict_errors[b])
+            errors.sort(key=lambda e: e.index)
+        results.append(IngestResult(
+            accepted=q_ins + e_ins,
+            duplicates=q_dup + (p.n_events - e_ins),
+            rejected=len(errors),
+            errors=tuple(errors),
+            queries=q_ins,
+            events=e_ins,
+            query_duplicates=q_dup,
+            event_duplicates=p.n_events - e_ins,
+        ))
+    return results
+
+
 def ingest(store: Store, validated: Validated, *, source: str) -> IngestResult:
     """Write one validated body in a single committed transaction; keep every rejected item.
 
     Conflicting query records (a stored ``query_key`` with different content) are rejected and kept in
     ``failed_records`` in the same transaction.
     """
-    now = utcnow()
-    qrows = [query_row(q, now) for _, q in validated.queries]
-    erows = [event_row(e, now, bulk_id) for _, e, bulk_id in validated.events]
-    qtable = pa.Table.from_pylist(qrows, schema=QUERY_SCHEMA) if qrows else None
-    etable = pa.Table.from_pylist(erows, schema=EVENT_SCHEMA) if erows else None
-    failed = [
-        failed_row(source=source, kind=err.kind, reason=err.message, raw=err.raw, item_index=err.index,
-                   field=err.field, received_at=now)
-        for err in validated.errors
-    ]
-    # Conflicts are only known inside the write; a second small write keeps them (same request).
-    result = store.write(qtable, etable, failed_table(failed) if failed else None)
-    errors = list(validated.errors)
-    if result.query_conflicts:
-        conflict_errors = []
-        for pos in result.query_conflicts:
-            index, q = validated.queries[pos]
-            message = (f"query_id {q.query_id!r} (query_response_id {q.query_response_id!r}) is already stored "
-                       "with different content; first write wins, this record is kept as a conflict")
-            conflict_errors.append(ItemError(index, "query_id", message, "conflict", validated.raws.get(index, b"")))
-        store.write(failed=failed_table([
-            failed_row(source=source, kind="conflict", reason=e.message, raw=e.raw, item_index=e.index,
-                       field=e.field, received_at=now) for e in conflict_errors
-        ]))
-        errors.extend(conflict_errors)
-        errors.sort(key=lambda e: e.index)
-    accepted = result.queries_inserted + result.events_inserted
-    return IngestResult(
-        accepted=accepted,
-        duplicates=result.queries_duplicate + result.events_duplicate,
-        rejected=len(errors),
-        errors=tuple(errors),
-        queries=result.queries_inserted,
-        events=result.events_inserted,
-    )
+    return ingest_many(store, [prepare(validated, source=source)])[0]
 
 
-def keep_unparseable(store: Store, body: bytes, *, source: str, reason: str) -> None:
+def keep_unparseable(store: Store, body: bytes, *, source: str, reason: str, kind: str = "body") -> None:
     """Keep a whole body that could not be parsed (within the size limit) in ``failed_records``."""
-    store.write(failed=failed_table([failed_row(source=source, kind="body", reason=reason, raw=body)]))
+    store.write(failed=failed_table([failed_row(source=source, kind=kind, reason=reason, raw=body)]))

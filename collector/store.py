@@ -20,7 +20,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -61,6 +61,32 @@ class WriteResult:
     events_inserted: int = 0
     events_duplicate: int = 0
     failed_inserted: int = 0
+
+
+#: Per-row outcome codes of a query record in :class:`RowOutcome`.
+INSERTED, DUPLICATE, CONFLICT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class RowOutcome:
+    """What one committed write did to every row: query status codes and whether each event was new."""
+
+    query_status: tuple[int, ...] = ()  # INSERTED | DUPLICATE | CONFLICT, one per query row
+    event_inserted: tuple[bool, ...] = ()  # one per event row
+    failed_inserted: int = 0
+
+    def summary(self) -> WriteResult:
+        q_ins = sum(1 for s in self.query_status if s == INSERTED)
+        conflicts = tuple(i for i, s in enumerate(self.query_status) if s == CONFLICT)
+        e_ins = sum(self.event_inserted)
+        return WriteResult(
+            queries_inserted=q_ins,
+            queries_duplicate=len(self.query_status) - q_ins - len(conflicts),
+            query_conflicts=conflicts,
+            events_inserted=e_ins,
+            events_duplicate=len(self.event_inserted) - e_ins,
+            failed_inserted=self.failed_inserted,
+        )
 
 
 class Store:
@@ -120,57 +146,111 @@ class Store:
         stored with the same ``content_hash`` is a duplicate; with a different hash it is a conflict: it
         is not stored and its batch position is returned so the caller can keep it as a failed record.
         """
-        q_ins = q_dup = e_ins = e_dup = f_ins = 0
-        conflicts: list[int] = []
+        out = self.write_rows(queries, events, failed)
+        return out.summary()
+
+    def write_rows(
+        self,
+        queries: pa.Table | None = None,
+        events: pa.Table | None = None,
+        failed: pa.Table | None = None,
+        *,
+        conflicts: Callable[[Sequence[int]], pa.Table | None] | None = None,
+    ) -> RowOutcome:
+        """Like :meth:`write`, but report the outcome of every row, and keep conflicts in the same transaction.
+
+        ``conflicts`` receives the batch positions of conflicting query records and returns the
+        ``failed_records`` rows to insert for them, in the same transaction as everything else.
+        Within a batch the first occurrence of a key wins; later ones are duplicates (or conflicts).
+        """
+        q_status: list[int] = []
+        e_inserted: list[bool] = []
+        f_ins = 0
         with self.transaction() as cur:
             if queries is not None and queries.num_rows:
-                qbatch = queries.append_column("_pos", pa.array(range(queries.num_rows), pa.int64()))
-                cur.register("_qbatch", qbatch)
-                rows = cur.execute(
-                    "SELECT b._pos, b.content_hash = s.content_hash FROM _qbatch b "
-                    "JOIN ubi_queries s ON s.query_key = b.query_key"
-                ).fetchall()
-                # first occurrence of each key in the batch wins; later ones are duplicates or conflicts
-                first: dict[str, tuple[int, str]] = {}
-                keys = qbatch.column("query_key").to_pylist()
-                hashes = qbatch.column("content_hash").to_pylist()
-                stored_same = {pos: same for pos, same in rows}
-                keep: list[int] = []
-                for pos, (key, h) in enumerate(zip(keys, hashes, strict=True)):
-                    if pos in stored_same:
-                        if stored_same[pos]:
-                            q_dup += 1
-                        else:
-                            conflicts.append(pos)
-                        continue
-                    if key in first:
-                        if first[key][1] == h:
-                            q_dup += 1
-                        else:
-                            conflicts.append(pos)
-                        continue
-                    first[key] = (pos, h)
-                    keep.append(pos)
-                cur.unregister("_qbatch")
-                if keep:
-                    kept = queries.take(pa.array(keep, pa.int64()))
-                    cur.register("_qkeep", kept)
-                    cur.execute(f"INSERT INTO ubi_queries SELECT {', '.join(tables.QUERY_COLUMNS)} FROM _qkeep")
-                    cur.unregister("_qkeep")
-                q_ins = len(keep)
+                q_status = self._insert_queries(cur, queries)
+                conflict_pos = [i for i, s in enumerate(q_status) if s == CONFLICT]
+                if conflict_pos and conflicts is not None:
+                    extra = conflicts(conflict_pos)
+                    if extra is not None and extra.num_rows:
+                        self._insert_failed(cur, extra)
+                        f_ins += extra.num_rows
             if events is not None and events.num_rows:
-                cur.register("_ebatch", events)
-                (e_ins,) = cur.execute(
-                    f"INSERT OR IGNORE INTO ubi_events SELECT {', '.join(tables.EVENT_COLUMNS)} FROM _ebatch"
-                ).fetchone() or (0,)
-                cur.unregister("_ebatch")
-                e_dup = events.num_rows - e_ins
+                e_inserted = self._insert_events(cur, events)
             if failed is not None and failed.num_rows:
-                cur.register("_fbatch", failed)
-                cur.execute(f"INSERT INTO failed_records SELECT {', '.join(tables.FAILED_COLUMNS)} FROM _fbatch")
-                cur.unregister("_fbatch")
-                f_ins = failed.num_rows
-        return WriteResult(q_ins, q_dup, tuple(conflicts), e_ins, e_dup, f_ins)
+                self._insert_failed(cur, failed)
+                f_ins += failed.num_rows
+        return RowOutcome(tuple(q_status), tuple(e_inserted), f_ins)
+
+    @staticmethod
+    def _first_occurrences(keys: list[str]) -> list[int]:
+        seen: set[str] = set()
+        keep: list[int] = []
+        for pos, key in enumerate(keys):
+            if key not in seen:
+                seen.add(key)
+                keep.append(pos)
+        return keep
+
+    def _insert_events(self, cur: duckdb.DuckDBPyConnection, events: pa.Table) -> list[bool]:
+        # INSERT OR IGNORE probes the primary-key index (a join against the table would scan all of it);
+        # RETURNING tells which rows were new.
+        keys = events.column("event_key").to_pylist()
+        keep = self._first_occurrences(keys)
+        batch = events if len(keep) == len(keys) else events.take(pa.array(keep, pa.int64()))
+        cur.register("_ebatch", batch)
+        try:
+            new = {k for (k,) in cur.execute(
+                f"INSERT OR IGNORE INTO ubi_events SELECT {', '.join(tables.EVENT_COLUMNS)} FROM _ebatch "
+                "RETURNING event_key"
+            ).fetchall()}
+        finally:
+            cur.unregister("_ebatch")
+        inserted = [False] * len(keys)
+        for pos in keep:
+            if keys[pos] in new:
+                inserted[pos] = True
+        return inserted
+
+    def _insert_queries(self, cur: duckdb.DuckDBPyConnection, queries: pa.Table) -> list[int]:
+        keys = queries.column("query_key").to_pylist()
+        hashes = queries.column("content_hash").to_pylist()
+        keep = self._first_occurrences(keys)
+        batch = queries if len(keep) == len(keys) else queries.take(pa.array(keep, pa.int64()))
+        cur.register("_qbatch", batch)
+        try:
+            new = {k for (k,) in cur.execute(
+                f"INSERT OR IGNORE INTO ubi_queries SELECT {', '.join(tables.QUERY_COLUMNS)} FROM _qbatch "
+                "RETURNING query_key"
+            ).fetchall()}
+        finally:
+            cur.unregister("_qbatch")
+        # Keys not inserted were stored before (or earlier in this batch): compare content hashes.
+        old_keys = sorted({k for k in keys if k not in new})
+        stored: dict[str, str] = {}
+        if old_keys:
+            stored = dict(cur.execute(
+                "SELECT query_key, content_hash FROM ubi_queries WHERE query_key IN (SELECT unnest(?))",
+                [old_keys],
+            ).fetchall())
+        first_hash: dict[str, str] = {}
+        status: list[int] = []
+        for key, h in zip(keys, hashes, strict=True):
+            if key in new and key not in first_hash:
+                first_hash[key] = h
+                status.append(INSERTED)
+                continue
+            reference = first_hash.get(key, stored.get(key))
+            status.append(DUPLICATE if reference == h else CONFLICT)
+        return status
+
+    @staticmethod
+    def _insert_failed(cur: duckdb.DuckDBPyConnection, failed: pa.Table) -> None:
+        cur.register("_fbatch", failed)
+        try:
+            cur.execute(f"INSERT INTO failed_records SELECT {', '.join(tables.FAILED_COLUMNS)} FROM _fbatch")
+        finally:
+            cur.unregister("_fbatch")
 
     def load_table(self, name: str, data: pa.Table, *, replace_where: str | None = None) -> int:
         """Insert or replace rows of a derived table (``judgments``, ``human_judgments``) in one transaction."""

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(5 * 1024 * 1024, description="largest request body accepted (413 above)")
     max_items: int = Field(10_000, description="most records in one request (413 above)")
     failed_list_limit: int = 100
+    # (collector helper) which sink validated records go to, and the body limit of the admin load route
+    sink: str = Field("duckdb", description="where validated records go: duckdb (embedded store) or kafka")
+    max_load_bytes: int = Field(1024 * 1024 * 1024, description="largest Arrow body for /v1/admin/load (413 above)")
 
     # --- kafka transport (helper: kafka): `ubi serve --sink kafka`, `ubi consume` ---
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, HOST:PORT[,HOST:PORT...]")

@@ -1,0 +1,256 @@
+"""The collector's FastAPI application: :func:`create_app` wires settings, the sink, record filters and routes.
+
+Extension points (used by the security and Kafka work, and by tests):
+
+* ``create_app(settings, sink=None)``: any :class:`~collector.sinks.base.Sink`; default from ``settings.sink``.
+* ``app.state.collector.record_filters``: :data:`~collector.ingest.RecordFilter` steps run on every validated
+  batch before the sink.
+* Modules in :data:`EXTENSION_MODULES` that exist are loaded: ``record_filters(settings) -> list`` (also used
+  by ``ubi import``) and ``install(app, settings)`` (middleware, extra routes), called in that order.
+* Typed errors: raise a :class:`~collector.errors.RequestError` subclass; its ``status_code``, ``headers`` and
+  ``kind`` become the response and the ``failed_records`` row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from collector.errors import RequestError, SinkUnavailable, TooLarge, Unprocessable
+from collector.ingest import (
+    BodyError,
+    IngestContext,
+    IngestResult,
+    Kind,
+    RecordFilter,
+    apply_filters,
+    parse_bulk,
+    parse_items,
+    validate_items,
+)
+from collector.metrics import Metrics
+from collector.sinks import create_sink
+from collector.sinks.base import Sink
+from schemas.settings import Settings
+from schemas.ubi import UbiEvent, UbiQuery
+
+log = logging.getLogger("ubi.collector")
+
+#: Optional modules that extend the collector (each may define ``record_filters`` and/or ``install``).
+EXTENSION_MODULES: tuple[str, ...] = ("collector.security",)
+
+
+class TooManyItems(TooLarge):
+    """More items in one body than ``max_items`` (413); the body is within the byte limit, so it is kept."""
+
+    keep = True
+
+
+def extension_modules() -> list[ModuleType]:
+    """The extension modules that are present."""
+    found = []
+    for name in EXTENSION_MODULES:
+        try:
+            found.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+    return found
+
+
+def extension_filters(settings: Settings) -> list[RecordFilter]:
+    """Record filters contributed by the extension modules, in order."""
+    steps: list[RecordFilter] = []
+    for module in extension_modules():
+        if hasattr(module, "record_filters"):
+            steps.extend(module.record_filters(settings))
+    return steps
+
+
+@dataclass
+class Collector:
+    """What routes use: settings, the sink, the record filters and the metrics of one app."""
+
+    settings: Settings
+    sink: Sink
+    record_filters: list[RecordFilter] = field(default_factory=list)
+    metrics: Metrics = field(default_factory=Metrics)
+
+    async def accept(self, body: bytes, *, kind: Kind | None, ndjson: bool, ctx: IngestContext) -> IngestResult:
+        """Parse, validate, filter and durably write one body (``kind`` None: an OpenSearch ``_bulk`` body)."""
+        try:
+            items = parse_bulk(body) if kind is None else parse_items(body, kind, ndjson=ndjson)
+            if len(items) > self.settings.max_items:
+                raise TooManyItems(f"{len(items)} items in one request; at most {self.settings.max_items} "
+                                   "(UBI_MAX_ITEMS): split the batch")
+            validated = apply_filters(validate_items(items), self.record_filters, ctx)
+        except RequestError as exc:
+            if exc.keep:
+                await self.keep_body(body, ctx, reason=exc.message, kind=exc.kind)
+            raise
+        except Exception as exc:  # a bug met by some input: keep the input, answer with a typed error
+            log.exception("unexpected error on %s", ctx.source)
+            reason = f"unexpected {type(exc).__name__} while reading the body: {exc}"
+            await self.keep_body(body, ctx, reason=reason, kind="unprocessable")
+            raise Unprocessable(reason + " (kept in failed_records)") from exc
+        try:
+            result = await asyncio.wrap_future(self.sink.submit(validated, source=ctx.source))
+        except RequestError:
+            raise
+        except Exception as exc:
+            log.exception("sink %s failed on %s", self.sink.name, ctx.source)
+            raise SinkUnavailable(f"the {self.sink.name} sink failed: {type(exc).__name__}: {exc}") from exc
+        self.count(result, ctx.source)
+        return result
+
+    async def keep_body(self, body: bytes, ctx: IngestContext, *, reason: str, kind: str) -> None:
+        """Keep a refused body in ``failed_records``; a sink failure here is logged, not raised over the cause."""
+        try:
+            await asyncio.wrap_future(self.sink.keep_unparseable(body, source=ctx.source, reason=reason, kind=kind))
+        except Exception:
+            log.exception("could not keep a refused body from %s", ctx.source)
+            return
+        self.metrics.inc("ubi_bodies_kept_total", route=ctx.source, kind=kind)
+
+    def count(self, result: IngestResult, route: str) -> None:
+        m = self.metrics
+        m.inc("ubi_records_accepted_total", result.queries, kind="query", route=route)
+        m.inc("ubi_records_accepted_total", result.events, kind="event", route=route)
+        m.inc("ubi_records_duplicate_total", result.query_duplicates, kind="query", route=route)
+        m.inc("ubi_records_duplicate_total", result.event_duplicates, kind="event", route=route)
+        for err in result.errors:
+            kind = {"conflict": "query"}.get(err.kind, err.kind)
+            m.inc("ubi_records_rejected_total", 1, kind=kind, route=route)
+
+
+class ORJSONResponse(JSONResponse):
+    """JSON responses rendered by orjson (several times faster than ``json.dumps`` on long error lists)."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def get_collector(request: Request) -> Collector:
+    """The :class:`Collector` of the app serving ``request``."""
+    collector: Collector = request.app.state.collector
+    return collector
+
+
+# ---------------------------------------------------------------- errors and metrics
+
+
+def error_body(exc: RequestError) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": type(exc).__name__, "message": exc.message}
+    if isinstance(exc, BodyError) and exc.line is not None:
+        body["line"], body["column"] = exc.line, exc.column
+    return body
+
+
+async def _request_error(request: Request, exc: Exception) -> JSONResponse:
+    if not isinstance(exc, RequestError):  # registered for RequestError only
+        raise exc
+    return JSONResponse(error_body(exc), status_code=exc.status_code, headers=exc.headers)
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware: request count and latency by route template (not raw path: bounded labels)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            method = scope.get("method", "")
+            self.metrics.observe_latency(time.perf_counter() - started, route=route, method=method)
+            self.metrics.inc("ubi_requests_total", route=route, method=method, status=str(status))
+
+
+# ---------------------------------------------------------------- the app
+
+
+def create_app(settings: Settings | None = None, sink: Sink | None = None, *,
+               record_filters: Sequence[RecordFilter] | None = None, extensions: bool = True) -> FastAPI:
+    """The collector app. Without ``sink``, the sink named by ``settings.sink`` is created (and closed at
+    shutdown); a given sink is left open for its owner. ``extensions=False`` skips the extension modules."""
+    from collector.routes import router  # routes import this module
+
+    settings = settings or Settings()
+    own_sink = sink is None
+    the_sink = sink if sink is not None else create_sink(settings)
+    metrics = Metrics()
+    collector = Collector(settings, the_sink, list(record_filters or []), metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if own_sink:
+            await asyncio.to_thread(the_sink.close)
+
+    app = FastAPI(
+        title="ubi-pipeline collector",
+        version="0.1.0",
+        summary="Collects User Behavior Insights (UBI 1.3.0) query records and events; 202 means committed.",
+        lifespan=lifespan,
+        default_response_class=ORJSONResponse,
+    )
+    app.state.collector = collector
+    app.state.settings = settings
+    app.add_exception_handler(RequestError, _request_error)
+    app.include_router(router)
+    if extensions:
+        for module in extension_modules():
+            if hasattr(module, "record_filters"):
+                collector.record_filters.extend(module.record_filters(settings))
+            if hasattr(module, "install"):
+                module.install(app, settings)
+    # Added last so it is outermost: it times everything, extension middleware included.
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.openapi = lambda: _openapi_with_records(app)  # type: ignore[method-assign]
+    return app
+
+
+def record_schemas() -> dict[str, Any]:
+    """JSON Schemas of UbiQuery and UbiEvent (and their parts), keyed by name, refs to ``#/components/schemas``."""
+    out: dict[str, Any] = {}
+    for model in (UbiQuery, UbiEvent):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        out.update(schema.pop("$defs", {}))
+        out[model.__name__] = schema
+    return out
+
+
+def _openapi_with_records(app: FastAPI) -> dict[str, Any]:
+    # Ingest routes read raw bytes (to keep what fails to parse), so the record schemas are added by hand.
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(record_schemas())
+        app.openapi_schema = schema
+    return app.openapi_schema

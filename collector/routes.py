@@ -1,0 +1,310 @@
+"""The collector's HTTP routes. Each is a few lines: read the body, call the stage, answer.
+
+Typed errors become status codes in :mod:`collector.app` (``RequestError.status_code``); the work is in
+:class:`collector.app.Collector` and :mod:`collector.ingest`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from enum import Enum
+from typing import Annotated, Any
+
+import pyarrow as pa
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import PlainTextResponse, Response
+from pydantic import BaseModel, Field
+
+from collector.app import Collector, ORJSONResponse, get_collector
+from collector.errors import NotSupported, RequestError, TooLarge
+from collector.ingest import IngestContext, Kind
+from collector.store import LOADABLE_TABLES, Store
+from schemas.errors import StoreError
+
+router = APIRouter()
+
+# ---------------------------------------------------------------- dependencies
+
+
+async def read_limited(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) as soon as it is known to exceed ``limit`` bytes.
+
+    Content-Length is checked first, and bytes are counted while streaming, so a body that lies about its
+    length or is sent chunked cannot get past the limit.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"body of {declared} bytes is over the limit of {limit} bytes: split it into batches")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"body is over the limit of {limit} bytes: split it into batches")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def body_within_limit(request: Request, collector: Annotated[Collector, Depends(get_collector)]) -> bytes:
+    """The request body, at most ``max_body_bytes`` (413 above)."""
+    return await read_limited(request, collector.settings.max_body_bytes)
+
+
+def get_store(collector: Annotated[Collector, Depends(get_collector)]) -> Store:
+    """The sink's local store; 501 when the sink has none (e.g. Kafka)."""
+    if collector.sink.store is None:
+        raise NotSupported(f"the {collector.sink.name} sink has no local store; read it where it is loaded "
+                           "(`ubi failed --db PATH` on the consumer's database)")
+    return collector.sink.store
+
+
+CollectorDep = Annotated[Collector, Depends(get_collector)]
+RawBody = Annotated[bytes, Depends(body_within_limit)]
+StoreDep = Annotated[Store, Depends(get_store)]
+
+# ---------------------------------------------------------------- response models (OpenAPI)
+
+
+class ItemErrorOut(BaseModel):
+    """Why one item of the request was rejected (it is kept in failed_records)."""
+
+    index: int = Field(description="0-based position of the item in the request (for _bulk: record number)")
+    field: str | None = Field(description="dotted path of the offending field, when one is to blame")
+    message: str
+
+
+class IngestResponse(BaseModel):
+    """202: the accepted items are committed; rejected ones are kept in failed_records."""
+
+    accepted: int = Field(description="records newly stored")
+    duplicates: int = Field(description="records already stored (a retry or a replay); not stored twice")
+    rejected: int = Field(description="items refused; each is listed in errors and kept in failed_records")
+    errors: list[ItemErrorOut]
+
+
+class ErrorOut(BaseModel):
+    """A refused request: what went wrong and, for malformed JSON, where."""
+
+    error: str
+    message: str
+    line: int | None = None
+    column: int | None = None
+
+
+_NDJSON_TYPES = ("application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines")
+# Beacons (navigator.sendBeacon) and some senders use text/plain or no type at all: read those as JSON too.
+_JSON_TYPES = ("application/json", "text/plain", "application/octet-stream", "")
+
+
+class UnsupportedType(RequestError):
+    """Content type the collector cannot read (415)."""
+
+    status_code = 415
+
+
+def _ndjson(request: Request) -> bool:
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media in _NDJSON_TYPES:
+        return True
+    if media in _JSON_TYPES or media.endswith("+json"):
+        return False
+    raise UnsupportedType(f"content type {media!r} is not supported: send application/json (one object or an "
+                          "array) or application/x-ndjson (one object per line)")
+
+
+def _ctx(request: Request) -> IngestContext:
+    route = request.scope.get("route")
+    return IngestContext(
+        source=getattr(route, "path", request.url.path),
+        headers=request.headers,
+        client=request.client.host if request.client else None,
+    )
+
+
+def _body_doc(kind: Kind | None) -> dict[str, Any]:
+    """OpenAPI request body of an ingest route (the routes read raw bytes, so FastAPI cannot infer it)."""
+    if kind is None:
+        content: dict[str, Any] = {"application/x-ndjson": {"schema": {
+            "type": "string",
+            "description": "OpenSearch _bulk body: for each record an action line "
+                           '{"index": {"_index": "ubi_queries"|"ubi_events", "_id": "..."}} then the document',
+        }}}
+    else:
+        model = "UbiQuery" if kind == "query" else "UbiEvent"
+        ref = {"$ref": f"#/components/schemas/{model}"}
+        content = {
+            "application/json": {"schema": {"oneOf": [ref, {"type": "array", "items": ref}]}},
+            "application/x-ndjson": {"schema": {"type": "string", "description": f"one {model} JSON object per line"}},
+        }
+    return {"requestBody": {"required": True, "content": content}}
+
+
+_INGEST_RESPONSES: dict[int | str, dict[str, Any]] = {
+    202: {"model": IngestResponse},
+    400: {"model": ErrorOut, "description": "malformed JSON (line and column given); body kept in failed_records"},
+    413: {"model": ErrorOut, "description": "body over max_body_bytes or more than max_items items"},
+    415: {"model": ErrorOut, "description": "content type other than JSON or NDJSON; body kept"},
+    503: {"model": ErrorOut, "description": "the sink could not commit; nothing was stored, retry (Retry-After)"},
+}
+
+
+async def _ingest(collector: Collector, request: Request, body: bytes, kind: Kind | None) -> Response:
+    ctx = _ctx(request)
+    try:
+        ndjson = _ndjson(request) if kind is not None else True
+    except RequestError as exc:
+        await collector.keep_body(body, ctx, reason=exc.message, kind=exc.kind)
+        raise
+    result = await collector.accept(body, kind=kind, ndjson=ndjson, ctx=ctx)
+    return ORJSONResponse(result.public(), status_code=202)
+
+
+def _ingest_route(path: str, kind: Kind | None, doc: str) -> None:
+    async def endpoint(request: Request, body: RawBody, collector: CollectorDep) -> Response:
+        return await _ingest(collector, request, body, kind)
+
+    endpoint.__doc__ = doc
+    endpoint.__name__ = "post" + path.replace("/", "_")
+    router.add_api_route(path, endpoint, methods=["POST"], status_code=202, responses=_INGEST_RESPONSES,
+                         openapi_extra=_body_doc(kind), response_class=ORJSONResponse, tags=["ingest"])
+
+
+_ingest_route("/v1/queries", "query", "Store UBI query records: one object, a JSON array, or NDJSON.")
+_ingest_route("/v1/events", "event", "Store UBI events: one object, a JSON array, or NDJSON.")
+_ingest_route("/ubi_queries", "query", "Store UBI query records as the OpenSearch reference client posts them.")
+_ingest_route("/ubi_events", "event", "Store UBI events as the OpenSearch reference client posts them.")
+_ingest_route("/v1/bulk", None, "Replay an OpenSearch _bulk export of ubi_queries and ubi_events.")
+
+# ---------------------------------------------------------------- failed records
+
+
+class FailedOut(BaseModel):
+    """One kept failed record; ``raw`` is text when it is UTF-8, else base64 (see ``raw_encoding``)."""
+
+    failed_id: str
+    received_at: str
+    source: str
+    kind: str
+    item_index: int | None
+    field: str | None
+    reason: str
+    raw: str | None
+    raw_encoding: str | None = Field(description="utf-8 or base64")
+    kafka_topic: str | None = None
+    kafka_partition: int | None = None
+    kafka_offset: int | None = None
+
+
+class FailedPage(BaseModel):
+    """A page of failed records, newest first."""
+
+    total: int
+    offset: int
+    items: list[FailedOut]
+    next_offset: int | None
+
+
+def raw_text(raw: bytes | None) -> tuple[str | None, str | None]:
+    """Bytes as UTF-8 text when they are, else base64; with the encoding used."""
+    if raw is None:
+        return None, None
+    try:
+        return raw.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return base64.b64encode(raw).decode("ascii"), "base64"
+
+
+def failed_page(store: Store, *, limit: int, offset: int, kind: str | None = None) -> dict[str, Any]:
+    """A page of ``failed_records``, newest first (shared by ``GET /v1/failed`` and ``ubi failed``)."""
+    where, params = ("WHERE kind = ?", [kind]) if kind else ("", [])
+    ((total,),) = store.read(f"SELECT count(*) FROM failed_records {where}", params)
+    rows = store.read(
+        "SELECT failed_id, received_at, source, kind, item_index, field, reason, raw, kafka_topic, "
+        f"kafka_partition, kafka_offset FROM failed_records {where} "
+        "ORDER BY received_at DESC, failed_id LIMIT ? OFFSET ?",
+        [*params, limit, offset],
+    )
+    items = []
+    for r in rows:
+        raw, enc = raw_text(r[7])
+        items.append({
+            "failed_id": r[0], "received_at": r[1].isoformat() + "Z", "source": r[2], "kind": r[3],
+            "item_index": r[4], "field": r[5], "reason": r[6], "raw": raw, "raw_encoding": enc,
+            "kafka_topic": r[8], "kafka_partition": r[9], "kafka_offset": r[10],
+        })
+    nxt = offset + len(items)
+    return {"total": total, "offset": offset, "items": items, "next_offset": nxt if nxt < total else None}
+
+
+@router.get("/v1/failed", response_model=FailedPage, tags=["failed"])
+async def get_failed(
+    store: StoreDep,
+    limit: Annotated[int, Query(ge=1, le=1000, description="records per page")] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**62, description="records to skip (newest first)")] = 0,
+    kind: Annotated[str | None, Query(max_length=100, description="only this kind (event, query, body, ...)")] = None,
+) -> Any:
+    """List kept failed records (rejected items and unparseable bodies), newest first."""
+    return await asyncio.to_thread(failed_page, store, limit=limit, offset=offset, kind=kind)
+
+
+# ---------------------------------------------------------------- health and metrics
+
+
+@router.get("/healthz", tags=["ops"])
+async def healthz(collector: CollectorDep) -> Response:
+    """Liveness and sink state: 200 when the sink is healthy, else 503."""
+    state = collector.sink.health()
+    ok = bool(state.get("ok", True))
+    return ORJSONResponse({"status": "ok" if ok else "degraded", **state}, status_code=200 if ok else 503)
+
+
+@router.get("/metrics", response_class=PlainTextResponse, tags=["ops"])
+async def metrics(collector: CollectorDep) -> Response:
+    """Prometheus metrics (text exposition format 0.0.4)."""
+    sink = collector.sink
+    gauges = {
+        f"ubi_sink_{name}": (f"{sink.name} sink: {name.replace('_', ' ')}", {(("sink", sink.name),): value})
+        for name, value in sink.gauges().items()
+    }
+    return PlainTextResponse(collector.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+
+
+# ---------------------------------------------------------------- store admin (one writer, many readers)
+
+
+class BadArrow(RequestError):
+    """A load body that is not an Arrow IPC stream, or does not fit the table (400)."""
+
+    status_code = 400
+    keep = False
+
+
+LoadableTable = Enum("LoadableTable", {name: name for name in LOADABLE_TABLES}, type=str)  # type: ignore[misc]
+
+
+@router.post("/v1/admin/snapshot", tags=["admin"])
+async def admin_snapshot(store: StoreDep) -> dict[str, str]:
+    """Copy the database, between two commits, to a new file that readers open read-only."""
+    path = await asyncio.to_thread(store.snapshot)
+    return {"path": str(path)}
+
+
+@router.post("/v1/admin/load/{table}", tags=["admin"],
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary"}}}}})
+async def admin_load(table: LoadableTable, request: Request, store: StoreDep,
+                     collector: CollectorDep) -> dict[str, Any]:
+    """Insert or replace rows of a derived table from an Arrow IPC stream (processors use this)."""
+    body = await read_limited(request, collector.settings.max_load_bytes)
+    try:
+        data = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise BadArrow(f"body is not an Arrow IPC stream: {exc}") from exc
+    try:
+        rows = await asyncio.to_thread(store.load_table, table.value, data)
+    except StoreError as exc:
+        raise BadArrow(str(exc)) from exc
+    except Exception as exc:  # duckdb rejects columns or types that do not fit
+        raise BadArrow(f"rows do not fit table {table.value}: {type(exc).__name__}: {exc}") from exc
+    return {"table": table.value, "rows": rows}

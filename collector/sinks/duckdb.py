@@ -1,0 +1,160 @@
+"""The embedded sink: validated batches into the DuckDB store, many requests per committed transaction.
+
+Group commit: requests hand their prepared rows to one writer thread, which takes everything pending,
+writes it in ONE transaction and then resolves each request's future with that request's own result. A
+lone request is written at once; under load many requests share a commit (and its WAL fsync), which is
+how single-event requests reach thousands per second. A request's future resolves only after COMMIT.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from collector.errors import SinkUnavailable
+from collector.ingest import IngestResult, Prepared, Validated, ingest_many, prepare
+from collector.sinks.base import Sink
+from collector.store import Store, failed_row, failed_table
+from schemas.settings import Settings
+
+log = logging.getLogger("ubi.collector.sink")
+
+
+@dataclass(frozen=True)
+class _Job:
+    prepared: Prepared
+    future: Future[IngestResult]
+
+
+_STOP = object()
+
+
+class DuckDBSink(Sink):
+    """Writes to a :class:`~collector.store.Store` through one group-committing writer thread."""
+
+    name = "duckdb"
+
+    def __init__(self, store: Store, *, max_group_rows: int = 50_000) -> None:
+        self.store = store
+        self.max_group_rows = max_group_rows
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.commits = 0
+        self.grouped_requests = 0
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="ubi-duckdb-writer", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DuckDBSink:
+        """Open (or create) the store at ``settings.db`` for writing."""
+        return cls(Store(settings.db))
+
+    # ------------------------------------------------------------ the two verbs
+
+    def submit(self, batch: Validated, *, source: str) -> Future[IngestResult]:
+        fut: Future[IngestResult] = Future()
+        if self._closed:
+            fut.set_exception(SinkUnavailable("the collector is shutting down; retry against a running one"))
+            return fut
+        try:
+            prepared = prepare(batch, source=source)
+        except Exception as exc:  # a row the store's shape cannot hold: reject loudly, acknowledge nothing
+            fut.set_exception(exc)
+            return fut
+        self._queue.put(_Job(prepared, fut))
+        return fut
+
+    def keep_unparseable(self, body: bytes, *, source: str, reason: str, kind: str = "body") -> Future[None]:
+        failed = failed_table([failed_row(source=source, kind=kind, reason=reason, raw=body)])
+        inner = self.submit_failed(failed, source=source)
+        out: Future[None] = Future()
+        inner.add_done_callback(lambda f: out.set_exception(e) if (e := f.exception()) else out.set_result(None))
+        return out
+
+    def submit_failed(self, failed: Any, *, source: str) -> Future[IngestResult]:
+        """Queue ``failed_records`` rows alone (bodies that never became items)."""
+        fut: Future[IngestResult] = Future()
+        prepared = Prepared(validated=Validated(), source=source, received_at=failed.column("received_at")[0].as_py(),
+                            queries=None, events=None, failed=failed)
+        if self._closed:
+            fut.set_exception(SinkUnavailable("the collector is shutting down"))
+        else:
+            self._queue.put(_Job(prepared, fut))
+        return fut
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join()
+        self.store.close()
+
+    # ------------------------------------------------------------ state
+
+    def health(self) -> dict[str, Any]:
+        return {"sink": self.name, "ok": self.last_error is None and not self._closed, "db": str(self.store.path),
+                "last_error": self.last_error}
+
+    def gauges(self) -> dict[str, float]:
+        return {"pending_requests": float(self._queue.qsize()), "commits_total": float(self.commits),
+                "grouped_requests_total": float(self.grouped_requests)}
+
+    # ------------------------------------------------------------ the writer thread
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            job = self._queue.get()
+            if job is _STOP:
+                break
+            jobs: list[_Job] = [job]
+            rows = job.prepared.n_queries + job.prepared.n_events
+            # Take whatever else is already waiting: those requests share this commit.
+            while rows < self.max_group_rows:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stopping = True
+                    break
+                jobs.append(nxt)
+                rows += nxt.prepared.n_queries + nxt.prepared.n_events
+            self._write(jobs)
+
+    def _write(self, jobs: list[_Job]) -> None:
+        started = time.perf_counter()
+        try:
+            results = ingest_many(self.store, [j.prepared for j in jobs])
+        except Exception as exc:
+            if len(jobs) > 1:
+                # One request's rows spoiled the shared transaction: write each alone so only it fails.
+                for j in jobs:
+                    self._write([j])
+                return
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.exception("write to %s failed; nothing acknowledged", self.store.path)
+            err = SinkUnavailable(f"the store could not commit this batch: {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            jobs[0].future.set_exception(err)
+            return
+        self.last_error = None
+        self.commits += 1
+        self.grouped_requests += len(jobs)
+        log.debug("committed %d requests in %.1f ms", len(jobs), 1000 * (time.perf_counter() - started))
+        for j, r in zip(jobs, results, strict=True):
+            j.future.set_result(r)
+
+
+def create(settings: Settings) -> DuckDBSink:
+    """Sink factory used by ``--sink duckdb`` (the default)."""
+    return DuckDBSink.from_settings(settings)
