@@ -1,0 +1,589 @@
+"""Search sessions from the store, aggregated in DuckDB to the arrays click models fit on.
+
+A session is one search instance (``query_id``). What it displayed, and at which ranks:
+
+* Several query records may share a ``query_id`` (multi-search front ends log each sub-search, see
+  ``collector.ingest``); the session uses the earliest record with a non-empty ``query_response_hit_ids``,
+  else the earliest record. Its ``user_query``, normalised (``schemas.text.normalize_query``), is the query.
+* When the search has ``impression`` events (``Settings.impression_action``), they say which docs were
+  displayed. Their rank is the doc's place in the search's hit list when the search has one (impressions of
+  docs outside that list belong to another sub-search and are dropped, counted); without a hit list it is
+  ``position.ordinal - base + 1`` (base: ``Settings.position_base``, or per application
+  ``Settings.position_base_by_application``), and the order of arrival when the ordinal is missing.
+  We prefer the hit list because producers disagree on the ordinal base (the ESCI sample counts from 0,
+  Chorus from 1); ``QualitySummary.ordinal_base_evidence`` shows which base each application's ordinals fit.
+  A doc impressed twice keeps its first rank; a second doc claiming an occupied rank is dropped (counted).
+  A search whose impressions all fall outside its ranking uses its hit list instead.
+* Otherwise the ordered ``query_response_hit_ids`` are the displayed ranking (rank = index + 1).
+* A click (``Settings.click_actions``) counts for the displayed doc with the clicked ``object_id``. A click on
+  a doc not in the displayed list proves it was displayed: it is placed at its ordinal rank when that rank
+  is free, and dropped (counted) otherwise. Several clicks on one doc in one search are one click.
+
+Filters applied before fitting, each counted (:class:`FilterCounts`): searches whose normalised query is
+empty; every search of a client whose peak query rate over any 60 s window exceeds
+``Settings.max_client_queries_per_minute``; searches with a click on every displayed result (when
+``Settings.filter_click_all`` and at least ``Settings.click_all_min_results`` were displayed). Clicks without
+a matching search are never fitted (counted). Ranks deeper than ``max_rank`` (K) are cut after filtering.
+
+Everything is aggregated in SQL: Python sees one row per distinct query text and per aggregated cell,
+never one per event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from collector.store import open_reader
+from processors.stats import ClickCells, PairIndex, SessionPatterns, StatsError, UbmCells
+from schemas.errors import StoreError, UbiError
+from schemas.sessions import Session
+from schemas.settings import Settings
+from schemas.text import normalize_query
+
+
+class SessionError(UbiError):
+    """Sessions could not be built (store lacks the UBI tables, bad settings)."""
+
+
+@dataclass(frozen=True)
+class QualitySummary:
+    """What the raw log looked like: counts of every record the session builder had to repair or drop.
+
+    Impression events split exactly into: without object id, without search, outside the search's ranking,
+    bad ordinal (below the base), duplicate (doc impressed again), rank collision (another doc already
+    at that rank), displayed. Click events split exactly into: without object id, without search, on a
+    search without ranking, on an undisplayed doc (dropped), on a displayed doc (``clicks_displayed``,
+    which includes ``clicks_placed_by_ordinal`` and ``repeat_clicks``).
+    """
+
+    query_records: int = 0
+    searches: int = 0  # distinct query_id
+    duplicate_query_records: int = 0  # query records beyond the first of each query_id
+    searches_with_several_rankings: int = 0  # query_ids with more than one non-empty hit list
+    searches_without_ranking: int = 0  # neither placed impressions nor a hit list
+    searches_ranked_by_impressions: int = 0
+    searches_ranked_by_hit_list: int = 0
+    impression_events: int = 0
+    impressions_without_object_id: int = 0
+    impressions_without_search: int = 0
+    impressions_outside_ranking: int = 0
+    impressions_bad_ordinal: int = 0
+    duplicate_impressions: int = 0
+    impression_rank_collisions: int = 0
+    impressions_displayed: int = 0
+    impression_rank_checked: int = 0  # impressions with both a hit-list rank and an ordinal
+    impression_rank_disagreements: int = 0
+    click_events: int = 0
+    clicks_without_object_id: int = 0
+    clicks_without_search: int = 0
+    clicks_on_search_without_ranking: int = 0
+    clicks_on_undisplayed: int = 0  # dropped: doc not displayed and its ordinal rank unknown or taken
+    clicks_displayed: int = 0
+    clicks_placed_by_ordinal: int = 0  # doc missing from the displayed list, placed at its free ordinal rank
+    repeat_clicks: int = 0
+    click_rank_checked: int = 0  # clicks with both a displayed rank and an ordinal
+    click_rank_disagreements: int = 0
+    #: per application: events whose ordinal equals hit-list rank - 1 (``base0``) or the rank (``base1``)
+    ordinal_base_evidence: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FilterCounts:
+    """What the traffic filters removed before fitting, and what was left."""
+
+    ranked_searches: int = 0  # searches with a displayed ranking, before filters
+    empty_query_searches: int = 0
+    bot_clients: int = 0
+    bot_searches: int = 0
+    click_all_searches: int = 0
+    clicks_without_search: int = 0
+    sessions_empty_within_k: int = 0  # kept searches that displayed nothing at ranks 1..K
+    sessions: int = 0  # kept sessions with at least one result within K (what models fit on)
+    impressions: int = 0  # (session, doc) displays within K
+    clicks: int = 0  # clicked displays within K
+    impressions_beyond_k: int = 0
+    clicks_beyond_k: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SessionData:
+    """Everything one pass over the store yields: the pair index, the three statistics, the counts."""
+
+    pairs: PairIndex
+    cells: ClickCells
+    ubm_cells: UbmCells
+    patterns: SessionPatterns
+    quality: QualitySummary
+    filters: FilterCounts
+    max_rank: int
+
+
+# ----------------------------------------------------------------------------- SQL stages
+
+_SEARCH = """
+CREATE OR REPLACE TEMP TABLE _ubi_search AS
+SELECT query_id, user_query, client_id, application, ts, hits, n_records, n_rankings
+FROM (
+    SELECT *, count(*) OVER w AS n_records, count(hits) OVER w AS n_rankings,
+           row_number() OVER (PARTITION BY query_id ORDER BY hits IS NULL, ts NULLS LAST, query_key) AS rn
+    FROM (
+        SELECT query_id, user_query, client_id, application, "timestamp" AS ts, query_key,
+               CASE WHEN coalesce(len(query_response_hit_ids), 0) > 0 THEN query_response_hit_ids END AS hits
+        FROM ubi_queries
+    )
+    WINDOW w AS (PARTITION BY query_id)
+)
+WHERE rn = 1
+"""
+
+# Clicks and impressions with everything later stages need; ord_rank is NULL for a missing or sub-base ordinal.
+_EVENTS = """
+CREATE OR REPLACE TEMP TABLE _ubi_ev AS
+SELECT e.event_key, e.query_id, e.action_name = $imp AS is_imp, nullif(e.object_id, '') AS object_id, e."timestamp" AS ts,
+       e.position_ordinal AS ordinal,
+       CASE WHEN e.position_ordinal - coalesce(b.base, $base) >= 0
+            THEN e.position_ordinal - coalesce(b.base, $base) + 1 END AS ord_rank,
+       e.position_ordinal IS NOT NULL AND e.position_ordinal - coalesce(b.base, $base) < 0 AS bad_ordinal,
+       coalesce(e.application, s.application) AS application,
+       s.query_id IS NOT NULL AS has_search,
+       s.hits IS NOT NULL AS search_has_hits,
+       list_position(s.hits, nullif(e.object_id, '')) AS hit_rank
+FROM ubi_events e
+LEFT JOIN _ubi_search s ON s.query_id = e.query_id
+LEFT JOIN _ubi_pbase b ON b.application = coalesce(e.application, s.application)
+WHERE e.action_name = $imp OR list_contains($clicks, e.action_name)
+"""
+
+# Impressions placed in their search's ranking (rank NULL: outside the hit list or bad ordinal).
+_IMPRESSIONS = """
+CREATE OR REPLACE TEMP TABLE _ubi_imp AS
+SELECT query_id, object_id AS doc_id, ts, event_key,
+       CASE WHEN search_has_hits THEN hit_rank
+            WHEN bad_ordinal THEN NULL
+            ELSE coalesce(ord_rank, row_number() OVER (PARTITION BY query_id ORDER BY ts, event_key)) END AS rank
+FROM _ubi_ev
+WHERE is_imp AND has_search AND object_id IS NOT NULL
+"""
+
+# Displayed rows before click placement: from placed impressions, else from the hit list.
+_SHOWN = """
+CREATE OR REPLACE TEMP TABLE _ubi_shown0 AS
+WITH imp_doc AS (
+    SELECT query_id, doc_id, min(rank) AS rank, min(ts) AS ts FROM _ubi_imp WHERE rank IS NOT NULL GROUP BY ALL
+), imp_shown AS (
+    SELECT query_id, rank, doc_id, 'impressions' AS origin FROM imp_doc
+    QUALIFY row_number() OVER (PARTITION BY query_id, rank ORDER BY ts, doc_id) = 1
+), hit_rows AS (
+    SELECT query_id, unnest(hits) AS doc_id, unnest(range(1, len(hits) + 1)) AS rank
+    FROM _ubi_search
+    WHERE hits IS NOT NULL AND query_id NOT IN (SELECT query_id FROM imp_doc)
+)
+SELECT * FROM imp_shown
+UNION ALL
+SELECT query_id, min(rank) AS rank, doc_id, 'hit_list' AS origin FROM hit_rows WHERE doc_id <> ''
+GROUP BY query_id, doc_id
+"""
+
+_CLICKS = """
+CREATE OR REPLACE TEMP TABLE _ubi_clk AS
+SELECT c.event_key, c.query_id, c.object_id AS doc_id, c.ts, c.ord_rank, c.has_search,
+       r.query_id IS NOT NULL AS search_ranked, d.rank AS shown_rank
+FROM _ubi_ev c
+LEFT JOIN (SELECT DISTINCT query_id FROM _ubi_shown0) r ON r.query_id = c.query_id
+LEFT JOIN _ubi_shown0 d ON d.query_id = c.query_id AND d.doc_id = c.object_id
+WHERE NOT c.is_imp
+"""
+
+# Clicked docs missing from the displayed list, placed at their (first) ordinal rank when no doc holds it.
+_PLACED = """
+CREATE OR REPLACE TEMP TABLE _ubi_placed AS
+SELECT query_id, rank, doc_id FROM (
+    SELECT query_id, doc_id, min(ord_rank) AS rank, min(ts) AS ts
+    FROM _ubi_clk
+    WHERE doc_id IS NOT NULL AND search_ranked AND shown_rank IS NULL AND ord_rank IS NOT NULL
+    GROUP BY ALL
+) p
+WHERE NOT EXISTS (SELECT 1 FROM _ubi_shown0 s WHERE s.query_id = p.query_id AND s.rank = p.rank)
+QUALIFY row_number() OVER (PARTITION BY query_id, rank ORDER BY ts, doc_id) = 1
+"""
+
+_DISPLAYED = """
+CREATE OR REPLACE TEMP TABLE _ubi_disp AS
+SELECT d.query_id, d.rank, d.doc_id, c.doc_id IS NOT NULL AS clicked
+FROM (SELECT query_id, rank, doc_id FROM _ubi_shown0 UNION ALL SELECT query_id, rank, doc_id FROM _ubi_placed) d
+LEFT JOIN (SELECT DISTINCT query_id, doc_id FROM _ubi_clk WHERE doc_id IS NOT NULL) c
+       ON c.query_id = d.query_id AND c.doc_id = d.doc_id
+"""
+
+# Ranked searches with their normalised query, time and client, and the filter each one falls to.
+_SESSIONS = """
+CREATE OR REPLACE TEMP TABLE _ubi_sess AS
+WITH shown AS (
+    SELECT query_id, count(*) AS n_shown, count(*) FILTER (WHERE clicked) AS n_clicked FROM _ubi_disp GROUP BY ALL
+), evts AS (
+    SELECT query_id, min(ts) AS ts FROM _ubi_ev WHERE has_search GROUP BY ALL
+), rate AS (
+    SELECT client_id, max(n) AS peak FROM (
+        SELECT client_id, count(*) OVER (
+            PARTITION BY client_id ORDER BY ts RANGE BETWEEN CURRENT ROW AND INTERVAL 60 SECOND FOLLOWING) AS n
+        FROM (SELECT s.client_id, coalesce(s.ts, e.ts) AS ts FROM _ubi_search s LEFT JOIN evts e USING (query_id))
+        WHERE client_id IS NOT NULL AND ts IS NOT NULL
+    ) GROUP BY ALL
+)
+SELECT s.query_id, n.query, s.client_id, s.application, coalesce(s.ts, e.ts) AS ts, sh.n_shown, sh.n_clicked,
+       CASE WHEN n.query = '' THEN 'empty_query'
+            WHEN r.peak > $max_rate THEN 'bot'
+            WHEN $click_all AND sh.n_shown >= $click_all_min AND sh.n_clicked = sh.n_shown THEN 'click_all'
+       END AS dropped
+FROM _ubi_search s
+JOIN shown sh USING (query_id)
+JOIN _ubi_qnorm n USING (user_query)
+LEFT JOIN evts e USING (query_id)
+LEFT JOIN rate r USING (client_id)
+"""
+
+# Kept sessions cut at K, with pair ids: the one table every statistic below is aggregated from.
+_KEPT = """
+CREATE OR REPLACE TEMP TABLE _ubi_kept AS
+SELECT d.query_id, s.query, d.rank, d.doc_id, d.clicked
+FROM _ubi_disp d JOIN _ubi_sess s USING (query_id)
+WHERE s.dropped IS NULL AND d.rank <= $k
+"""
+
+_PAIRS = """
+CREATE OR REPLACE TEMP TABLE _ubi_pairs AS
+SELECT query, doc_id, (row_number() OVER (ORDER BY query, doc_id) - 1)::BIGINT AS pair,
+       (dense_rank() OVER (ORDER BY query) - 1)::BIGINT AS qi
+FROM (SELECT DISTINCT query, doc_id FROM _ubi_kept)
+"""
+
+_KEPT_P = """
+CREATE OR REPLACE TEMP TABLE _ubi_kp AS
+SELECT k.query_id, p.qi, p.pair, k.rank, k.clicked FROM _ubi_kept k JOIN _ubi_pairs p USING (query, doc_id)
+"""
+
+_CELLS = """
+SELECT pair, rank::BIGINT AS rank, count(*)::BIGINT AS impressions, count(*) FILTER (WHERE clicked)::BIGINT AS clicks
+FROM _ubi_kp GROUP BY pair, rank ORDER BY pair, rank
+"""
+
+_UBM = """
+SELECT pair, rank::BIGINT AS rank, prev_click::BIGINT AS prev_click, count(*)::BIGINT AS impressions,
+       count(*) FILTER (WHERE clicked)::BIGINT AS clicks
+FROM (
+    SELECT pair, rank, clicked,
+           coalesce(max(CASE WHEN clicked THEN rank END) OVER (
+               PARTITION BY query_id ORDER BY rank ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS prev_click
+    FROM _ubi_kp
+) GROUP BY ALL ORDER BY pair, rank, prev_click
+"""
+
+_PATTERNS = """
+CREATE OR REPLACE TEMP TABLE _ubi_pat AS
+SELECT (row_number() OVER (ORDER BY qi, sig) - 1)::BIGINT AS pattern, qi, sig, count::BIGINT AS weight
+FROM (
+    SELECT qi, sig, count(*) AS count FROM (
+        SELECT query_id, any_value(qi) AS qi, list({'rank': rank, 'pair': pair, 'clicked': clicked} ORDER BY rank) AS sig
+        FROM _ubi_kp GROUP BY query_id
+    ) GROUP BY qi, sig
+)
+"""
+
+_PATTERN_ROWS = """
+SELECT pattern, s.rank::BIGINT AS rank, s.pair AS pair, s.clicked AS clicked
+FROM (SELECT pattern, unnest(sig) AS s FROM _ubi_pat) ORDER BY pattern, rank
+"""
+
+_TEMP_TABLES = ("_ubi_search", "_ubi_ev", "_ubi_imp", "_ubi_shown0", "_ubi_clk", "_ubi_placed", "_ubi_disp",
+                "_ubi_sess", "_ubi_kept", "_ubi_pairs", "_ubi_kp", "_ubi_pat")
+
+
+# ----------------------------------------------------------------------------- building
+
+def _params(settings: Settings) -> dict[str, Any]:
+    return {"imp": settings.impression_action, "clicks": list(settings.click_actions), "base": settings.position_base}
+
+
+def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> None:
+    """Stages up to ``_ubi_disp`` (every ranked search, displayed docs, clicked flags) and ``_ubi_sess``."""
+    for table in ("ubi_queries", "ubi_events"):
+        if not _ints(con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [table])[0]:
+            raise SessionError(f"the store has no {table} table; ingest UBI records first (`ubi import`, `ubi serve`)")
+    pbase = pa.table({
+        "application": pa.array(list(settings.position_base_by_application), pa.string()),
+        "base": pa.array(list(settings.position_base_by_application.values()), pa.int64()),
+    })
+    con.register("_ubi_pbase", pbase)
+    p = _params(settings)
+    con.execute(_SEARCH)
+    texts = con.sql("SELECT DISTINCT user_query FROM _ubi_search").to_arrow_table().column(0).to_pylist()
+    con.register("_ubi_qnorm", pa.table({
+        "user_query": pa.array(texts, pa.string()),
+        "query": pa.array([normalize_query(t) for t in texts], pa.string()),
+    }))
+    con.execute(_EVENTS, p)
+    con.execute(_IMPRESSIONS)
+    con.execute(_SHOWN)
+    con.execute(_CLICKS)
+    con.execute(_PLACED)
+    con.execute(_DISPLAYED)
+    con.execute(_SESSIONS, {
+        "max_rate": float(settings.max_client_queries_per_minute),
+        "click_all": bool(settings.filter_click_all),
+        "click_all_min": int(settings.click_all_min_results),
+    })
+
+
+def _cleanup(con: duckdb.DuckDBPyConnection) -> None:
+    for table in _TEMP_TABLES:
+        con.execute(f"DROP TABLE IF EXISTS temp.{table}")
+    for view in ("_ubi_pbase", "_ubi_qnorm"):
+        try:
+            con.unregister(view)
+        except duckdb.Error:
+            pass
+
+
+def _ints(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> list[int]:
+    rows = con.execute(sql, params).fetchall()  # fetchall: DuckDB 2 keeps a half-read result open
+    return [int(v or 0) for v in rows[0]] if rows else []
+
+
+def _quality(con: duckdb.DuckDBPyConnection) -> QualitySummary:
+    (query_records, searches, several, hit_only, imp_ranked) = _ints(con, """
+        SELECT (SELECT count(*) FROM ubi_queries), count(*), count(*) FILTER (WHERE n_rankings > 1),
+               (SELECT count(DISTINCT query_id) FROM _ubi_shown0 WHERE origin = 'hit_list'),
+               (SELECT count(DISTINCT query_id) FROM _ubi_shown0 WHERE origin = 'impressions')
+        FROM _ubi_search""")
+    imp = _ints(con, """
+        SELECT count(*),
+               count(*) FILTER (WHERE object_id IS NULL),
+               count(*) FILTER (WHERE object_id IS NOT NULL AND NOT has_search),
+               count(*) FILTER (WHERE object_id IS NOT NULL AND has_search AND search_has_hits AND hit_rank IS NULL),
+               count(*) FILTER (WHERE object_id IS NOT NULL AND has_search AND NOT search_has_hits AND bad_ordinal),
+               count(*) FILTER (WHERE hit_rank IS NOT NULL AND ord_rank IS NOT NULL),
+               count(*) FILTER (WHERE hit_rank IS NOT NULL AND ord_rank IS NOT NULL AND hit_rank <> ord_rank)
+        FROM _ubi_ev WHERE is_imp""")
+    (placed_rows, placed_docs, imp_displayed) = _ints(con, """
+        SELECT (SELECT count(*) FROM _ubi_imp WHERE rank IS NOT NULL),
+               (SELECT count(*) FROM (SELECT DISTINCT query_id, doc_id FROM _ubi_imp WHERE rank IS NOT NULL)),
+               (SELECT count(*) FROM _ubi_shown0 WHERE origin = 'impressions')""")
+    clk = _ints(con, """
+        SELECT count(*),
+               count(*) FILTER (WHERE doc_id IS NULL),
+               count(*) FILTER (WHERE doc_id IS NOT NULL AND NOT has_search),
+               count(*) FILTER (WHERE doc_id IS NOT NULL AND has_search AND NOT search_ranked),
+               count(*) FILTER (WHERE shown_rank IS NOT NULL AND ord_rank IS NOT NULL),
+               count(*) FILTER (WHERE shown_rank IS NOT NULL AND ord_rank IS NOT NULL AND shown_rank <> ord_rank)
+        FROM _ubi_clk""")
+    (clicks_displayed, distinct_clicked, placed) = _ints(con, """
+        SELECT count(*), count(DISTINCT (c.query_id, c.doc_id)), (SELECT count(*) FROM _ubi_placed)
+        FROM _ubi_clk c JOIN _ubi_disp d ON d.query_id = c.query_id AND d.doc_id = c.doc_id""")
+    evidence = con.execute("""
+        SELECT coalesce(application, ''), count(*) FILTER (WHERE ordinal = hit_rank - 1),
+               count(*) FILTER (WHERE ordinal = hit_rank), count(*)
+        FROM _ubi_ev WHERE hit_rank IS NOT NULL AND ordinal IS NOT NULL GROUP BY ALL ORDER BY 1""").fetchall()
+    n_imp = imp[0]
+    return QualitySummary(
+        query_records=query_records,
+        searches=searches,
+        duplicate_query_records=query_records - searches,
+        searches_with_several_rankings=several,
+        searches_without_ranking=searches - hit_only - imp_ranked,
+        searches_ranked_by_impressions=imp_ranked,
+        searches_ranked_by_hit_list=hit_only,
+        impression_events=n_imp,
+        impressions_without_object_id=imp[1],
+        impressions_without_search=imp[2],
+        impressions_outside_ranking=imp[3],
+        impressions_bad_ordinal=imp[4],
+        duplicate_impressions=placed_rows - placed_docs,
+        impression_rank_collisions=placed_docs - imp_displayed,
+        impressions_displayed=imp_displayed,
+        impression_rank_checked=imp[5],
+        impression_rank_disagreements=imp[6],
+        click_events=clk[0],
+        clicks_without_object_id=clk[1],
+        clicks_without_search=clk[2],
+        clicks_on_search_without_ranking=clk[3],
+        clicks_on_undisplayed=clk[0] - clk[1] - clk[2] - clk[3] - clicks_displayed,
+        clicks_displayed=clicks_displayed,
+        clicks_placed_by_ordinal=placed,
+        repeat_clicks=clicks_displayed - distinct_clicked,
+        click_rank_checked=clk[4],
+        click_rank_disagreements=clk[5],
+        ordinal_base_evidence={app: {"base0": int(b0), "base1": int(b1), "checked": int(n)}
+                               for app, b0, b1, n in evidence},
+    )
+
+
+def _filters(con: duckdb.DuckDBPyConnection, k: int, quality: QualitySummary, settings: Settings) -> FilterCounts:
+    ranked, empty, bots, click_all = _ints(con, """
+        SELECT count(*), count(*) FILTER (WHERE dropped = 'empty_query'), count(*) FILTER (WHERE dropped = 'bot'),
+               count(*) FILTER (WHERE dropped = 'click_all') FROM _ubi_sess""")
+    (bot_clients,) = _ints(con, "SELECT count(DISTINCT client_id) FROM _ubi_sess WHERE dropped = 'bot'")
+    kept_any, kept_k, imps, clicks = _ints(con, """
+        SELECT (SELECT count(*) FROM _ubi_sess WHERE dropped IS NULL), count(DISTINCT query_id), count(*),
+               count(*) FILTER (WHERE clicked) FROM _ubi_kept""")
+    beyond = _ints(con, """
+        SELECT count(*), count(*) FILTER (WHERE clicked)
+        FROM _ubi_disp d JOIN _ubi_sess s USING (query_id) WHERE s.dropped IS NULL AND d.rank > $k""", {"k": k})
+    return FilterCounts(
+        ranked_searches=ranked,
+        empty_query_searches=empty,
+        bot_clients=bot_clients,
+        bot_searches=bots,
+        click_all_searches=click_all,
+        clicks_without_search=quality.clicks_without_search,
+        sessions_empty_within_k=kept_any - kept_k,
+        sessions=kept_k,
+        impressions=imps,
+        clicks=clicks,
+        impressions_beyond_k=beyond[0],
+        clicks_beyond_k=beyond[1],
+    )
+
+
+def _np(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
+    return table.column(name).to_numpy().astype(dtype, copy=False)
+
+
+def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, *,
+                  max_rank: int | None = None) -> SessionData:
+    """Build sessions from the UBI tables on ``con`` and aggregate them to PBM cells, UBM cells and patterns.
+
+    ``con`` may be read-only (``collector.store.open_reader``): only temporary tables are created, and
+    dropped before returning. ``max_rank`` defaults to ``Settings.max_rank``.
+    """
+    settings = settings or Settings()
+    k = int(max_rank if max_rank is not None else settings.max_rank)
+    if k < 1:
+        raise SessionError(f"max_rank must be at least 1, got {k}")
+    try:
+        _build_displayed(con, settings)
+        quality = _quality(con)
+        con.execute(_KEPT, {"k": k})
+        filters = _filters(con, k, quality, settings)
+        con.execute(_PAIRS)
+        con.execute(_KEPT_P)
+        pt = con.sql("SELECT query, doc_id, qi FROM _ubi_pairs ORDER BY pair").to_arrow_table()
+        pairs = PairIndex(
+            queries=np.array(pt.column("query").to_pylist(), dtype=object),
+            doc_ids=np.array(pt.column("doc_id").to_pylist(), dtype=object),
+            query_index=_np(pt, "qi", np.int64),
+        )
+        ct = con.sql(_CELLS).to_arrow_table()
+        cells = ClickCells(pairs, _np(ct, "pair", np.int64), _np(ct, "rank", np.int64),
+                           _np(ct, "impressions", np.int64), _np(ct, "clicks", np.int64), k)
+        ut = con.sql(_UBM).to_arrow_table()
+        ubm = UbmCells(pairs, _np(ut, "pair", np.int64), _np(ut, "rank", np.int64), _np(ut, "prev_click", np.int64),
+                       _np(ut, "impressions", np.int64), _np(ut, "clicks", np.int64), k)
+        con.execute(_PATTERNS)
+        wt = con.sql("SELECT qi, weight FROM _ubi_pat ORDER BY pattern").to_arrow_table()
+        rows = con.sql(_PATTERN_ROWS).to_arrow_table()
+    except duckdb.Error as exc:
+        raise StoreError(f"building sessions failed in DuckDB: {exc}") from exc
+    finally:
+        _cleanup(con)
+    n = wt.num_rows
+    docs = np.full((n, k), -1, dtype=np.int64)
+    clicks = np.zeros((n, k), dtype=bool)
+    pid = _np(rows, "pattern", np.int64)
+    col = _np(rows, "rank", np.int64) - 1
+    docs[pid, col] = _np(rows, "pair", np.int64)
+    clicks[pid, col] = rows.column("clicked").to_numpy(zero_copy_only=False).astype(bool)
+    patterns = SessionPatterns(pairs, _np(wt, "qi", np.int64), docs, clicks, _np(wt, "weight", np.int64))
+    try:
+        cells.check()
+        patterns.check()
+    except StatsError as exc:
+        raise SessionError(f"session statistics are inconsistent (a bug): {exc}") from exc
+    return SessionData(pairs, cells, ubm, patterns, quality, filters, k)
+
+
+def read_sessions(db: Path | str, settings: Settings | None = None, *, max_rank: int | None = None) -> SessionData:
+    """:func:`load_sessions` on the store at ``db``, read through ``open_reader`` (works while a collector runs)."""
+    con = open_reader(db)
+    try:
+        return load_sessions(con, settings, max_rank=max_rank)
+    finally:
+        con.close()
+
+
+def iter_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, *,
+                  max_rank: int | None = None, include_filtered: bool = False,
+                  batch: int = 10_000) -> Iterator[Session]:
+    """Kept sessions one by one, ordered by time then ``query_id``, cut at ``max_rank`` (for small uses).
+
+    The same rules as :func:`load_sessions`; with ``include_filtered`` the filtered searches come too.
+    The whole result is read before the first session is yielded (temporary tables are dropped first).
+    """
+    settings = settings or Settings()
+    k = int(max_rank if max_rank is not None else settings.max_rank)
+    try:
+        _build_displayed(con, settings)
+        table = con.sql("""
+            SELECT s.query_id, s.query, list(d.doc_id ORDER BY d.rank) AS doc_ids, list(d.rank ORDER BY d.rank) AS ranks,
+                   list(d.clicked ORDER BY d.rank) AS clicked, s.client_id, s.application, s.ts
+            FROM _ubi_sess s JOIN _ubi_disp d USING (query_id)
+            WHERE d.rank <= $k AND (s.dropped IS NULL OR $all)
+            GROUP BY ALL ORDER BY s.ts NULLS LAST, s.query_id""", params={"k": k, "all": include_filtered}).to_arrow_table()
+    except duckdb.Error as exc:
+        raise StoreError(f"building sessions failed in DuckDB: {exc}") from exc
+    finally:
+        _cleanup(con)
+    for chunk in table.to_batches(batch):
+        for row in chunk.to_pylist():
+            yield Session(row["query_id"], row["query"], tuple(row["doc_ids"]), tuple(row["ranks"]),
+                          tuple(row["clicked"]), row["client_id"], row["application"], row["ts"])
+
+
+def patterns_from_sessions(sessions: Iterable[Session], max_rank: int = 10) -> SessionPatterns:
+    """Weighted patterns from a few sessions held in Python (tests, hand-made examples); pairs sorted.
+
+    Ranks deeper than ``max_rank`` are cut; identical (query, ranking, clicks) sessions are merged.
+    """
+    k = int(max_rank)
+    sigs: dict[tuple[str, tuple[tuple[int, str, bool], ...]], int] = {}
+    for s in sessions:
+        if not (len(s.doc_ids) == len(s.ranks) == len(s.clicked)):
+            raise SessionError(f"session {s.query_id!r}: doc_ids, ranks and clicked differ in length")
+        if len(set(s.ranks)) != len(s.ranks) or any(r < 1 for r in s.ranks):
+            raise SessionError(f"session {s.query_id!r}: ranks must be distinct and at least 1, got {s.ranks}")
+        shown = tuple(sorted((r, d, bool(c)) for d, r, c in zip(s.doc_ids, s.ranks, s.clicked, strict=True) if r <= k))
+        if shown:
+            key = (s.query, shown)
+            sigs[key] = sigs.get(key, 0) + 1
+    pair_keys = sorted({(q, d) for q, shown in sigs for _, d, _ in shown})
+    pair_of = {p: i for i, p in enumerate(pair_keys)}
+    queries = sorted({q for q, _ in pair_keys})
+    q_of = {q: i for i, q in enumerate(queries)}
+    pairs = PairIndex(
+        queries=np.array([q for q, _ in pair_keys], dtype=object),
+        doc_ids=np.array([d for _, d in pair_keys], dtype=object),
+        query_index=np.array([q_of[q] for q, _ in pair_keys], dtype=np.int64),
+    )
+    ordered = sorted(sigs.items(), key=lambda kv: (q_of[kv[0][0]], [(r, pair_of[(kv[0][0], d)], c) for r, d, c in kv[0][1]]))
+    docs = np.full((len(ordered), k), -1, dtype=np.int64)
+    clicks = np.zeros((len(ordered), k), dtype=bool)
+    weight = np.zeros(len(ordered), dtype=np.int64)
+    query = np.zeros(len(ordered), dtype=np.int64)
+    for i, ((q, shown), w) in enumerate(ordered):
+        query[i], weight[i] = q_of[q], w
+        for r, d, c in shown:
+            docs[i, r - 1] = pair_of[(q, d)]
+            clicks[i, r - 1] = c
+    return SessionPatterns(pairs, query, docs, clicks, weight)
