@@ -50,7 +50,7 @@ from schemas.ubi import UbiEvent, UbiQuery
 log = logging.getLogger("ubi.collector")
 
 #: Optional modules that extend the collector (each may define ``record_filters`` and/or ``install``).
-EXTENSION_MODULES: tuple[str, ...] = ("collector.security",)
+EXTENSION_MODULES: tuple[str, ...] = ("collector.security", "collector.browser")
 
 
 class TooManyItems(TooLarge):
