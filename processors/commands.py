@@ -1,0 +1,213 @@
+"""``ubi process`` (candidate judgments from the click log) and ``ubi review export|import``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from collector.store import open_reader
+from processors.judgments import (
+    JUDGMENT_MODELS,
+    load_human_grades,
+    make_judgments,
+    store_judgments,
+    write_jsonl,
+    write_trec,
+)
+from processors.review import export_candidates, import_review, read_query_set, resolve_source, write_review
+from processors.sessions import read_sessions
+from schemas.errors import UbiError
+from schemas.settings import Settings
+
+_PROCESS_HELP = """\
+Build search sessions from the stored UBI queries and events, filter implausible traffic, fit a click
+model and turn its relevance estimates into candidate judgments, one per (normalised query, doc), with
+score, interval, support and a grade on the human scale (0..UBI_GRADE_MAX) where the evidence suffices.
+The judgments replace the stored rows of the same source (implicit:<model>); --out also writes a file.
+
+Models: ctr (clicks/impressions), coec (clicks over expected clicks), pbm, ubm (EM, position-debiased),
+cascade, dcm, sdbn, dbn (cascade family). Default grades invert the simulation curve of
+docs/position-bias.md; --calibrate fits the thresholds on half of the pairs that have human grades and
+reports agreement (quadratic-weighted kappa, Spearman) on the other half.
+"""
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    flags = {"db": getattr(args, "db", None), **extra}
+    return Settings(**{k: v for k, v in flags.items() if v is not None})
+
+
+def _dump(obj: Any) -> None:
+    sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3f}"
+    return str(x)
+
+
+def cmd_process(args: argparse.Namespace) -> int:
+    settings = _settings(args, max_rank=args.max_rank, min_support=args.min_support, max_ci_width=args.max_ci_width)
+    err = Console(stderr=True)
+    out_fmt = args.format or ("trec" if args.out and Path(args.out).suffix.lower() in (".trec", ".qrels", ".txt")
+                              else "jsonl")
+    human = load_human_grades(args.calibrate) if args.calibrate else None
+    with err.status("building sessions from the store", spinner="dots") as status:
+        data = read_sessions(settings.db, settings)
+        status.update(f"fitting {args.model} on {data.filters.sessions:,} sessions")
+        run = make_judgments(data, args.model, settings, human=human, qrels_name=str(args.calibrate or ""))
+        stored = replaced = None
+        if not args.no_store:
+            status.update("storing judgments")
+            stored, replaced = store_judgments(settings.db, run.table, run.source)
+        written = None
+        if args.out:
+            status.update(f"writing {args.out}")
+            written = write_trec(run.table, args.out) if out_fmt == "trec" else write_jsonl(run.table, args.out)
+    result = {
+        "db": str(settings.db), **run.summary(), "stored": stored, "stale_rows_removed": replaced,
+        "out": str(args.out) if args.out else None, "out_format": out_fmt if args.out else None,
+        "rows_written": written, "sessions": data.filters.as_dict(), "quality": data.quality.as_dict(),
+    }
+    if args.json:
+        _dump(result)
+        return 0
+    con = Console()
+    f, q = data.filters, data.quality
+    con.print(f"[bold]{run.source}[/]: {run.table.num_rows:,} pairs, {run.graded:,} graded "
+              f"(min support {run.min_support} impressions, max CI width {run.max_ci_width})")
+    con.print(f"sessions fitted: {f.sessions:,} (of {q.searches:,} searches; {f.impressions:,} impressions, "
+              f"{f.clicks:,} clicks within rank {data.max_rank})")
+    con.print(f"filtered: {f.bot_searches:,} searches of {f.bot_clients:,} bot clients, {f.click_all_searches:,} "
+              f"click-on-everything searches, {f.empty_query_searches:,} empty queries, "
+              f"{f.clicks_without_search:,} clicks without a matching search")
+    con.print(f"data quality: {q.searches_without_ranking:,} searches without ranking, {q.duplicate_query_records:,} "
+              f"duplicate query records, {q.clicks_on_undisplayed:,} clicks on undisplayed docs, "
+              f"{q.click_rank_disagreements:,}/{q.click_rank_checked:,} click ordinals disagree with the ranking")
+    for app, ev in q.ordinal_base_evidence.items():
+        con.print(f"  ordinals of {app or '(no application)'}: {ev['base0']:,} fit base 0, {ev['base1']:,} fit base 1 "
+                  f"(of {ev['checked']:,} checked against hit lists)")
+    grades = run.summary()["grade_counts"]
+    con.print("grades: " + (", ".join(f"{g}: {c:,}" for g, c in grades.items()) or "none") +
+              f"; mapping {run.mapping.method} thresholds " + ", ".join(f"{t:.4g}" for t in run.mapping.thresholds))
+    if run.calibration:
+        c = run.calibration
+        t = Table(title=f"calibration on {c.qrels} ({c.overlap_eligible} of {c.human_pairs} human pairs usable)")
+        for col in ("split", "mapping", "pairs", "kappa (quadratic)", "spearman", "exact"):
+            t.add_column(col)
+        for name, mapping, a in (("fit", "calibrated", c.fit), ("held out", "calibrated", c.holdout),
+                                 ("held out", "default", c.holdout_default)):
+            t.add_row(name, mapping, str(a.pairs), _fmt(a.kappa), _fmt(a.spearman), _fmt(a.exact))
+        con.print(t)
+    if stored is not None:
+        con.print(f"stored {stored:,} rows in {settings.db}" +
+                  ("" if replaced else " (through the running collector: earlier rows of pairs absent now remain)"))
+    if written is not None:
+        con.print(f"wrote {written:,} {'graded qrels' if out_fmt == 'trec' else 'judgments'} to {args.out}")
+    return 0
+
+
+def cmd_review_export(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    queries = read_query_set(args.queries) if args.queries else None
+    con = open_reader(settings.db)
+    try:
+        source = resolve_source(con, args.source)
+        rows, missing = export_candidates(con, source, queries=queries, top=args.top,
+                                          per_query=None if args.per_query == 0 else args.per_query)
+    finally:
+        con.close()
+    n = write_review(rows, args.out, blind=args.blind)
+    summary = {"source": source, "out": str(args.out), "rows": n, "queries": len({r["query"] for r in rows}),
+               "queries_without_candidates": missing, "blind": args.blind}
+    if args.json:
+        _dump(summary)
+    else:
+        Console().print(f"wrote {n:,} candidates of {summary['queries']:,} queries from {source} to {args.out}"
+                        + (f"; {len(missing)} requested queries have none" if missing else ""))
+    return 0
+
+
+def cmd_review_import(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    result = import_review(settings.db, args.file, assessor=args.assessor, rubric=args.rubric, settings=settings)
+    summary = {"file": str(args.file), "db": str(settings.db), "rows": result.rows, "imported": result.table.num_rows,
+               "reviewed": result.reviewed, "human": result.human, "skipped_ungraded": result.skipped_ungraded}
+    if args.json:
+        _dump(summary)
+    else:
+        Console().print(f"imported {result.table.num_rows:,} of {result.rows:,} rows ({result.reviewed:,} reviewed "
+                        f"candidates, {result.human:,} graded from scratch; {result.skipped_ungraded:,} left "
+                        f"ungraded) into {settings.db}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("process", help="candidate judgments from the click log (sessions, filters, click model)",
+                       description=_PROCESS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", type=Path, help="DuckDB store (default: UBI_DB or ./ubi.duckdb); works while a collector runs")
+    p.add_argument("--model", "--source", dest="model", default="pbm", metavar="MODEL",
+                   help=f"click model, one of {', '.join(JUDGMENT_MODELS)} (default: pbm; --source is an alias)")
+    p.add_argument("--out", type=Path, help="also write the judgments to this file")
+    p.add_argument("--format", choices=("jsonl", "trec"),
+                   help="file format of --out: jsonl (every row) or trec (qrels of graded rows); default by extension "
+                        "(.trec/.qrels/.txt: trec, else jsonl)")
+    p.add_argument("--calibrate", type=Path, metavar="QRELS",
+                   help="human grades (JSONL of docs/metrics.md or TREC qrels) to fit the grade thresholds on")
+    p.add_argument("--min-support", type=int, help="impressions a pair needs to get a grade (default 10)")
+    p.add_argument("--max-ci-width", type=float,
+                   help="widest interval that still gets a grade, on the attractiveness scale (default 0.5)")
+    p.add_argument("--max-rank", type=int, help="deepest rank kept (default 10)")
+    p.add_argument("--no-store", action="store_true", help="do not write the judgments into the store")
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON) instead")
+    p.set_defaults(func=_guard(cmd_process))
+
+    r = sub.add_parser("review", help="export candidate judgments for assessors and import their grades",
+                       description="The review round trip: `export` writes candidates of a query set as CSV or "
+                                   "JSONL with empty grade columns; `import` loads the graded file into "
+                                   "human_judgments (source reviewed:<implicit source>, or human for blind sheets).")
+    rs = r.add_subparsers(dest="review_command", metavar="{export,import}")
+    e = rs.add_parser("export", help="write candidates of a query set for assessors")
+    e.add_argument("--db", type=Path, help="DuckDB store (default: UBI_DB or ./ubi.duckdb)")
+    e.add_argument("--source", help="implicit source to export (pbm or implicit:pbm); default: the only one stored")
+    group = e.add_mutually_exclusive_group()
+    group.add_argument("--queries", type=Path, metavar="FILE",
+                       help="queries to review: one per line, or a Search Relevance Workbench query set JSON")
+    group.add_argument("--top", type=int, metavar="N", help="the N queries with the most sessions (default 20)")
+    e.add_argument("--per-query", type=int, default=20, metavar="M", help="candidates per query, best first (0: all)")
+    e.add_argument("--out", type=Path, required=True, help="FILE.csv or FILE.jsonl")
+    e.add_argument("--blind", action="store_true",
+                   help="leave out scores, support, suggested grade and source: assessors grade from scratch")
+    e.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON)")
+    e.set_defaults(func=_guard(cmd_review_export))
+    i = rs.add_parser("import", help="load a graded review file into human_judgments")
+    i.add_argument("file", type=Path, help="the reviewed CSV or JSONL file")
+    i.add_argument("--db", type=Path, help="DuckDB store (default: UBI_DB or ./ubi.duckdb)")
+    i.add_argument("--assessor", required=True, help="who graded (used where a row's assessor column is empty)")
+    i.add_argument("--rubric", help="the grading instructions, or where to find them")
+    i.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON)")
+    i.set_defaults(func=_guard(cmd_review_import))
+    r.set_defaults(func=lambda args: (r.print_help(), 2)[1])
+
+
+def _guard(fn: Any) -> Any:
+    """Settings errors (bad UBI_* values or flags) become a typed error, so the CLI prints one line."""
+    from pydantic import ValidationError
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(fn(args))
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            raise UbiError(f"setting {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from exc
+
+    return run

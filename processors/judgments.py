@@ -1,0 +1,486 @@
+"""Candidate judgments: a click model's relevance estimates as graded rows with their evidence.
+
+One row per (normalised query, doc): ``source`` ``implicit:<model>``, model version and parameters, score,
+interval, support (impressions, clicks, sessions) and a grade on the human scale, or none when the pair has
+fewer than ``min_support`` impressions or an interval wider than ``max_ci_width``. ``max_ci_width`` is stated
+on the attractiveness scale and converted for CTR and COEC scores by the factor their default thresholds
+use (``processors.grades.scale_factor``), so one setting means the same for every model.
+
+Grades come from :func:`processors.grades.default_mapping`, or, with human grades, from thresholds fitted on
+the pairs of the calibration split (:func:`processors.grades.in_calibration_split`) and measured on the
+others. Each row's ``parameters`` JSON records the mapping and, for pairs that have a human grade, which split
+the pair fell in (``"calibration_split": "fit"`` or ``"holdout"``): reports measuring agreement must use
+only the ``holdout`` pairs (or pairs absent from the qrels used).
+
+Files: JSONL (one :class:`schemas.judgments.Judgment` a line) and TREC qrels of the graded rows
+(``query_id 0 doc_id grade``). A TREC query id is the normalised query text with ``%`` and whitespace
+percent-escaped (``printer%20toner``): :func:`trec_query_id` and :func:`query_from_trec_id` invert each
+other, so the file round-trips and needs no side table; doc ids are escaped the same way.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+import orjson
+import pyarrow as pa
+from pydantic import ValidationError
+
+from collector.store import Store, load_derived, utcnow
+from processors.click_models.base import ClickModel, RelevanceEstimate
+from processors.grades import (
+    Agreement,
+    GradeMapping,
+    agreement,
+    default_mapping,
+    fit_thresholds,
+    in_calibration_split,
+    mapping_from_thresholds,
+    scale_factor,
+)
+from processors.sessions import SessionData
+from processors.stats import SessionPatterns
+from schemas.errors import InputFileError, StoreLocked, UbiError
+from schemas.judgments import Judgment, Qrel
+from schemas.settings import Settings
+from schemas.text import normalize_query
+
+SOURCE_PREFIX = "implicit:"
+#: models ``ubi process`` accepts; gctr and rctr give every pair the same (or a rank-only) score
+JUDGMENT_MODELS = ("ctr", "coec", "pbm", "ubm", "cascade", "dcm", "sdbn", "dbn")
+#: registry names shown to users under another name (the registry's ``dctr`` is "the CTR of a result")
+_SOURCE_NAMES = {"dctr": "ctr"}
+#: what each model's relevance score measures, for the default grade mapping (others: probability)
+SCORE_KIND = {"ctr": "ctr", "coec": "ratio"}
+
+JUDGMENT_SCHEMA = pa.schema([
+    ("query", pa.string()), ("doc_id", pa.string()), ("source", pa.string()), ("model_version", pa.string()),
+    ("parameters", pa.string()), ("score", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()),
+    ("impressions", pa.int64()), ("clicks", pa.int64()), ("sessions", pa.int64()), ("grade", pa.int32()),
+    ("created_at", pa.timestamp("us")),
+])
+
+
+class JudgmentError(UbiError):
+    """Judgments could not be made: unknown or unavailable model, no overlap to calibrate on, bad input."""
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def resolve_model(name: str) -> tuple[str, ClickModel]:
+    """``(source name, new unfitted model)`` for a model name; errors say which models exist and which are missing."""
+    key = name.strip().lower()
+    registry = importlib.import_module("processors.click_models.registry")
+    if key not in JUDGMENT_MODELS and _SOURCE_NAMES.get(key) not in JUDGMENT_MODELS:
+        raise JudgmentError(f"model {name!r} cannot make judgments; choose one of {', '.join(JUDGMENT_MODELS)}"
+                            + (" (gctr and rctr give no per-pair relevance)" if key in ("gctr", "rctr") else ""))
+    try:
+        model: ClickModel = registry.get_model(key)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("processors.click_models"):
+            ready = [m for m in JUDGMENT_MODELS if model_available(m)]
+            raise JudgmentError(f"click model {key!r} is not available in this build ({exc.name} is missing); "
+                                f"available: {', '.join(ready) or 'none'}") from exc
+        raise
+    except UbiError as exc:
+        raise JudgmentError(str(exc)) from exc
+    canonical = str(getattr(model, "name", key))
+    return _SOURCE_NAMES.get(canonical, canonical), model
+
+
+def model_available(name: str) -> bool:
+    """Whether the module of a registered model can be imported."""
+    registry = importlib.import_module("processors.click_models.registry")
+    try:
+        registry.model_class(name)
+    except (ModuleNotFoundError, AttributeError, UbiError):
+        return False
+    return True
+
+
+def score_kind(source_name: str, model: object | None = None) -> str:
+    """``probability``, ``ctr`` or ``ratio``: the model's own ``score_kind`` when it has one, else by name."""
+    kind = getattr(model, "score_kind", None)
+    return str(kind) if kind else SCORE_KIND.get(source_name, "probability")
+
+
+# ----------------------------------------------------------------------------- grading
+
+
+def eligible(estimate: RelevanceEstimate, *, min_support: int, max_ci_width: float | None,
+             kind: str = "probability", grade_max: int = 3) -> np.ndarray:
+    """Pairs that may get a grade: a finite score, ``impressions >= min_support`` and a narrow enough interval.
+
+    A pair without an interval (NaN bounds) is judged on support alone. ``max_ci_width`` is on the
+    attractiveness scale, converted by :func:`processors.grades.scale_factor` for ``kind``.
+    """
+    score = np.asarray(estimate.score, dtype=np.float64)
+    ok = np.isfinite(score) & (np.asarray(estimate.impressions) >= min_support)
+    if max_ci_width is not None:
+        width = np.asarray(estimate.ci_high, dtype=np.float64) - np.asarray(estimate.ci_low, dtype=np.float64)
+        limit = max_ci_width * scale_factor(kind, grade_max)
+        ok &= ~(width > limit)  # NaN width (no interval) passes
+    return np.asarray(ok, dtype=bool)
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    """How the grade mapping was fitted on human grades, and how well it agrees on held-out pairs."""
+
+    qrels: str
+    fraction: float
+    human_pairs: int  # graded pairs in the qrels file
+    overlap: int  # of those, pairs with an implicit score
+    overlap_eligible: int  # ... with enough support and a narrow enough interval (the ones used)
+    mapping: GradeMapping
+    default: GradeMapping
+    fit: Agreement  # calibrated mapping on the calibration split (optimistic: it was fitted there)
+    holdout: Agreement  # calibrated mapping on the held-out split: the number to quote
+    holdout_default: Agreement  # default mapping on the same held-out pairs, for comparison
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "qrels": self.qrels, "fraction": self.fraction, "human_pairs": self.human_pairs, "overlap": self.overlap,
+            "overlap_eligible": self.overlap_eligible, "mapping": self.mapping.as_dict(),
+            "default": self.default.as_dict(), "fit": self.fit.as_dict(), "holdout": self.holdout.as_dict(),
+            "holdout_default": self.holdout_default.as_dict(),
+        }
+
+
+def calibrate(estimate: RelevanceEstimate, ok: np.ndarray, human: Mapping[tuple[str, str], int], *, kind: str,
+              grade_max: int, fraction: float, qrels_name: str = "") -> tuple[GradeMapping, CalibrationReport, np.ndarray]:
+    """Fit thresholds on the calibration split of the human-graded eligible pairs; measure on the rest.
+
+    Returns the mapping, the report and, per pair, ``"fit"``, ``"holdout"`` or ``""`` (no human grade).
+    """
+    bad = [(q, d, g) for (q, d), g in human.items() if not 0 <= g <= grade_max]
+    if bad:
+        q, d, g = bad[0]
+        raise JudgmentError(f"{qrels_name}: human grade {g} of ({q!r}, {d!r}) is outside 0..{grade_max}; "
+                            "set UBI_GRADE_MAX to the top grade of your scale or map the grades first")
+    queries, docs = estimate.pairs.queries, estimate.pairs.doc_ids
+    grades = np.full(len(docs), -1, dtype=np.int64)
+    for i, (q, d) in enumerate(zip(queries, docs, strict=True)):
+        grades[i] = human.get((q, d), -1)
+    has_human = grades >= 0
+    used = has_human & ok
+    split = np.full(len(docs), "", dtype=object)
+    fit_idx = np.array([i for i in np.flatnonzero(used) if in_calibration_split(queries[i], docs[i], fraction)],
+                       dtype=np.int64)
+    hold_idx = np.setdiff1d(np.flatnonzero(used), fit_idx)
+    split[fit_idx] = "fit"
+    split[hold_idx] = "holdout"
+    if len(fit_idx) < 2:
+        raise JudgmentError(
+            f"{qrels_name}: only {len(fit_idx)} human-graded pair(s) fall in the calibration split "
+            f"({int(has_human.sum())} of {len(human)} human pairs have an implicit score, {int(used.sum())} with "
+            "enough support); calibration needs at least 2. Check that the qrels use the same query text "
+            "(normalised) and doc ids, lower --min-support, or raise UBI_CALIBRATION_FRACTION.")
+    score = np.asarray(estimate.score, dtype=np.float64)
+    thresholds = fit_thresholds(score[fit_idx], grades[fit_idx], grade_max)
+    mapping = mapping_from_thresholds(kind, thresholds, method="quantile+qwk")
+    default = default_mapping(kind, grade_max)
+    report = CalibrationReport(
+        qrels=qrels_name, fraction=fraction, human_pairs=len(human), overlap=int(has_human.sum()),
+        overlap_eligible=int(used.sum()), mapping=mapping, default=default,
+        fit=agreement(score[fit_idx], grades[fit_idx], mapping),
+        holdout=agreement(score[hold_idx], grades[hold_idx], mapping),
+        holdout_default=agreement(score[hold_idx], grades[hold_idx], default),
+    )
+    return mapping, report, split
+
+
+# ----------------------------------------------------------------------------- rows
+
+
+def _nan_to_null(a: np.ndarray) -> pa.Array:
+    a = np.asarray(a, dtype=np.float64)
+    return pa.array(a, pa.float64(), mask=~np.isfinite(a))
+
+
+def build_judgments(estimate: RelevanceEstimate, *, source: str, model_version: str | None, mapping: GradeMapping,
+                    ok: np.ndarray, parameters: dict[str, Any] | None = None, split: np.ndarray | None = None,
+                    created_at: datetime | None = None) -> pa.Table:
+    """The ``judgments`` rows (schema :data:`JUDGMENT_SCHEMA`) of one estimate, one per pair, sorted by pair."""
+    n = len(estimate.pairs)
+    score = np.asarray(estimate.score, dtype=np.float64)
+    grade = mapping.grade(score)
+    graded = ok & (grade >= 0)
+    base = {"model": estimate.parameters, "grade_mapping": mapping.as_dict(), **(parameters or {})}
+    if split is None:
+        split = np.full(n, "", dtype=object)
+    # only three distinct parameter documents: build each once, pick per row
+    docs = {s: orjson.dumps({**base, "calibration_split": s} if s else base, option=orjson.OPT_SERIALIZE_NUMPY
+                            | orjson.OPT_NON_STR_KEYS).decode() for s in ("", "fit", "holdout")}
+    params = pa.array([docs[s] for s in split], pa.string()) if n else pa.array([], pa.string())
+    now = created_at or utcnow()
+    return pa.table({
+        "query": pa.array(estimate.pairs.queries.tolist(), pa.string()),
+        "doc_id": pa.array(estimate.pairs.doc_ids.tolist(), pa.string()),
+        "source": pa.array([source] * n, pa.string()),
+        "model_version": pa.array([model_version] * n, pa.string()),
+        "parameters": params,
+        "score": _nan_to_null(score),
+        "ci_low": _nan_to_null(estimate.ci_low),
+        "ci_high": _nan_to_null(estimate.ci_high),
+        "impressions": pa.array(np.asarray(estimate.impressions, dtype=np.int64)),
+        "clicks": pa.array(np.asarray(estimate.clicks, dtype=np.int64)),
+        "sessions": pa.array(np.asarray(estimate.sessions, dtype=np.int64)),
+        "grade": pa.array(grade.astype(np.int32), pa.int32(), mask=~graded),
+        "created_at": pa.array([now] * n, pa.timestamp("us")),
+    }, schema=JUDGMENT_SCHEMA)
+
+
+@dataclass(frozen=True)
+class JudgmentRun:
+    """One model's judgments with how they were made."""
+
+    source: str  # implicit:<model>
+    model: str
+    kind: str
+    table: pa.Table
+    mapping: GradeMapping
+    min_support: int
+    max_ci_width: float | None
+    calibration: CalibrationReport | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def graded(self) -> int:
+        return int(self.table.column("grade").is_valid().to_numpy(zero_copy_only=False).sum())
+
+    def judgments(self) -> Iterator[Judgment]:
+        """The rows as :class:`Judgment` records."""
+        yield from iter_judgments(self.table)
+
+    def summary(self) -> dict[str, Any]:
+        grades = self.table.column("grade").drop_null().to_numpy()
+        return {
+            "source": self.source, "model": self.model, "score_kind": self.kind, "pairs": self.table.num_rows,
+            "graded": self.graded, "grade_counts": {str(g): int(c) for g, c in
+                                                    zip(*np.unique(grades, return_counts=True), strict=True)},
+            "min_support": self.min_support, "max_ci_width": self.max_ci_width, "mapping": self.mapping.as_dict(),
+            "calibration": self.calibration.as_dict() if self.calibration else None,
+        }
+
+
+def make_judgments(data: SessionData | SessionPatterns, model_name: str, settings: Settings | None = None, *,
+                   human: Mapping[tuple[str, str], int] | None = None, qrels_name: str = "",
+                   min_support: int | None = None, max_ci_width: float | None = None,
+                   created_at: datetime | None = None) -> JudgmentRun:
+    """Fit ``model_name`` on the sessions, grade its relevance estimates, and calibrate when ``human`` is given."""
+    settings = settings or Settings()
+    patterns = data.patterns if isinstance(data, SessionData) else data
+    source_name, model = resolve_model(model_name)
+    model.fit(patterns)
+    estimate = model.relevance()
+    kind = score_kind(source_name, model)
+    support = settings.min_support if min_support is None else int(min_support)
+    width = settings.max_ci_width if max_ci_width is None else float(max_ci_width)
+    ok = eligible(estimate, min_support=support, max_ci_width=width, kind=kind, grade_max=settings.grade_max)
+    report = None
+    split = None
+    if human is not None:
+        mapping, report, split = calibrate(estimate, ok, human, kind=kind, grade_max=settings.grade_max,
+                                           fraction=settings.calibration_fraction, qrels_name=qrels_name)
+    else:
+        mapping = default_mapping(kind, settings.grade_max)
+    params = {"min_support": support, "max_ci_width": width, "max_rank": patterns.max_rank}
+    source = SOURCE_PREFIX + source_name
+    table = build_judgments(estimate, source=source, model_version=str(getattr(model, "version", "")) or None,
+                            mapping=mapping, ok=ok, parameters=params, split=split, created_at=created_at)
+    return JudgmentRun(source, source_name, kind, table, mapping, support, width, report, params)
+
+
+# ----------------------------------------------------------------------------- storage
+
+
+def store_judgments(db: Path | str, table: pa.Table, source: str) -> tuple[int, bool]:
+    """Replace the stored rows of ``source`` with ``table``; returns (rows written, stale rows removed).
+
+    With the file free this is one transaction (delete the source's rows, insert the new ones). While a
+    collector holds the file the rows go through it (``collector.store.load_derived``), which can only
+    insert or replace: rows of pairs absent from this run then stay, and ``False`` says so.
+    """
+    cols = ", ".join(table.column_names)
+    try:
+        with Store(db, create=False) as store, store.transaction() as cur:
+            cur.execute("DELETE FROM judgments WHERE source = ?", [source])
+            cur.register("_judgments_new", table)
+            try:
+                cur.execute(f"INSERT INTO judgments ({cols}) SELECT {cols} FROM _judgments_new")
+            finally:
+                cur.unregister("_judgments_new")
+        return table.num_rows, True
+    except StoreLocked:
+        return load_derived(db, "judgments", table), False
+
+
+# ----------------------------------------------------------------------------- files
+
+_ESCAPE = re.compile(r"[%\s]")
+
+
+def trec_query_id(text: str) -> str:
+    """A whitespace-free id for a query text (or doc id): ``%`` and whitespace percent-escaped (UTF-8)."""
+    if not text:
+        raise JudgmentError("cannot write an empty query or doc id to TREC qrels")
+    return _ESCAPE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), text)
+
+
+def query_from_trec_id(query_id: str) -> str:
+    """Inverse of :func:`trec_query_id`."""
+    return unquote(query_id, errors="strict")
+
+
+def iter_judgments(table: pa.Table) -> Iterator[Judgment]:
+    cache: dict[str, dict[str, Any]] = {}
+    for batch in table.to_batches(10_000):
+        for row in batch.to_pylist():
+            p = row["parameters"]
+            if p is not None and p not in cache:
+                cache[p] = orjson.loads(p)
+            row["parameters"] = cache[p] if p is not None else {}
+            yield Judgment(**row)
+
+
+def write_jsonl(table: pa.Table, path: Path | str) -> int:
+    """One :class:`Judgment` per line, in table order; returns the number of lines."""
+    n = 0
+    with open(path, "wb") as f:
+        for j in iter_judgments(table):
+            f.write(j.model_dump_json().encode() + b"\n")
+            n += 1
+    return n
+
+
+def read_jsonl(path: Path | str) -> list[Judgment]:
+    """Judgments written by :func:`write_jsonl`; any bad line raises ``InputFileError`` naming the line."""
+    out: list[Judgment] = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                raise InputFileError(str(path), number, "blank line; expected one judgment (JSON object) per line")
+            try:
+                out.append(Judgment.model_validate_json(line))
+            except ValidationError as exc:
+                first = exc.errors(include_url=False)[0]
+                loc = ".".join(str(p) for p in first["loc"])
+                raise InputFileError(str(path), number, f"{loc}: {first['msg']}" if loc else first["msg"]) from exc
+    return out
+
+
+def write_trec(table: pa.Table, path: Path | str) -> int:
+    """TREC qrels of the graded rows (``query_id 0 doc_id grade``), sorted; ids via :func:`trec_query_id`."""
+    graded = table.filter(table.column("grade").is_valid())
+    rows = sorted(
+        (trec_query_id(q), trec_query_id(d), int(g))
+        for q, d, g in zip(graded.column("query").to_pylist(), graded.column("doc_id").to_pylist(),
+                           graded.column("grade").to_pylist(), strict=True)
+    )
+    with open(path, "w", encoding="utf-8") as f:
+        for q, d, g in rows:
+            f.write(f"{q} 0 {d} {g}\n")
+    return len(rows)
+
+
+def read_trec(path: Path | str) -> list[Qrel]:
+    """TREC qrels (``query_id iteration doc_id grade``) with ids decoded by :func:`query_from_trec_id`.
+
+    Strict: four fields, a non-negative integer grade, no (query, doc) twice; errors name file and line.
+    """
+    out: list[Qrel] = []
+    seen: dict[tuple[str, str], int] = {}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                raise InputFileError(str(path), number, "blank line; expected 'query_id 0 doc_id grade'")
+            parts = line.split()
+            if len(parts) != 4:
+                raise InputFileError(str(path), number, f"expected 4 fields 'query_id 0 doc_id grade', got {len(parts)}")
+            qid, _, did, grade = parts
+            if not re.fullmatch(r"\d+", grade):
+                raise InputFileError(str(path), number, f"grade {grade!r} is not a non-negative integer")
+            try:
+                key = (query_from_trec_id(qid), query_from_trec_id(did))
+            except UnicodeDecodeError as exc:
+                raise InputFileError(str(path), number, f"id is not valid percent-escaped UTF-8: {exc}") from exc
+            if key in seen:
+                raise InputFileError(str(path), number, f"query {qid} doc {did} already judged on line {seen[key]}")
+            seen[key] = number
+            out.append(Qrel(key[0], key[1], int(grade)))
+    return out
+
+
+def load_human_grades(path: Path | str) -> dict[tuple[str, str], int]:
+    """Human grades keyed by (normalised query text, doc id), from JSONL qrels or TREC qrels.
+
+    JSONL (``docs/metrics.md``): ``{"query_id": ..., "query": "text", "relevant": {"doc": grade}}`` per line;
+    without ``query`` the text is decoded from ``query_id`` (:func:`query_from_trec_id`). TREC: query ids
+    decode to the text the same way (our own TREC output round-trips). Strict; errors name file and line.
+    """
+    p = Path(path)
+    try:
+        head = next((ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()), "")
+    except OSError as exc:
+        raise InputFileError(str(p), None, f"cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputFileError(str(p), None, f"not UTF-8 text: {exc}") from exc
+    if not head:
+        raise InputFileError(str(p), None, "empty file; expected JSONL or TREC qrels")
+    out: dict[tuple[str, str], int] = {}
+    if head.lstrip().startswith("{"):
+        seen_ids: dict[str, int] = {}
+        with open(p, "rb") as f:
+            for number, line in enumerate(f, start=1):
+                for (q, d), g in _jsonl_qrel_line(str(p), number, line, seen_ids).items():
+                    if (q, d) in out and out[(q, d)] != g:
+                        raise InputFileError(str(p), number, f"doc {d!r} of query {q!r} graded twice differently")
+                    out[(q, d)] = g
+        return out
+    for qrel in read_trec(p):
+        out[(normalize_query(qrel.query_id), qrel.doc_id)] = qrel.grade
+    return out
+
+
+def _jsonl_qrel_line(path: str, number: int, line: bytes, seen_ids: dict[str, int]) -> dict[tuple[str, str], int]:
+    if not line.strip():
+        raise InputFileError(path, number, "blank line; expected one query (JSON object) per line")
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise InputFileError(path, number, f"malformed JSON: {exc.msg} (column {exc.colno})") from exc
+    if not isinstance(obj, dict):
+        raise InputFileError(path, number, "expected a JSON object with query_id, query and relevant")
+    qid = obj.get("query_id")
+    if not isinstance(qid, str) or not qid.strip():
+        raise InputFileError(path, number, "'query_id' must be a non-empty string")
+    if qid in seen_ids:
+        raise InputFileError(path, number, f"duplicate query_id {qid!r} (first on line {seen_ids[qid]})")
+    seen_ids[qid] = number
+    text = obj.get("query", None)
+    if text is None:
+        text = query_from_trec_id(qid)
+    if not isinstance(text, str) or not normalize_query(text):
+        raise InputFileError(path, number, "'query' must be a non-empty string")
+    rel = obj.get("relevant")
+    if not isinstance(rel, dict):
+        raise InputFileError(path, number, "'relevant' must be an object {doc_id: grade}")
+    q = normalize_query(text)
+    out: dict[tuple[str, str], int] = {}
+    for doc, grade in rel.items():
+        if not doc:
+            raise InputFileError(path, number, "empty doc id in 'relevant'")
+        if isinstance(grade, bool) or not isinstance(grade, int) or grade < 0:
+            raise InputFileError(path, number, f"grade of {doc!r} must be a non-negative integer, got {grade!r}")
+        out[(q, doc)] = grade
+    return out
