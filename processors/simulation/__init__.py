@@ -1,1 +1,21 @@
-"""Simulated click logs with known truth: click kernels (``clicks``) and the UBI-traffic simulator on top."""
+"""Simulated click logs with known truth: click kernels (``clicks``) and the UBI-traffic simulator on top.
+
+``simulate(SimConfig(...))`` gives a :class:`SimulatedTraffic` (UBI records, in-memory session patterns,
+the truth); ``simulate_patterns`` skips the records for benches; ``build_catalog`` is the built-in catalog.
+"""
+
+from processors.simulation.catalog import Catalog, SimulationError, build_catalog
+from processors.simulation.traffic import (
+    PostError,
+    PostResult,
+    SimConfig,
+    SimulatedTraffic,
+    Truth,
+    simulate,
+    simulate_patterns,
+)
+
+__all__ = [
+    "Catalog", "PostError", "PostResult", "SimConfig", "SimulatedTraffic", "SimulationError", "Truth",
+    "build_catalog", "simulate", "simulate_patterns",
+]

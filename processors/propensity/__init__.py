@@ -1,0 +1,30 @@
+"""Position bias (propensity) estimation: θ_k/θ_1 per rank with bootstrap intervals.
+
+Three estimators (``docs/position-bias.md``): PBM EM (``em``), intervention harvesting over rankers
+(``harvest``, AllPairs) and randomised swaps (``randomized``); ``bootstrap`` resamples sessions, ``plot``
+draws the curve, ``estimate`` ties them together. The estimators load lazily (scipy, matplotlib and the
+click models are only imported when used).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from processors.propensity.common import METHODS, PropensityError, PropensityEstimate
+from processors.propensity.randomized import SwapSessions
+
+_LAZY = {
+    "estimate_from_patterns": "processors.propensity.estimate",
+    "estimate_randomized": "processors.propensity.estimate",
+    "plot_curve": "processors.propensity.plot",
+}
+
+__all__ = ["METHODS", "PropensityError", "PropensityEstimate", "SwapSessions", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'processors.propensity' has no attribute {name!r}")
