@@ -1,0 +1,117 @@
+"""Bootstrap confidence intervals over sessions, on deduplicated session patterns.
+
+Resampling N sessions with replacement from a log whose distinct patterns have counts w_1..w_n is a
+multinomial draw: w* ~ Multinomial(N, w/N) (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993).
+This is the exact session bootstrap, done in O(patterns) per replicate instead of O(sessions). The interval
+is the percentile interval of the replicates at the requested level.
+
+:class:`CellMap` makes the replicates cheap for the cell-based estimators: the (pair, rank) cell of every
+shown position of every pattern is found once, so each replicate's cells are two ``bincount``s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from processors.propensity.common import PropensityError
+from processors.stats import ClickCells, SessionPatterns
+
+SCHEME = "multinomial resampling of sessions (counts of distinct session patterns)"
+
+
+@dataclass(frozen=True)
+class BootstrapResult:
+    """Percentile intervals per rank, and the replicates behind them ([replicates, K], NaN = failed)."""
+
+    low: NDArray[np.float64]
+    high: NDArray[np.float64]
+    samples: NDArray[np.float64]
+    failed: int  # replicates where the estimator raised (e.g. a resample left a rank without data)
+    level: float
+
+    @property
+    def replicates(self) -> int:
+        return int(self.samples.shape[0]) - self.failed
+
+
+def resample_weights(weights: NDArray[np.int64], rng: np.random.Generator) -> NDArray[np.int64]:
+    """One bootstrap replicate of pattern counts: Multinomial(N, w/N) with N = Σ w."""
+    w = np.asarray(weights, dtype=np.float64)
+    total = int(w.sum())
+    if total <= 0:
+        raise PropensityError("cannot bootstrap an empty log (no sessions)")
+    return rng.multinomial(total, w / w.sum()).astype(np.int64)
+
+
+def bootstrap(
+    weights: NDArray[np.int64],
+    statistic: Callable[[NDArray[np.int64]], NDArray[np.float64]],
+    *,
+    replicates: int = 200,
+    seed: int = 0,
+    level: float = 0.95,
+    progress: Callable[[int], None] | None = None,
+) -> BootstrapResult:
+    """Percentile bootstrap of a per-rank ``statistic(pattern_weights)`` over sessions.
+
+    ``statistic`` gets resampled pattern counts and returns one number per rank (NaN where undefined); a
+    replicate on which it raises :class:`PropensityError` is counted as failed and left out.
+    """
+    if replicates < 1:
+        raise PropensityError(f"bootstrap replicates must be at least 1, got {replicates}")
+    if not 0.0 < level < 1.0:
+        raise PropensityError(f"confidence level must lie in (0, 1), got {level}")
+    rng = np.random.default_rng([seed, 0xB007])
+    samples: NDArray[np.float64] | None = None
+    failed = 0
+    for b in range(replicates):
+        w = resample_weights(weights, rng)
+        try:
+            est = np.asarray(statistic(w), dtype=np.float64)
+        except PropensityError:
+            failed += 1
+        else:
+            if samples is None:
+                samples = np.full((replicates, len(est)), np.nan)
+            samples[b] = est
+        if progress:
+            progress(b + 1)
+    if samples is None:
+        raise PropensityError("every bootstrap replicate failed; the log is too small to estimate position bias")
+    tail = (1.0 - level) / 2.0 * 100.0
+    with np.errstate(all="ignore"):
+        enough = (np.isfinite(samples).sum(axis=0) >= 2)
+        low = np.where(enough, np.nanpercentile(np.where(enough, samples, 0.0), tail, axis=0), np.nan)
+        high = np.where(enough, np.nanpercentile(np.where(enough, samples, 0.0), 100.0 - tail, axis=0), np.nan)
+    return BootstrapResult(low, high, samples, failed, level)
+
+
+class CellMap:
+    """Where each shown position of each pattern lands among the PBM cells, for fast re-aggregation."""
+
+    def __init__(self, sessions: SessionPatterns) -> None:
+        n, k = sessions.docs.shape
+        shown = sessions.docs >= 0
+        self.sessions = sessions
+        self.pattern = np.broadcast_to(np.arange(n)[:, None], (n, k))[shown]
+        rank = np.broadcast_to(np.arange(1, k + 1), (n, k))[shown]
+        pair = sessions.docs[shown]
+        self.clicked = sessions.clicks[shown].astype(np.float64)
+        uniq, self.cell = np.unique(pair * (k + 1) + rank, return_inverse=True)
+        self.pair = (uniq // (k + 1)).astype(np.int64)
+        self.rank = (uniq % (k + 1)).astype(np.int64)
+        self.max_rank = k
+
+    def cells(self, weights: NDArray[np.int64] | None = None) -> ClickCells:
+        """PBM cells of the patterns under ``weights`` (default: the observed counts)."""
+        w = (self.sessions.weight if weights is None else weights)[self.pattern].astype(np.float64)
+        m = len(self.pair)
+        imps = np.bincount(self.cell, weights=w, minlength=m).astype(np.int64)
+        clicks = np.bincount(self.cell, weights=w * self.clicked, minlength=m).astype(np.int64)
+        keep = imps > 0
+        return ClickCells(self.sessions.pairs, self.pair[keep], self.rank[keep], imps[keep], clicks[keep],
+                          self.max_rank)
