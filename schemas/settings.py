@@ -78,6 +78,18 @@ class Settings(BaseSettings):
     )
     seed: int = 0
 
+    # --- reports (helper: joint report; reports/joint.py, `ubi report`) ---
+    reformulation_window_s: float = Field(
+        60.0, gt=0, description="a search followed within this many seconds, in the same session, by a search of "
+        "another query counts as reformulated",
+    )
+    report_bootstrap: int = Field(
+        2000, ge=100, description="bootstrap resamples behind every interval of a mean in `ubi report`"
+    )
+    report_permutations: int = Field(
+        10_000, ge=100, description="sign flips of the randomisation test in `ubi report --baseline`"
+    )
+
     # --- security (helper: browser client; collector/security.py, README "Safe to expose") ---
     cors_allow_origins: list[str] = Field(
         default_factory=list,
