@@ -1,0 +1,137 @@
+"""Offline metrics computed exactly as trec_eval / ranx do, vectorised over all queries at once.
+
+Public entry: :func:`compute` (judgments + rankings + metric names -> :class:`MetricTable`). One module per
+metric holds its kernel and its formula: :mod:`.precision`, :mod:`.recall`, :mod:`.rr`, :mod:`.ap`,
+:mod:`.ndcg`, :mod:`.judged`. Conventions are those of ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from reports.metrics.ap import average_precision
+from reports.metrics.judged import judged_at_k
+from reports.metrics.matrices import RankedGrades, build_ranked_grades
+from reports.metrics.names import GAINS, KNOWN, MetricError, MetricSpec, parse_metric, parse_metrics
+from reports.metrics.ndcg import exponential_gain, linear_gain, ndcg
+from reports.metrics.precision import precision
+from reports.metrics.recall import recall
+from reports.metrics.rr import reciprocal_rank
+from reports.metrics.table import Aggregate, MetricTable
+from reports.qrels import Qrels
+from reports.runs import Run
+
+__all__ = [
+    "GAINS", "KNOWN", "Aggregate", "MetricError", "MetricSpec", "MetricTable", "RankedGrades", "compute",
+    "parse_metric", "parse_metrics",
+]
+
+DEFAULT_METRICS = "ndcg@10,recall@10,mrr,map,p@5,judged@10"
+_MAX_EXP_GRADE = 1000  # 2^1000 still sums without overflow; larger grades mean a rating scale needs mapping
+
+
+def _depths(specs: Sequence[MetricSpec]) -> tuple[int | None, int | None]:
+    """Ranking columns and ideal columns the requested metrics need (None: all of them)."""
+    depth: int | None = 0
+    for s in specs:
+        if s.k is None:
+            depth = None
+            break
+        depth = max(depth or 0, s.k)
+    ndcg_specs = [s for s in specs if s.measure == "ndcg"]
+    ideal = None if any(s.k is None for s in ndcg_specs) else max((s.k or 0 for s in ndcg_specs), default=0)
+    return depth, ideal
+
+
+def _values(spec: MetricSpec, rg: RankedGrades, relevant: np.ndarray,
+            gains: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """One metric's per-query values; ``gains`` caches (gains, ideal gains) per gain function."""
+    if spec.measure == "p":
+        return precision(relevant, spec.k)  # type: ignore[arg-type]
+    if spec.measure == "recall":
+        return recall(relevant, rg.n_positive, spec.k)
+    if spec.measure == "rr":
+        return reciprocal_rank(relevant, spec.k)
+    if spec.measure == "ap":
+        return average_precision(relevant, rg.n_positive, spec.k)
+    if spec.measure == "judged":
+        return judged_at_k(rg.grades >= 0, rg.lengths, spec.k)
+    if spec.measure == "ndcg":
+        gain = spec.gain or "linear"
+        if gain not in gains:
+            fn = exponential_gain if gain == "exponential" else linear_gain
+            gains[gain] = (fn(rg.grades), fn(rg.ideal))
+        return ndcg(*gains[gain], spec.k)
+    raise MetricError(f"unknown measure {spec.measure!r}")
+
+
+def compute(
+    qrels: Mapping[str, Mapping[str, int]],
+    run: Mapping[str, Sequence[str]],
+    metrics: str | Sequence[str] | Sequence[MetricSpec],
+    *,
+    gain: str = "linear",
+    rel_threshold: int = 1,
+    complete: bool = False,
+) -> MetricTable:
+    """Evaluate ``run`` (query_id -> ranked doc ids) against ``qrels`` (query_id -> {doc_id: grade}).
+
+    ``metrics``: names such as ``ndcg@10,recall@10,mrr,map,p@5,judged@10`` (see :data:`KNOWN`).
+    ``gain``: gain of plain ``ndcg`` (linear = trec_eval ``ndcg_cut``; exponential = 2^g-1, ranx
+    ``ndcg_burges``). ``rel_threshold``: the grade from which a doc is a positive for P, recall, RR, AP and
+    for telling labelled negatives apart; nDCG always uses the raw grades, as trec_eval does.
+    ``complete``: also score judged queries missing from the run, as empty rankings (trec_eval ``-c``).
+    Queries are evaluated in run order. Every value lies in [0, 1].
+    """
+    if isinstance(rel_threshold, bool) or not isinstance(rel_threshold, int) or rel_threshold < 1:
+        raise MetricError(f"rel_threshold must be a whole number >= 1 (grade 0 means 'not relevant'), got {rel_threshold!r}")
+    if isinstance(metrics, str):
+        specs = parse_metrics(metrics, gain=gain)
+    else:
+        specs = [m if isinstance(m, MetricSpec) else parse_metric(m, gain=gain) for m in metrics]
+        specs = list({s.name: s for s in specs}.values())
+        if not specs:
+            raise MetricError(f"no metrics requested; known: {KNOWN}")
+    if gain not in GAINS:
+        raise MetricError(f"unknown gain {gain!r}: use 'linear' or 'exponential'")
+
+    judged_ids = [q for q in run if q in qrels]
+    unjudged = tuple(q for q in run if q not in qrels)
+    missing = tuple(q for q in qrels if q not in run)
+    ids = judged_ids + list(missing) if complete else judged_ids
+    depth, ideal_depth = _depths(specs)
+    rg = build_ranked_grades(
+        qrels, run, ids, depth=depth, ideal_depth=ideal_depth, rel_threshold=rel_threshold,
+        validate=not (isinstance(qrels, Qrels) and isinstance(run, Run)),
+    )
+    if any(s.gain == "exponential" for s in specs) and max(
+        int(rg.grades.max(initial=0)), int(rg.ideal.max(initial=0))
+    ) > _MAX_EXP_GRADE:
+        raise MetricError(
+            f"exponential gain needs grades <= {_MAX_EXP_GRADE}; these judgments look like a rating scale "
+            f"(map ratings to grades first, e.g. --rating-map esci)"
+        )
+    has_positive = rg.n_positive > 0
+    positives, negatives = rg.rows(has_positive), rg.rows(~has_positive)
+    gains: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    relevant = positives.grades >= rel_threshold
+    values = {s.name: _values(s, positives, relevant, gains) for s in specs}
+    negative_values = {
+        s.name: judged_at_k(negatives.grades >= 0, negatives.lengths, s.k) for s in specs if s.measure == "judged"
+    }
+    id_array = np.asarray(ids, dtype=object)
+    return MetricTable(
+        specs=tuple(specs),
+        query_ids=tuple(id_array[has_positive].tolist()),
+        values=values,
+        negative_query_ids=tuple(id_array[~has_positive].tolist()),
+        negative_retrieved=negatives.lengths,
+        negative_values=negative_values,
+        unjudged_query_ids=unjudged,
+        missing_query_ids=missing,
+        gain=gain,
+        rel_threshold=rel_threshold,
+        complete=complete,
+    )
