@@ -40,7 +40,9 @@ class Settings(BaseSettings):
     )
     kafka_linger_ms: int = Field(2, ge=0, description="producer linger: records wait this long to share a batch")
     kafka_batch_bytes: int = Field(1024 * 1024, ge=1024, description="producer batch size per partition")
-    kafka_compression: str | None = Field(None, description="producer compression: none, gzip, lz4, snappy, zstd")
+    kafka_compression: str = Field(
+        "auto", description="producer compression: auto (lz4 when installed, else gzip), none, gzip, lz4, snappy, zstd"
+    )
     spool_dir: Path = Field(Path("ubi-spool"), description="local durable spool used while the broker is unreachable")
     spool_max_bytes: int = Field(1024**3, ge=1024, description="spool size above which the collector answers 503")
     spool_segment_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="size of one spool segment file")
