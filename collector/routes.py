@@ -51,7 +51,7 @@ async def body_within_limit(request: Request, collector: Annotated[Collector, De
     return await read_limited(request, collector.settings.max_body_bytes)
 
 
-def get_store(collector: Annotated[Collector, Depends(get_collector)]) -> Store:
+async def get_store(collector: Annotated[Collector, Depends(get_collector)]) -> Store:
     """The sink's local store; 501 when the sink has none (e.g. Kafka)."""
     if collector.sink.store is None:
         raise NotSupported(f"the {collector.sink.name} sink has no local store; read it where it is loaded "

@@ -19,7 +19,7 @@ from typing import Any
 from collector.errors import SinkUnavailable
 from collector.ingest import IngestResult, Prepared, Validated, ingest_many, prepare
 from collector.sinks.base import Sink
-from collector.store import Store, failed_row, failed_table
+from collector.store import Store, failed_row
 from schemas.settings import Settings
 
 log = logging.getLogger("ubi.collector.sink")
@@ -72,22 +72,17 @@ class DuckDBSink(Sink):
         return fut
 
     def keep_unparseable(self, body: bytes, *, source: str, reason: str, kind: str = "body") -> Future[None]:
-        failed = failed_table([failed_row(source=source, kind=kind, reason=reason, raw=body)])
-        inner = self.submit_failed(failed, source=source)
+        row = failed_row(source=source, kind=kind, reason=reason, raw=body)
+        prepared = Prepared(validated=Validated(), source=source, received_at=row["received_at"],
+                            query_rows=[], event_rows=[], failed_rows=[row])
         out: Future[None] = Future()
-        inner.add_done_callback(lambda f: out.set_exception(e) if (e := f.exception()) else out.set_result(None))
-        return out
-
-    def submit_failed(self, failed: Any, *, source: str) -> Future[IngestResult]:
-        """Queue ``failed_records`` rows alone (bodies that never became items)."""
-        fut: Future[IngestResult] = Future()
-        prepared = Prepared(validated=Validated(), source=source, received_at=failed.column("received_at")[0].as_py(),
-                            queries=None, events=None, failed=failed)
         if self._closed:
-            fut.set_exception(SinkUnavailable("the collector is shutting down"))
-        else:
-            self._queue.put(_Job(prepared, fut))
-        return fut
+            out.set_exception(SinkUnavailable("the collector is shutting down"))
+            return out
+        inner: Future[IngestResult] = Future()
+        inner.add_done_callback(lambda f: out.set_exception(e) if (e := f.exception()) else out.set_result(None))
+        self._queue.put(_Job(prepared, inner))
+        return out
 
     def close(self) -> None:
         with self._close_lock:

@@ -1,0 +1,228 @@
+"""Ingest benchmark: a real ``ubi serve`` on loopback against the in-process ceiling, in one run.
+
+Measures (figures printed as a table; nothing here is asserted):
+
+* in-process ceiling: parse + validate + build rows + one committed DuckDB write per 500-event batch,
+  no HTTP (the same functions the server runs), on a fresh database file;
+* batch ingest: events/s through ``POST /v1/events`` with 500-event JSON arrays, several connections;
+* single events: requests/s through ``POST /v1/events`` with one event per request, many connections;
+* p50 / p99 latency of each HTTP run (request written to response read);
+
+then stops the server and checks that the database holds exactly the acknowledged events.
+
+The load generator runs in separate processes (a minimal keep-alive HTTP/1.1 client on asyncio
+streams, request bytes built before the clock starts), so the client is not the bottleneck it would be
+with a general-purpose client. On a 2-core machine client and server share the CPU: the HTTP figures are
+a lower bound for a server with its own cores.
+
+    .venv/bin/python bench/ingest.py [--events 100000] [--singles 20000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BATCH = 500
+
+
+def make_events(n: int, tag: str, seed: int = 0) -> list[dict]:
+    """``n`` distinct, realistic events (impressions and clicks of 10-result searches)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        q = i // 10
+        out.append({
+            "action_name": "click" if rng.random() < 0.1 else "impression",
+            "query_id": f"{tag}-q{q}",
+            "session_id": f"{tag}-s{q // 5}",
+            "client_id": f"{tag}-c{q // 5}",
+            "application": "bench",
+            "timestamp": f"2024-05-{1 + i % 28:02d}T{i // 3600 % 24:02d}:{i // 60 % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z",
+            "user_query": rng.choice(["running shoes", "laptop", "usb c cable", "rain jacket"]),
+            "event_attributes": {
+                "object": {"object_id": f"doc-{rng.randrange(50_000)}", "object_id_field": "sku"},
+                "position": {"ordinal": i % 10},
+            },
+        })
+    return out
+
+
+# ---------------------------------------------------------------- in-process ceiling
+
+
+def in_process(n_events: int, workdir: Path) -> dict:
+    from collector.app import tune_gc
+    from collector.ingest import ingest_many, parse_items, prepare, validate_items
+    from collector.store import Store
+
+    events = make_events(n_events, "inproc")
+    bodies = [orjson.dumps(events[i:i + BATCH]) for i in range(0, n_events, BATCH)]
+    del events
+    tune_gc()
+    db = workdir / "inproc.duckdb"
+    stored = 0
+    with Store(db) as store:
+        started = time.perf_counter()
+        for body in bodies:
+            prepared = prepare(validate_items(parse_items(body, "event")), source="/v1/events")
+            stored += ingest_many(store, [prepared])[0].accepted
+        elapsed = time.perf_counter() - started
+    return {"run": "in-process ceiling (500/batch)", "events": stored, "seconds": elapsed,
+            "events_per_s": stored / elapsed}
+
+
+# ---------------------------------------------------------------- load generator
+
+
+async def _connection(host: str, port: int, requests: list[bytes], latencies: list[float]) -> int:
+    reader, writer = await asyncio.open_connection(host, port)
+    ok = 0
+    try:
+        for req in requests:
+            t0 = time.perf_counter()
+            writer.write(req)
+            head = await reader.readuntil(b"\r\n\r\n")
+            match = re.search(rb"(?i)content-length:\s*(\d+)", head)
+            body = await reader.readexactly(int(match.group(1)) if match else 0)
+            latencies.append(time.perf_counter() - t0)
+            if head.startswith(b"HTTP/1.1 202"):
+                ok += 1
+            else:
+                raise RuntimeError(f"unexpected answer: {head[:200]!r} {body[:200]!r}")
+    finally:
+        writer.close()
+    return ok
+
+
+def _request(body: bytes) -> bytes:
+    return (b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)) + body
+
+
+def _worker(args: tuple) -> tuple[int, list[float], float, float]:
+    host, port, tag, n_events, per_request, connections, barrier = args
+    events = make_events(n_events, tag, seed=hash(tag) % 1000)
+    if per_request == 1:
+        bodies = [orjson.dumps(e) for e in events]
+    else:
+        bodies = [orjson.dumps(events[i:i + per_request]) for i in range(0, n_events, per_request)]
+    requests = [_request(b) for b in bodies]
+    shares = [requests[i::connections] for i in range(connections)]
+    latencies: list[float] = []
+    barrier.wait()
+
+    async def main() -> int:
+        counts = await asyncio.gather(*(_connection(host, port, s, latencies) for s in shares))
+        return sum(counts)
+
+    t0 = time.time()
+    ok = asyncio.run(main())
+    return ok, latencies, t0, time.time()
+
+
+def http_load(host: str, port: int, *, name: str, n_events: int, per_request: int, processes: int,
+              connections: int) -> dict:
+    ctx = mp.get_context("fork")
+    barrier = ctx.Manager().Barrier(processes)
+    per_proc = n_events // processes
+    jobs = [(host, port, f"{name}-{p}-{os.getpid()}", per_proc, per_request, connections, barrier)
+            for p in range(processes)]
+    with ctx.Pool(processes) as pool:
+        results = pool.map(_worker, jobs)
+    ok = sum(r[0] for r in results)
+    lat = sorted(x for r in results for x in r[1])
+    elapsed = max(r[3] for r in results) - min(r[2] for r in results)
+    requests = len(lat)
+    return {
+        "run": name, "events": ok * per_request, "requests": requests, "seconds": elapsed,
+        "events_per_s": ok * per_request / elapsed, "requests_per_s": requests / elapsed,
+        "p50_ms": 1000 * statistics.median(lat), "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "connections": processes * connections,
+    }
+
+
+# ---------------------------------------------------------------- server
+
+
+def start_server(db: Path) -> tuple[subprocess.Popen, str, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    line = proc.stdout.readline() if proc.stdout else ""
+    match = re.search(r"http://([\d.]+):(\d+)", line)
+    if not match:
+        proc.kill()
+        raise SystemExit(f"server did not start: {line}{proc.stdout.read() if proc.stdout else ''}")
+    return proc, match.group(1), int(match.group(2))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=100_000, help="events for the batch runs (default 100,000)")
+    parser.add_argument("--singles", type=int, default=20_000, help="single-event requests (default 20,000)")
+    parser.add_argument("--batch-connections", type=int, default=4, help="connections for the batch run")
+    parser.add_argument("--single-connections", type=int, default=32, help="connections for the single run")
+    parser.add_argument("--processes", type=int, default=2, help="load-generator processes (default 2)")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args()
+
+    import duckdb
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ubi-bench-") as tmp:
+        workdir = Path(tmp)
+        rows.append(in_process(args.events, workdir))
+        db = workdir / "served.duckdb"
+        proc, host, port = start_server(db)
+        try:
+            rows.append(http_load(host, port, name="HTTP /v1/events, 500/request", n_events=args.events,
+                                  per_request=BATCH, processes=args.processes,
+                                  connections=max(1, args.batch_connections // args.processes)))
+            rows.append(http_load(host, port, name="HTTP /v1/events, 1/request", n_events=args.singles,
+                                  per_request=1, processes=args.processes,
+                                  connections=max(1, args.single_connections // args.processes)))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        con = duckdb.connect(str(db), read_only=True)
+        (stored,) = con.execute("SELECT count(*) FROM ubi_events").fetchone()
+        con.close()
+    acknowledged = sum(r["events"] for r in rows[1:])
+    ceiling = rows[0]["events_per_s"]
+    if args.json:
+        print(json.dumps({"rows": rows, "acknowledged": acknowledged, "stored": stored}, indent=2))
+        return 0 if stored == acknowledged else 1
+    print(f"\nubi-pipeline ingest benchmark ({os.cpu_count()} cores; loopback; fresh DuckDB files; "
+          f"load average {os.getloadavg()[0]:.1f} at the end)\n")
+    header = f"{'run':34} {'events':>8} {'requests':>8} {'events/s':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'% ceiling':>9}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['run']:34} {r['events']:>8,} {r.get('requests', 0):>8,} {r['events_per_s']:>9,.0f} "
+              f"{r.get('requests_per_s', 0):>7,.0f} {r.get('p50_ms', 0):>7.2f} {r.get('p99_ms', 0):>7.2f} "
+              f"{100 * r['events_per_s'] / ceiling:>8.0f}%")
+    print(f"\nacknowledged {acknowledged:,} events over HTTP; found {stored:,} in the database after shutdown")
+    return 0 if stored == acknowledged else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""``ubi serve``, ``ubi import``, ``ubi failed`` and ``ubi schema``: the collector's subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from schemas.errors import StoreError, StoreLocked, UbiError
+from schemas.settings import Settings
+
+_DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)"
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Settings from the flags that were given (those named like a Settings field), then UBI_* variables."""
+    flags = {k: v for k, v in vars(args).items() if v is not None and k in Settings.model_fields}
+    return Settings(**flags)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from collector.sinks import add_sink_arguments, available_sinks
+
+    p = sub.add_parser(
+        "serve",
+        help="run the collector: UBI queries and events over HTTP into the store",
+        description=(
+            "Run the UBI collector. POST /v1/queries and /v1/events (one object, a JSON array or NDJSON), "
+            "/ubi_queries and /ubi_events (the OpenSearch reference client), /v1/bulk (OpenSearch _bulk "
+            "exports). A 202 is sent only once the records are committed. The collector holds the DuckDB "
+            "file; `ubi process`, `ubi report` and `ubi import` keep working while it runs (they read a "
+            "snapshot and write through it). GET /healthz, /metrics, /v1/failed, /docs."
+        ),
+    )
+    p.add_argument("--db", type=Path, help=_DB_HELP)
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, help="port to listen on (default 8000; 0 picks a free one and prints it)")
+    p.add_argument("--sink", choices=available_sinks(), help="where records go (default duckdb)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="server log level (default warning)")
+    add_sink_arguments(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "import",
+        help="load UBI files (NDJSON, JSON arrays, OpenSearch _bulk exports) into the store",
+        description=(
+            "Load UBI query records and events from files through the collector's own parsing and "
+            "validation: NDJSON (one record per line), a JSON array or object, or an OpenSearch _bulk export "
+            "(detected from the first line). Records already stored count as duplicates; rejected ones are "
+            "kept in failed_records and listed with their line. If a running `ubi serve` holds the database, "
+            "records are sent to it over HTTP (/v1/bulk, in chunks) instead of opening the file."
+        ),
+    )
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    p.add_argument("--db", type=Path, help=_DB_HELP)
+    p.add_argument("--kind", choices=["query", "event"],
+                   help="kind of every record in plain files (default: per record, by its keys; _bulk files "
+                        "say it in their action lines)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser(
+        "failed",
+        help="list kept failed records (rejected items, unparseable bodies), newest first",
+        description="List what the collector refused, with why and the raw bytes (as text when UTF-8, "
+                    "else base64). Works while a collector runs (asks it).",
+    )
+    p.add_argument("--db", type=Path, help=_DB_HELP)
+    p.add_argument("--limit", type=int, default=20, help="records to show (default 20)")
+    p.add_argument("--offset", type=int, default=0, help="records to skip (default 0)")
+    p.add_argument("--kind", help="only this kind: event, query, body, conflict, forbidden, ...")
+    p.add_argument("--json", action="store_true", help="print the page as JSON")
+    p.set_defaults(func=cmd_failed)
+
+    p = sub.add_parser(
+        "schema",
+        help="print the JSON Schemas of the records the collector accepts",
+        description="Print the JSON Schema (draft 2020-12) of UBI query records and events as the collector "
+                    "accepts them, leniencies included; for client authors and validators.",
+    )
+    p.add_argument("--kind", choices=["query", "event"], help="only this record kind (default: both)")
+    p.set_defaults(func=cmd_schema)
+
+
+# ---------------------------------------------------------------- serve
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from collector.app import create_app, tune_gc
+    from collector.sinks import create_sink
+    from collector.store import advertise
+
+    settings = settings_from(args)
+    sock = _bind(settings.host, settings.port)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+    sink = create_sink(settings)
+    side = None
+    try:
+        app = create_app(settings, sink)
+        if sink.store is not None:
+            side = advertise(sink.store.path, url)
+        config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="on",
+                                timeout_graceful_shutdown=10, **_fast_loop())
+        tune_gc()
+        print(f"ubi collector listening on {url} (sink {sink.name}"
+              f"{', db ' + str(sink.store.path) if sink.store else ''})", flush=True)
+        _Server(config).run(sockets=[sock])
+    finally:
+        if side is not None:
+            side.unlink(missing_ok=True)
+        sink.close()
+        sock.close()
+    return 0
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, minus re-raising SIGTERM/SIGINT after shutdown (it would kill us before cleanup)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            signals = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
+def _Server(config: Any) -> Any:  # noqa: N802  (reads like the class it builds)
+    return _server_class()(config)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UbiError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port") from exc
+    # Listening before advertising: a reader that finds the sidecar early waits in the backlog, never refused.
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _fast_loop() -> dict[str, Any]:
+    """uvloop and httptools when installed (measured faster in bench/ingest.py), else asyncio and h11."""
+    opts: dict[str, Any] = {}
+    try:
+        import uvloop  # noqa: F401
+
+        opts["loop"] = "uvloop"
+    except ImportError:
+        opts["loop"] = "asyncio"
+    try:
+        import httptools  # noqa: F401
+
+        opts["http"] = "httptools"
+    except ImportError:
+        opts["http"] = "h11"
+    return opts
+
+
+# ---------------------------------------------------------------- import
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from collector.app import extension_filters
+    from collector.importer import import_files
+
+    settings = settings_from(args)
+    for path in args.files:
+        if not path.is_file():
+            raise UbiError(f"{path}: no such file")
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, disable=args.json or not console.is_terminal, transient=False)
+    tasks: dict[str, Any] = {}
+
+    def on_progress(path: str, done: int, total: int) -> None:
+        if path not in tasks:
+            tasks[path] = progress.add_task(Path(path).name, total=total)
+        progress.update(tasks[path], completed=done, total=total)
+
+    with progress:
+        reports, mode = import_files(args.files, settings.db, kind=args.kind,
+                                     filters=extension_filters(settings), on_progress=on_progress)
+    total = {k: sum(getattr(r, k) for r in reports) for k in ("queries", "events", "duplicates", "rejected")}
+    if args.json:
+        print(json.dumps({"db": str(settings.db), "via": mode, **total, "accepted": total["queries"] + total["events"],
+                          "files": [r.public() for r in reports]}, indent=2))
+        return 0
+    out = Console()
+    table = Table(title=f"ubi import into {settings.db}" + ("" if mode == "direct" else f" (through {mode})"))
+    for col in ("file", "queries", "events", "duplicates", "rejected"):
+        table.add_column(col, justify="left" if col == "file" else "right")
+    for r in reports:
+        table.add_row(r.path, f"{r.queries:,}", f"{r.events:,}", f"{r.duplicates:,}", f"{r.rejected:,}")
+    if len(reports) > 1:
+        table.add_row("total", *(f"{total[k]:,}" for k in ("queries", "events", "duplicates", "rejected")))
+    out.print(table)
+    for r in reports:
+        for line, fld, message in r.errors:
+            where = f"{r.path}:{line}" if line is not None else r.path
+            out.print(f"[red]rejected[/] {where}" + (f" field {fld}" if fld else "") + f": {message}",
+                      highlight=False, markup=True)
+        if r.rejected > len(r.errors):
+            out.print(f"... and {r.rejected - len(r.errors)} more in {r.path}: see `ubi failed`")
+    return 0
+
+
+# ---------------------------------------------------------------- failed
+
+
+def failed_records(db: Path, *, limit: int, offset: int, kind: str | None) -> dict[str, Any]:
+    """A page of failed records: from the file, or from the collector that holds it."""
+    from collector.routes import failed_page
+    from collector.store import Store, collector_url
+
+    if not db.exists():
+        raise StoreError(f"{db}: no such database; ingest something first (`ubi serve`, `ubi import`)")
+    try:
+        store = Store(db, create=False)
+    except StoreLocked:
+        import httpx
+
+        url = collector_url(db)
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if kind:
+            params["kind"] = kind
+        try:
+            resp = httpx.get(url + "/v1/failed", params=params, timeout=60)
+            resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise StoreError(f"the collector at {url} holding {db} did not list failed records: {exc}") from exc
+        page: dict[str, Any] = resp.json()
+        return page
+    with store:
+        return failed_page(store, limit=limit, offset=offset, kind=kind)
+
+
+def cmd_failed(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    if args.limit < 1 or args.offset < 0:
+        raise UbiError("--limit must be at least 1 and --offset at least 0")
+    page = failed_records(settings.db, limit=min(args.limit, 1000), offset=args.offset, kind=args.kind)
+    if args.json:
+        print(json.dumps(page, indent=2))
+        return 0
+    out = Console()
+    table = Table(title=f"failed records in {settings.db}: {page['total']:,} in all, newest first")
+    for col in ("received (UTC)", "source", "kind", "item", "field", "reason", "raw"):
+        table.add_column(col, overflow="fold")
+    for r in page["items"]:
+        raw = r["raw"] or ""
+        shown = (raw[:120] + "…") if len(raw) > 120 else raw
+        if r["raw_encoding"] == "base64":
+            shown = "base64:" + shown
+        table.add_row(r["received_at"][:19], r["source"], r["kind"], "" if r["item_index"] is None else str(r["item_index"]),
+                      r["field"] or "", r["reason"], shown)
+    out.print(table)
+    if page["next_offset"] is not None:
+        out.print(f"more: ubi failed --offset {page['next_offset']}")
+    return 0
+
+
+# ---------------------------------------------------------------- schema
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from schemas.ubi import UbiEvent, UbiQuery
+
+    models = {"query": UbiQuery, "event": UbiEvent}
+    if args.kind:
+        schema = models[args.kind].model_json_schema()
+    else:
+        schema = {kind: model.model_json_schema() for kind, model in models.items()}
+    json.dump(schema, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+

@@ -1,0 +1,298 @@
+"""``ubi import``: load UBI files through the same parsing and validation as the HTTP routes.
+
+Files may be NDJSON (one record per line), a JSON array or a single object, or an OpenSearch ``_bulk``
+export; the format is detected from the first line. Records go straight into the store when this process
+can open it; when a running collector holds the file (DuckDB allows one writer), they are sent to that
+collector's ``/v1/bulk`` route in chunks instead, so the one writer stays the one writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from collector.ingest import (
+    IngestContext,
+    IngestResult,
+    ItemError,
+    Kind,
+    RawItem,
+    RecordFilter,
+    apply_filters,
+    ingest,
+    parse_bulk,
+    validate_items,
+)
+from collector.store import Store, collector_url
+from schemas.errors import InputFileError, StoreError, StoreLocked
+
+#: Records per write (and per request to a running collector): under the default ``max_items`` of 10,000.
+CHUNK_ITEMS = 5000
+#: Largest request body sent to a running collector (under the default ``max_body_bytes`` of 5 MB).
+CHUNK_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class FileReport:
+    """What importing one file did; ``errors`` are ``(line, field, message)`` of rejected records."""
+
+    path: str
+    queries: int = 0
+    events: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    errors: list[tuple[int | None, str | None, str]] = field(default_factory=list)
+
+    def add(self, result: IngestResult, lines: Sequence[int | None], max_errors: int) -> None:
+        self.queries += result.queries
+        self.events += result.events
+        self.duplicates += result.duplicates
+        self.rejected += result.rejected
+        for err in result.errors:
+            if len(self.errors) < max_errors:
+                line = lines[err.index] if 0 <= err.index < len(lines) else None
+                self.errors.append((line, err.field, err.message))
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "path": self.path, "queries": self.queries, "events": self.events, "accepted": self.queries + self.events,
+            "duplicates": self.duplicates, "rejected": self.rejected,
+            "errors": [{"line": ln, "field": f, "message": m} for ln, f, m in self.errors],
+        }
+
+
+def guess_kind(value: Any, default: Kind) -> Kind:
+    """An item's kind from its keys: events have ``action_name``, query records ``user_query`` and no action."""
+    if isinstance(value, dict):
+        if "action_name" in value:
+            return "event"
+        if "user_query" in value:
+            return "query"
+    return default
+
+
+def _is_bulk_action(line: bytes) -> bool:
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(value, dict) or len(value) != 1:
+        return False
+    verb, meta = next(iter(value.items()))
+    return verb in ("index", "create") and isinstance(meta, dict) and "_index" in meta
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputFileError(str(path), None, f"cannot read: {exc.strerror or exc}") from exc
+
+
+def read_items(path: Path, kind: Kind | None = None) -> tuple[list[RawItem], int]:
+    """Every item of a file with its line number, and the file's size. ``kind`` None: per item, by its keys."""
+    body = _read(path)
+    text = body.lstrip()
+    if not text.strip():
+        return [], len(body)
+    first_line = text.split(b"\n", 1)[0].strip()
+    if _is_bulk_action(first_line):
+        return _bulk_items(body), len(body)
+    if text[:1] == b"[" or (text[:1] == b"{" and not _parses(first_line)):
+        try:
+            value = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise InputFileError(str(path), exc.lineno, f"malformed JSON at column {exc.colno}: {exc.msg}") from exc
+        values = value if isinstance(value, list) else [value]
+        default: Kind = kind or _dominant(values)
+        return [RawItem(i, kind or guess_kind(v, default), v, orjson.dumps(v)) for i, v in enumerate(values)], len(body)
+    return _ndjson_items(body, kind), len(body)
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def _dominant(values: Sequence[Any]) -> Kind:
+    sample = values[:100]
+    events = sum(1 for v in sample if isinstance(v, dict) and "action_name" in v)
+    queries = sum(1 for v in sample if isinstance(v, dict) and "user_query" in v and "action_name" not in v)
+    return "query" if queries > events else "event"
+
+
+def _ndjson_items(body: bytes, kind: Kind | None) -> list[RawItem]:
+    parsed: list[tuple[int, bytes, Any, str | None]] = []
+    for number, line in enumerate(body.split(b"\n"), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            parsed.append((number, line, orjson.loads(line), None))
+        except orjson.JSONDecodeError as exc:
+            parsed.append((number, line, None, f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}"))
+    default: Kind = kind or _dominant([v for _, _, v, _ in parsed])
+    return [
+        RawItem(i, kind or guess_kind(value, default), value, line, error=error, line=number)
+        for i, (number, line, value, error) in enumerate(parsed)
+    ]
+
+
+def _bulk_items(body: bytes) -> list[RawItem]:
+    items = parse_bulk(body)
+    # parse_bulk numbers records; recover each document's line for messages (action line, then document).
+    doc_lines = _bulk_doc_lines(body)
+    return [
+        RawItem(it.index, it.kind, it.value, it.raw, it.error, it.field, it.event_id,
+                line=doc_lines[it.index] if it.index < len(doc_lines) else None)
+        for it in items
+    ]
+
+
+def _bulk_doc_lines(body: bytes) -> list[int]:
+    numbers = [n for n, line in enumerate(body.split(b"\n"), start=1) if line.strip()]
+    return numbers[1::2]
+
+
+def chunks(items: Sequence[RawItem], max_items: int = CHUNK_ITEMS,
+           max_bytes: int = CHUNK_BYTES) -> Iterator[list[RawItem]]:
+    """Consecutive runs of items, each at most ``max_items`` items and about ``max_bytes`` raw bytes."""
+    chunk: list[RawItem] = []
+    size = 0
+    for item in items:
+        cost = len(item.raw) + 80
+        if chunk and (len(chunk) >= max_items or size + cost > max_bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += cost
+    if chunk:
+        yield chunk
+
+
+def _renumber(chunk: list[RawItem]) -> list[RawItem]:
+    return [RawItem(i, it.kind, it.value, it.raw, it.error, it.field, it.event_id, it.line)
+            for i, it in enumerate(chunk)]
+
+
+def bulk_body(chunk: Sequence[RawItem]) -> bytes:
+    """An OpenSearch ``_bulk`` body carrying the items (raw documents as read) to a running collector."""
+    out: list[bytes] = []
+    for it in chunk:
+        meta: dict[str, str] = {"_index": {"query": "ubi_queries", "event": "ubi_events"}.get(it.kind or "", "unknown")}
+        if it.event_id is not None:
+            meta["_id"] = it.event_id
+        out.append(orjson.dumps({"index": meta}))
+        out.append(it.raw.replace(b"\n", b" "))
+    return b"\n".join(out) + b"\n"
+
+
+class DirectWriter:
+    """Writes chunks into a store this process holds."""
+
+    def __init__(self, store: Store, filters: Sequence[RecordFilter]) -> None:
+        self.store, self.filters = store, filters
+
+    def __call__(self, chunk: list[RawItem], source: str) -> IngestResult:
+        validated = apply_filters(validate_items(chunk), self.filters, IngestContext(source=source))
+        return ingest(self.store, validated, source=source)
+
+
+class CollectorWriter:
+    """Sends chunks to the running collector that holds the store, as ``_bulk`` bodies."""
+
+    def __init__(self, url: str) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.client = httpx.Client(timeout=600)
+
+    def __call__(self, chunk: list[RawItem], source: str) -> IngestResult:
+        # One request per kind, so the collector's counts say exactly how many queries and events were new.
+        totals = {"query": [0, 0, 0], "event": [0, 0, 0]}
+        errors: list[ItemError] = []
+        for kind in ("query", "event"):
+            part = [it for it in chunk if (it.kind == "query") == (kind == "query")]
+            if not part:
+                continue
+            data = self._post(_renumber(part))
+            totals[kind] = [data["accepted"], data["duplicates"], data["rejected"]]
+            for e in data["errors"]:
+                item = part[e["index"]] if 0 <= e["index"] < len(part) else None
+                # An item that failed to parse here has our message, with the file's line, not the body's.
+                message = item.error if item is not None and item.error else e["message"]
+                errors.append(ItemError(item.index if item else e["index"], e.get("field"), message, kind, b""))
+        errors.sort(key=lambda e: e.index)
+        q, ev = totals["query"], totals["event"]
+        return IngestResult(accepted=q[0] + ev[0], duplicates=q[1] + ev[1], rejected=q[2] + ev[2],
+                            errors=tuple(errors), queries=q[0], events=ev[0], query_duplicates=q[1],
+                            event_duplicates=ev[1])
+
+    def _post(self, part: list[RawItem]) -> dict[str, Any]:
+        import httpx
+
+        try:
+            resp = self.client.post(self.url + "/v1/bulk", content=bulk_body(part),
+                                    headers={"content-type": "application/x-ndjson"})
+        except httpx.HTTPError as exc:
+            raise StoreError(f"the collector at {self.url} did not answer: {exc}") from exc
+        if resp.status_code != 202:
+            raise StoreError(f"the collector at {self.url} refused a chunk ({resp.status_code}): {resp.text[:300]}")
+        data: dict[str, Any] = resp.json()
+        return data
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def import_files(
+    paths: Sequence[Path],
+    db: Path,
+    *,
+    kind: Kind | None = None,
+    filters: Sequence[RecordFilter] = (),
+    max_errors: int = 20,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> tuple[list[FileReport], str]:
+    """Import every file; returns a report per file and how the store was reached (``direct`` or a URL).
+
+    ``on_progress(path, items_done, items_total)`` is called after each chunk.
+    """
+    store: Store | None = None
+    remote: CollectorWriter | None = None
+    try:
+        store = Store(db)
+        write: Callable[[list[RawItem], str], IngestResult] = DirectWriter(store, filters)
+        mode = "direct"
+    except StoreLocked:
+        remote = CollectorWriter(collector_url(db))
+        write, mode = remote, remote.url
+    reports = []
+    try:
+        for path in paths:
+            items, _size = read_items(path, kind)
+            report = FileReport(str(path))
+            done = 0
+            if on_progress:
+                on_progress(str(path), 0, len(items))
+            for chunk in chunks(items):
+                chunk = _renumber(chunk)
+                result = write(chunk, str(path))
+                report.add(result, [it.line for it in chunk], max_errors)
+                done += len(chunk)
+                if on_progress:
+                    on_progress(str(path), done, len(items))
+            reports.append(report)
+    finally:
+        if store is not None:
+            store.close()
+        if remote is not None:
+            remote.close()
+    return reports, mode
