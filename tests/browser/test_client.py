@@ -1,0 +1,201 @@
+"""The UBI browser client in a real browser (Debian chromium + Playwright) against a real demo server.
+
+Each test drives the demo page (``/demo/``) like a visitor, stops the server, reopens its DuckDB file and
+checks what was stored. Layout facts the expected numbers rest on (``collector/static/demo.html``): the
+header is 120 px, the status line 28 px, ``main`` has 12 px top padding, so the result list starts at
+y = 160; each result is 88 px high with a 12 px gap, so result i spans [160 + 100 i, 248 + 100 i].
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import httpx
+import pytest
+
+pytestmark = pytest.mark.browser
+
+VIEWPORT = {"width": 800, "height": 620}
+# Share of each result on screen, measured from the DOM (independently of the IntersectionObserver).
+VISIBLE_SHARES = """() => Array.from(document.querySelectorAll('#results li')).map(li => {
+  const r = li.getBoundingClientRect();
+  const shown = Math.max(0, Math.min(r.bottom, window.innerHeight) - Math.max(r.top, 0));
+  return [li.getAttribute('data-ubi-id'), Number(li.getAttribute('data-ubi-position')), shown / r.height];
+})"""
+
+
+def _visible(page: Any) -> dict[str, int]:
+    """Results at least half on screen now, id -> position; refuses a layout too close to the threshold."""
+    shares = page.evaluate(VISIBLE_SHARES)
+    borderline = [(i, round(s, 2)) for i, _, s in shares if 0.35 < s < 0.65]
+    assert not borderline, f"results too close to the 50% impression threshold to test reliably: {borderline}"
+    return {doc: pos for doc, pos, share in shares if share >= 0.5}
+
+
+def _rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def _accepted(server: Any) -> dict[str, int]:
+    """Records the collector has committed so far, by kind, from its Prometheus counters."""
+    counts = {"query": 0, "event": 0}
+    for line in httpx.get(server.url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("ubi_records_accepted_total{"):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            counts[kind] = counts.get(kind, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+def _wait_accepted(server: Any, queries: int, events: int, timeout: float = 10.0) -> None:
+    """Wait until the collector has committed this many records (beacons arrive after the page is gone)."""
+    deadline = time.monotonic() + timeout
+    while (got := _accepted(server)) != {"query": queries, "event": events}:
+        assert time.monotonic() < deadline, f"collector committed {got}, expected {queries} queries, {events} events"
+        time.sleep(0.1)
+
+
+def _search(page: Any, server: Any, text: str) -> list[str]:
+    page.goto(server.url + "/demo/")
+    page.fill("#q", text)
+    page.press("#q", "Enter")
+    page.wait_for_function("document.querySelectorAll('#results li').length === 20")
+    return page.eval_on_selector_all("#results li", "els => els.map(e => e.getAttribute('data-ubi-id'))")
+
+
+def test_search_scroll_click_and_leave_stores_exactly_what_happened(browser: Any, demo_server: Any, artifacts: Path) -> None:
+    context = browser.new_context(viewport=VIEWPORT)
+    # Nothing leaves the page by the timer or batch size: every record must travel in the beacon sent when
+    # the visitor navigates away. That is the "nothing lost on navigation" claim under test.
+    context.add_init_script("window.UBI_DEMO_OPTIONS = {flushInterval: 600000, batchSize: 10000};")
+    page = context.new_page()
+    posts: list[tuple[str, str, str]] = []
+    page.on("request", lambda r: posts.append((r.url, r.resource_type, r.post_data or ""))
+            if r.method == "POST" else None)
+
+    hits = _search(page, demo_server, "red running shoes")
+    ranker = page.text_content("#ranker") or ""
+    # Initially on screen (viewport 620 px): results 0-4; result 4 spans 560-648, so 60/88 = 68% visible.
+    seen = _visible(page)
+    assert sorted(seen.values()) == [0, 1, 2, 3, 4]
+    page.wait_for_function("window.ubi.pending() === 6")  # 1 query + 5 impressions, waiting in the queue
+    page.screenshot(path=str(artifacts / "demo-search.png"))
+
+    page.mouse.wheel(0, 420)
+    page.wait_for_function("window.scrollY === 420")
+    # Viewport now 420-1040: result 8 (960-1048) is 80/88 on screen, result 9 (from 1060) is not.
+    now = _visible(page)
+    assert sorted(now.values()) == [3, 4, 5, 6, 7, 8]
+    seen.update(now)
+    page.wait_for_function("window.ubi.pending() === 10")  # + impressions of results 5, 6, 7, 8
+    page.screenshot(path=str(artifacts / "demo-search-scrolled.png"))
+
+    clicked = hits[6]
+    page.click("#results li[data-ubi-position='6'] a")  # navigates to the (uninstrumented) product page
+    page.wait_for_url(f"**/demo/doc/{clicked}")
+    page.goto("about:blank")
+    _wait_accepted(demo_server, queries=1, events=10)  # the beacon outlives the page, not the browser
+    context.close()
+    demo_server.stop()
+
+    db = demo_server.db
+    queries = _rows(db, "SELECT query_id, user_query, application, query_response_hit_ids, query_attributes, "
+                        "client_id FROM ubi_queries")
+    assert len(queries) == 1
+    query_id, user_query, application, hit_ids, attributes, client_id = queries[0]
+    assert (user_query, application) == ("red running shoes", "demo-search")
+    assert hit_ids == hits  # the ranking as shown, in order
+    assert json.loads(attributes)["ranker"] == ranker.rsplit(": ", 1)[1]
+
+    events = _rows(db, "SELECT action_name, object_id, position_ordinal, query_id, event_id, session_id, client_id "
+                       "FROM ubi_events ORDER BY timestamp, position_ordinal")
+    impressions = {(e[1], e[2]) for e in events if e[0] == "impression"}
+    assert impressions == {(doc, pos) for doc, pos in seen.items()}  # results 0-8, never 9-19
+    assert len([e for e in events if e[0] == "impression"]) == 9  # each once
+    clicks = [e for e in events if e[0] == "click"]
+    assert [(c[1], c[2]) for c in clicks] == [(clicked, 6)]  # 0-based ordinal, as OpenSearch counts
+    assert len(events) == 10
+    assert {e[3] for e in events} == {query_id}
+    assert len({e[4] for e in events}) == 10  # one event_id per action, none reused
+    assert len({e[5] for e in events}) == 1 and {e[6] for e in events} == {client_id}
+    assert _rows(db, "SELECT count(*) FROM failed_records") == [(0,)]
+    # Nothing was sent before the visitor left (Playwright does not report beacons sent while a page
+    # unloads, so the proof is this: no fetch of records, yet everything above was stored).
+    assert [url for url, _, _ in posts if "/v1/" in url] == []
+
+
+def test_failed_sends_retry_with_backoff_and_survive_in_local_storage(browser: Any, demo_server: Any) -> None:
+    context = browser.new_context(viewport=VIEWPORT)
+    context.add_init_script(
+        "window.UBI_DEMO_OPTIONS = {flushInterval: 100, retryBase: 200, retryMax: 400};")
+    page = context.new_page()
+    attempts: list[int] = []
+
+    def flaky(route: Any) -> None:
+        # The collector refuses the first three requests (503, 429, 503) and then answers.
+        attempts.append(1)
+        if len(attempts) <= 3:
+            route.fulfill(status=503 if len(attempts) != 2 else 429, body="{}",
+                          headers={"content-type": "application/json"})
+        else:
+            route.continue_()
+
+    page.route("**/v1/**", flaky)
+    hits = _search(page, demo_server, "wireless headphones")
+    page.wait_for_function("window.ubi.stats.retries >= 1")
+    queued = page.evaluate("""() => Object.keys(localStorage).filter(k => k.startsWith('ubi_queue:'))
+                                    .map(k => JSON.parse(localStorage.getItem(k)).length)""")
+    assert sum(queued) >= 1  # while the collector fails, the records wait in localStorage
+    page.wait_for_function("window.ubi.pending() === 0 && window.ubi.stats.sent > 0", timeout=15000)
+    stats = page.evaluate("window.ubi.stats")
+    # Three refused requests: a flush sends queries and events as two requests, so at least two rounds.
+    assert len(attempts) > 3 and stats["retries"] >= 2
+    left = page.evaluate("Object.keys(localStorage).filter(k => k.startsWith('ubi_queue:')).length")
+    assert left == 0  # acknowledged records leave localStorage
+    context.close()
+    demo_server.stop()
+    stored = _rows(demo_server.db, "SELECT query_response_hit_ids FROM ubi_queries")
+    assert stored == [(hits,)]
+    (impressions,) = _rows(demo_server.db, "SELECT count(*) FROM ubi_events WHERE action_name = 'impression'")[0]
+    assert impressions == stats["sent"] - 1  # everything sent was stored once: the query and its impressions
+
+
+def test_offline_queue_is_capped_and_sent_by_the_next_page(browser: Any, start_server: Any, tmp_path: Path) -> None:
+    db = tmp_path / "offline.duckdb"
+    server = start_server(db)
+    context = browser.new_context(viewport=VIEWPORT)
+    context.add_init_script("window.UBI_DEMO_OPTIONS = {flushInterval: 100, retryBase: 100, retryMax: 200, "
+                            "maxQueue: 4};")
+    page = context.new_page()
+    page.route("**/v1/**", lambda route: route.abort("internetdisconnected"))  # every fetch fails
+    hits = _search(page, server, "yoga mat")
+    # 1 query + 5 impressions queued while offline; the cap keeps the newest 4 (the query and the first
+    # impression are dropped, oldest first).
+    page.wait_for_function("window.ubi.stats.dropped === 2 && window.ubi.stats.retries >= 1")
+    kept = page.evaluate("""() => Object.keys(localStorage).filter(k => k.startsWith('ubi_queue:'))
+                                   .flatMap(k => JSON.parse(localStorage.getItem(k)))
+                                   .map(e => e.r.event_attributes.position.ordinal)""")
+    assert sorted(kept) == [1, 2, 3, 4]
+    # The collector goes away, so the beacon of the closing page fails too (routes do not see beacons).
+    port = int(server.url.rsplit(":", 1)[1])
+    server.stop()
+    page.close()
+
+    server = start_server(db, port)  # back, on the same origin: localStorage is per origin
+    later = context.new_page()  # a later visit with the same browser profile
+    later.goto(server.url + "/demo/")
+    later.wait_for_function("window.ubi && window.ubi.stats.sent === 4", timeout=15000)
+    assert later.evaluate("window.ubi.stats.duplicates") == 0  # nothing had got through before
+    assert later.evaluate("Object.keys(localStorage).filter(k => k.startsWith('ubi_queue:')).length") == 0
+    context.close()
+    server.stop()
+    rows = _rows(db, "SELECT object_id, position_ordinal FROM ubi_events ORDER BY position_ordinal")
+    assert rows == [(hits[i], i) for i in (1, 2, 3, 4)]
+    assert _rows(db, "SELECT count(*) FROM ubi_queries") == [(0,)]
