@@ -7,6 +7,7 @@ import importlib
 
 COMMAND_MODULES: tuple[str, ...] = (
     "collector.commands",  # serve, import, failed, schema (helper: collector)
+    "collector.kafka_commands",  # consume (helper: kafka)
 )
 
 

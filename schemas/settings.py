@@ -50,7 +50,8 @@ class Settings(BaseSettings):
     consumer_batch_records: int = Field(20_000, ge=1, description="records per loaded batch (one commit each)")
     consumer_batch_seconds: float = Field(1.0, gt=0, description="longest wait to fill a batch before loading it")
     consumer_max_poll_interval_ms: int = Field(
-        300_000, ge=1000, description="Kafka max.poll.interval.ms (also the group rebalance timeout)"
+        30_000, ge=1000,
+        description="Kafka max.poll.interval.ms, also the rebalance timeout (Tansu makes a new group's first join wait it)",
     )
     consumer_session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka session.timeout.ms of the loader")
 
