@@ -1,0 +1,288 @@
+"""Safe to expose: origins, API keys, rate limits, admin routes, pseudonymisation and dropped fields.
+
+The app is the real collector (``create_app`` with its extension modules) on a DuckDB file in ``tmp_path``,
+driven through the ASGI test client; the store is reopened after the app has shut down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from collector import security
+from collector.app import create_app
+from collector.security import ApiKeys, RateLimiter, pseudonym
+from schemas.settings import Settings
+
+LOCAL = ("127.0.0.1", 50000)
+REMOTE = ("203.0.113.7", 50000)  # TEST-NET-3: a documentation address, never loopback
+
+
+@contextmanager
+def collector(db: Path, peer: tuple[str, int] = LOCAL, **overrides: Any) -> Iterator[TestClient]:
+    app = create_app(Settings(db=db, **overrides))
+    with TestClient(app, client=peer, raise_server_exceptions=False) as c:
+        yield c
+
+
+def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+# ---------------------------------------------------------------- API keys
+
+
+def test_api_key_lookup_compares_every_key_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = ApiKeys({"shop": ["k-shop-1", "k-shop-2"], "blog": ["k-blog"]})
+    calls: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(security.hmac, "compare_digest", spy)
+    assert keys.application_for("k-shop-2") == "shop"
+    # No early exit: all three keys were compared, each as a 32-byte SHA-256 digest (length leaks nothing).
+    assert len(calls) == 3 and all(len(a) == len(b) == 32 for a, b in calls)
+    assert keys.application_for("k-blog") == "blog"
+    assert keys.application_for("k-shop") is None
+    assert keys.application_for("") is None and keys.application_for(None) is None
+    assert not ApiKeys({}).enabled
+
+
+def test_writes_need_the_applications_key_and_unauthorised_bodies_are_not_stored(
+    db: Path, make_event: Callable[..., dict[str, Any]]
+) -> None:
+    with collector(db, api_keys={"shop": "k-shop"}) as c:
+        assert c.post("/v1/events", json=[make_event()]).status_code == 401
+        r = c.post("/v1/events", json=[make_event()], headers={"X-API-Key": "k-guess"})
+        assert r.status_code == 401 and "unknown API key" in r.json()["message"]
+        r = c.post("/v1/events", json=[make_event(), make_event(application=...)], headers={"X-API-Key": "k-shop"})
+        assert r.status_code == 202 and r.json()["accepted"] == 2
+        assert c.get("/healthz").status_code == 200  # reads need no key
+    # A record without an application gets the key's; nothing from the refused requests was kept.
+    assert rows(db, "SELECT application, count(*) FROM ubi_events GROUP BY 1") == [("shop", 2)]
+    assert rows(db, "SELECT count(*) FROM failed_records") == [(0,)]
+
+
+def test_records_of_another_application_are_refused_with_403_and_kept(
+    db: Path, make_event: Callable[..., dict[str, Any]], make_query: Callable[..., dict[str, Any]]
+) -> None:
+    with collector(db, api_keys={"shop": ["k-shop"], "blog": ["k-blog"]}) as c:
+        body = [make_event(), make_event(application="blog")]
+        r = c.post("/v1/events", json=body, headers={"X-API-Key": "k-shop"})
+        assert r.status_code == 403
+        assert "item 1, field 'application': 'blog'" in r.json()["message"]
+        r = c.post("/v1/queries", json=make_query(application="shop"), headers={"X-API-Key": "k-blog"})
+        assert r.status_code == 403
+    assert rows(db, "SELECT count(*) FROM ubi_events") == [(0,)]  # one key authorises the whole request
+    kept = rows(db, "SELECT kind, source, raw FROM failed_records ORDER BY source")
+    assert [(k, s) for k, s, _ in kept] == [("forbidden", "/v1/events"), ("forbidden", "/v1/queries")]
+    assert b'"blog"' in kept[0][2]  # the body as sent
+
+
+def test_a_beacon_carries_its_key_in_the_url_and_plain_text_json(db: Path, make_event: Callable[..., Any]) -> None:
+    import orjson
+
+    body = orjson.dumps([make_event(), make_event()])
+    with collector(db, api_keys={"shop": "k-shop"}) as c:
+        # navigator.sendBeacon cannot set headers; text/plain is what a CORS-safelisted beacon sends.
+        r = c.post("/v1/events?api_key=k-shop", content=body, headers={"content-type": "text/plain;charset=UTF-8"})
+        assert r.status_code == 202 and r.json()["accepted"] == 2
+        r = c.post("/v1/events?api_key=k-nope", content=body, headers={"content-type": "text/plain"})
+        assert r.status_code == 401
+
+
+# ---------------------------------------------------------------- rate limits
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_bucket_refills_at_the_rate() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(rate=2.0, burst=3.0, clock=clock)
+    # Bucket of 3: three requests at t=0 pass, the fourth needs 1 token at 2 tokens/s: wait 0.5 s.
+    assert [limiter.take("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limiter.take("a") == pytest.approx(0.5)
+    assert limiter.take("b") == 0.0  # buckets are per client
+    clock.now += 0.25  # +0.5 token: still 0.5 short, so wait 0.25 s
+    assert limiter.take("a") == pytest.approx(0.25)
+    clock.now += 0.25  # 1 token now
+    assert limiter.take("a") == 0.0
+    clock.now += 60  # refills to the burst, never above it
+    assert [limiter.take("a") for _ in range(4)][-1] == pytest.approx(0.5)
+
+
+def test_token_bucket_forgets_least_recent_clients_beyond_its_cap() -> None:
+    limiter = RateLimiter(rate=1.0, burst=1.0, max_clients=2, clock=FakeClock())
+    limiter.take("a")
+    limiter.take("b")
+    limiter.take("c")  # "a" is forgotten: it starts again with a full bucket
+    assert limiter.take("a") == 0.0
+    assert limiter.take("c") > 0  # "c" is remembered (and empty)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rate=st.floats(0.5, 50), burst=st.integers(1, 20),
+    gaps=st.lists(st.floats(0, 2, allow_nan=False), min_size=1, max_size=80),
+)
+def test_token_bucket_never_lets_more_through_than_burst_plus_rate_times_time(
+    rate: float, burst: int, gaps: list[float]
+) -> None:
+    # The token bucket law: over any window from the first request, passed <= burst + rate * elapsed.
+    clock = FakeClock()
+    limiter = RateLimiter(rate=rate, burst=float(burst), clock=clock)
+    start, passed = clock.now, 0
+    for gap in gaps:
+        clock.now += gap
+        if limiter.take("x") == 0.0:
+            passed += 1
+        assert passed <= burst + rate * (clock.now - start) + 1e-9
+
+
+def test_over_the_rate_is_429_with_retry_after(db: Path, make_event: Callable[..., Any]) -> None:
+    with collector(db, rate_limit_per_second=0.5, rate_limit_burst=2, api_keys={"shop": "k"}) as c:
+        ok = [c.post("/v1/events", json=make_event(), headers={"X-API-Key": "k"}).status_code for _ in range(2)]
+        r = c.post("/v1/events", json=make_event(), headers={"X-API-Key": "k"})
+        assert ok == [202, 202] and r.status_code == 429
+        # Empty bucket, 0.5 token/s: the next token comes in 2 s.
+        assert r.headers["retry-after"] == "2"
+        # Guessing keys is limited per IP like anything else (this IP's bucket is separate and full).
+        guesses = [c.post("/v1/events", json=make_event(), headers={"X-API-Key": f"g{i}"}).status_code
+                   for i in range(3)]
+        assert guesses == [401, 401, 429]
+        assert c.get("/healthz").status_code == 200  # health and metrics are never limited
+    assert rows(db, "SELECT count(*) FROM ubi_events") == [(2,)]
+    assert rows(db, "SELECT count(*) FROM failed_records") == [(0,)]
+
+
+def test_the_client_ip_behind_trusted_proxies() -> None:
+    scope = {"client": ("10.0.0.2", 1), "headers": [(b"x-forwarded-for", b"198.51.100.9, 10.0.0.1")]}
+    assert security.client_ip(scope, 0) == "10.0.0.2"  # proxies not trusted: the socket peer
+    assert security.client_ip(scope, 1) == "10.0.0.1"  # one proxy: the last hop it appended
+    assert security.client_ip(scope, 2) == "198.51.100.9"
+    assert security.client_ip(scope, 3) == "10.0.0.2"  # fewer hops than proxies: do not trust the header
+
+
+# ---------------------------------------------------------------- origins and admin routes
+
+
+def test_browsers_may_write_from_the_collectors_own_page_only_by_default(db: Path, make_event: Callable[..., Any]) -> None:
+    with collector(db) as c:
+        r = c.post("/v1/events", json=make_event(), headers={"Origin": "https://evil.example"})
+        assert r.status_code == 403 and "UBI_CORS_ALLOW_ORIGINS" in r.json()["message"]
+        assert "access-control-allow-origin" not in r.headers
+        # The test client's own origin is http://testserver: the collector's page may write.
+        assert c.post("/v1/events", json=make_event(), headers={"Origin": "http://testserver"}).status_code == 202
+        assert c.post("/v1/events", json=make_event()).status_code == 202  # no Origin: not a browser page
+        pre = c.options("/v1/events", headers={"Origin": "https://evil.example",
+                                               "Access-Control-Request-Method": "POST"})
+        assert pre.status_code == 400 and "access-control-allow-origin" not in pre.headers
+    assert rows(db, "SELECT count(*) FROM ubi_events") == [(2,)]
+    assert rows(db, "SELECT count(*) FROM failed_records") == [(0,)]  # a refused origin's body is not kept
+
+
+def test_allowed_origins_get_cors_headers(db: Path, make_event: Callable[..., Any]) -> None:
+    shop = "https://shop.example"
+    with collector(db, cors_allow_origins=[shop], api_keys={"shop": "k"}) as c:
+        pre = c.options("/v1/events", headers={"Origin": shop, "Access-Control-Request-Method": "POST",
+                                               "Access-Control-Request-Headers": "content-type, x-api-key"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == shop
+        assert "x-api-key" in pre.headers["access-control-allow-headers"].lower()
+        r = c.post("/v1/events", json=make_event(), headers={"Origin": shop, "X-API-Key": "k"})
+        assert r.status_code == 202 and r.headers["access-control-allow-origin"] == shop
+        # Refusals carry CORS headers too, so the page's client can read the status and Retry-After.
+        r = c.post("/v1/events", json=make_event(), headers={"Origin": shop})
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == shop
+        assert c.post("/v1/events", json=make_event(), headers={"Origin": "https://other.example",
+                                                                "X-API-Key": "k"}).status_code == 403
+
+
+def test_admin_routes_are_for_loopback_clients(db: Path) -> None:
+    with collector(db, peer=REMOTE) as c:
+        r = c.get("/v1/failed")
+        assert r.status_code == 403 and "loopback" in r.json()["message"]
+        assert c.post("/v1/admin/snapshot").status_code == 403
+        assert c.get("/healthz").status_code == 200
+    with collector(db, peer=LOCAL) as c:
+        assert c.get("/v1/failed").status_code == 200
+    with collector(db, peer=REMOTE, admin_remote=True) as c:
+        assert c.get("/v1/failed").status_code == 200
+
+
+# ---------------------------------------------------------------- privacy
+
+
+def _hmac(value: str, key: bytes = b"pepper") -> str:
+    # Expected pseudonyms computed independently: HMAC-SHA256(key, value), hex, first 32 characters.
+    return hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def test_identifiers_are_pseudonymised_with_a_keyed_hash(
+    db: Path, make_event: Callable[..., Any], make_query: Callable[..., Any]
+) -> None:
+    events = [make_event(client_id="alice-laptop", session_id="s-9", user_id="alice@example.com"),
+              make_event(client_id="alice-laptop", session_id="s-9", user_id="")]
+    with collector(db, pseudonymise_key="pepper") as c:
+        assert c.post("/v1/events", json=events).json()["accepted"] == 2
+        assert c.post("/v1/queries", json=make_query(client_id="alice-laptop")).json()["accepted"] == 1
+    stored = rows(db, "SELECT client_id, session_id, user_id FROM ubi_events ORDER BY user_id DESC")
+    assert stored == [(_hmac("alice-laptop"), _hmac("s-9"), _hmac("alice@example.com")),
+                      (_hmac("alice-laptop"), _hmac("s-9"), "")]  # empty stays empty
+    # Queries and events of one client still link up.
+    assert rows(db, "SELECT client_id FROM ubi_queries") == [(_hmac("alice-laptop"),)]
+    raw = b"".join(r[0].encode() for r in rows(db, "SELECT ubi_events::VARCHAR FROM ubi_events"))
+    assert b"alice" not in raw
+
+
+def test_pseudonyms_are_stable_for_one_key_and_differ_across_keys() -> None:
+    assert pseudonym("c-1", b"k1") == pseudonym("c-1", b"k1") == _hmac("c-1", b"k1")
+    assert pseudonym("c-1", b"k1") != pseudonym("c-1", b"k2")
+    assert len(pseudonym("x" * 100, b"k")) == 32  # fits the schema's 100-character limit
+
+
+def test_named_fields_are_dropped_before_storage(
+    db: Path, make_event: Callable[..., Any], make_query: Callable[..., Any]
+) -> None:
+    event = make_event(message="card 4111 1111 1111 1111", ip_address="198.51.100.4")
+    query = make_query(query_attributes={"ranker": "bm25", "user_email": "a@example.com"})
+    drop = ["message", "ip_address", "query_attributes.user_email"]
+    with collector(db, drop_fields=drop) as c:
+        assert c.post("/v1/events", json=event).json()["accepted"] == 1
+        assert c.post("/v1/queries", json=query).json()["accepted"] == 1
+    assert rows(db, "SELECT message, extra, action_name FROM ubi_events") == [(None, None, "click")]
+    assert rows(db, "SELECT query_attributes FROM ubi_queries") == [('{"ranker":"bm25"}',)]
+
+
+def test_required_fields_cannot_be_dropped() -> None:
+    with pytest.raises(ValidationError, match="cannot drop required UBI fields"):
+        Settings(drop_fields=["message", "timestamp"])
+
+
+def test_without_security_settings_no_filter_runs() -> None:
+    assert security.record_filters(Settings()) == []
+    steps = security.record_filters(Settings(api_keys={"a": "k"}, pseudonymise_key="p"))
+    assert [type(s).__name__ for s in steps] == ["ApplicationCheck", "Privacy"]
