@@ -1,0 +1,259 @@
+"""Online metrics per system, from the event log, each with a confidence interval.
+
+Per-search facts are computed in DuckDB SQL over the temp tables :func:`reports.systems.load_searches`
+leaves on the connection; the intervals are numpy (:mod:`reports.intervals`). Definitions (a *search* is a
+search instance, see :mod:`reports.systems`; a search *with results* has a known non-empty ranking or a click):
+
+- ``ctr``: distinct clicked results / displayed results. Displayed = the docs of its impression events when
+  it has any (those outside its hit list belong to another sub-search and are left out, as in
+  :mod:`processors.sessions`), else its whole hit list; a clicked doc counts as displayed. Wilson interval
+  over results.
+- ``ctr@k``: the same over results at rank <= k.
+- ``abandonment``: searches with results and no click / searches with results. Wilson.
+- ``zero_result_rate``: zero-result searches / searches whose result count is known. Wilson.
+- ``rr_first_click``: 1 / rank of the first click in time (0 when no click, or when that click has no
+  rank), mean over searches with results. Bootstrap.
+- ``clicks_per_search``: click events / search, mean over searches with results. Bootstrap.
+- ``time_to_first_click``: seconds from the search's timestamp to its first click, mean over searches with a
+  click and a timestamp (negative gaps, clock skew, are dropped). Bootstrap.
+- ``reformulation_rate``: searches followed, in the same session, within ``window`` seconds, by a search
+  with a different query text / searches with a session. Wilson. The session is the events' ``session_id``,
+  else the query record's ``client_id``.
+
+A click's rank is its doc's place in the logged ranking; else ``position.ordinal`` with ``position_base``
+(per application when ``position_base_by_application`` says so).
+Wilson intervals treat each unit (result or search) as an independent trial; results of one search are not
+quite independent, so the result-level intervals of ``ctr`` are somewhat too narrow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+
+from reports.intervals import Interval, bootstrap_mean, wilson, wilson_arrays
+from reports.systems import DEFAULT_IMPRESSION_ACTIONS, _sql_list
+from schemas.errors import UbiError
+
+DEFAULT_CLICK_ACTIONS: tuple[str, ...] = ("click",)
+
+#: Online metric names in report order, and whether higher is better.
+ONLINE_METRICS: tuple[tuple[str, bool], ...] = (
+    ("ctr", True),
+    ("ctr@k", True),
+    ("abandonment", False),
+    ("zero_result_rate", False),
+    ("rr_first_click", True),
+    ("clicks_per_search", True),
+    ("time_to_first_click", False),
+    ("reformulation_rate", False),
+)
+
+
+class OnlineError(UbiError):
+    """Online metrics asked for before the searches were loaded, or with bad settings."""
+
+
+@dataclass
+class RankCtr:
+    """CTR at each rank 1..K: displayed and clicked results there, with Wilson intervals."""
+
+    rank: list[int]
+    shown: list[int]
+    clicked: list[int]
+    ctr: list[float]
+    low: list[float]
+    high: list[float]
+
+
+@dataclass
+class OnlineMetrics:
+    """The online metrics of one system (names as in :data:`ONLINE_METRICS`, ``ctr@k`` spelled ``ctr@<k>``)."""
+
+    system: str
+    searches: int
+    searches_with_results: int
+    metrics: dict[str, Interval] = field(default_factory=dict)
+    ctr_by_rank: RankCtr | None = None
+    notes: dict[str, int] = field(default_factory=dict)
+
+
+def _base_sql(base: int, by_application: Mapping[str, int] | None, alias: str) -> str:
+    """The position base of each search as SQL: per application when configured, else ``base``."""
+    if not by_application:
+        return str(int(base))
+    whens = " ".join(
+        f"WHEN '{app.replace(chr(39), chr(39) * 2)}' THEN {int(b)}" for app, b in sorted(by_application.items())
+    )
+    return f"(CASE {alias}.application {whens} ELSE {int(base)} END)"
+
+
+def _exposure_ctes(base: str, clicks: str, imps: str) -> str:
+    """CTEs ``ev`` (events with click / impression flags) and ``exposure`` (one row per search and result)."""
+    return f"""
+    ev AS (
+        SELECT instance, action_name, object_id, timestamp, position_ordinal,
+               action_name IN ({clicks}) AS is_click, action_name IN ({imps}) AS is_imp
+        FROM _ubi_search_events
+    ), has_imp AS (
+        SELECT DISTINCT instance FROM ev WHERE is_imp AND object_id IS NOT NULL
+    ), docs AS (
+        SELECT instance, object_id AS doc_id, min(position_ordinal) AS ord, bool_or(is_click) AS clicked
+        FROM ev WHERE (is_imp OR is_click) AND object_id IS NOT NULL GROUP BY instance, object_id
+        UNION ALL
+        SELECT s.instance, unnest(s.ranking) AS doc_id, NULL::INTEGER AS ord, false AS clicked
+        FROM _ubi_searches s ANTI JOIN has_imp h USING (instance)
+    ), exposure AS (
+        SELECT d.instance, d.doc_id, d.clicked,
+               coalesce(list_position(s.ranking, d.doc_id),
+                        CASE WHEN d.ord - {base} + 1 >= 1 THEN d.ord - {base} + 1 END) AS rank
+        FROM (SELECT instance, doc_id, bool_or(clicked) AS clicked, min(ord) AS ord FROM docs
+              GROUP BY instance, doc_id) d
+        JOIN _ubi_searches s USING (instance)
+        -- an impression of a doc outside the hit list belongs to another sub-search (processors.sessions)
+        WHERE d.clicked OR s.ranking_source <> 'hits' OR list_position(s.ranking, d.doc_id) IS NOT NULL
+    )"""
+
+
+def _per_search_sql(base: str, clicks: str, imps: str) -> str:
+    return "WITH " + _exposure_ctes(base, clicks, imps) + f""", click_ranked AS (
+        SELECT e.instance, e.timestamp,
+               coalesce(list_position(s.ranking, e.object_id),
+                        CASE WHEN e.position_ordinal - {base} + 1 >= 1 THEN e.position_ordinal - {base} + 1 END) AS rank,
+               list_position(s.ranking, e.object_id) IS NULL AND e.object_id IS NOT NULL AS off_list
+        FROM ev e JOIN _ubi_searches s USING (instance) WHERE e.is_click
+    ), first_click AS (
+        SELECT instance, rank AS first_rank, timestamp AS first_ts, count(*) OVER (PARTITION BY instance) AS n_clicks,
+               sum(off_list::INTEGER) OVER (PARTITION BY instance) AS off_list,
+               row_number() OVER (PARTITION BY instance ORDER BY timestamp, rank NULLS LAST) AS rn
+        FROM click_ranked
+    ), reform AS (
+        SELECT DISTINCT a.instance FROM _ubi_searches a JOIN _ubi_searches b
+          ON a.session = b.session AND b.instance <> a.instance AND b.query <> a.query
+         AND b.ts >= a.ts AND b.ts <= a.ts + to_microseconds(CAST($window * 1e6 AS BIGINT))
+         AND (b.ts > a.ts OR b.instance > a.instance)
+    ), expo AS (
+        SELECT instance, count(*) AS shown, sum(clicked::INTEGER) AS clicked_docs,
+               count(*) FILTER (WHERE rank <= $k) AS shown_k,
+               count(*) FILTER (WHERE rank <= $k AND clicked) AS clicked_k
+        FROM exposure GROUP BY instance
+    )
+    SELECT s.instance, s.system, s.zero_result, s.ranking_source <> 'none' OR s.zero_result AS count_known,
+           s.session IS NOT NULL AS has_session, r.instance IS NOT NULL AS reformulated,
+           coalesce(f.n_clicks, 0) AS n_clicks, f.first_rank,
+           epoch(f.first_ts - s.ts) AS first_secs, coalesce(f.off_list, 0) AS off_list,
+           coalesce(x.shown, 0) AS shown, coalesce(x.clicked_docs, 0) AS clicked_docs,
+           coalesce(x.shown_k, 0) AS shown_k, coalesce(x.clicked_k, 0) AS clicked_k
+    FROM _ubi_searches s
+    LEFT JOIN (SELECT * FROM first_click WHERE rn = 1) f USING (instance)
+    LEFT JOIN reform r USING (instance)
+    LEFT JOIN expo x USING (instance)
+    ORDER BY s.instance
+    """
+
+
+def _rank_sql(base: str, clicks: str, imps: str) -> str:
+    return "WITH " + _exposure_ctes(base, clicks, imps) + """
+    SELECT s.system, e.rank, count(*) AS shown, sum(e.clicked::INTEGER) AS clicked
+    FROM exposure e JOIN _ubi_searches s USING (instance)
+    WHERE e.rank IS NOT NULL AND e.rank <= $max_rank
+    GROUP BY s.system, e.rank ORDER BY s.system, e.rank
+    """
+
+
+def online_metrics(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    k: int = 10,
+    position_base: int = 0,
+    position_base_by_application: Mapping[str, int] | None = None,
+    click_actions: Sequence[str] = DEFAULT_CLICK_ACTIONS,
+    impression_actions: Sequence[str] = DEFAULT_IMPRESSION_ACTIONS,
+    reformulation_window_s: float = 60.0,
+    max_rank: int = 20,
+    confidence: float = 0.95,
+    n_boot: int = 2_000,
+    seed: int = 0,
+) -> dict[str, OnlineMetrics]:
+    """Online metrics of every system on ``con`` (call :func:`reports.systems.load_searches` first)."""
+    if k < 1 or max_rank < 1:
+        raise OnlineError(f"k and max_rank must be >= 1, got k={k}, max_rank={max_rank}")
+    if reformulation_window_s <= 0:
+        raise OnlineError(f"the reformulation window must be positive seconds, got {reformulation_window_s}")
+    try:
+        con.execute("SELECT 1 FROM _ubi_searches LIMIT 0")
+    except duckdb.CatalogException as exc:
+        raise OnlineError("call reports.systems.load_searches(con) before online_metrics(con)") from exc
+    clicks, imps = _sql_list(click_actions), _sql_list(impression_actions)
+    base = _base_sql(position_base, position_base_by_application, "s")
+    cols = con.execute(
+        _per_search_sql(base, clicks, imps), {"window": float(reformulation_window_s), "k": int(k)}
+    ).fetchnumpy()
+    rank_rows = con.execute(_rank_sql(base, clicks, imps), {"max_rank": int(max_rank)}).fetchall()
+    systems = np.asarray(cols["system"], dtype=object)
+    out: dict[str, OnlineMetrics] = {}
+    for name in sorted(set(systems.tolist())):
+        m = systems == name
+        out[name] = _system_metrics(name, {c: v[m] for c, v in cols.items()}, k, confidence, n_boot, seed)
+    for name in out:
+        rows = [r for r in rank_rows if r[0] == name]
+        shown = np.zeros(max_rank, dtype=np.int64)
+        clicked = np.zeros(max_rank, dtype=np.int64)
+        for _, rank, s, c in rows:
+            shown[rank - 1], clicked[rank - 1] = s, c
+        p, lo, hi = wilson_arrays(clicked, shown, confidence)
+        out[name].ctr_by_rank = RankCtr(
+            list(range(1, max_rank + 1)), shown.tolist(), clicked.tolist(), p.tolist(), lo.tolist(), hi.tolist()
+        )
+    return out
+
+
+def _as_float(a: np.ndarray) -> np.ndarray:
+    """DuckDB gives nullable numbers as masked arrays; NULL becomes NaN."""
+    if isinstance(a, np.ma.MaskedArray):
+        return a.astype(float).filled(np.nan)
+    return a.astype(float)
+
+
+def _as_bool(a: np.ndarray) -> np.ndarray:
+    if isinstance(a, np.ma.MaskedArray):
+        return a.filled(False).astype(bool)
+    return a.astype(bool)
+
+
+def _system_metrics(
+    name: str, c: dict[str, np.ndarray], k: int, confidence: float, n_boot: int, seed: int
+) -> OnlineMetrics:
+    zero = _as_bool(c["zero_result"])
+    known = _as_bool(c["count_known"])
+    n_clicks = _as_float(c["n_clicks"])
+    with_results = (known & ~zero) | (n_clicks > 0)
+    first_rank = _as_float(c["first_rank"])
+    first_secs = _as_float(c["first_secs"])
+    shown, clicked = _as_float(c["shown"]), _as_float(c["clicked_docs"])
+    shown_k, clicked_k = _as_float(c["shown_k"]), _as_float(c["clicked_k"])
+    has_session = _as_bool(c["has_session"])
+    reform = _as_bool(c["reformulated"])
+
+    rr = np.where(np.isnan(first_rank), 0.0, 1.0 / np.where(np.isnan(first_rank), 1.0, first_rank))
+    ttfc = first_secs[(n_clicks > 0) & ~np.isnan(first_secs) & (first_secs >= 0)]
+    res = OnlineMetrics(name, int(len(zero)), int(with_results.sum()))
+    res.metrics = {
+        "ctr": wilson(int(clicked[with_results].sum()), int(shown[with_results].sum()), confidence),
+        f"ctr@{k}": wilson(int(clicked_k[with_results].sum()), int(shown_k[with_results].sum()), confidence),
+        "abandonment": wilson(int((with_results & (n_clicks == 0)).sum()), int(with_results.sum()), confidence),
+        "zero_result_rate": wilson(int((zero & known).sum()), int(known.sum()), confidence),
+        "rr_first_click": bootstrap_mean(rr[with_results], confidence=confidence, n_boot=n_boot, seed=seed),
+        "clicks_per_search": bootstrap_mean(n_clicks[with_results], confidence=confidence, n_boot=n_boot, seed=seed),
+        "time_to_first_click": bootstrap_mean(ttfc, confidence=confidence, n_boot=n_boot, seed=seed),
+        "reformulation_rate": wilson(int((reform & has_session).sum()), int(has_session.sum()), confidence),
+    }
+    res.notes = {
+        "searches_unknown_result_count": int((~known).sum()),
+        "clicks_off_ranking": int(_as_float(c["off_list"]).sum()),
+        "clicks_without_rank_first": int(((n_clicks > 0) & np.isnan(first_rank)).sum()),
+    }
+    return res

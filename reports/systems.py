@@ -1,0 +1,251 @@
+"""Systems found in the logs and the rankings they showed.
+
+A *system* is the ``application`` of a query record, split further by the ``ranker`` and ``experiment`` keys
+of its ``query_attributes`` when present: ``shop``, ``shop/ranker=bm25``, ``shop/ranker=ltr/experiment=b``.
+Query records without an application belong to ``(no application)``.
+
+A *search instance* is one ``query_id``, as in :mod:`processors.sessions`. Multi-search front ends (Chorus in
+the samples) log several responses under one ``query_id``; the instance takes its query text, system and
+ranking from the earliest response with a non-empty ``query_response_hit_ids`` (else the earliest response),
+the rule the click models use, so online and offline numbers describe the same searches.
+
+The *logged ranking* of an instance, in order of preference:
+
+1. its hit ids, in the order returned (duplicates dropped after their first occurrence, and counted;
+   ``several_rankings`` flags a query_id whose responses logged different non-empty hit lists);
+2. else the docs of its ``impression`` events, ordered by position ordinal, then first impression time;
+3. else none: the instance has no known ranking and is left out of offline evaluation. An instance whose
+   responses all logged an empty hit list and which has no impression is a *zero-result* search: its ranking
+   is known to be empty and every offline metric of it is 0.
+
+**Repeated searches** of one query by one system (mode ``modal``, the default): the system's ranking for the
+query is the ranking it showed most often (ties: the one shown most recently, then the lexicographically
+smallest); the share of searches that showed it is kept, so an unstable ranker is visible. Mode ``each``
+evaluates every search instance on its own (query id ``<query> #<instance>``), so frequent queries weigh
+more: a traffic-weighted view.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import duckdb
+import pyarrow as pa
+
+from schemas.errors import UbiError
+from schemas.text import normalize_query
+
+NO_APPLICATION = "(no application)"
+DEFAULT_SPLIT_KEYS: tuple[str, ...] = ("ranker", "experiment")
+DEFAULT_IMPRESSION_ACTIONS: tuple[str, ...] = ("impression",)
+RankingMode = Literal["modal", "each"]
+
+_KEY = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class SystemsError(UbiError):
+    """Bad arguments for finding systems (an unusable attribute key, an unknown mode)."""
+
+
+def _json_path(key: str, what: str) -> str:
+    if not _KEY.match(key):
+        raise SystemsError(f"{what} {key!r}: use letters, digits, '_', '.', '-' only (a query_attributes key)")
+    return f'$."{key}"'
+
+
+def _sql_list(values: Sequence[str]) -> str:
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
+def _register_query_texts(con: duckdb.DuckDBPyConnection) -> None:
+    """Normalise each distinct logged query text once in Python (NFKC is not a SQL function) and join back."""
+    raw = [r[0] for r in con.execute("SELECT DISTINCT user_query FROM ubi_queries").fetchall()]
+    con.register("_ubi_qtext", pa.table({"user_query": raw, "query": [normalize_query(t) for t in raw]}))
+
+
+def load_searches(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    split_keys: Sequence[str] = DEFAULT_SPLIT_KEYS,
+    class_key: str | None = None,
+    impression_actions: Sequence[str] = DEFAULT_IMPRESSION_ACTIONS,
+) -> pa.Table:
+    """One row per search instance, and temp tables ``_ubi_searches`` / ``_ubi_search_events`` on ``con``.
+
+    Columns: ``instance`` (int, ordered by time), ``system``, ``application``, ``query_id``, ``query``
+    (normalised), ``user_query``, ``ts`` (naive UTC, may be NULL), ``client_id``, ``session`` (the
+    ``session_id`` of its events, else its ``client_id``), ``ranking`` (list of doc ids), ``ranking_source``
+    (``hits`` | ``impressions`` | ``none``), ``result_count`` (NULL when unknown), ``zero_result`` (bool),
+    ``duplicate_hits`` (ids dropped from the hit list), ``query_class`` (value of ``class_key`` or NULL).
+    ``_ubi_search_events`` holds every event that belongs to an instance, with its ``instance``.
+    """
+    parts = ["coalesce(application, '" + NO_APPLICATION + "')"]
+    params: list[str] = []
+    for key in split_keys:
+        parts.append(f"coalesce('/{key}=' || json_extract_string(query_attributes, ?), '')")
+        params.append(_json_path(key, "split key"))
+    system_expr = " || ".join(parts)
+    class_expr = "NULL::VARCHAR"
+    if class_key:
+        class_expr = "json_extract_string(query_attributes, ?)"
+        params.append(_json_path(class_key, "class key"))
+    _register_query_texts(con)
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE _ubi_records AS
+        SELECT q.query_id, q.query_response_id, q.user_query, t.query, q.application, q.client_id,
+               q.timestamp, q.query_response_hit_ids AS hits, {system_expr} AS system, {class_expr} AS query_class
+        FROM ubi_queries q JOIN _ubi_qtext t USING (user_query)
+        """,
+        params,
+    )
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _ubi_inst AS
+        WITH r AS (
+            SELECT *,
+                row_number() OVER (PARTITION BY query_id
+                                   ORDER BY coalesce(len(hits), 0) > 0 DESC, timestamp NULLS LAST,
+                                            query_response_id NULLS LAST) AS rn,
+                min(timestamp) OVER w AS ts,
+                bool_or(hits IS NOT NULL) OVER w AS hits_known,
+                max(coalesce(len(hits), 0)) OVER w AS max_hits,
+                count(DISTINCT hits) FILTER (WHERE len(hits) > 0) OVER w AS n_rankings,
+                any_value(client_id) OVER w AS any_client
+            FROM _ubi_records
+            WINDOW w AS (PARTITION BY query_id)
+        )
+        SELECT row_number() OVER (ORDER BY ts NULLS LAST, query_id) - 1 AS instance,
+               system, application, query_id, query, user_query, ts, coalesce(client_id, any_client) AS client_id,
+               hits, hits_known, max_hits, n_rankings, query_class
+        FROM r WHERE rn = 1
+        """
+    )
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _ubi_search_events AS
+        SELECT e.*, i.instance FROM ubi_events e JOIN _ubi_inst i USING (query_id)
+        """
+    )
+    imp = _sql_list(impression_actions)
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE _ubi_searches AS
+        WITH shown AS (
+            SELECT instance, object_id, min(position_ordinal) AS pos, min(timestamp) AS first_ts
+            FROM _ubi_search_events WHERE action_name IN ({imp}) AND object_id IS NOT NULL
+            GROUP BY instance, object_id
+        ), impressed AS (
+            SELECT instance, list(object_id ORDER BY pos NULLS LAST, first_ts, object_id) AS docs
+            FROM shown GROUP BY instance
+        ), sess AS (
+            SELECT instance, min(session_id) AS session_id FROM _ubi_search_events
+            WHERE session_id IS NOT NULL GROUP BY instance
+        ), ranked AS (
+            SELECT i.*, p.docs AS impressed, s.session_id,
+                   list_filter(i.hits, lambda x, n: list_position(i.hits, x) = n) AS dedup_hits
+            FROM _ubi_inst i LEFT JOIN impressed p USING (instance) LEFT JOIN sess s USING (instance)
+        )
+        SELECT instance, system, application, query_id, query, user_query, ts, client_id,
+               coalesce(session_id, client_id) AS session,
+               CASE WHEN max_hits > 0 THEN dedup_hits WHEN impressed IS NOT NULL THEN impressed
+                    ELSE []::VARCHAR[] END AS ranking,
+               CASE WHEN max_hits > 0 THEN 'hits' WHEN impressed IS NOT NULL THEN 'impressions'
+                    WHEN hits_known THEN 'hits' ELSE 'none' END AS ranking_source,
+               n_rankings > 1 AS several_rankings,
+               CASE WHEN hits_known THEN greatest(max_hits, coalesce(len(impressed), 0))
+                    WHEN impressed IS NOT NULL THEN len(impressed) END AS result_count,
+               (hits_known AND max_hits = 0 AND impressed IS NULL) AS zero_result,
+               coalesce(len(hits) - len(dedup_hits), 0) AS duplicate_hits,
+               query_class
+        FROM ranked ORDER BY instance
+        """
+    )
+    return con.sql("SELECT * FROM _ubi_searches ORDER BY instance").to_arrow_table()
+
+
+@dataclass
+class SystemRun:
+    """The logged rankings of one system, as a run: ``run[qid]`` is a list of doc ids in rank order.
+
+    ``query_of[qid]`` is the normalised query text (the key into judgments); ``searches[qid]`` how many
+    search instances stand behind it; ``distinct_rankings[qid]`` how many different rankings those showed;
+    ``modal_share[qid]`` the share of them that showed ``run[qid]`` (1.0 in mode ``each``).
+    """
+
+    system: str
+    mode: str
+    run: dict[str, list[str]] = field(default_factory=dict)
+    query_of: dict[str, str] = field(default_factory=dict)
+    searches: dict[str, int] = field(default_factory=dict)
+    distinct_rankings: dict[str, int] = field(default_factory=dict)
+    modal_share: dict[str, float] = field(default_factory=dict)
+    query_class: dict[str, str | None] = field(default_factory=dict)
+    unranked_searches: int = 0  # instances without a known ranking (left out)
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.run)
+
+
+def logged_runs(searches: pa.Table, mode: RankingMode = "modal") -> dict[str, SystemRun]:
+    """Group search instances into one run per system (see the module docstring for the two modes)."""
+    if mode not in ("modal", "each"):
+        raise SystemsError(f"ranking mode {mode!r}: expected 'modal' or 'each'")
+    con = duckdb.connect()
+    try:
+        con.register("s", searches)
+        systems = [r[0] for r in con.execute("SELECT DISTINCT system FROM s ORDER BY system").fetchall()]
+        out = {name: SystemRun(name, mode) for name in systems}
+        for name, n in con.execute(
+            "SELECT system, count(*) FROM s WHERE ranking_source = 'none' GROUP BY system"
+        ).fetchall():
+            out[name].unranked_searches = int(n)
+        if mode == "each":
+            rows = con.execute(
+                "SELECT system, instance, query, ranking, query_class FROM s WHERE ranking_source <> 'none' "
+                "ORDER BY instance"
+            ).fetchall()
+            for system, instance, query, ranking, cls in rows:
+                qid = f"{query} #{instance}"
+                sr = out[system]
+                sr.run[qid] = list(ranking)
+                sr.query_of[qid] = query
+                sr.searches[qid] = 1
+                sr.distinct_rankings[qid] = 1
+                sr.modal_share[qid] = 1.0
+                sr.query_class[qid] = cls
+            return out
+        rows = con.execute(
+            """
+            WITH g AS (
+                SELECT system, query, ranking, count(*) AS n, max(instance) AS last,
+                       array_to_string(ranking, chr(31)) AS key
+                FROM s WHERE ranking_source <> 'none' GROUP BY system, query, ranking
+            ), c AS (
+                SELECT system, query, mode(query_class) AS cls FROM s
+                WHERE ranking_source <> 'none' GROUP BY system, query
+            ), r AS (
+                SELECT *, row_number() OVER (PARTITION BY system, query ORDER BY n DESC, last DESC, key) AS rn,
+                       sum(n) OVER (PARTITION BY system, query) AS total,
+                       count(*) OVER (PARTITION BY system, query) AS distinct_rankings
+                FROM g
+            )
+            SELECT r.system, r.query, r.ranking, r.n, r.total, r.distinct_rankings, c.cls
+            FROM r JOIN c USING (system, query) WHERE rn = 1 ORDER BY r.system, r.query
+            """
+        ).fetchall()
+    finally:
+        con.close()
+    for system, query, ranking, n, total, distinct, cls in rows:
+        sr = out[system]
+        sr.run[query] = list(ranking)
+        sr.query_of[query] = query
+        sr.searches[query] = int(total)
+        sr.distinct_rankings[query] = int(distinct)
+        sr.modal_share[query] = n / total
+        sr.query_class[query] = cls
+    return out

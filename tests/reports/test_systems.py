@@ -1,0 +1,139 @@
+"""Systems and logged rankings from a real DuckDB store (records written through the ingest stage)."""
+
+from __future__ import annotations
+
+import duckdb
+import joint_fixtures
+import pytest
+from joint_fixtures import build_store, event, query
+
+from collector.store import open_reader
+from reports.systems import SystemsError, load_searches, logged_runs
+
+esci_db, esci_con = joint_fixtures.esci_db, joint_fixtures.esci_con  # the sample store, as fixtures
+
+
+@pytest.fixture()
+def con(tmp_path):
+    c = open_reader(build_store(tmp_path / "ubi.duckdb"))
+    yield c
+    c.close()
+
+
+def test_systems_are_application_split_by_ranker(con):
+    searches = load_searches(con)
+    # 9 query records, 9 query ids (see joint_fixtures): 5 of ranker a, 4 of ranker b
+    assert searches.num_rows == 9
+    systems = searches.column("system").to_pylist()
+    assert systems.count("shop/ranker=a") == 5
+    assert systems.count("shop/ranker=b") == 4
+
+
+def test_rankings_sessions_and_zero_results(con):
+    rows = {r["query_id"]: r for r in load_searches(con).to_pylist()}
+    assert rows["a2"]["query"] == "red shoes"  # "Red  Shoes" normalised
+    assert rows["a3"]["ranking"] == ["d2", "d1", "d4"]
+    assert rows["a3"]["ranking_source"] == "hits"
+    assert rows["a2"]["session"] == "S2"  # from its search event
+    assert rows["b3"]["session"] == "c6"  # no event: the client id stands in
+    assert rows["b4"]["zero_result"] is True and rows["b4"]["ranking"] == []
+    assert rows["b4"]["result_count"] == 0
+    assert rows["a1"]["zero_result"] is False and rows["a1"]["result_count"] == 3
+
+
+def test_modal_ranking_of_repeated_searches(con):
+    runs = logged_runs(load_searches(con), "modal")
+    a = runs["shop/ranker=a"]
+    # red shoes was searched 3 times by ranker a: [d1 d2 d4] twice (a1, a2), [d2 d1 d4] once (a3)
+    assert a.run["red shoes"] == ["d1", "d2", "d4"]
+    assert a.searches["red shoes"] == 3
+    assert a.distinct_rankings["red shoes"] == 2
+    assert a.modal_share["red shoes"] == pytest.approx(2 / 3)
+    assert set(a.run) == {"red shoes", "blue hat", "green bag"}
+    b = runs["shop/ranker=b"]
+    assert b.run["purple socks"] == []  # a known-empty ranking is evaluated (every metric 0)
+    assert b.run["red shoes"] == ["d4", "d1", "d2"]
+
+
+def test_each_mode_keeps_every_search(con):
+    runs = logged_runs(load_searches(con), "each")
+    a = runs["shop/ranker=a"]
+    assert len(a.run) == 5
+    red = sorted(q for q in a.run if a.query_of[q] == "red shoes")
+    assert len(red) == 3
+    assert sorted(tuple(a.run[q]) for q in red) == [("d1", "d2", "d4"), ("d1", "d2", "d4"), ("d2", "d1", "d4")]
+
+
+def test_ranking_modal_tie_goes_to_the_most_recent(tmp_path):
+    # two searches of "x", each ranking once: the later one (t=10) wins the tie
+    path = build_store(tmp_path / "t.duckdb", [query("q1", "x", ["a", "b"], 0), query("q2", "x", ["b", "a"], 10)],
+                       [], [])
+    con = open_reader(path)
+    try:
+        run = logged_runs(load_searches(con))["shop/ranker=a"]
+    finally:
+        con.close()
+    assert run.run["x"] == ["b", "a"] and run.modal_share["x"] == 0.5
+
+
+def test_impressions_define_the_ranking_without_hits_and_duplicates_are_dropped(tmp_path):
+    queries = [
+        query("q1", "lamp", None, 0, ranker=None, application="esci"),  # no hit list at all
+        query("q2", "desk", ["k1", "k2", "k1", "k3"], 5, ranker=None),  # a duplicate id in the hit list
+        query("q3", "chair", None, 9, ranker=None),  # nothing known
+    ]
+    events = [  # impressions arrive out of order; ordinal says the order
+        event("impression", "q1", "L3", 2, 1, "s"),
+        event("impression", "q1", "L1", 0, 1, "s"),
+        event("impression", "q1", "L2", 1, 1, "s"),
+    ]
+    con = open_reader(build_store(tmp_path / "i.duckdb", queries, events, []))
+    try:
+        rows = {r["query_id"]: r for r in load_searches(con).to_pylist()}
+        runs = logged_runs(load_searches(con))
+    finally:
+        con.close()
+    assert rows["q1"]["ranking"] == ["L1", "L2", "L3"] and rows["q1"]["ranking_source"] == "impressions"
+    assert rows["q1"]["system"] == "esci"
+    assert rows["q2"]["ranking"] == ["k1", "k2", "k3"] and rows["q2"]["duplicate_hits"] == 1
+    assert rows["q3"]["ranking_source"] == "none" and rows["q3"]["result_count"] is None
+    assert runs["shop"].unranked_searches == 1 and "chair" not in runs["shop"].run
+
+
+def test_multi_search_responses_are_one_search(tmp_path):
+    # Chorus-style: one query_id, an empty sub-search response first, then the ranked one
+    queries = [
+        {**query("m1", "gold", [], 0, ranker=None), "query_response_id": "r1"},
+        {**query("m1", "gold", ["g1", "g2"], 0.2, ranker=None), "query_response_id": "r2"},
+    ]
+    con = open_reader(build_store(tmp_path / "m.duckdb", queries, [], []))
+    try:
+        rows = load_searches(con).to_pylist()
+    finally:
+        con.close()
+    assert len(rows) == 1 and rows[0]["ranking"] == ["g1", "g2"] and not rows[0]["zero_result"]
+
+
+def test_experiment_key_and_bad_keys(tmp_path):
+    q = query("e1", "x", ["a"], 0, ranker=None)
+    q["query_attributes"] = {"experiment": "arm-2", "ranker": "ltr"}
+    con = open_reader(build_store(tmp_path / "e.duckdb", [q], [], []))
+    try:
+        assert load_searches(con).column("system").to_pylist() == ["shop/ranker=ltr/experiment=arm-2"]
+        with pytest.raises(SystemsError, match="split key"):
+            load_searches(con, split_keys=("bad key'",))
+        with pytest.raises(SystemsError, match="ranking mode"):
+            logged_runs(load_searches(con), "most")  # type: ignore[arg-type]
+    finally:
+        con.close()
+
+
+def test_sample_rankings_match_the_raw_file(esci_con: duckdb.DuckDBPyConnection):
+    """The ESCI sample: 200 esci_ubi_sample searches ranked by their 5 impressions; 84 Chorus query ids."""
+    searches = load_searches(esci_con).to_pylist()
+    esci = [s for s in searches if s["system"] == "esci_ubi_sample"]
+    chorus = [s for s in searches if s["system"] == "Chorus"]
+    # counted in the raw file: 200 esci_ubi_sample query records without hit ids, each with 5 impressions
+    # (ordinals 0..4); 273 Chorus query records under 84 distinct query_ids
+    assert len(esci) == 200 and all(len(s["ranking"]) == 5 and s["ranking_source"] == "impressions" for s in esci)
+    assert len(chorus) == 84
