@@ -1,0 +1,127 @@
+"""How far implicit labels can be trusted: agreement with human grades on the pairs both have.
+
+For each implicit source, on the (query, doc) pairs that have both a human grade and a graded label of the
+source: quadratic-weighted Cohen's kappa, Spearman and Kendall (tau-b) correlation, the confusion matrix and
+the number of pairs. Reviewed labels are not human grades here (they started as the implicit label, so they
+would flatter it).
+
+Calibration: when a source's grade mapping was fitted on human-labelled pairs, agreement on those pairs says
+nothing. The processors mark such rows in the ``judgments`` table's ``parameters`` JSON with
+``"calibration_split": "fit"`` (held-out pairs: ``"holdout"``) or ``"used_for_calibration": true``; those
+pairs are left out and counted in ``excluded_calibration``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import stats
+
+from reports.merge import Label, LabelSet
+from schemas.errors import UbiError
+
+
+class AgreementError(UbiError):
+    """Grades that cannot be compared (negative, different lengths)."""
+
+
+@dataclass
+class Agreement:
+    """Agreement of one implicit source with the human grades. ``confusion[h][i]``: human h, implicit i."""
+
+    source: str
+    pairs: int
+    excluded_calibration: int
+    kappa: float
+    spearman: float
+    spearman_p: float
+    kendall: float
+    kendall_p: float
+    grades: list[int]
+    confusion: list[list[int]]
+
+
+def _confusion(a: NDArray[np.int64], b: NDArray[np.int64], n_grades: int) -> NDArray[np.int64]:
+    m = np.zeros((n_grades, n_grades), dtype=np.int64)
+    np.add.at(m, (a, b), 1)
+    return m
+
+
+def _quadratic_kappa(confusion: NDArray[np.int64]) -> float:
+    n = confusion.sum()
+    g = confusion.shape[0]
+    if n == 0 or g < 2:
+        return float("nan")
+    i, j = np.indices((g, g))
+    w = (i - j) ** 2 / (g - 1) ** 2
+    expected = np.outer(confusion.sum(axis=1), confusion.sum(axis=0)) / n
+    denom = (w * expected).sum()
+    if denom == 0:
+        return float("nan")  # both raters used one and the same grade: kappa is undefined
+    return float(1.0 - (w * confusion).sum() / denom)
+
+
+def quadratic_weighted_kappa(human: NDArray, implicit: NDArray, n_grades: int | None = None) -> float:
+    """Cohen's kappa with quadratic weights: κ = 1 − Σ w_ij O_ij / Σ w_ij E_ij, w_ij = (i−j)² / (G−1)².
+
+    O is the confusion matrix of the two raters, E = outer(row totals, column totals) / N the one expected
+    by chance; Cohen (1968), Psychological Bulletin 70:213. Grades are 0..G-1 (G defaults to max + 1).
+    """
+    a = np.asarray(human, dtype=np.int64)
+    b = np.asarray(implicit, dtype=np.int64)
+    if a.shape != b.shape:
+        raise AgreementError(f"human ({a.shape}) and implicit ({b.shape}) grades differ in length")
+    if a.size and (a.min() < 0 or b.min() < 0):
+        raise AgreementError("grades must be non-negative integers")
+    g = n_grades if n_grades is not None else (int(max(a.max(), b.max())) + 1 if a.size else 0)
+    return _quadratic_kappa(_confusion(a, b, g))
+
+
+def _used_for_calibration(lab: Label) -> bool:
+    p = lab.parameters or {}
+    return p.get("calibration_split") == "fit" or p.get("used_for_calibration") is True
+
+
+def agreement(labels: LabelSet, source: str, *, n_grades: int | None = None) -> Agreement:
+    """Agreement of ``source`` (``implicit:<model>``) with the human grades in ``labels``."""
+    human = labels.qrels("human")
+    hs: list[int] = []
+    cs: list[int] = []
+    excluded = 0
+    for (query, doc), labs in sorted(labels.by_pair.items()):
+        h = human.get(query, {}).get(doc)
+        if h is None:
+            continue
+        for lab in labs:
+            if lab.source != source or lab.grade is None:
+                continue
+            if _used_for_calibration(lab):
+                excluded += 1
+                continue
+            hs.append(h)
+            cs.append(int(lab.grade))
+            break
+    a, b = np.array(hs, dtype=np.int64), np.array(cs, dtype=np.int64)
+    g = n_grades if n_grades is not None else (int(max(a.max(), b.max())) + 1 if a.size else 1)
+    conf = _confusion(a, b, g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # constant input: scipy warns and returns NaN, which we report
+        if len(a) >= 2:
+            rho, rho_p = stats.spearmanr(a, b)
+            tau, tau_p = stats.kendalltau(a, b)
+        else:
+            rho = rho_p = tau = tau_p = float("nan")
+    return Agreement(
+        source=source, pairs=len(a), excluded_calibration=excluded, kappa=_quadratic_kappa(conf),
+        spearman=float(rho), spearman_p=float(rho_p), kendall=float(tau), kendall_p=float(tau_p),
+        grades=list(range(g)), confusion=conf.tolist(),
+    )
+
+
+def agreement_all(labels: LabelSet, *, n_grades: int | None = None) -> Mapping[str, Agreement]:
+    """:func:`agreement` for every implicit source present."""
+    return {s: agreement(labels, s, n_grades=n_grades) for s in labels.sources() if s.startswith("implicit:")}

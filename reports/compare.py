@@ -1,0 +1,199 @@
+"""Is a difference between systems real? Paired comparisons against a baseline, and offline vs online order.
+
+Each comparison pairs the per-query values of one metric of a system and of the baseline on the queries both
+were evaluated on, and reports: the mean difference (system − baseline) with a percentile bootstrap
+interval, the paired t-test p-value, the paired randomisation (sign-flip) test p-value (fixed seed), and the
+per-query wins / losses / ties. The p-values of every comparison made in one report are Holm-adjusted
+together (family = all systems × metrics × judgment sources compared). Smucker, Allan & Carterette (2007),
+"A comparison of statistical significance tests for IR evaluation", CIKM, for the choice of tests.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import stats
+
+from reports.intervals import bootstrap_mean, sign_flip_pvalue
+from schemas.errors import UbiError
+
+
+class CompareError(UbiError):
+    """Comparison arguments that cannot work (unknown baseline, misaligned arrays)."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One system against the baseline on one metric of one judgment source."""
+
+    system: str
+    baseline: str
+    metric: str
+    source: str
+    queries: int
+    mean_system: float
+    mean_baseline: float
+    diff: float
+    diff_low: float
+    diff_high: float
+    t_p: float
+    randomisation_p: float
+    wins: int
+    losses: int
+    ties: int
+    t_p_holm: float = float("nan")
+    randomisation_p_holm: float = float("nan")
+
+    def significant(self, alpha: float = 0.05) -> bool:
+        """Holm-adjusted randomisation p below ``alpha``."""
+        return not math.isnan(self.randomisation_p_holm) and self.randomisation_p_holm < alpha
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm (1979) step-down adjustment: p'_(i) = max_{j<=i} min(1, (m − j + 1) p_(j)), in input order.
+
+    Scand. J. Statist. 6:65. NaN p-values are left NaN and not counted in m.
+    """
+    p = np.asarray(pvalues, dtype=float)
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(~np.isnan(p))
+    m = len(ok)
+    if m == 0:
+        return out.tolist()
+    order = ok[np.argsort(p[ok], kind="stable")]
+    adjusted = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    out[order] = np.maximum.accumulate(adjusted)
+    return out.tolist()
+
+
+def _paired(
+    base_ids: Sequence[str], base_vals: NDArray, sys_ids: Sequence[str], sys_vals: NDArray
+) -> tuple[NDArray, NDArray]:
+    if len(base_ids) != len(base_vals) or len(sys_ids) != len(sys_vals):
+        raise CompareError("query ids and values must have the same length")
+    index = {q: i for i, q in enumerate(base_ids)}
+    pairs = [(index[q], j) for j, q in enumerate(sys_ids) if q in index]
+    if not pairs:
+        return np.empty(0), np.empty(0)
+    bi, sj = (np.array(x, dtype=np.int64) for x in zip(*pairs, strict=True))
+    return np.asarray(base_vals, float)[bi], np.asarray(sys_vals, float)[sj]
+
+
+def compare_pair(
+    system: str,
+    baseline: str,
+    metric: str,
+    source: str,
+    base: tuple[Sequence[str], NDArray],
+    other: tuple[Sequence[str], NDArray],
+    *,
+    n_boot: int = 10_000,
+    n_perm: int = 10_000,
+    seed: int = 0,
+    tie_tolerance: float = 1e-12,
+) -> Comparison:
+    """Compare ``other`` (query ids, values) with ``base`` on their common queries."""
+    b, s = _paired(base[0], base[1], other[0], other[1])
+    keep = ~(np.isnan(b) | np.isnan(s))
+    b, s = b[keep], s[keep]
+    d = s - b
+    n = len(d)
+    ci = bootstrap_mean(d, n_boot=n_boot, seed=seed)
+    if n >= 2 and np.ptp(d) > 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t_p = float(stats.ttest_rel(s, b).pvalue)
+    elif n >= 1 and np.all(d == 0):
+        t_p = 1.0
+    else:
+        t_p = float("nan")  # one query, or a constant non-zero difference: no variance to test against
+    return Comparison(
+        system=system, baseline=baseline, metric=metric, source=source, queries=n,
+        mean_system=float(s.mean()) if n else float("nan"), mean_baseline=float(b.mean()) if n else float("nan"),
+        diff=ci.value, diff_low=ci.low, diff_high=ci.high, t_p=t_p,
+        randomisation_p=sign_flip_pvalue(d, n_perm=n_perm, seed=seed) if n else float("nan"),
+        wins=int((d > tie_tolerance).sum()), losses=int((d < -tie_tolerance).sum()),
+        ties=int((np.abs(d) <= tie_tolerance).sum()),
+    )
+
+
+def with_holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
+    """The same comparisons with Holm-adjusted t and randomisation p-values over the whole family."""
+    t_adj = holm([c.t_p for c in comparisons])
+    r_adj = holm([c.randomisation_p for c in comparisons])
+    return [replace(c, t_p_holm=t, randomisation_p_holm=r) for c, t, r in zip(comparisons, t_adj, r_adj, strict=True)]
+
+
+def compare_systems(
+    per_query: Mapping[str, Mapping[tuple[str, str], tuple[Sequence[str], NDArray]]],
+    baseline: str,
+    *,
+    n_boot: int = 10_000,
+    n_perm: int = 10_000,
+    seed: int = 0,
+) -> list[Comparison]:
+    """Every other system against ``baseline``, for every (source, metric) both have; Holm over all of them.
+
+    ``per_query[system][(source, metric)] = (query_ids, values)``.
+    """
+    if baseline not in per_query:
+        known = ", ".join(sorted(per_query)) or "none"
+        raise CompareError(f"baseline system {baseline!r} is not among the systems found in the logs ({known})")
+    out = []
+    for system in sorted(per_query):
+        if system == baseline:
+            continue
+        for key in sorted(per_query[baseline]):
+            if key not in per_query[system]:
+                continue
+            source, metric = key
+            out.append(compare_pair(system, baseline, metric, source, per_query[baseline][key],
+                                    per_query[system][key], n_boot=n_boot, n_perm=n_perm, seed=seed))
+    return with_holm(out)
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """Systems ordered by an offline and by an online metric, and how well the two orders agree."""
+
+    offline_metric: str
+    online_metric: str
+    offline_order: list[str]
+    online_order: list[str]
+    systems: int
+    kendall: float
+    spearman: float
+
+
+def ordering(
+    offline: Mapping[str, float],
+    online: Mapping[str, float],
+    *,
+    offline_metric: str,
+    online_metric: str,
+    online_higher_is_better: bool = True,
+) -> Ordering:
+    """Best-first orders of the systems by both metrics and Kendall tau-b / Spearman between the two scores.
+
+    Only systems with a finite value on both sides count; with fewer than two the correlations are NaN,
+    and with two they can only be +1 or -1 (say so when reporting).
+    """
+    common = sorted(s for s in offline if s in online and math.isfinite(offline[s]) and math.isfinite(online[s]))
+    sign = 1.0 if online_higher_is_better else -1.0
+    off_order = sorted(common, key=lambda s: (-offline[s], s))
+    on_order = sorted(common, key=lambda s: (-sign * online[s], s))
+    if len(common) >= 2:
+        x = np.array([offline[s] for s in common])
+        y = sign * np.array([online[s] for s in common])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tau = float(stats.kendalltau(x, y).statistic)
+            rho = float(stats.spearmanr(x, y).statistic)
+    else:
+        tau = rho = float("nan")
+    return Ordering(offline_metric, online_metric, off_order, on_order, len(common), tau, rho)

@@ -1,0 +1,92 @@
+"""Paired comparisons, Holm, and offline vs online ordering."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy import stats
+
+from reports.compare import CompareError, compare_pair, compare_systems, holm, ordering, with_holm
+from reports.intervals import sign_flip_pvalue
+
+
+def test_holm_by_hand():
+    # sorted: 0.01 x4 = 0.04; 0.03 x3 = 0.09; 0.04 x2 = 0.08 -> running max 0.09; 0.5 x1 = 0.5
+    assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    # capped at 1, NaN left out of m: m = 2 -> 0.6 x2 = 1.2 -> 1; 0.7 x1 -> max(1, 0.7) = 1
+    out = holm([0.6, float("nan"), 0.7])
+    assert out[0] == 1.0 and np.isnan(out[1]) and out[2] == 1.0
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=12))
+def test_holm_never_lowers_a_p_value_and_keeps_the_order(ps):
+    adj = holm(ps)
+    assert all(a >= p - 1e-15 and a <= 1.0 for a, p in zip(adj, ps, strict=True))
+    order = np.argsort(ps, kind="stable")
+    assert all(adj[order[i]] <= adj[order[i + 1]] + 1e-15 for i in range(len(ps) - 1))
+
+
+def test_randomisation_test_matches_exact_enumeration():
+    d = np.array([0.3, -0.1, 0.25, 0.05, 0.4, -0.2, 0.15, 0.1, -0.05, 0.2])
+    observed = abs(d.mean())
+    # exact: all 2^10 sign patterns
+    means = [abs((np.array(s) * d).mean()) for s in itertools.product((-1, 1), repeat=10)]
+    exact = np.mean([m >= observed - 1e-12 for m in means])
+    p = sign_flip_pvalue(d, n_perm=20_000, seed=1)
+    assert p == pytest.approx(exact, abs=0.01)
+    assert sign_flip_pvalue(d, n_perm=20_000, seed=1) == p  # fixed seed, same answer
+
+
+def test_compare_pair_by_hand():
+    ids = ["q1", "q2", "q3", "q4", "q5"]
+    base = np.array([0.2, 0.5, 0.4, 0.9, 0.3])
+    other = np.array([0.4, 0.5, 0.7, 0.8, 0.6])  # differences +0.2, 0, +0.3, -0.1, +0.3
+    c = compare_pair("new", "old", "ndcg@10", "human", (ids, base), (ids[::-1], other[::-1]), n_boot=2000,
+                     n_perm=5000)
+    assert c.queries == 5
+    assert (c.wins, c.losses, c.ties) == (3, 1, 1)
+    assert c.diff == pytest.approx(0.14)  # (0.2 + 0 + 0.3 - 0.1 + 0.3) / 5
+    assert c.mean_system == pytest.approx(0.6) and c.mean_baseline == pytest.approx(0.46)
+    assert c.t_p == pytest.approx(stats.ttest_rel(other, base).pvalue)  # scipy's paired t-test
+    assert c.diff_low < c.diff < c.diff_high
+    # only the queries both systems have are paired
+    c2 = compare_pair("new", "old", "m", "s", (ids, base), (["q1", "zz"], np.array([1.0, 0.0])))
+    assert c2.queries == 1 and c2.diff == pytest.approx(0.8) and np.isnan(c2.t_p)
+
+
+def test_compare_systems_family_and_errors():
+    per_query = {
+        "a": {("human", "ndcg@10"): (["x", "y", "z"], np.array([0.1, 0.2, 0.3])),
+              ("human", "mrr"): (["x", "y", "z"], np.array([0.5, 0.5, 0.5]))},
+        "b": {("human", "ndcg@10"): (["x", "y", "z"], np.array([0.4, 0.5, 0.6])),
+              ("human", "mrr"): (["x", "y", "z"], np.array([0.5, 0.5, 0.5]))},
+    }
+    rows = compare_systems(per_query, "a", n_boot=200, n_perm=2000)
+    assert [(r.system, r.metric) for r in rows] == [("b", "mrr"), ("b", "ndcg@10")]
+    mrr = rows[0]
+    assert (mrr.ties, mrr.t_p, mrr.randomisation_p) == (3, 1.0, 1.0)
+    # Holm over the 2 comparisons: the smaller p doubles
+    ps = sorted(r.randomisation_p for r in rows)
+    assert min(r.randomisation_p_holm for r in rows) == pytest.approx(min(1.0, 2 * ps[0]))
+    with pytest.raises(CompareError, match="baseline"):
+        compare_systems(per_query, "nope")
+    assert with_holm([]) == []
+
+
+def test_ordering_of_systems():
+    off = {"a": 0.5, "b": 0.6, "c": 0.4, "d": float("nan")}
+    on = {"a": 0.10, "b": 0.12, "c": 0.11, "d": 0.5}
+    o = ordering(off, on, offline_metric="human/ndcg@10", online_metric="online/ctr@10")
+    assert o.offline_order == ["b", "a", "c"] and o.online_order == ["b", "c", "a"]
+    assert o.systems == 3  # d has no offline value
+    # offline ranks b1 a2 c3 vs online b1 c2 a3: one discordant pair of three -> tau = (2 - 1) / 3
+    assert o.kendall == pytest.approx(1 / 3)
+    assert o.spearman == pytest.approx(0.5)  # 1 - 6*(0 + 1 + 1)/(3*8)
+    lower = ordering(off, on, offline_metric="m", online_metric="online/abandonment", online_higher_is_better=False)
+    assert lower.online_order == ["a", "c", "b"]
+    single = ordering({"a": 1.0}, {"a": 1.0}, offline_metric="m", online_metric="n")
+    assert np.isnan(single.kendall)

@@ -1,0 +1,106 @@
+"""Merging labels with provenance: nothing overwritten, precedence configurable, coverage judged@k."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from joint_fixtures import build_store, write_human
+
+from collector.store import open_reader
+from reports.merge import Label, LabelSet, MergeError, coverage, labels_from_human, labels_from_store
+from reports.qrels import load_qrels
+
+
+def _labels(tmp_path) -> LabelSet:
+    con = open_reader(build_store(tmp_path / "ubi.duckdb"))
+    try:
+        store = labels_from_store(con)
+    finally:
+        con.close()
+    human = labels_from_human(load_qrels(write_human(tmp_path / "h.jsonl")).human_judgments())
+    return LabelSet().add(human).add(store)
+
+
+def test_every_label_is_kept_with_its_provenance(tmp_path):
+    labels = _labels(tmp_path)
+    # 6 human judgments + 6 implicit rows (one without a grade), nothing dropped or replaced
+    assert len(labels) == 12
+    d1 = labels.by_pair[("red shoes", "d1")]
+    assert sorted(lab.source for lab in d1) == ["human", "implicit:ctr"]
+    human = next(lab for lab in d1 if lab.source == "human")
+    implicit = next(lab for lab in d1 if lab.source == "implicit:ctr")
+    assert (human.grade, human.assessor, human.query_id) == (3, "ann", "q1")
+    assert human.origin is not None and human.origin.endswith("h.jsonl")
+    assert (implicit.grade, implicit.model_version, implicit.impressions, implicit.ci_low) == (3, "1", 20, 0.1)
+    assert implicit.parameters == {"model": {"name": "ctr"}, "grade_mapping": {"calibrated": True}}
+    assert labels.sources() == ["human", "implicit:ctr"]
+
+
+def test_merged_view_applies_precedence_without_overwriting(tmp_path):
+    labels = _labels(tmp_path)
+    merged = labels.merged()
+    # d2: human 1 beats implicit 2 under human > reviewed > implicit; both labels stay attached
+    assert merged[("red shoes", "d2")].grade == 1 and merged[("red shoes", "d2")].source == "human"
+    assert len(merged[("red shoes", "d2")].labels) == 2
+    # d4 has only an implicit label: it fills the gap
+    assert merged[("red shoes", "d4")].grade == 1 and merged[("red shoes", "d4")].source == "implicit:ctr"
+    # b2's implicit row has no grade: no merged label at all
+    assert ("green bag", "b2") not in merged
+    # implicit first: d2 takes the implicit grade; the human label is still there
+    flipped = labels.merged(("implicit:ctr", "human"))
+    assert flipped[("red shoes", "d2")].grade == 2
+    assert labels.qrels("human")["red shoes"]["d2"] == 1
+    assert labels.qrels("implicit:ctr")["red shoes"] == {"d1": 3, "d2": 2, "d4": 1}
+    assert labels.merged_qrels()["red shoes"] == {"d1": 3, "d2": 1, "d3": 0, "d4": 1}
+    # precedence naming only human: implicit labels are kept but never chosen
+    assert ("red shoes", "d4") not in labels.merged(("human",))
+
+
+def test_ties_prefer_the_file_then_the_newest():
+    labels = LabelSet().add([
+        Label("q", "d", 1, "human", origin="store", judged_at=datetime(2025, 1, 3)),
+        Label("q", "d", 2, "human", origin="qrels.jsonl", judged_at=datetime(2024, 1, 1)),
+        Label("q", "e", 1, "human", origin="store", judged_at=datetime(2024, 1, 1)),
+        Label("q", "e", 3, "human", origin="store", judged_at=datetime(2025, 1, 1)),
+    ])
+    assert labels.merged()[("q", "d")].grade == 2  # the file given on the command line wins
+    assert labels.merged()[("q", "e")].grade == 3  # then the most recent judgment
+
+
+def test_bad_precedence_and_labels():
+    labels = LabelSet()
+    with pytest.raises(MergeError, match="expected 'human'"):
+        labels.add([Label("q", "d", 1, "clicks")])
+    with pytest.raises(MergeError, match="grade"):
+        labels.add([Label("q", "d", -1, "human")])
+    with pytest.raises(MergeError, match="empty"):
+        labels.merged(())
+    with pytest.raises(MergeError, match="twice"):
+        labels.merged(("human", "human"))
+
+
+def test_coverage_judged_at_k():
+    run = {"x": ["a", "b", "c", "d"], "y": ["e"], "z": []}
+    qrels = {"x": {"a": 1, "c": 0, "zz": 2}, "y": {"e": 0}}
+    cov = coverage({"sys": (run, {q: q for q in run})}, {"human": qrels}, k=2)
+    # x: top 2 = a (judged), b (not) -> 1/2; y: e judged -> 1/1; z: empty -> 0; mean (0.5 + 1 + 0) / 3
+    assert cov[0].judged_at_k == pytest.approx(0.5)
+    assert (cov[0].queries, cov[0].queries_labelled) == (3, 2)
+    with pytest.raises(MergeError):
+        coverage({}, {}, k=0)
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from("xyz"), st.integers(0, 3),
+                          st.sampled_from(["human", "implicit:ctr", "implicit:pbm", "reviewed:ctr"])),
+                max_size=30))
+def test_merging_never_loses_a_label_and_always_picks_an_existing_one(rows):
+    labels = LabelSet().add(Label(q, d, g, s) for q, d, g, s in rows)
+    assert len(labels) == len(rows)
+    for pair, m in labels.merged().items():
+        assert (m.grade, m.source) in {(lab.grade, lab.source) for lab in labels.by_pair[pair]}
+        kinds = {lab.kind for lab in labels.by_pair[pair]}
+        # the chosen kind is the highest one present under human > reviewed > implicit
+        assert m.source.split(":")[0] == next(k for k in ("human", "reviewed", "implicit") if k in kinds)
