@@ -11,7 +11,7 @@ from rich.table import Table
 
 from reports.metrics import DEFAULT_METRICS, GAINS, KNOWN, MetricTable, compute, parse_metrics
 from reports.qrels import QRELS_FORMATS, RatingMap, load_corpus_ids, load_qrels
-from reports.runs import load_trec_run
+from reports.runs import load_run
 from schemas.errors import UbiError
 
 
@@ -38,7 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--qrels", required=True, metavar="FILE",
                    help="judgments: JSONL, TREC qrels or Search Relevance Workbench JSON")
-    p.add_argument("--run", required=True, metavar="FILE", help="TREC run file: query_id Q0 doc_id rank score tag")
+    p.add_argument("--run", required=True, metavar="FILE",
+                   help="rankings: a TREC run file (query_id Q0 doc_id rank score tag), or JSONL "
+                        "{\"query_id\": ..., \"doc_ids\": [...]} for query ids with spaces (Workbench query texts)")
+    p.add_argument("--run-format", choices=("auto", "trec", "jsonl"), default="auto",
+                   help="run format (default: JSONL when the file starts with '{', else TREC)")
     p.add_argument("--metrics", default=DEFAULT_METRICS, help=f"comma-separated metric names (default: {DEFAULT_METRICS})")
     p.add_argument("--gain", choices=GAINS, default="linear", help="nDCG gain: grade (linear, default) or 2^grade-1")
     p.add_argument("--rel-threshold", type=int, default=1, metavar="GRADE",
@@ -71,7 +75,7 @@ def evaluate_files(args: argparse.Namespace) -> tuple[MetricTable, dict[str, Any
         qrels = load_qrels(args.qrels, format=args.qrels_format, corpus=corpus, require_positive=args.require_positive,
                            rel_threshold=args.rel_threshold, rating_map=rating_map)
     with status.status(f"loading {args.run}"):
-        run = load_trec_run(args.run)
+        run = load_run(args.run, format=args.run_format)
     with status.status("evaluating"):
         table = compute(qrels, run, specs, gain=args.gain, rel_threshold=args.rel_threshold, complete=args.complete)
     inputs = {

@@ -279,7 +279,8 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _loads_line(path: str, number: int, line: str, error: type[InputFileError] = QrelsError) -> Any:
+def loads_json_line(path: str, number: int, line: str, error: type[InputFileError] = QrelsError) -> Any:
+    """Parse one JSONL line; blank lines, malformed JSON and repeated keys raise ``error`` at that line."""
     if not line.strip():
         raise error(path, number, "blank line: every line must hold one JSON object (remove the empty line)")
     try:
@@ -443,7 +444,7 @@ def _parse_jsonl(path: str, text: str, corpus: Collection[str] | None) -> Qrels:
     meta: dict[str, dict[str, Any]] = {}
     by_text = _TextIndex(path)
     for number, line in numbered_lines(text):
-        row = _loads_line(path, number, line)
+        row = loads_json_line(path, number, line)
         if not isinstance(row, dict):
             raise QrelsError(path, number, f"expected a JSON object, got {type(row).__name__}")
         unknown = sorted(set(row) - _JSONL_KEYS)
@@ -723,7 +724,7 @@ def load_queryset(path: str | Path, *, format: str = "auto") -> QuerySet:
 
     if fmt == "jsonl":
         for number, line in numbered_lines(text):
-            row = _loads_line(name, number, line)
+            row = loads_json_line(name, number, line)
             if not isinstance(row, dict):
                 raise QrelsError(name, number, f"expected a JSON object, got {type(row).__name__}")
             unknown = sorted(set(row) - _QS_JSONL_KEYS)
@@ -808,7 +809,7 @@ def load_corpus_ids(path: str | Path) -> frozenset[str]:
         if not line.strip():
             raise QrelsError(name, number, "blank line: one doc id per line")
         if line.lstrip().startswith("{"):
-            row = _loads_line(name, number, line)
+            row = loads_json_line(name, number, line)
             doc_id = next((row[k] for k in ("doc_id", "id", "_id") if isinstance(row, dict) and k in row), None)
             if not isinstance(doc_id, str | int) or isinstance(doc_id, bool) or not str(doc_id).strip():
                 raise QrelsError(name, number, "expected an object with a non-empty \"doc_id\" (or \"id\" / \"_id\")")

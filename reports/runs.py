@@ -1,20 +1,23 @@
-"""Rankings (runs): TREC run files in and out, and rankings built from scored documents.
+"""Rankings (runs): TREC run files and JSONL rankings in and out, and rankings built from scored documents.
 
 A run in memory is ``query_id -> [doc_id, ...]`` in rank order (:class:`Run` is such a mapping). TREC run
 lines are ``query_id Q0 doc_id rank score tag``; like trec_eval we order each query's docs by score
-descending, ties by doc id descending (byte order), and ignore the rank column. A doc id that appears twice
+descending, ties by doc id descending (byte order), and ignore the rank column. TREC files cannot hold ids
+with whitespace (Workbench query ids are query texts), so a JSONL form carries such rankings:
+``{"query_id": "red shoes", "doc_ids": ["d3", "d1"]}``, already in rank order. A doc id that appears twice
 for one query invalidates the ranking (it would push recall above 1), so it is an error, never de-duplicated.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reports.qrels import numbered_lines, read_input_text
+from reports.qrels import loads_json_line, numbered_lines, read_input_text
 from schemas.errors import InputFileError
 from schemas.judgments import ScoredDoc
 
@@ -58,8 +61,10 @@ def trec_order(pairs: list[tuple[str, float]]) -> list[tuple[str, float]]:
 
 def load_trec_run(path: str | Path) -> Run:
     """Load and validate a TREC run file (``query_id Q0 doc_id rank score tag`` per line)."""
-    name = str(path)
-    text = read_input_text(path, RunError)
+    return _parse_trec_run(str(path), read_input_text(path, RunError))
+
+
+def _parse_trec_run(name: str, text: str) -> Run:
     pairs: dict[str, list[tuple[str, float]]] = {}
     seen: dict[str, dict[str, int]] = {}
     lines: dict[str, int] = {}
@@ -104,6 +109,50 @@ def load_trec_run(path: str | Path) -> Run:
     return Run(rankings=rankings, scores=scores, tag=tag, path=name, lines=lines)
 
 
+def load_jsonl_run(path: str | Path) -> Run:
+    """Load and validate rankings in JSONL form, one ``{"query_id": ..., "doc_ids": [...]}`` per line."""
+    return _parse_jsonl_run(str(path), read_input_text(path, RunError))
+
+
+def _parse_jsonl_run(name: str, text: str) -> Run:
+    rankings: dict[str, list[str]] = {}
+    lines: dict[str, int] = {}
+    for number, line in numbered_lines(text):
+        row = loads_json_line(name, number, line, RunError)
+        if not isinstance(row, dict) or set(row) != {"query_id", "doc_ids"}:
+            raise RunError(name, number, 'expected exactly {"query_id": "...", "doc_ids": ["...", ...]}')
+        query_id, docs = row["query_id"], row["doc_ids"]
+        if not isinstance(query_id, str) or not query_id.strip():
+            raise RunError(name, number, "\"query_id\" must be a non-empty string")
+        if query_id in rankings:
+            raise RunError(name, number, f"duplicate query_id {query_id!r} (first on line {lines[query_id]})")
+        if not isinstance(docs, list) or not all(isinstance(d, str) and d.strip() for d in docs):
+            raise RunError(name, number, f"query {query_id!r}: \"doc_ids\" must be a list of non-empty strings")
+        first: dict[str, int] = {}
+        for rank, doc_id in enumerate(docs, 1):
+            if doc_id in first:
+                raise RunError(name, number, f"query {query_id!r}: doc {doc_id!r} is ranked twice (ranks "
+                                             f"{first[doc_id]} and {rank}); a duplicate would push recall above 1")
+            first[doc_id] = rank
+        rankings[query_id] = list(docs)
+        lines[query_id] = number
+    return Run(rankings=rankings, path=name, lines=lines)
+
+
+def load_run(path: str | Path, *, format: str = "auto") -> Run:
+    """Load a run as ``trec`` or ``jsonl`` (``auto``: JSONL when the file starts with ``{``)."""
+    if format not in ("auto", "trec", "jsonl"):
+        raise RunError(str(path), None, f"unknown run format {format!r}; use auto, trec or jsonl")
+    text = read_input_text(path, RunError)
+    fmt = ("jsonl" if text.lstrip().startswith("{") else "trec") if format == "auto" else format
+    return _parse_jsonl_run(str(path), text) if fmt == "jsonl" else _parse_trec_run(str(path), text)
+
+
+def format_jsonl_run(run: Mapping[str, Sequence[str]]) -> str:
+    """Serialise rankings as JSONL, one query a line, in rank order."""
+    return "".join(json.dumps({"query_id": q, "doc_ids": list(docs)}, ensure_ascii=False) + "\n" for q, docs in run.items())
+
+
 def run_from_scored(docs: Iterable[ScoredDoc], *, tag: str | None = None) -> Run:
     """Build a run from scored docs (any order), ordered as trec_eval would order the same run file."""
     pairs: dict[str, list[tuple[str, float]]] = {}
@@ -145,6 +194,11 @@ def format_trec_run(run: Mapping[str, Sequence[str]], *, tag: str = "ubi") -> st
             seen.add(doc_id)
             out.append(f"{query_id} Q0 {doc_id} {rank} {n - rank + 1} {tag}\n")
     return "".join(out)
+
+
+def write_jsonl_run(run: Mapping[str, Sequence[str]], path: str | Path) -> None:
+    """Write rankings to ``path`` as JSONL (see :func:`format_jsonl_run`)."""
+    Path(path).write_text(format_jsonl_run(run), encoding="utf-8")
 
 
 def write_trec_run(run: Mapping[str, Sequence[str]], path: str | Path, *, tag: str = "ubi") -> None:
