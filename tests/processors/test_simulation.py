@@ -1,0 +1,298 @@
+"""The traffic simulator: determinism, UBI records as OpenSearch tooling writes them, truth file, round trips."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from collector.ingest import ingest, parse_bulk, validate_items
+from collector.store import Store
+from processors.sessions import read_sessions
+from processors.simulation import SimConfig, SimulationError, build_catalog, simulate, simulate_patterns
+from processors.stats import cells_from_sessions
+from schemas.settings import Settings
+from schemas.ubi import UbiEvent, UbiQuery
+from ubi.cli import main
+
+N = 300  # sessions in the small logs below
+K = 10
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def small() -> object:
+    return simulate(SimConfig(sessions=N, seed=5, randomize=0.5))
+
+
+# ---------------------------------------------------------------- determinism
+
+
+def test_same_seed_same_bytes_and_different_seed_differs(tmp_path: Path) -> None:
+    paths = {}
+    for name, seed in (("a", 11), ("b", 11), ("c", 12)):
+        t = simulate(sessions=500, seed=seed, randomize=0.2)
+        t.write_bulk(tmp_path / f"{name}.ndjson")
+        t.write_truth(tmp_path / f"{name}.json")
+        paths[name] = (tmp_path / f"{name}.ndjson", tmp_path / f"{name}.json")
+    assert sha(paths["a"][0]) == sha(paths["b"][0])
+    assert sha(paths["a"][1]) == sha(paths["b"][1])
+    assert sha(paths["a"][0]) != sha(paths["c"][0])
+    # a different seed also draws a different catalog (grades), so the truth differs too
+    assert sha(paths["a"][1]) != sha(paths["c"][1])
+
+
+def test_cli_same_seed_same_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("x", "y"):
+        assert main(["simulate", "--sessions", "400", "--seed", "3", "--out", str(tmp_path / f"{name}.ndjson"),
+                     "--truth", str(tmp_path / f"{name}.json"), "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+    assert summary["sessions"] == 400 and summary["written"]["format"] == "opensearch _bulk"
+    assert sha(tmp_path / "x.ndjson") == sha(tmp_path / "y.ndjson")
+    assert sha(tmp_path / "x.json") == sha(tmp_path / "y.json")
+
+
+# ---------------------------------------------------------------- records
+
+
+def test_records_validate_and_counts_are_exact(small: object) -> None:
+    queries = list(small.queries)
+    events = list(small.events)
+    clicks = int(small.clicks.sum())
+    assert len(queries) == len(small.queries) == N
+    assert len(events) == len(small.events) == N * K + clicks
+    for q in queries:
+        UbiQuery.model_validate(q)
+    for e in events:
+        UbiEvent.model_validate(e)
+    assert sum(e["action_name"] == "impression" for e in events) == N * K
+    assert sum(e["action_name"] == "click" for e in events) == clicks
+    assert len({q["query_id"] for q in queries}) == N
+    assert len({e["event_id"] for e in events}) == len(events)
+
+
+def test_first_and_last_search_exactly(small: object) -> None:
+    queries = list(small.queries)
+    first, last = queries[0], queries[-1]
+    assert first["query_id"] == "sim5-000000"
+    assert first["client_id"] == "client5-000000"
+    assert first["timestamp"] == "2025-01-06T09:00:00.000Z"
+    assert first["application"] == "ubi-sim" and first["object_id_field"] == "product_id"
+    # search 299 is client 299 // 5 = 59's fifth search: 09:00 + 59 x 20 s + 4 x 30 s = 09:21:40
+    assert last["query_id"] == "sim5-000299"
+    assert last["client_id"] == "client5-000059"
+    assert last["timestamp"] == "2025-01-06T09:21:40.000Z"
+    assert len(last["query_response_hit_ids"]) == K
+    assert last["query_attributes"]["ranker"] in ("ranker-a", "ranker-b", "ranker-c")
+
+
+def test_ordinals_are_zero_based_and_match_hit_ids(small: object) -> None:
+    for i, (query, events) in enumerate(small.iter_searches()):
+        hits = query["query_response_hit_ids"]
+        imps = [e for e in events if e["action_name"] == "impression"]
+        assert [e["event_attributes"]["position"]["ordinal"] for e in imps] == list(range(K))
+        for e in events:
+            ordinal = e["event_attributes"]["position"]["ordinal"]
+            assert hits[ordinal] == e["event_attributes"]["object"]["object_id"]
+            assert e["query_id"] == query["query_id"] and e["user_query"] == query["user_query"]
+        clicked = sorted(e["event_attributes"]["position"]["ordinal"] for e in events if e["action_name"] == "click")
+        assert clicked == np.flatnonzero(small.clicks[i]).tolist()
+        # docs of a search belong to its query
+        assert all(h.startswith(query["user_query"].replace(" ", "-")) for h in hits)
+
+
+def test_randomized_searches_are_marked_and_swapped(small: object) -> None:
+    """A swap-k search shows the ranker's list with ranks 1 and k exchanged (epochs = 1: one list per ranker)."""
+    plain: dict[tuple[str, str], list[str]] = {}
+    swapped = []
+    for query, _ in small.iter_searches():
+        key = (query["user_query"], query["query_attributes"]["ranker"])
+        mark = query["query_attributes"].get("randomized")
+        if mark is None or mark["ranks"] == [1, 1]:
+            plain[key] = query["query_response_hit_ids"]
+        else:
+            assert mark["method"] == "swap" and mark["ranks"][0] == 1 and 2 <= mark["ranks"][1] <= K
+            swapped.append((key, mark["ranks"][1], query["query_response_hit_ids"]))
+    n_marked = int((small.swap > 0).sum())
+    assert 0.4 * N < n_marked < 0.6 * N  # randomize = 0.5
+    checked = 0
+    for key, k, hits in swapped:
+        if key in plain:
+            expect = list(plain[key])
+            expect[0], expect[k - 1] = expect[k - 1], expect[0]
+            assert hits == expect
+            checked += 1
+    assert checked > 50
+
+
+def test_bulk_file_parses_with_the_collector(tmp_path: Path, small: object) -> None:
+    path = tmp_path / "sim.ndjson"
+    records = small.write_bulk(path)
+    items = parse_bulk(path.read_bytes())
+    validated = validate_items(items)
+    assert records == len(items) == N * (K + 1) + int(small.clicks.sum())
+    assert not validated.errors
+    assert len(validated.queries) == N
+    # the action line's _id is the event id, so replaying the file deduplicates
+    assert all(bulk_id == e.event_id for _, e, bulk_id in validated.events)
+
+
+def test_store_round_trip_gives_the_in_memory_cells(tmp_path: Path) -> None:
+    """Records -> ingest -> processors.sessions gives exactly the cells of the simulated arrays."""
+    traffic = simulate(sessions=600, seed=9, randomize=0.3)
+    db = tmp_path / "sim.duckdb"
+    path = tmp_path / "sim.ndjson"
+    traffic.write_bulk(path)
+    with Store(db) as store:
+        result = ingest(store, validate_items(parse_bulk(path.read_bytes())), source="test")
+    assert result.rejected == 0 and result.accepted == 600 * (K + 1) + traffic.n_clicks
+    data = read_sessions(db, Settings(db=db), max_rank=K)
+    assert data.filters.bot_searches == 0 and data.filters.click_all_searches == 0
+    assert data.filters.sessions == 600 and data.filters.clicks == traffic.n_clicks
+
+    def keyed(cells: object) -> dict[tuple[str, str, int], tuple[int, int]]:
+        p = cells.pairs
+        return {(str(p.queries[a]), str(p.doc_ids[a]), int(r)): (int(i), int(c))
+                for a, r, i, c in zip(cells.pair, cells.rank, cells.impressions, cells.clicks, strict=True)}
+
+    assert keyed(data.cells) == keyed(cells_from_sessions(traffic.patterns()))
+
+
+# ---------------------------------------------------------------- truth
+
+
+def test_truth_file_contents(tmp_path: Path, small: object) -> None:
+    small.write_truth(tmp_path / "truth.json")
+    truth = orjson.loads((tmp_path / "truth.json").read_bytes())
+    # θ_k = (1/k)^η with η = 1
+    assert truth["theta"] == pytest.approx([1 / k for k in range(1, K + 1)])
+    assert truth["theta_ratio"] == pytest.approx(truth["theta"])
+    # ε⁻ + (ε⁺ − ε⁻)(2^g − 1)/7 with ε⁻ = 0.1, ε⁺ = 1: 0.1, 0.1 + 0.9/7, 0.1 + 2.7/7, 1.0
+    assert truth["grade_click_prob"] == pytest.approx([0.1, 0.1 + 0.9 / 7, 0.1 + 2.7 / 7, 1.0])
+    assert truth["max_grade"] == 3 and truth["model"] == "pbm"
+    assert [r["name"] for r in truth["rankers"]] == ["ranker-a", "ranker-b", "ranker-c"]
+    assert [r["noise"] for r in truth["rankers"]] == pytest.approx([0.5, 1.0, 2.0])
+    assert len(truth["queries"]) == 40 and len(truth["qrels"]) == 40
+    probs = truth["grade_click_prob"]
+    for q, qrel in zip(truth["queries"], truth["qrels"], strict=True):
+        assert len(q["docs"]) == 20
+        assert q["query_id"] == qrel["query_id"] and q["query"] == qrel["query"]
+        assert qrel["relevant"] == {d["doc_id"]: d["grade"] for d in q["docs"]}
+        grades = [d["grade"] for d in q["docs"]]
+        assert max(grades) == 3 and min(grades) == 0
+        for d in q["docs"]:
+            assert d["attractiveness"] == pytest.approx(probs[d["grade"]])
+    assert truth["queries"][0]["query"] == "red running shoes"
+
+
+def test_qrels_jsonl(tmp_path: Path, small: object) -> None:
+    assert small.write_qrels(tmp_path / "q.jsonl") == 40
+    rows = [json.loads(line) for line in (tmp_path / "q.jsonl").read_text().splitlines()]
+    assert rows[0]["query_id"] == "q01" and rows[0]["query"] == "red running shoes"
+    assert all(set(r) == {"query_id", "query", "relevant"} for r in rows)
+
+
+def test_truth_aligns_with_pattern_pairs() -> None:
+    patterns, truth = simulate_patterns(sessions=2000, seed=4)
+    grades, attract = truth.pair_lookup(patterns.pairs)
+    assert (grades >= 0).all() and np.isfinite(attract).all()
+    assert attract == pytest.approx(truth.grade_click_prob[grades])
+
+
+# ---------------------------------------------------------------- models and patterns
+
+
+def test_patterns_carry_every_session_and_click(small: object) -> None:
+    p = small.patterns()
+    assert p.n_sessions == N
+    assert int((p.clicks * p.weight[:, None]).sum()) == int(small.clicks.sum())
+    assert len(p.pairs) == len(np.unique(small.query[:, None] * 20 + small.slots))
+
+
+def test_cascade_clicks_at_most_once_and_dbn_and_trust_run() -> None:
+    cascade = simulate(sessions=3000, seed=1, model="cascade")
+    assert cascade.clicks.sum(axis=1).max() == 1
+    assert cascade.truth.theta is None and cascade.truth.to_json()["theta"] is None
+    dbn = simulate(sessions=3000, seed=1, model="dbn")
+    assert dbn.truth.satisfaction is not None and dbn.clicks.sum() > 0
+    trust = simulate(sessions=3000, seed=1, model="trust")
+    t = trust.truth.to_json()
+    # ε⁺_k = 1 − (k+1)/100, ε⁻_k = 0.65/k (Agarwal et al. 2019 protocol)
+    assert t["eps_pos"][:2] == pytest.approx([0.98, 0.97]) and t["eps_neg"][:2] == pytest.approx([0.65, 0.325])
+
+
+def test_rankers_differ_in_quality() -> None:
+    """ranker-a (σ = 0.5) puts better grades on top than ranker-c (σ = 2.0): mean grade at rank 1."""
+    t = simulate(sessions=6000, seed=2)
+    top_grade = t.truth.catalog.grades[t.query, t.slots[:, 0]]
+    means = [top_grade[t.ranker == r].mean() for r in range(3)]
+    assert means[0] > means[1] > means[2]
+
+
+def test_catalog_is_deterministic_and_large_catalogs_name_queries() -> None:
+    a, b = build_catalog(60, seed=1), build_catalog(60, seed=1)
+    assert (a.grades == b.grades).all() and a.query_texts == b.query_texts
+    assert a.query_texts[50] == "red running shoes for kids"
+    assert len(set(build_catalog(700).query_texts)) == 700
+
+
+@pytest.mark.parametrize("bad", [{"sessions": 0}, {"model": "nope"}, {"randomize": 1.5}, {"max_rank": 21},
+                                 {"rankers": 2, "ranker_noise": (1.0,)}, {"eps_minus": 0.9, "eps_plus": 0.5}])
+def test_bad_settings_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(SimulationError):
+        simulate(SimConfig(**bad))
+
+
+# ---------------------------------------------------------------- posting to a running collector
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> object:
+    import uvicorn
+
+    from collector.app import create_app
+
+    db = tmp_path / "live.duckdb"
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(Settings(db=db)), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("collector did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", db
+    server.should_exit = True
+    thread.join(timeout=20)
+
+
+def test_post_to_a_running_collector(collector: tuple[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    url, db = collector
+    traffic = simulate(sessions=120, seed=8)
+    result = traffic.post(url, batch_searches=50)
+    total = 120 * (K + 1) + traffic.n_clicks
+    assert result.queries_sent == 120 and result.events_sent == 120 * K + traffic.n_clicks
+    assert result.accepted == total and result.rejected == 0 and result.duplicates == 0
+    assert result.requests == 6  # 3 batches of searches x (queries, events)
+    # the CLI posts the same log again: everything is a duplicate (event ids and query ids are stable)
+    assert main(["simulate", "--sessions", "120", "--seed", "8", "--post", url, "--json"]) == 0
+    posted = json.loads(capsys.readouterr().out)["posted"]
+    assert posted["accepted"] == 0 and posted["duplicates"] == total
