@@ -9,7 +9,8 @@ A session is one search instance (``query_id``). What it displayed, and at which
   displayed. Their rank is the doc's place in the search's hit list when the search has one (impressions of
   docs outside that list belong to another sub-search and are dropped, counted); without a hit list it is
   ``position.ordinal - base + 1`` (base: ``Settings.position_base``, or per application
-  ``Settings.position_base_by_application``), and the order of arrival when the ordinal is missing.
+  ``Settings.position_base_by_application``), and for impressions without an ordinal their order of arrival
+  among those.
   We prefer the hit list because producers disagree on the ordinal base (the ESCI sample counts from 0,
   Chorus from 1); ``QualitySummary.ordinal_base_evidence`` shows which base each application's ordinals fit.
   A doc impressed twice keeps its first rank; a second doc claiming an occupied rank is dropped (counted).
@@ -135,18 +136,20 @@ class SessionData:
 
 _SEARCH = """
 CREATE OR REPLACE TEMP TABLE _ubi_search AS
-SELECT query_id, user_query, client_id, application, ts, hits, n_records, n_rankings
+SELECT query_id, r.user_query, r.client_id, r.application, r.ts, r.hits, n_records, n_rankings
 FROM (
-    SELECT *, count(*) OVER w AS n_records, count(hits) OVER w AS n_rankings,
-           row_number() OVER (PARTITION BY query_id ORDER BY hits IS NULL, ts NULLS LAST, query_key) AS rn
+    SELECT query_id,
+           arg_min({'user_query': user_query, 'client_id': client_id, 'application': application, 'ts': ts,
+                    'hits': hits},
+                   {'no_hits': hits IS NULL, 'ts': coalesce(ts, TIMESTAMP '9999-12-31'), 'key': query_key}) AS r,
+           count(*) AS n_records, count(hits) AS n_rankings
     FROM (
         SELECT query_id, user_query, client_id, application, "timestamp" AS ts, query_key,
                CASE WHEN coalesce(len(query_response_hit_ids), 0) > 0 THEN query_response_hit_ids END AS hits
         FROM ubi_queries
     )
-    WINDOW w AS (PARTITION BY query_id)
+    GROUP BY query_id
 )
-WHERE rn = 1
 """
 
 # Clicks and impressions with everything later stages need; ord_rank is NULL for a missing or sub-base ordinal.
@@ -168,14 +171,17 @@ WHERE e.action_name = $imp OR list_contains($clicks, e.action_name)
 """
 
 # Impressions placed in their search's ranking (rank NULL: outside the hit list or bad ordinal).
+# (The arrival-order window runs only over the impressions that need it: no hit list and no ordinal.)
 _IMPRESSIONS = """
 CREATE OR REPLACE TEMP TABLE _ubi_imp AS
 SELECT query_id, object_id AS doc_id, ts, event_key,
-       CASE WHEN search_has_hits THEN hit_rank
-            WHEN bad_ordinal THEN NULL
-            ELSE coalesce(ord_rank, row_number() OVER (PARTITION BY query_id ORDER BY ts, event_key)) END AS rank
+       CASE WHEN search_has_hits THEN hit_rank WHEN bad_ordinal THEN NULL ELSE ord_rank END AS rank
 FROM _ubi_ev
-WHERE is_imp AND has_search AND object_id IS NOT NULL
+WHERE is_imp AND has_search AND object_id IS NOT NULL AND (search_has_hits OR ordinal IS NOT NULL)
+UNION ALL
+SELECT query_id, object_id AS doc_id, ts, event_key, row_number() OVER (PARTITION BY query_id ORDER BY ts, event_key)
+FROM _ubi_ev
+WHERE is_imp AND has_search AND object_id IS NOT NULL AND NOT search_has_hits AND ordinal IS NULL
 """
 
 # Displayed rows before click placement: from placed impressions, else from the hit list.
@@ -184,8 +190,8 @@ CREATE OR REPLACE TEMP TABLE _ubi_shown0 AS
 WITH imp_doc AS (
     SELECT query_id, doc_id, min(rank) AS rank, min(ts) AS ts FROM _ubi_imp WHERE rank IS NOT NULL GROUP BY ALL
 ), imp_shown AS (
-    SELECT query_id, rank, doc_id, 'impressions' AS origin FROM imp_doc
-    QUALIFY row_number() OVER (PARTITION BY query_id, rank ORDER BY ts, doc_id) = 1
+    SELECT query_id, rank, arg_min(doc_id, {'ts': ts, 'doc_id': doc_id}) AS doc_id, 'impressions' AS origin
+    FROM imp_doc GROUP BY query_id, rank
 ), hit_rows AS (
     SELECT query_id, unnest(hits) AS doc_id, unnest(range(1, len(hits) + 1)) AS rank
     FROM _ubi_search
@@ -210,14 +216,14 @@ WHERE NOT c.is_imp
 # Clicked docs missing from the displayed list, placed at their (first) ordinal rank when no doc holds it.
 _PLACED = """
 CREATE OR REPLACE TEMP TABLE _ubi_placed AS
-SELECT query_id, rank, doc_id FROM (
+SELECT query_id, rank, arg_min(doc_id, {'ts': ts, 'doc_id': doc_id}) AS doc_id FROM (
     SELECT query_id, doc_id, min(ord_rank) AS rank, min(ts) AS ts
     FROM _ubi_clk
     WHERE doc_id IS NOT NULL AND search_ranked AND shown_rank IS NULL AND ord_rank IS NOT NULL
     GROUP BY ALL
 ) p
 WHERE NOT EXISTS (SELECT 1 FROM _ubi_shown0 s WHERE s.query_id = p.query_id AND s.rank = p.rank)
-QUALIFY row_number() OVER (PARTITION BY query_id, rank ORDER BY ts, doc_id) = 1
+GROUP BY query_id, rank
 """
 
 _DISPLAYED = """
@@ -280,35 +286,40 @@ SELECT pair, rank::BIGINT AS rank, count(*)::BIGINT AS impressions, count(*) FIL
 FROM _ubi_kp GROUP BY pair, rank ORDER BY pair, rank
 """
 
-_UBM = """
-SELECT pair, rank::BIGINT AS rank, prev_click::BIGINT AS prev_click, count(*)::BIGINT AS impressions,
-       count(*) FILTER (WHERE clicked)::BIGINT AS clicks
-FROM (
-    SELECT pair, rank, clicked,
-           coalesce(max(CASE WHEN clicked THEN rank END) OVER (
-               PARTITION BY query_id ORDER BY rank ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS prev_click
-    FROM _ubi_kp
-) GROUP BY ALL ORDER BY pair, rank, prev_click
-"""
-
+# A pattern's signature lists (rank, pair, clicked) as one BIGINT per shown rank, ((rank * P) + pair) * 2 + clicked
+# with P the number of pairs: lists of integers group and sort fast, in (rank, pair, clicked) order.
 _PATTERNS = """
 CREATE OR REPLACE TEMP TABLE _ubi_pat AS
 SELECT (row_number() OVER (ORDER BY qi, sig) - 1)::BIGINT AS pattern, qi, sig, count::BIGINT AS weight
 FROM (
     SELECT qi, sig, count(*) AS count FROM (
-        SELECT query_id, any_value(qi) AS qi, list({'rank': rank, 'pair': pair, 'clicked': clicked} ORDER BY rank) AS sig
+        SELECT any_value(qi) AS qi, list(((rank::BIGINT * $n_pairs) + pair) * 2 + clicked::BIGINT ORDER BY rank) AS sig
         FROM _ubi_kp GROUP BY query_id
     ) GROUP BY qi, sig
 )
 """
 
 _PATTERN_ROWS = """
-SELECT pattern, s.rank::BIGINT AS rank, s.pair AS pair, s.clicked AS clicked
-FROM (SELECT pattern, unnest(sig) AS s FROM _ubi_pat) ORDER BY pattern, rank
+CREATE OR REPLACE TEMP TABLE _ubi_patrows AS
+SELECT pattern, weight, (code // 2 // $n_pairs)::BIGINT AS rank, (code // 2 % $n_pairs)::BIGINT AS pair,
+       (code % 2) = 1 AS clicked
+FROM (SELECT pattern, weight, unnest(sig) AS code FROM _ubi_pat)
+"""
+
+# UBM cells from the (fewer) deduplicated patterns, weighted: the previous click is a per-session window.
+_UBM = """
+SELECT pair, rank, prev_click::BIGINT AS prev_click, sum(weight)::BIGINT AS impressions,
+       coalesce(sum(weight) FILTER (WHERE clicked), 0)::BIGINT AS clicks
+FROM (
+    SELECT pair, rank, clicked, weight,
+           coalesce(max(CASE WHEN clicked THEN rank END) OVER (
+               PARTITION BY pattern ORDER BY rank ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS prev_click
+    FROM _ubi_patrows
+) GROUP BY ALL ORDER BY pair, rank, prev_click
 """
 
 _TEMP_TABLES = ("_ubi_search", "_ubi_ev", "_ubi_imp", "_ubi_shown0", "_ubi_clk", "_ubi_placed", "_ubi_disp",
-                "_ubi_sess", "_ubi_kept", "_ubi_pairs", "_ubi_kp", "_ubi_pat")
+                "_ubi_sess", "_ubi_kept", "_ubi_pairs", "_ubi_kp", "_ubi_pat", "_ubi_patrows")
 
 
 # ----------------------------------------------------------------------------- building
@@ -488,12 +499,14 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
         ct = con.sql(_CELLS).to_arrow_table()
         cells = ClickCells(pairs, _np(ct, "pair", np.int64), _np(ct, "rank", np.int64),
                            _np(ct, "impressions", np.int64), _np(ct, "clicks", np.int64), k)
+        n_pairs = {"n_pairs": max(len(pairs), 1)}
+        con.execute(_PATTERNS, n_pairs)
+        con.execute(_PATTERN_ROWS, n_pairs)
         ut = con.sql(_UBM).to_arrow_table()
         ubm = UbmCells(pairs, _np(ut, "pair", np.int64), _np(ut, "rank", np.int64), _np(ut, "prev_click", np.int64),
                        _np(ut, "impressions", np.int64), _np(ut, "clicks", np.int64), k)
-        con.execute(_PATTERNS)
         wt = con.sql("SELECT qi, weight FROM _ubi_pat ORDER BY pattern").to_arrow_table()
-        rows = con.sql(_PATTERN_ROWS).to_arrow_table()
+        rows = con.sql("SELECT pattern, rank, pair, clicked FROM _ubi_patrows").to_arrow_table()
     except duckdb.Error as exc:
         raise StoreError(f"building sessions failed in DuckDB: {exc}") from exc
     finally:

@@ -83,7 +83,8 @@ def reference(db: Path, settings: Settings, k: int) -> dict[str, Any]:
     for qid, evs in imp_by_q.items():
         s = search[qid]
         hits = s[6] or None
-        for i, e in enumerate(sorted(evs, key=lambda e: (e[5], e[0]))):
+        arrival = 0  # impressions without hit list and ordinal take their place in order of arrival
+        for e in sorted(evs, key=lambda e: (e[5], e[0])):
             app = e[6] or s[4]
             if hits:
                 rank = hits.index(e[3]) + 1 if e[3] in hits else None
@@ -95,8 +96,11 @@ def reference(db: Path, settings: Settings, k: int) -> dict[str, Any]:
             elif e[4] is not None and e[4] - base(app) < 0:
                 rank = None
                 q["impressions_bad_ordinal"] += 1
+            elif e[4] is not None:
+                rank = ord_rank(e, app)
             else:
-                rank = ord_rank(e, app) or (i + 1)
+                arrival += 1
+                rank = arrival
             if rank:
                 placed_imp[qid].append((e[3], rank, e[5]))
     shown: dict[str, dict[str, int]] = {}
