@@ -1,0 +1,188 @@
+"""Fuzzing the collector: no input makes it answer 500 or crash, and every rejected item is kept.
+
+Two generators: schemathesis, from the collector's own OpenAPI schema (every documented route and media
+type), and hypothesis, with bodies the schema does not describe (arbitrary bytes, JSON of any shape, valid
+records with one field broken, any content type) on every ingest route. The app runs with every security
+feature on (API key, pseudonymisation, dropped fields), so the record filters see the same inputs.
+
+"Kept" is checked by bookkeeping: each answer says how many rows ``failed_records`` must have gained
+(202: ``rejected``; a refused body that the collector keeps: 1; a refusal it deliberately does not keep,
+such as a body over the byte limit: 0), and at the end the table must hold exactly that many rows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from collector.app import create_app
+from schemas.settings import Settings
+
+KEY = "fuzz-key"
+INGEST = ("/v1/queries", "/v1/events", "/ubi_queries", "/ubi_events", "/v1/bulk")
+SETTINGS = dict(
+    api_keys={"shop": KEY}, pseudonymise_key="pepper", drop_fields=["message", "query_attributes.email"],
+    admin_remote=True,  # the test client's peer is "testclient", not loopback: let it reach admin routes
+    max_body_bytes=64 * 1024, max_items=50,  # small limits, so generated bodies also reach the 413 paths
+)
+
+
+@schemathesis.serializer("application/x-ndjson", "application/vnd.apache.arrow.stream")
+def _as_bytes(ctx: Any, value: Any) -> bytes:
+    """The schema describes NDJSON and Arrow bodies as strings: send their text (or bytes) as is."""
+    if isinstance(value, bytes):
+        return value
+    return value.encode("utf-8", "surrogatepass") if isinstance(value, str) else orjson.dumps(value)
+
+
+@dataclass
+class Ledger:
+    """How many failed_records rows the answers so far promise, and what was seen."""
+
+    expected: int = 0
+    statuses: dict[int, int] = field(default_factory=dict)
+
+    def record(self, method: str, path: str, status: int, body: bytes) -> None:
+        assert status < 500, f"{method} {path} answered {status}: {body[:300]!r}"
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        if method != "POST" or path.split("?", 1)[0] not in INGEST:
+            return
+        if status == 202:
+            self.expected += orjson.loads(body)["rejected"]
+        elif status in (400, 403, 415, 422):
+            self.expected += 1  # malformed body, forbidden application, unknown type, unforeseen: kept
+        elif status == 413:
+            # Too many items is kept (the body is within the byte limit); too many bytes is not.
+            self.expected += b"items in one request" in body
+
+
+@dataclass
+class Fuzzed:
+    app: Any
+    db: Path
+    ledger: Ledger
+    closed: bool = False
+
+    def check_kept(self) -> None:
+        if not self.closed:
+            self.app.state.collector.sink.close()
+        con = duckdb.connect(str(self.db), read_only=True)
+        try:
+            (kept,) = con.execute("SELECT count(*) FROM failed_records").fetchone() or (0,)
+        finally:
+            con.close()
+        assert kept == self.ledger.expected, f"failed_records has {kept} rows, answers promised {self.ledger.expected}"
+
+
+def test_schema_generated_requests_never_get_a_500(tmp_path: Path) -> None:
+    db = tmp_path / "fuzz.duckdb"
+    state = Fuzzed(create_app(Settings(db=db, **SETTINGS)), db, Ledger())
+    api = schemathesis.openapi.from_asgi("/openapi.json", state.app)
+    operations = [result.ok() for result in api.get_all_operations()]
+    # Every route of the collector is in its schema, ingest and admin routes included.
+    assert {f"{op.method.upper()} {op.path}" for op in operations} >= {
+        "POST /v1/queries", "POST /v1/events", "POST /ubi_queries", "POST /ubi_events", "POST /v1/bulk",
+        "GET /v1/failed", "GET /healthz", "GET /metrics", "POST /v1/admin/snapshot", "POST /v1/admin/load/{table}"}
+    for operation in operations:
+        # Snapshots copy the whole database: a few suffice to show the route holds.
+        examples = 5 if "admin" in operation.path else 25
+
+        @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(case=operation.as_strategy())
+        def call(case: Any) -> None:
+            response = case.call(headers={"X-API-Key": KEY})
+            state.ledger.record(case.method, case.formatted_path, response.status_code, response.content)
+
+        call()
+    assert 202 in state.ledger.statuses and 200 in state.ledger.statuses
+    state.check_kept()
+
+
+# ---------------------------------------------------------------- bodies outside the schema
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+_EVENT = {"action_name": "click", "timestamp": "2024-05-16T12:34:56Z", "query_id": "q1", "session_id": "s1",
+          "client_id": "c1", "event_attributes": {"object": {"object_id": "d1"}, "position": {"ordinal": 0}}}
+_QUERY = {"user_query": "shoes", "query_id": "q1", "client_id": "c1", "query_response_hit_ids": ["d1", "d2"],
+          "query_attributes": {"email": "a@example.com"}}
+
+
+@st.composite
+def _broken_record(draw: st.DrawFn) -> Any:
+    """A valid event or query with one field (possibly nested) replaced by any JSON value, or removed."""
+    record = dict(draw(st.sampled_from([_EVENT, _QUERY])))
+    key = draw(st.sampled_from(sorted(record) + ["event_attributes.position", "event_attributes.object",
+                                                  "application", "message", "extra_key"]))
+    value = draw(_json | st.just(...))
+    if "." in key:
+        outer, inner = key.split(".")
+        nested = dict(record.get(outer) or {})
+        if value is ...:
+            nested.pop(inner, None)
+        else:
+            nested[inner] = value
+        record[outer] = nested
+    elif value is ...:
+        record.pop(key, None)
+    else:
+        record[key] = value
+    return record
+
+
+def _dumps(value: Any) -> bytes:
+    # The standard library, not orjson: it writes integers beyond 64 bits, which clients may send too.
+    return json.dumps(value).encode()
+
+
+def _ndjson(items: list[Any]) -> bytes:
+    return b"\n".join(_dumps(i) for i in items)
+
+
+_bodies = st.one_of(
+    st.binary(max_size=300),
+    _json.map(_dumps),
+    st.lists(_broken_record(), min_size=1, max_size=5).map(_dumps),
+    st.lists(_broken_record(), min_size=1, max_size=5).map(_ndjson),
+    st.lists(_broken_record() | _json, min_size=1, max_size=5).map(
+        lambda items: b"\n".join(b'{"index": {"_index": "ubi_events"}}\n' + _dumps(i) for i in items)),
+    st.lists(st.sampled_from(["shop", "blog", None]).map(lambda app: {**_EVENT, "application": app}),
+             min_size=1, max_size=4).map(_dumps),  # the key's application, another, or none
+    st.just(b"[" + b"{}," * 60 + b"{}]"),  # more items than max_items
+    st.builds(lambda: b" " * (64 * 1024 + 1)),  # more bytes than max_body_bytes
+)
+_types = st.sampled_from(["application/json", "application/x-ndjson", "text/plain;charset=UTF-8", "",
+                          "application/x-www-form-urlencoded", "image/png", "application/json; charset=latin-1"])
+
+
+def test_arbitrary_bodies_on_every_ingest_route_are_answered_and_kept(tmp_path: Path) -> None:
+    db = tmp_path / "bodies.duckdb"
+    app = create_app(Settings(db=db, **SETTINGS))
+    state = Fuzzed(app, db, Ledger())
+    with TestClient(app, client=("127.0.0.1", 50000), raise_server_exceptions=False) as client:
+
+        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(path=st.sampled_from(INGEST), body=_bodies, content_type=_types)
+        def post(path: str, body: bytes, content_type: str) -> None:
+            headers = {"X-API-Key": KEY, "content-type": content_type}
+            r = client.post(path, content=body, headers=headers)
+            state.ledger.record("POST", path, r.status_code, r.content)
+
+        post()
+        assert client.get("/healthz").status_code == 200  # still up
+    state.closed = True  # the test client's shutdown closed the sink
+    # Every class of answer was reached, so the bookkeeping covered each way of keeping (or not).
+    assert {202, 400, 403, 413, 415} <= set(state.ledger.statuses), state.ledger.statuses
+    state.check_kept()
