@@ -213,15 +213,11 @@ def online_metrics(
 
 def _as_float(a: np.ndarray) -> np.ndarray:
     """DuckDB gives nullable numbers as masked arrays; NULL becomes NaN."""
-    if isinstance(a, np.ma.MaskedArray):
-        return a.astype(float).filled(np.nan)
-    return a.astype(float)
+    return np.ma.filled(np.ma.asarray(a).astype(float), np.nan)
 
 
 def _as_bool(a: np.ndarray) -> np.ndarray:
-    if isinstance(a, np.ma.MaskedArray):
-        return a.filled(False).astype(bool)
-    return a.astype(bool)
+    return np.ma.filled(np.ma.asarray(a), False).astype(bool)
 
 
 def _system_metrics(

@@ -1,0 +1,273 @@
+"""``ubi report`` and ``ubi queryset``: the joint report and query sets for human reviewers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from collector.store import open_reader
+from reports.gates import Threshold, load_thresholds, parse_flag
+from reports.joint import ReportConfig, build_report, load_class_rules
+from reports.merge import DEFAULT_PRECEDENCE, LabelSet, labels_from_human, labels_from_store
+from reports.metrics.names import GAINS
+from reports.qrels import (
+    ESCI_RATINGS,
+    QRELS_FORMATS,
+    QUERYSET_FORMATS,
+    RatingMap,
+    format_queryset,
+    load_qrels,
+)
+from reports.queryset import STRATEGIES, query_frequencies, sample, to_queryset
+from reports.systems import DEFAULT_SPLIT_KEYS
+from schemas.errors import InputFileError, UbiError
+from schemas.settings import Settings
+
+_DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb); works while `ubi serve` runs"
+_FORMATS = ("text", "json", "md", "html")
+
+_EPILOG = """\
+exit codes: 0 report written (gates passed or none given), 1 a gate failed (each shortfall is named),
+2 bad input (the message names the file and line).
+
+examples:
+  ubi report --qrels judgments.jsonl
+  ubi report --qrels esci_us_judgments.json --baseline shop/ranker=bm25 --html report.html
+  ubi report --qrels qrels.jsonl --thresholds gates.toml --format md --out report.md   # the CI step
+  ubi report --qrels qrels.jsonl --min ndcg@10=0.45 --min online/ctr@10=0.05 --max online/abandonment=0.6
+"""
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return items
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "report",
+        help="joint report: every system in the logs, offline on human and implicit labels, online, "
+             "agreement, comparison, gates",
+        description=(
+            "Evaluate the rankings each system showed (systems: the application of the query records, split by "
+            "query_attributes ranker / experiment) against the human judgments and against each implicit "
+            "judgment source in the store, beside the online metrics of the same systems, the agreement of "
+            "the implicit labels with the human ones, a paired comparison with a baseline, and quality gates. "
+            "Every number says how many queries (or searches) it rests on; intervals are 95%."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--db", type=Path, help=_DB_HELP)
+    p.add_argument("--qrels", type=Path, metavar="FILE",
+                   help="human judgments (JSONL, TREC qrels or Workbench JSON); optional when the store already "
+                        "holds human_judgments")
+    p.add_argument("--qrels-format", default="auto", choices=("auto", *QRELS_FORMATS),
+                   help="format of --qrels (default: detected)")
+    p.add_argument("--rating-map", default=None, metavar="MAP",
+                   help="Workbench ratings to grades: esci (default: 0->0, 1->1, 10->2, 100->3), integer, or "
+                        "pairs such as 0:0,1:1,10:2,100:3")
+    p.add_argument("--k", type=int, default=10, help="cutoff of the default metrics, coverage and CTR@k (default 10)")
+    p.add_argument("--metrics", type=_csv, metavar="LIST",
+                   help="offline metrics (default: ndcg@K,recall@K,mrr,p@K,map,judged@K)")
+    p.add_argument("--gain", choices=GAINS, default="linear",
+                   help="nDCG gain: linear (trec_eval ndcg_cut, default) or exponential (2^g-1)")
+    p.add_argument("--mode", choices=("modal", "each"), default="modal",
+                   help="repeated searches of one query by one system: modal = its most frequent ranking "
+                        "(default), each = every search evaluated on its own (traffic-weighted)")
+    p.add_argument("--split-keys", type=_csv, default=DEFAULT_SPLIT_KEYS, metavar="KEYS",
+                   help="query_attributes keys that split an application into systems (default ranker,experiment)")
+    p.add_argument("--sources", type=_csv, metavar="LIST",
+                   help="implicit (or reviewed) sources to evaluate, e.g. implicit:ctr,implicit:pbm (default: all)")
+    p.add_argument("--precedence", type=_csv, default=DEFAULT_PRECEDENCE, metavar="LIST",
+                   help="merged view: label kinds or sources in order (default human,reviewed,implicit)")
+    cls = p.add_mutually_exclusive_group()
+    cls.add_argument("--class-key", metavar="KEY", help="query class from this query_attributes key")
+    cls.add_argument("--classes", type=Path, metavar="FILE",
+                     help='query classes from a TOML file: [classes] name = "regex" (first match wins)')
+    p.add_argument("--baseline", metavar="SYSTEM", help="compare every other system with this one")
+    p.add_argument("--thresholds", type=Path, metavar="FILE", help="quality gates (TOML: [min], [max], systems)")
+    p.add_argument("--min", dest="min_flags", action="append", default=[], metavar="METRIC=VALUE",
+                   help="a gate: METRIC must be >= VALUE (repeatable; METRIC like ndcg@10, implicit:ctr/mrr, "
+                        "online/ctr@10)")
+    p.add_argument("--max", dest="max_flags", action="append", default=[], metavar="METRIC=VALUE",
+                   help="a gate: METRIC must be <= VALUE (repeatable; e.g. online/abandonment=0.6)")
+    p.add_argument("--window", type=float, dest="reformulation_window_s", metavar="SECONDS",
+                   help="reformulation window (default: $UBI_REFORMULATION_WINDOW_S or 60)")
+    p.add_argument("--propensity", type=Path, metavar="FILE",
+                   help="a position-bias estimate (JSON of `ubi propensity`) to plot in the HTML report")
+    p.add_argument("--seed", type=int, help="seed of the bootstrap and randomisation test (default: $UBI_SEED or 0)")
+    p.add_argument("--format", choices=_FORMATS, default="text", help="output format (default text)")
+    p.add_argument("--json", action="store_true", help="same as --format json")
+    p.add_argument("--out", type=Path, metavar="FILE", help="write the report there instead of stdout")
+    p.add_argument("--html", type=Path, metavar="FILE", help="also write the self-contained HTML report there")
+    p.add_argument("--dashboard", type=Path, metavar="FILE",
+                   help="also write per-query metric rows (OpenSearch _bulk NDJSON, search-quality dashboard shape)")
+    p.add_argument("--dashboard-index", default="sqe_metrics", metavar="NAME", help="_index of the dashboard rows")
+    p.set_defaults(func=cmd_report)
+
+    q = sub.add_parser(
+        "queryset",
+        help="sample logged queries for human review: top, random, or probability proportional to frequency",
+        description=(
+            "Draw N distinct queries from the logged query texts (normalised; frequency = search instances). "
+            "top: the N most frequent; random: uniform; pptss: probability proportional to frequency without "
+            "replacement (Efraimidis-Spirakis). Always exactly N when N distinct queries exist."
+        ),
+    )
+    q.add_argument("--strategy", choices=STRATEGIES, default="top", help="how to draw (default top)")
+    q.add_argument("--size", type=int, required=True, metavar="N", help="number of queries")
+    q.add_argument("--db", type=Path, help=_DB_HELP)
+    q.add_argument("--seed", type=int, help="seed for random and pptss (default: $UBI_SEED or 0)")
+    q.add_argument("--application", help="only queries of this application")
+    q.add_argument("--name", help="name of the query set (Workbench format)")
+    q.add_argument("--format", choices=QUERYSET_FORMATS, default="jsonl", help="jsonl (default) or workbench")
+    q.add_argument("--out", type=Path, metavar="FILE", help="write there instead of stdout")
+    q.set_defaults(func=cmd_queryset)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    flags = {k: v for k, v in vars(args).items() if v is not None and k in Settings.model_fields}
+    return Settings(**flags)
+
+
+def _thresholds(args: argparse.Namespace) -> list[Threshold]:
+    out: list[Threshold] = []
+    if args.thresholds is not None:
+        out += load_thresholds(args.thresholds)
+    out += [parse_flag(t, "min") for t in args.min_flags]
+    out += [parse_flag(t, "max") for t in args.max_flags]
+    return out
+
+
+def _propensity(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputFileError(str(path), None, f"cannot read: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise InputFileError(str(path), exc.lineno, f"malformed JSON: {exc.msg}") from exc
+    if isinstance(doc, dict) and "propensity" in doc and isinstance(doc["propensity"], dict):
+        doc = doc["propensity"]
+    if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list):
+        raise InputFileError(str(path), None, 'expected a propensity estimate: {"method": ..., "ranks": '
+                             '[{"rank": 1, "ratio": 1.0, "ci_low": ..., "ci_high": ...}, ...]}')
+    return doc
+
+
+def _write(path: Path | None, data: str | bytes) -> None:
+    if path is None:
+        if isinstance(data, bytes):
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        else:
+            sys.stdout.write(data)
+        return
+    try:
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data, encoding="utf-8")
+    except OSError as exc:
+        raise UbiError(f"{path}: cannot write: {exc.strerror or exc}") from exc
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from reports.render.dashboard import render_dashboard
+    from reports.render.html import render_html
+    from reports.render.json_out import render_json
+    from reports.render.markdown import render_markdown
+    from reports.render.text import print_report, render_text
+
+    settings = _settings(args)
+    fmt = "json" if args.json else args.format
+    thresholds = _thresholds(args)
+    propensity = _propensity(args.propensity)
+    class_rules = load_class_rules(args.classes) if args.classes is not None else None
+    try:
+        rating_map = RatingMap.parse(args.rating_map) if args.rating_map else ESCI_RATINGS
+    except ValueError as exc:
+        raise UbiError(f"--rating-map: {exc}") from exc
+    config = ReportConfig(
+        k=args.k, metrics=args.metrics, gain=args.gain, mode=args.mode, split_keys=tuple(args.split_keys),
+        class_key=args.class_key, class_rules=class_rules, sources=args.sources,
+        precedence=tuple(args.precedence), baseline=args.baseline, position_base=settings.position_base,
+        position_base_by_application=settings.position_base_by_application,
+        click_actions=tuple(settings.click_actions), impression_actions=(settings.impression_action,),
+        reformulation_window_s=settings.reformulation_window_s, max_rank=max(settings.max_rank, args.k),
+        grade_max=settings.grade_max, n_boot=settings.report_bootstrap, n_perm=settings.report_permutations,
+        seed=settings.seed,
+    )
+    err = Console(stderr=True)
+    labels = LabelSet()
+    inputs: dict[str, Any] = {"db": str(settings.db)}
+    if args.qrels is not None:
+        qrels = load_qrels(args.qrels, format=args.qrels_format, rating_map=rating_map)
+        labels.add(labels_from_human(qrels.human_judgments()))
+        inputs["qrels"] = f"{args.qrels} ({qrels.format}, {len(qrels)} queries, {qrels.n_judgments()} judgments)"
+        if qrels.format == "workbench":
+            inputs["rating_map"] = rating_map.describe()
+    if args.thresholds is not None:
+        inputs["thresholds"] = str(args.thresholds)
+    con = open_reader(settings.db)
+    try:
+        labels.add(labels_from_store(con))
+        if not len(labels):
+            raise UbiError("no judgments at all: give human judgments with --qrels FILE, or run `ubi process` to "
+                           "derive implicit ones")
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                      transient=True, disable=not err.is_terminal) as bar:
+            task = bar.add_task("report", total=None)
+            report = build_report(con, labels, config, thresholds=thresholds, propensity=propensity, inputs=inputs,
+                                  progress=lambda name: bar.update(task, description=name))
+    finally:
+        con.close()
+
+    if fmt == "text":
+        if args.out is None:
+            print_report(report, Console())
+        else:
+            _write(args.out, render_text(report))
+    elif fmt == "json":
+        _write(args.out, render_json(report))
+    elif fmt == "md":
+        _write(args.out, render_markdown(report))
+    else:
+        _write(args.out, render_html(report))
+    if args.html is not None:
+        _write(args.html, render_html(report))
+    if args.dashboard is not None:
+        _write(args.dashboard, render_dashboard(report, index=args.dashboard_index))
+    failed = report.failed_gates
+    if failed:
+        for g in failed:
+            err.print(f"[bold red]gate failed:[/] {g.describe()}", highlight=False)
+        return 1
+    return 0
+
+
+def cmd_queryset(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    con = open_reader(settings.db)
+    try:
+        population = query_frequencies(con, application=args.application)
+    finally:
+        con.close()
+    chosen = sample(population, args.strategy, args.size, seed=settings.seed)
+    qs = to_queryset(chosen, strategy=args.strategy, seed=settings.seed, name=args.name)
+    _write(args.out, format_queryset(qs, args.format))
+    if args.out is not None:
+        Console(stderr=True).print(
+            f"wrote {len(chosen)} of {len(population)} distinct queries ({args.strategy}) to {args.out}",
+            highlight=False)
+    return 0

@@ -1,0 +1,401 @@
+"""The joint report: every system in the logs, offline on each judgment source, online, agreement, comparison.
+
+:func:`build_report` is the stage: a store connection (``collector.store.open_reader``) and a
+:class:`~reports.merge.LabelSet` in, one :class:`Report` out, which the renderers in ``reports.render`` turn
+into text, Markdown, JSON, HTML and dashboard rows. Nothing here prints or writes files.
+
+Offline, per system and judgment source: the system's logged rankings (``reports.systems``) are scored with
+``reports.metrics.compute`` against the source's grades, joined on the normalised query text. Sources:
+``human`` (every human label), ``reviewed`` (reviewed implicit labels, when present), each ``implicit:<model>``
+(graded rows only, so judged@k shows how sparse they are) and ``merged`` (the precedence view of
+``reports.merge``, when labels of more than one kind exist). Each aggregate is a mean over the queries with at
+least one positive label, with a bootstrap interval and its query count; queries whose labels hold no
+positive (labelled negatives) are counted apart, and run queries without any label of the source are counted
+as unlabelled. Per query class when classes are configured (a ``query_attributes`` key, or regex rules).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from reports.agreement import Agreement, agreement_all
+from reports.compare import Comparison, Ordering, compare_systems, ordering
+from reports.gates import GateResult, Threshold, check
+from reports.intervals import Interval, bootstrap_mean
+from reports.merge import DEFAULT_PRECEDENCE, Coverage, LabelSet, coverage, label_kind
+from reports.metrics import MetricTable, compute
+from reports.online import DEFAULT_CLICK_ACTIONS, ONLINE_METRICS, OnlineMetrics, online_metrics
+from reports.systems import (
+    DEFAULT_IMPRESSION_ACTIONS,
+    DEFAULT_SPLIT_KEYS,
+    RankingMode,
+    SystemRun,
+    load_searches,
+    logged_runs,
+)
+from schemas.errors import InputFileError, UbiError
+
+OTHER_CLASS = "other"
+
+
+class ReportError(UbiError):
+    """The report cannot be built as asked (no systems in the logs, an unknown source or baseline)."""
+
+
+def default_metrics(k: int) -> tuple[str, ...]:
+    """nDCG@k (linear gain), recall@k, MRR, P@k, MAP, judged@k."""
+    return (f"ndcg@{k}", f"recall@{k}", "mrr", f"p@{k}", "map", f"judged@{k}")
+
+
+@dataclass(frozen=True)
+class ClassRules:
+    """Query classes from regex patterns on the normalised query text: the first matching class wins."""
+
+    rules: tuple[tuple[str, re.Pattern[str]], ...]
+    path: str | None = None
+
+    def classify(self, query: str) -> str:
+        for name, pattern in self.rules:
+            if pattern.search(query):
+                return name
+        return OTHER_CLASS
+
+
+def load_class_rules(path: str | Path) -> ClassRules:
+    """Read ``[classes]`` of a TOML file: ``brand = "^(nike|adidas)\\\\b"``, in order; unmatched: ``other``."""
+    p = str(path)
+    try:
+        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputFileError(p, None, f"cannot read the classes file: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        raise InputFileError(p, int(m.group(1)) if m else None, f"malformed TOML: {exc}") from exc
+    table = doc.get("classes")
+    if not isinstance(table, dict) or not table or set(doc) - {"classes"}:
+        raise InputFileError(p, None, 'expected one [classes] table of name = "regex", e.g. brand = "^nike"')
+    rules = []
+    for name, pattern in table.items():
+        if not isinstance(pattern, str):
+            raise InputFileError(p, None, f"class {name!r}: the pattern must be a string, got {pattern!r}")
+        try:
+            rules.append((name, re.compile(pattern)))
+        except re.error as exc:
+            raise InputFileError(p, None, f"class {name!r}: bad regular expression {pattern!r}: {exc}") from exc
+    return ClassRules(tuple(rules), p)
+
+
+@dataclass
+class ReportConfig:
+    """Everything that shapes a report; the CLI fills it from flags and ``Settings``."""
+
+    k: int = 10
+    metrics: tuple[str, ...] | None = None  # None: default_metrics(k)
+    gain: str = "linear"
+    rel_threshold: int = 1
+    mode: RankingMode = "modal"
+    split_keys: tuple[str, ...] = DEFAULT_SPLIT_KEYS
+    class_key: str | None = None
+    class_rules: ClassRules | None = None
+    sources: tuple[str, ...] | None = None  # implicit / reviewed sources to evaluate (None: all found)
+    precedence: tuple[str, ...] = DEFAULT_PRECEDENCE
+    baseline: str | None = None
+    position_base: int = 0
+    position_base_by_application: Mapping[str, int] = field(default_factory=dict)
+    click_actions: tuple[str, ...] = DEFAULT_CLICK_ACTIONS
+    impression_actions: tuple[str, ...] = DEFAULT_IMPRESSION_ACTIONS
+    reformulation_window_s: float = 60.0
+    max_rank: int = 10
+    grade_max: int = 3
+    confidence: float = 0.95
+    n_boot: int = 2_000
+    n_perm: int = 10_000
+    seed: int = 0
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(m.strip().lower() for m in (self.metrics or default_metrics(self.k)))
+
+
+@dataclass
+class SystemSummary:
+    """What the logs hold for one system."""
+
+    name: str
+    searches: int
+    queries: int  # distinct queries with a known ranking
+    unranked_searches: int
+    zero_result_searches: int
+    searches_with_several_rankings: int
+    duplicate_hits: int
+    unstable_queries: int  # queries shown with more than one ranking (mode ``modal``)
+    mean_modal_share: float
+
+
+@dataclass
+class OfflineResult:
+    """One system scored against one judgment source."""
+
+    system: str
+    source: str
+    metrics: tuple[str, ...]
+    query_ids: list[str]  # evaluated queries (at least one positive), run order
+    queries: list[str]  # their normalised text
+    classes: list[str | None]
+    per_query: dict[str, list[float]]
+    aggregate: dict[str, Interval]
+    negatives: list[dict[str, Any]]  # labelled negatives: query, retrieved, judged@k
+    unlabelled_queries: int
+    run_queries: int
+    per_class: dict[str, dict[str, tuple[float, int]]] = field(default_factory=dict)
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.query_ids)
+
+
+@dataclass
+class Report:
+    """The joint report (see the module docstring); every renderer reads only this."""
+
+    created_at: datetime
+    config: ReportConfig
+    systems: list[SystemSummary]
+    sources: list[str]
+    label_counts: dict[str, dict[str, int]]
+    offline: list[OfflineResult]
+    coverage: list[Coverage]
+    online: dict[str, OnlineMetrics]
+    agreement: dict[str, Agreement]
+    comparisons: list[Comparison]
+    orderings: list[Ordering]
+    gates: list[GateResult] = field(default_factory=list)
+    propensity: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def offline_for(self, system: str, source: str) -> OfflineResult | None:
+        for r in self.offline:
+            if r.system == system and r.source == source:
+                return r
+        return None
+
+    def gate_values(self) -> dict[str, dict[str, tuple[float, int | None]]]:
+        """Every aggregate a gate can name: ``SOURCE/METRIC`` and ``online/NAME`` per system."""
+        out: dict[str, dict[str, tuple[float, int | None]]] = {s.name: {} for s in self.systems}
+        for r in self.offline:
+            for metric, iv in r.aggregate.items():
+                out[r.system][f"{r.source}/{metric}"] = (iv.value, iv.n)
+        for system, om in self.online.items():
+            for metric, iv in om.metrics.items():
+                out.setdefault(system, {})[f"online/{metric}"] = (iv.value, iv.n)
+        return out
+
+    @property
+    def failed_gates(self) -> list[GateResult]:
+        return [g for g in self.gates if not g.passed]
+
+
+def _evaluation_sources(labels: LabelSet, wanted: Sequence[str] | None) -> list[str]:
+    present = labels.sources()
+    kinds = {label_kind(s) for s in present}
+    out = ["human"] if "human" in kinds else []
+    extra = [s for s in present if label_kind(s) != "human"]
+    if wanted is not None:
+        unknown = [s for s in wanted if s not in present and s not in ("human", "merged", "reviewed")]
+        if unknown:
+            raise ReportError(f"source(s) {', '.join(unknown)} have no labels; found: {', '.join(present) or 'none'}")
+        extra = [s for s in extra if s in wanted]
+    if any(label_kind(s) == "reviewed" for s in extra):
+        out.append("reviewed")
+    out += [s for s in extra if label_kind(s) == "implicit"]
+    if len(kinds) > 1:
+        out.append("merged")
+    return out
+
+
+def _qrels_for(labels: LabelSet, source: str, precedence: Sequence[str]) -> dict[str, dict[str, int]]:
+    if source == "merged":
+        return labels.merged_qrels(precedence)
+    return labels.qrels(source)
+
+
+def _class_of(run: SystemRun, qid: str, config: ReportConfig) -> str | None:
+    if config.class_rules is not None:
+        return config.class_rules.classify(run.query_of[qid])
+    if config.class_key is not None:
+        return run.query_class.get(qid) or "(none)"
+    return None
+
+
+def _offline(run: SystemRun, source: str, qrels: Mapping[str, Mapping[str, int]], config: ReportConfig) -> OfflineResult:
+    q_qrels = {qid: qrels[text] for qid, text in run.query_of.items() if text in qrels}
+    table: MetricTable = compute(q_qrels, run.run, list(config.metric_names), gain=config.gain,
+                                 rel_threshold=config.rel_threshold)
+    ids = list(table.query_ids)
+    per_query = {m: table.values[m].tolist() for m in table.metrics}
+    aggregate = {
+        m: bootstrap_mean(table.values[m], confidence=config.confidence, n_boot=config.n_boot, seed=config.seed)
+        for m in table.metrics
+    }
+    classes = [_class_of(run, q, config) for q in ids]
+    negatives = [{"query": run.query_of[row["query_id"]], **row} for row in table.negatives_per_query()]
+    res = OfflineResult(
+        system=run.system, source=source, metrics=table.metrics, query_ids=ids,
+        queries=[run.query_of[q] for q in ids], classes=classes, per_query=per_query, aggregate=aggregate,
+        negatives=negatives, unlabelled_queries=len(table.unjudged_query_ids), run_queries=run.n_queries,
+    )
+    if any(c is not None for c in classes):
+        by_class: dict[str, list[int]] = defaultdict(list)
+        for i, c in enumerate(classes):
+            by_class[str(c)].append(i)
+        res.per_class = {
+            c: {m: (float(np.mean(np.asarray(per_query[m])[idx])), len(idx)) for m in table.metrics}
+            for c, idx in sorted(by_class.items())
+        }
+    return res
+
+
+def _per_text(result: OfflineResult, metric: str) -> tuple[list[str], np.ndarray]:
+    """Per-query values keyed by query text (mode ``each`` averages the searches of one text)."""
+    sums: dict[str, list[float]] = defaultdict(list)
+    for text, v in zip(result.queries, result.per_query[metric], strict=True):
+        sums[text].append(v)
+    texts = sorted(sums)
+    return texts, np.array([float(np.mean(sums[t])) for t in texts])
+
+
+def _summaries(searches: Any, runs: Mapping[str, SystemRun]) -> list[SystemSummary]:
+    cols = searches.select(["system", "ranking_source", "zero_result", "several_rankings", "duplicate_hits"]).to_pydict()
+    out = []
+    for name, run in sorted(runs.items()):
+        idx = [i for i, s in enumerate(cols["system"]) if s == name]
+        shares = list(run.modal_share.values())
+        out.append(SystemSummary(
+            name=name, searches=len(idx), queries=len({run.query_of[q] for q in run.run}),
+            unranked_searches=run.unranked_searches,
+            zero_result_searches=sum(1 for i in idx if cols["zero_result"][i]),
+            searches_with_several_rankings=sum(1 for i in idx if cols["several_rankings"][i]),
+            duplicate_hits=sum(int(cols["duplicate_hits"][i] or 0) for i in idx),
+            unstable_queries=sum(1 for v in run.distinct_rankings.values() if v > 1),
+            mean_modal_share=float(np.mean(shares)) if shares else math.nan,
+        ))
+    return out
+
+
+def _label_counts(labels: LabelSet) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for source in labels.sources():
+        labs = [lab for ls in labels.by_pair.values() for lab in ls if lab.source == source]
+        out[source] = {
+            "labels": len(labs),
+            "graded": sum(1 for lab in labs if lab.grade is not None),
+            "queries": len({lab.query for lab in labs}),
+        }
+    return out
+
+
+def _orphan_notes(con: duckdb.DuckDBPyConnection) -> list[str]:
+    rows = con.execute(
+        "SELECT coalesce(application, '(no application)'), count(*), count(DISTINCT query_id) FROM ubi_events "
+        "WHERE query_id IS NULL OR query_id NOT IN (SELECT query_id FROM ubi_queries) GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    return [
+        f"{app}: {n} events ({q} query ids) have no query record, so no system or ranking; left out"
+        for app, n, q in rows
+    ]
+
+
+def build_report(
+    con: duckdb.DuckDBPyConnection,
+    labels: LabelSet,
+    config: ReportConfig | None = None,
+    *,
+    thresholds: Sequence[Threshold] = (),
+    propensity: dict[str, Any] | None = None,
+    inputs: dict[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """Build the joint report from a store connection and the labels (see the module docstring).
+
+    ``progress`` is called with the name of each step as it starts (the CLI shows it).
+    """
+    step = progress or (lambda _name: None)
+    cfg = config or ReportConfig()
+    if cfg.k < 1:
+        raise ReportError(f"k must be >= 1, got {cfg.k}")
+    step("systems and logged rankings")
+    searches = load_searches(con, split_keys=cfg.split_keys, class_key=cfg.class_key,
+                             impression_actions=cfg.impression_actions)
+    if searches.num_rows == 0:
+        raise ReportError("the store holds no query records, so no system to report on; ingest UBI queries first")
+    runs = logged_runs(searches, cfg.mode)
+    step("offline metrics")
+    sources = _evaluation_sources(labels, cfg.sources)
+    qrels_by_source = {s: _qrels_for(labels, s, cfg.precedence) for s in sources}
+    offline = [
+        _offline(runs[system], source, qrels_by_source[source], cfg)
+        for system in sorted(runs) for source in sources
+    ]
+    cov = coverage({n: (r.run, r.query_of) for n, r in sorted(runs.items())}, qrels_by_source, cfg.k)
+    step("online metrics")
+    online = online_metrics(
+        con, k=cfg.k, position_base=cfg.position_base, position_base_by_application=cfg.position_base_by_application,
+        click_actions=cfg.click_actions, impression_actions=cfg.impression_actions,
+        reformulation_window_s=cfg.reformulation_window_s, max_rank=cfg.max_rank, confidence=cfg.confidence,
+        n_boot=cfg.n_boot, seed=cfg.seed,
+    )
+    step("agreement")
+    grades_seen = [lab.grade for ls in labels.by_pair.values() for lab in ls if lab.grade is not None]
+    n_grades = max([cfg.grade_max, *grades_seen]) + 1
+    agree = dict(agreement_all(labels, n_grades=n_grades)) if "human" in sources else {}
+    if cfg.sources is not None:
+        agree = {s: a for s, a in agree.items() if s in sources}
+
+    comparisons: list[Comparison] = []
+    if cfg.baseline is not None:
+        step("comparison with the baseline")
+        if cfg.baseline not in runs:
+            raise ReportError(f"baseline {cfg.baseline!r} is not a system of these logs; systems: {', '.join(sorted(runs))}")
+        per_query: dict[str, dict[tuple[str, str], tuple[list[str], np.ndarray]]] = defaultdict(dict)
+        for r in offline:
+            for m in r.metrics:
+                if not m.startswith("judged"):  # coverage, not quality: kept out of the Holm family
+                    per_query[r.system][(r.source, m)] = _per_text(r, m)
+        for system in runs:
+            per_query.setdefault(system, {})
+        comparisons = compare_systems(per_query, cfg.baseline, n_boot=cfg.n_boot, n_perm=cfg.n_perm, seed=cfg.seed)
+
+    orderings = []
+    if len(runs) >= 2:
+        main = next((m for m in cfg.metric_names if m.startswith("ndcg")), cfg.metric_names[0])
+        for source in sources:
+            off = {r.system: r.aggregate[main].value for r in offline if r.source == source}
+            for name, higher in ONLINE_METRICS:
+                if name not in ("ctr@k", "rr_first_click"):
+                    continue
+                key = f"ctr@{cfg.k}" if name == "ctr@k" else name
+                on = {s: om.metrics[key].value for s, om in online.items()}
+                orderings.append(ordering(off, on, offline_metric=f"{source}/{main}", online_metric=f"online/{key}",
+                                          online_higher_is_better=higher))
+
+    report = Report(
+        created_at=datetime.now(UTC).replace(microsecond=0), config=cfg, systems=_summaries(searches, runs),
+        sources=sources, label_counts=_label_counts(labels), offline=offline, coverage=cov, online=online,
+        agreement=agree, comparisons=comparisons, orderings=orderings, propensity=propensity,
+        notes=_orphan_notes(con), inputs=dict(inputs or {}),
+    )
+    if thresholds:
+        report.gates = check(thresholds, report.gate_values())
+    return report

@@ -1,0 +1,214 @@
+"""The report as ONE self-contained HTML file: inline CSS, inline SVG plots (matplotlib), no external resource.
+
+Plots: CTR by rank per system with Wilson intervals; the propensity curve with its bootstrap intervals when an
+estimate is attached; metric bars with bootstrap intervals per system and judgment source; the agreement
+confusion matrix of each implicit source. Tables are the same rows as the text and Markdown renderers.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from reports.joint import Report
+from reports.render import common
+
+_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+_RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "ubi-report", "font.size": 9, "axes.spines.top": False,
+       "axes.spines.right": False}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1200px;
+color:#1b1f24;padding:0 16px}
+h1{font-size:1.6em;margin-bottom:4px}h2{font-size:1.2em;margin-top:32px;border-bottom:1px solid #d0d7de;
+padding-bottom:4px}h3{font-size:1em;margin-top:18px}
+.meta{color:#57606a;font-size:.9em;margin:2px 0}
+table{border-collapse:collapse;margin:8px 0;font-size:.85em}
+th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:right;white-space:nowrap}
+th{background:#f6f8fa}td:first-child,th:first-child{text-align:left}
+.plots{display:flex;flex-wrap:wrap;gap:16px}.plot{border:1px solid #d0d7de;border-radius:6px;padding:8px}
+.plot svg{display:block;max-width:100%;height:auto}
+.fail{color:#cf222e;font-weight:600}.pass{color:#1a7f37;font-weight:600}
+.note{color:#57606a;font-size:.85em}
+"""
+
+
+def _svg(fig: Figure) -> str:
+    buf = io.StringIO()
+    with matplotlib.rc_context(_RC):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _figure(width: float = 5.2, height: float = 3.2) -> Figure:
+    with matplotlib.rc_context(_RC):
+        return Figure(figsize=(width, height), dpi=100)
+
+
+def _color(i: int) -> str:
+    return _PALETTE[i % len(_PALETTE)]
+
+
+def ctr_by_rank_svg(report: Report) -> str | None:
+    """CTR at each rank per system, with the Wilson interval as a band."""
+    series = [(s, om.ctr_by_rank) for s, om in report.online.items() if om.ctr_by_rank is not None]
+    series = [(s, r) for s, r in series if r is not None and any(r.shown)]
+    if not series:
+        return None
+    with matplotlib.rc_context(_RC):
+        fig = _figure()
+        ax = fig.add_subplot()
+        for i, (system, r) in enumerate(series):
+            keep = np.array(r.shown) > 0
+            ranks = np.array(r.rank)[keep]
+            ax.plot(ranks, np.array(r.ctr)[keep], marker="o", ms=3, color=_color(i), label=system)
+            ax.fill_between(ranks, np.array(r.low)[keep], np.array(r.high)[keep], color=_color(i), alpha=0.18, lw=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("rank")
+        ax.set_ylabel("CTR (clicked / displayed)")
+        ax.set_title("CTR by rank (95% Wilson interval)")
+        ax.set_ylim(bottom=0)
+        ax.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+                  ncol=min(len(series), 3))
+        return _svg(fig)
+
+
+def propensity_svg(propensity: dict | None) -> str | None:
+    """θ_k/θ_1 per rank with its interval (the shape of ``PropensityEstimate.to_json()``)."""
+    if not propensity or not propensity.get("ranks"):
+        return None
+    rows = propensity["ranks"]
+    k = np.array([r["rank"] for r in rows], dtype=float)
+
+    def col(name: str) -> np.ndarray:
+        return np.array([np.nan if r.get(name) is None else r[name] for r in rows], dtype=float)
+
+    ratio, lo, hi = col("ratio"), col("ci_low"), col("ci_high")
+    with matplotlib.rc_context(_RC):
+        fig = _figure()
+        ax = fig.add_subplot()
+        ok = ~np.isnan(ratio)
+        yerr = np.vstack([np.where(np.isnan(lo), 0, ratio - lo), np.where(np.isnan(hi), 0, hi - ratio)])[:, ok]
+        ax.errorbar(k[ok], ratio[ok], yerr=yerr, fmt="o-", ms=3, capsize=3, color=_color(0))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("rank k")
+        ax.set_ylabel("θₖ / θ₁")
+        level = propensity.get("level")
+        label = f" ({int(level * 100)}% interval)" if isinstance(level, float | int) else ""
+        ax.set_title(f"Position bias, method {propensity.get('method', '?')}{label}")
+        ax.set_ylim(bottom=0)
+        return _svg(fig)
+
+
+def metric_bars_svg(report: Report, source: str) -> str | None:
+    """Grouped bars: a group per metric, a bar per system, bootstrap interval as the error bar."""
+    results = [r for r in report.offline if r.source == source and r.n_queries > 0]
+    if not results:
+        return None
+    metrics = list(report.config.metric_names)
+    width = 0.8 / len(results)
+    x = np.arange(len(metrics))
+    with matplotlib.rc_context(_RC):
+        fig = _figure(max(5.2, 0.9 * len(metrics) + 1.5), 3.2)
+        ax = fig.add_subplot()
+        for i, r in enumerate(results):
+            vals = np.array([r.aggregate[m].value for m in metrics])
+            lo = np.array([r.aggregate[m].low for m in metrics])
+            hi = np.array([r.aggregate[m].high for m in metrics])
+            err = np.vstack([np.nan_to_num(vals - lo), np.nan_to_num(hi - vals)])
+            ax.bar(x + (i - (len(results) - 1) / 2) * width, vals, width, yerr=err, capsize=2,
+                   color=_color(i), label=f"{r.system} (n={r.n_queries})", error_kw={"lw": 0.8})
+        ax.set_xticks(x, metrics)
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"Offline metrics on {source} labels (95% bootstrap interval)")
+        ax.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1),
+                  ncol=min(len(results), 3))
+        return _svg(fig)
+
+
+def confusion_svg(report: Report, source: str) -> str:
+    """Heat map of the human x implicit grade counts, with the counts written in."""
+    a = report.agreement[source]
+    m = np.array(a.confusion, dtype=float)
+    with matplotlib.rc_context(_RC):
+        fig = _figure(3.6, 3.2)
+        ax = fig.add_subplot()
+        ax.imshow(m, cmap="Blues", vmin=0)
+        top = m.max() if m.size else 0
+        for (i, j), v in np.ndenumerate(m):
+            ax.text(j, i, f"{int(v)}", ha="center", va="center", color="white" if top and v > top / 2 else "black")
+        ax.set_xticks(range(len(a.grades)), [str(g) for g in a.grades])
+        ax.set_yticks(range(len(a.grades)), [str(g) for g in a.grades])
+        ax.set_xlabel(f"{source} grade")
+        ax.set_ylabel("human grade")
+        kappa = "–" if not math.isfinite(a.kappa) else f"{a.kappa:.2f}"
+        ax.set_title(f"{source}: {a.pairs} pairs, κ = {kappa}")
+        return _svg(fig)
+
+
+def _table(head: common.Row, rows: Sequence[common.Row], *, marks: bool = False) -> str:
+    def cell(text: str) -> str:
+        esc = html.escape(text)
+        if marks and text.startswith("FAIL"):
+            return f'<td class="fail">{esc}</td>'
+        if marks and text.startswith("PASS"):
+            return f'<td class="pass">{esc}</td>'
+        return f"<td>{esc}</td>"
+
+    out = ["<table><thead><tr>", *[f"<th>{html.escape(h)}</th>" for h in head], "</tr></thead><tbody>"]
+    for r in rows:
+        out += ["<tr>", *[cell(c) for c in r], "</tr>"]
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _plot(svg: str | None) -> str:
+    return f'<div class="plot">{svg}</div>' if svg else ""
+
+
+def render_html(report: Report) -> str:
+    """The whole report as one HTML document (a string)."""
+    parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
+             "<title>ubi report</title><style>", _CSS, "</style></head><body>", "<h1>ubi report</h1>"]
+    parts += [f'<p class="meta">{html.escape(line)}</p>' for line in common.header_lines(report)]
+    if report.gates:
+        failed = report.failed_gates
+        verdict = (f'<p class="fail">{len(failed)} gate(s) failed</p>' if failed
+                   else '<p class="pass">all gates passed</p>')
+        parts += ["<h2>Gates</h2>", verdict, _table(*common.gates_table(report), marks=True)]
+    parts += ["<h2>Systems in the logs</h2>", _table(*common.systems_table(report))]
+    parts += ["<h2>Offline metrics</h2>", '<div class="plots">']
+    parts += [_plot(metric_bars_svg(report, s)) for s in report.sources]
+    parts.append("</div>")
+    for source, head, rows in common.offline_tables(report):
+        parts += [f"<h3>{html.escape(source)} labels</h3>", _table(head, rows)]
+    for source, head, rows in common.class_tables(report):
+        parts += [f"<h3>By query class ({html.escape(source)})</h3>", _table(head, rows)]
+    parts += ["<h3>Labels and coverage</h3>", _table(*common.labels_table(report)),
+              _table(*common.coverage_table(report))]
+    if report.online:
+        parts += ["<h2>Online metrics</h2>", '<div class="plots">', _plot(ctr_by_rank_svg(report)),
+                  _plot(propensity_svg(report.propensity)), "</div>", _table(*common.online_table(report))]
+    if report.agreement:
+        parts += ["<h2>Agreement of implicit labels with human grades</h2>", _table(*common.agreement_table(report)),
+                  '<div class="plots">', *[_plot(confusion_svg(report, s)) for s in report.agreement], "</div>"]
+    if report.comparisons:
+        parts += [f"<h2>Against the baseline {html.escape(report.comparisons[0].baseline)}</h2>",
+                  '<p class="note">Holm-adjusted over every row; * = significant at 0.05 (randomisation test).</p>',
+                  _table(*common.comparison_table(report))]
+    if report.orderings:
+        parts += ["<h2>Offline vs online ordering</h2>", _table(*common.ordering_table(report))]
+    if report.notes:
+        parts += ["<h2>Notes</h2>", "<ul>", *[f"<li class=\"note\">{html.escape(n)}</li>" for n in report.notes], "</ul>"]
+    parts += [f'<p class="meta">{html.escape(common.summary_line(report))}</p>', "</body></html>\n"]
+    return "".join(parts)

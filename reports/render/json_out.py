@@ -1,0 +1,106 @@
+"""The whole report as JSON: every aggregate with its interval and count, every per-query value, provenance."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, fields, is_dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import orjson
+
+from reports.intervals import Interval
+from reports.joint import Report
+
+
+def _clean(value: Any) -> Any:
+    """JSON-ready data: NaN/inf -> null, numpy scalars -> numbers, tuples -> lists, datetimes -> ISO text."""
+    if isinstance(value, Interval):
+        return {"value": _clean(value.value), "low": _clean(value.low), "high": _clean(value.high),
+                "n": value.n, "method": value.method}
+    if isinstance(value, float | np.floating):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.ndarray):
+        return [_clean(v) for v in value.tolist()]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        if hasattr(value, "_asdict"):
+            return _clean(value._asdict())
+        return [_clean(v) for v in value]
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _clean(getattr(value, f.name)) for f in fields(value)}
+    return value
+
+
+def _config(report: Report) -> dict[str, Any]:
+    cfg = asdict(report.config) if report.config.class_rules is None else {
+        **{f.name: getattr(report.config, f.name) for f in fields(report.config) if f.name != "class_rules"},
+        "class_rules": {"path": report.config.class_rules.path,
+                        "rules": [[n, p.pattern] for n, p in report.config.class_rules.rules]},
+    }
+    cfg["metrics"] = list(report.config.metric_names)
+    return _clean(cfg)
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    """Everything in the report, per query included, as plain JSON-ready data."""
+    offline = []
+    for r in report.offline:
+        offline.append({
+            "system": r.system,
+            "source": r.source,
+            "queries_evaluated": r.n_queries,
+            "run_queries": r.run_queries,
+            "unlabelled_queries": r.unlabelled_queries,
+            "aggregate": _clean(r.aggregate),
+            "labelled_negatives": {"count": len(r.negatives), "per_query": _clean(r.negatives)},
+            "per_class": {c: {m: {"mean": _clean(v), "n": n} for m, (v, n) in ms.items()}
+                          for c, ms in r.per_class.items()},
+            "per_query": [
+                {"query_id": q, "query": text, **({"class": c} if c is not None else {}),
+                 **{m: _clean(r.per_query[m][i]) for m in r.metrics}}
+                for i, (q, text, c) in enumerate(zip(r.query_ids, r.queries, r.classes, strict=True))
+            ],
+        })
+    online = {}
+    for system, om in report.online.items():
+        online[system] = {
+            "searches": om.searches,
+            "searches_with_results": om.searches_with_results,
+            "metrics": _clean(om.metrics),
+            "ctr_by_rank": _clean(om.ctr_by_rank),
+            "notes": om.notes,
+        }
+    return {
+        "created_at": report.created_at.isoformat(),
+        "inputs": _clean(report.inputs),
+        "config": _config(report),
+        "systems": _clean(report.systems),
+        "sources": report.sources,
+        "labels": report.label_counts,
+        "coverage": _clean(report.coverage),
+        "offline": offline,
+        "online": online,
+        "agreement": _clean(report.agreement),
+        "comparisons": [{**_clean(c), "significant": c.significant()} for c in report.comparisons],
+        "orderings": _clean(report.orderings),
+        "gates": {
+            "passed": not report.failed_gates,
+            "results": _clean(report.gates),
+            "failed": [g.describe() for g in report.failed_gates],
+        },
+        "propensity": _clean(report.propensity),
+        "notes": report.notes,
+    }
+
+
+def render_json(report: Report) -> bytes:
+    """The report as indented JSON bytes."""
+    return orjson.dumps(report_dict(report), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"

@@ -1,0 +1,50 @@
+"""The report as GitHub-flavoured Markdown (for a CI job summary or a pull request comment)."""
+
+from __future__ import annotations
+
+from reports.joint import Report
+from reports.render import common
+
+
+def _escape(cell: str) -> str:
+    return cell.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(head: common.Row, rows: list[common.Row]) -> str:
+    lines = ["| " + " | ".join(_escape(h) for h in head) + " |",
+             "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    lines += ["| " + " | ".join(_escape(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(report: Report) -> str:
+    """Every section of the report as Markdown."""
+    out = ["# ubi report", ""]
+    out += [f"- {line}" for line in common.header_lines(report)] + [""]
+    out += ["## Systems in the logs", "", _table(*common.systems_table(report))]
+    out += ["## Labels by source", "", _table(*common.labels_table(report))]
+    out += ["## Coverage of the logged top k", "", _table(*common.coverage_table(report))]
+    for source, head, rows in common.offline_tables(report):
+        out += [f"## Offline metrics: {source} labels", "",
+                "Mean [CI] over the queries with at least one positive label; labelled negatives apart.", "",
+                _table(head, rows)]
+    for source, head, rows in common.class_tables(report):
+        out += [f"### By query class ({source})", "", _table(head, rows)]
+    if report.online:
+        out += ["## Online metrics", "", _table(*common.online_table(report))]
+    if report.agreement:
+        out += ["## Agreement with human grades", "", _table(*common.agreement_table(report))]
+        for source in report.agreement:
+            out += [f"### Confusion matrix: {source}", "", _table(*common.confusion_rows(report, source))]
+    if report.comparisons:
+        out += [f"## Against the baseline {report.comparisons[0].baseline}", "",
+                "Holm-adjusted over every row; * = significant at 0.05 (randomisation test).", "",
+                _table(*common.comparison_table(report))]
+    if report.orderings:
+        out += ["## Offline vs online ordering", "", _table(*common.ordering_table(report))]
+    if report.gates:
+        out += ["## Gates", "", _table(*common.gates_table(report))]
+    if report.notes:
+        out += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
+    out += [common.summary_line(report), ""]
+    return "\n".join(out)

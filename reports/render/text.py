@@ -1,0 +1,59 @@
+"""The report as rich terminal tables."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+from reports.joint import Report
+from reports.render import common
+
+
+def _table(title: str, head: common.Row, rows: list[common.Row]) -> Table:
+    t = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
+    for i, h in enumerate(head):
+        t.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def print_report(report: Report, console: Console) -> None:
+    """Print every section of the report to ``console``."""
+    console.rule("[bold]ubi report")
+    for line in common.header_lines(report):
+        console.print(line, highlight=False)
+    console.print(_table("Systems in the logs", *common.systems_table(report)))
+    console.print(_table("Labels by source", *common.labels_table(report)))
+    console.print(_table("Coverage of the logged top k", *common.coverage_table(report)))
+    for source, head, rows in common.offline_tables(report):
+        console.print(_table(f"Offline metrics against {source} labels (mean [CI], over queries with a positive)",
+                             head, rows))
+    for source, head, rows in common.class_tables(report):
+        console.print(_table(f"By query class ({source})", head, rows))
+    if report.online:
+        console.print(_table("Online metrics from the event log (value [CI])", *common.online_table(report)))
+    if report.agreement:
+        console.print(_table("Agreement of implicit labels with human grades", *common.agreement_table(report)))
+        for source in report.agreement:
+            console.print(_table(f"Confusion matrix: {source}", *common.confusion_rows(report, source)))
+    if report.comparisons:
+        base = report.comparisons[0].baseline
+        console.print(_table(f"Against the baseline {base} (Holm over all rows; * = significant at 0.05)",
+                             *common.comparison_table(report)))
+    if report.orderings:
+        console.print(_table("Offline vs online ordering of systems", *common.ordering_table(report)))
+    if report.gates:
+        console.print(_table("Gates", *common.gates_table(report)))
+    for note in report.notes:
+        console.print(f"[dim]note: {note}[/]", highlight=False)
+    console.print(common.summary_line(report), highlight=False)
+
+
+def render_text(report: Report, *, width: int = 160, color: bool = False) -> str:
+    """The terminal report as plain text (for ``--out``)."""
+    buf = io.StringIO()
+    print_report(report, Console(file=buf, width=width, force_terminal=color, color_system=None if not color else "auto"))
+    return buf.getvalue()

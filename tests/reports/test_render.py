@@ -1,0 +1,110 @@
+"""Renderers: text, Markdown, JSON and one self-contained HTML file, looked at in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from joint_fixtures import build_store, write_human
+
+from collector.store import open_reader
+from reports.gates import Threshold
+from reports.joint import ReportConfig, build_report
+from reports.merge import LabelSet, labels_from_human, labels_from_store
+from reports.qrels import load_qrels
+from reports.render.html import render_html
+from reports.render.json_out import render_json
+from reports.render.markdown import render_markdown
+from reports.render.text import render_text
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+# what `ubi propensity` writes (PropensityEstimate.to_json): θ_k/θ_1 with its interval per rank
+PROPENSITY = {"method": "em", "level": 0.95, "ranks": [
+    {"rank": 1, "ratio": 1.0, "ci_low": 1.0, "ci_high": 1.0},
+    {"rank": 2, "ratio": 0.62, "ci_low": 0.55, "ci_high": 0.70},
+    {"rank": 3, "ratio": 0.45, "ci_low": 0.37, "ci_high": 0.52},
+    {"rank": 4, "ratio": None, "ci_low": None, "ci_high": None},
+]}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("render")
+    con = open_reader(build_store(tmp / "ubi.duckdb"))
+    try:
+        labels = LabelSet().add(labels_from_store(con))
+        labels.add(labels_from_human(load_qrels(write_human(tmp / "h.jsonl")).human_judgments()))
+        return build_report(
+            con, labels, ReportConfig(baseline="shop/ranker=a", n_boot=300, n_perm=500),
+            thresholds=[Threshold("human/ndcg@10", "min", 0.82), Threshold("online/ctr", "min", 0.1)],
+            propensity=PROPENSITY, inputs={"db": str(tmp / "ubi.duckdb")},
+        )
+    finally:
+        con.close()
+
+
+def test_text_and_markdown_carry_every_section(report):
+    text = render_text(report)
+    for title in ("Systems in the logs", "Offline metrics against human labels", "Online metrics",
+                  "Agreement of implicit labels", "Against the baseline shop/ranker=a", "Gates"):
+        assert title in text
+    assert "FAIL" in text and "PASS" in text  # ranker a misses nDCG@10 >= 0.82 (0.8155), b passes (0.8295)
+    md = render_markdown(report)
+    assert "## Offline metrics: implicit:ctr labels" in md
+    assert re.search(r"\| ndcg@10 \| 0\.815 \[[0-9.]+, [0-9.]+\] \| 0\.830 \[", md)
+    assert "| shop/ranker=a | human/ndcg@10 | >= 0.82 | 0.8155 | FAIL (fell short, n=2) |" in md
+
+
+def test_json_has_everything_per_query(report):
+    doc = json.loads(render_json(report))
+    assert doc["gates"]["passed"] is False and len(doc["gates"]["failed"]) == 1
+    human_a = next(r for r in doc["offline"] if r["system"] == "shop/ranker=a" and r["source"] == "human")
+    assert {r["query"] for r in human_a["per_query"]} == {"red shoes", "blue hat"}
+    assert doc["online"]["shop/ranker=a"]["ctr_by_rank"]["shown"][:3] == [5, 4, 3]
+    assert doc["propensity"]["ranks"][3]["ratio"] is None
+    assert doc["agreement"]["implicit:ctr"]["confusion"][3][3] == 1
+
+
+def test_html_is_self_contained(report):
+    page = render_html(report)
+    assert page.startswith("<!DOCTYPE html>")
+    # no script, stylesheet, image or font fetched from anywhere: only inline SVG and CSS
+    assert not re.search(r"<script|<link|<img|<iframe|@import|url\((?!#)", page)  # url(#id): in-page clip paths
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
+    # 3 metric-bar plots (human, implicit:ctr, merged), CTR by rank, propensity, 1 confusion matrix
+    assert page.count("<svg") == 6
+
+
+@pytest.mark.browser
+def test_html_renders_in_headless_chromium(report):
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is missing: run `make browser` (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    html_path = ARTIFACTS / "report.html"
+    html_path.write_text(render_html(report), encoding="utf-8")
+    shot = ARTIFACTS / "report.png"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            requests: list[str] = []
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(html_path.as_uri())
+            boxes = page.eval_on_selector_all("svg", "els => els.map(e => e.getBoundingClientRect().height)")
+            headings = page.eval_on_selector_all("h2", "els => els.map(e => e.textContent)")
+            failed = page.inner_text("p.fail")
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert requests == [html_path.as_uri()]  # the page asked for nothing else
+    assert len(boxes) == 6 and all(h > 100 for h in boxes)  # every plot drawn at a readable size
+    assert "Online metrics" in headings and "Agreement of implicit labels with human grades" in headings
+    assert failed == "1 gate(s) failed"
+    assert shot.stat().st_size > 50_000

@@ -1,0 +1,191 @@
+"""`ubi report` end to end: the hand-checkable world of joint_fixtures, and the real ESCI sample."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import joint_fixtures
+import pytest
+from joint_fixtures import SAMPLE_JUDGMENTS, build_store, ubi, write_human
+
+esci_db = joint_fixtures.esci_db  # the sample store, as a fixture
+
+LOG2_3 = math.log2(3)  # 1.584963
+IDCG_RED = 3 + 1 / LOG2_3  # human grades of "red shoes" sorted: 3, 1, 0 -> 3/1 + 1/log2(3) = 3.630930
+
+
+def _offline(doc, system, source):
+    return next(r for r in doc["offline"] if r["system"] == system and r["source"] == source)
+
+
+def _pq(result, query):
+    return next(r for r in result["per_query"] if r["query"] == query)
+
+
+@pytest.fixture()
+def world(tmp_path):
+    db = build_store(tmp_path / "ubi.duckdb")
+    qrels = write_human(tmp_path / "human.jsonl")
+    classes = tmp_path / "classes.toml"
+    classes.write_text('[classes]\nfootwear = "shoes|socks"\napparel = "hat"\n')
+    out = tmp_path / "r.json"
+    code = ubi(["report", "--db", str(db), "--qrels", str(qrels), "--baseline", "shop/ranker=a", "--classes",
+                str(classes), "--format", "json", "--out", str(out), "--dashboard", str(tmp_path / "d.ndjson")])
+    assert code == 0
+    return json.loads(out.read_text()), tmp_path
+
+
+def test_offline_on_human_labels_by_hand(world):
+    doc, _ = world
+    assert [s["name"] for s in doc["systems"]] == ["shop/ranker=a", "shop/ranker=b"]
+    assert doc["sources"] == ["human", "implicit:ctr", "merged"]
+    a, b = _offline(doc, "shop/ranker=a", "human"), _offline(doc, "shop/ranker=b", "human")
+    # ranker a, modal rankings: red shoes [d1 d2 d4] (grades 3, 1, -), blue hat [h2 h1] (0, 2)
+    #   red: DCG = 3/1 + 1/log2(3) = IDCG -> 1.0; blue: DCG = 2/log2(3) = 1.261860, IDCG = 2 -> 0.630930
+    assert _pq(a, "red shoes")["ndcg@10"] == pytest.approx(1.0)
+    assert _pq(a, "blue hat")["ndcg@10"] == pytest.approx(1 / LOG2_3)
+    assert a["aggregate"]["ndcg@10"]["value"] == pytest.approx((1 + 1 / LOG2_3) / 2)  # 0.815465
+    assert a["aggregate"]["ndcg@10"]["n"] == 2
+    # MRR a: red 1 (d1 first), blue 1/2 (h1 second) -> 0.75; recall@10 1 for both queries
+    assert a["aggregate"]["mrr"]["value"] == pytest.approx(0.75)
+    assert a["aggregate"]["recall@10"]["value"] == pytest.approx(1.0)
+    # judged@10 a: red 2 of 3 shown judged, blue 2 of 2 -> (2/3 + 1) / 2
+    assert a["aggregate"]["judged@10"]["value"] == pytest.approx(5 / 6)
+    # ranker b: red [d4 d1 d2] -> DCG = 3/log2(3) + 1/log2(4) = 2.392789, / 3.630930 = 0.659001; blue [h1 h2] -> 1
+    assert _pq(b, "red shoes")["ndcg@10"] == pytest.approx((3 / LOG2_3 + 0.5) / IDCG_RED)
+    assert b["aggregate"]["ndcg@10"]["value"] == pytest.approx(((3 / LOG2_3 + 0.5) / IDCG_RED + 1) / 2)  # 0.829500
+    # MAP b: red (1/2 + 2/3) / 2 = 0.583333, blue 1 -> 0.791667
+    assert b["aggregate"]["map"]["value"] == pytest.approx(((1 / 2 + 2 / 3) / 2 + 1) / 2)
+    # green bag (only b1: 0) is a labelled negative for both; purple socks has no label at all
+    assert [n["query"] for n in a["labelled_negatives"]["per_query"]] == ["green bag"]
+    assert a["labelled_negatives"]["per_query"][0]["retrieved"] == 2
+    assert (b["unlabelled_queries"], a["unlabelled_queries"]) == (1, 0)
+    # classes from the rules file: red shoes -> footwear, blue hat -> apparel
+    assert a["per_class"]["footwear"]["ndcg@10"] == {"mean": pytest.approx(1.0), "n": 1}
+    assert a["per_class"]["apparel"]["ndcg@10"]["mean"] == pytest.approx(1 / LOG2_3)
+
+
+def test_offline_on_implicit_and_merged_labels_by_hand(world):
+    doc, _ = world
+    # implicit:ctr grades: red shoes d1 3, d2 2, d4 1; blue hat h1 1, h2 0 (b2 has no grade)
+    # ranker b red [d4 d1 d2]: DCG = 1 + 3/log2(3) + 2/2 = 3.892789; IDCG = 3 + 2/log2(3) + 1/2 = 4.761860
+    b = _offline(doc, "shop/ranker=b", "implicit:ctr")
+    assert _pq(b, "red shoes")["ndcg@10"] == pytest.approx((1 + 3 / LOG2_3 + 1) / (3 + 2 / LOG2_3 + 0.5))
+    assert b["aggregate"]["ndcg@10"]["n"] == 2
+    # merged (human > implicit): red shoes d1 3, d2 1 (human wins over 2), d3 0, d4 1 (implicit fills the gap)
+    # ranker b red: DCG = 1 + 3/log2(3) + 1/2 = 3.392789; IDCG = 3 + 1/log2(3) + 1/2 = 4.130930 -> 0.821316
+    m = _offline(doc, "shop/ranker=b", "merged")
+    assert _pq(m, "red shoes")["ndcg@10"] == pytest.approx((1 + 3 / LOG2_3 + 0.5) / (3 + 1 / LOG2_3 + 0.5))
+    cov = {(c["system"], c["source"]): c for c in doc["coverage"]}
+    # ranker b, implicit:ctr: red 3/3 judged, blue 2/2, green bag [b2] ungraded -> 0, purple socks empty -> 0
+    assert cov[("shop/ranker=b", "implicit:ctr")]["judged_at_k"] == pytest.approx((1 + 1 + 0 + 0) / 4)
+    assert doc["labels"]["implicit:ctr"] == {"labels": 6, "graded": 5, "queries": 3}
+
+
+def test_online_agreement_comparison_ordering(world):
+    doc, _ = world
+    assert doc["online"]["shop/ranker=a"]["metrics"]["ctr@10"]["value"] == pytest.approx(4 / 12)  # test_online
+    assert doc["online"]["shop/ranker=b"]["metrics"]["zero_result_rate"]["value"] == pytest.approx(1 / 4)
+    ag = doc["agreement"]["implicit:ctr"]
+    assert (ag["pairs"], ag["excluded_calibration"]) == (3, 1)
+    assert ag["kappa"] == pytest.approx(26 / 29)  # worked out in test_agreement
+    c = next(c for c in doc["comparisons"] if c["metric"] == "ndcg@10" and c["source"] == "human")
+    # b - a per query: red 0.659001 - 1 = -0.340999, blue 1 - 0.630930 = +0.369070
+    assert c["queries"] == 2 and (c["wins"], c["losses"], c["ties"]) == (1, 1, 0)
+    assert c["diff"] == pytest.approx(((3 / LOG2_3 + 0.5) / IDCG_RED - 1 + 1 - 1 / LOG2_3) / 2)
+    # judged@k is coverage and is not compared; 5 metrics x 3 sources in the Holm family
+    assert len(doc["comparisons"]) == 15 and all(c["randomisation_p_holm"] >= c["randomisation_p"]
+                                                 for c in doc["comparisons"])
+    rr = next(o for o in doc["orderings"] if o["offline_metric"] == "human/ndcg@10"
+              and o["online_metric"] == "online/rr_first_click")
+    # offline b 0.8295 > a 0.8155; online rr b 0.5 > a 0.366667: same order, 2 systems
+    assert rr["offline_order"] == ["shop/ranker=b", "shop/ranker=a"] == rr["online_order"]
+    assert rr["kendall"] == pytest.approx(1.0)
+
+
+def test_dashboard_rows_have_the_sample_shape(world):
+    _, tmp = world
+    lines = (tmp / "d.ndjson").read_bytes().splitlines()
+    sample = (joint_fixtures.SAMPLES / "sample_search_quality_evaluation_data.ndjson").read_bytes().splitlines()
+    sample_keys = set(json.loads(sample[1]))
+    rows = [json.loads(x) for x in lines[1::2]]
+    actions = [json.loads(x) for x in lines[0::2]]
+    # 2 systems x 3 sources x 2 evaluated queries x 6 metrics
+    assert len(rows) == 72 and all(set(r) == sample_keys for r in rows)
+    assert all(a["index"]["_index"] == "sqe_metrics" for a in actions)
+    assert len({a["index"]["_id"] for a in actions}) == 72
+    row = next(r for r in rows if r["search_config"] == "shop/ranker=a" and r["query"] == "blue hat"
+               and r["metric"] == "ndcg@10" and r["query_set_id"] == "logged:human")
+    assert row["value"] == pytest.approx(1 / LOG2_3) and row["application"] == "shop"
+
+
+def test_mode_each_and_source_selection(tmp_path):
+    db = build_store(tmp_path / "ubi.duckdb")
+    qrels = write_human(tmp_path / "h.jsonl")
+    out = tmp_path / "r.json"
+    assert ubi(["report", "--db", str(db), "--qrels", str(qrels), "--mode", "each", "--sources", "implicit:ctr",
+                "--metrics", "ndcg@3,mrr", "--json", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    a = _offline(doc, "shop/ranker=a", "human")
+    # every search on its own: red shoes three times (a1 [d1 d2 d4] -> 1, a2 the same -> 1, a3 [d2 d1 d4]),
+    # blue hat once: 4 evaluated searches
+    assert a["queries_evaluated"] == 4
+    # a3: DCG@3 = 1/1 + 3/log2(3) = 2.892789 over IDCG 3.630930 = 0.796710
+    a3 = (1 + 3 / LOG2_3) / IDCG_RED
+    assert a["aggregate"]["ndcg@3"]["value"] == pytest.approx((1 + 1 + a3 + 1 / LOG2_3) / 4)
+    assert set(a["aggregate"]) == {"ndcg@3", "mrr"}
+    assert ubi(["report", "--db", str(db), "--qrels", str(qrels), "--sources", "implicit:nope"]) == 2
+
+
+def test_user_errors_exit_2(tmp_path, capsys):
+    db = build_store(tmp_path / "ubi.duckdb")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query_id": "q1", "query": "x", "relevant": {"d": -1}}\n')
+    assert ubi(["report", "--db", str(db), "--qrels", str(bad)]) == 2
+    assert "bad.jsonl:1" in capsys.readouterr().err
+    assert ubi(["report", "--db", str(tmp_path / "none.duckdb"), "--qrels", str(bad)]) == 2
+    qrels = write_human(tmp_path / "h.jsonl")
+    assert ubi(["report", "--db", str(db), "--qrels", str(qrels), "--baseline", "shop/ranker=zz"]) == 2
+    assert "shop/ranker=zz" in capsys.readouterr().err
+
+
+def test_esci_sample_end_to_end_with_hand_checks(esci_db, tmp_path):
+    out, html, md = tmp_path / "esci.json", tmp_path / "esci.html", tmp_path / "esci.md"
+    assert ubi(["report", "--db", str(esci_db), "--qrels", str(SAMPLE_JUDGMENTS), "--format", "json", "--out",
+                str(out), "--html", str(html)]) == 0
+    doc = json.loads(out.read_text())
+    assert {s["name"] for s in doc["systems"]} == {"Chorus", "esci_ubi_sample"}
+    esci = _offline(doc, "esci_ubi_sample", "human")
+    # 8 of the 119 logged esci_ubi_sample queries have ESCI judgments (the Chorus queries none)
+    assert esci["queries_evaluated"] == 8 and esci["unlabelled_queries"] == 111
+    assert _offline(doc, "Chorus", "human")["queries_evaluated"] == 0
+
+    # "firestick": shown [g2, g0, g0, g0, g2] (3 identical searches); judged: 22 x grade 3, 19 x 2, 1 x 1, 31 x 0,
+    # so 42 positives. DCG@10 = 2/log2(2) + 2/log2(6) = 2 + 0.773706 = 2.773706; ideal = ten grade-3 docs:
+    # 3 * sum_{i=1..10} 1/log2(i+1) = 3 * 4.543559 = 13.630677 -> nDCG@10 = 0.203490.
+    # recall@10 = 2/42; P@10 = 2/10 (trec_eval divides by k); AP = (1/1 + 2/5) / 42 = 0.033333; RR = 1
+    fire = _pq(esci, "firestick")
+    ideal = 3 * sum(1 / math.log2(i + 1) for i in range(1, 11))
+    assert fire["ndcg@10"] == pytest.approx((2 + 2 / math.log2(6)) / ideal) == pytest.approx(0.203490, abs=1e-6)
+    assert (fire["recall@10"], fire["p@10"], fire["mrr"]) == (pytest.approx(2 / 42), pytest.approx(0.2), 1.0)
+    assert fire["map"] == pytest.approx(1.4 / 42)
+    # "basketball": shown [unjudged, 3, 3, 3, 3]; 53 positives (50 x 3). DCG = 3 (1/log2 3 + 1/log2 4 + 1/log2 5
+    # + 1/log2 6) = 5.845376 -> nDCG 0.428840; RR 1/2; AP = (1/2 + 2/3 + 3/4 + 4/5) / 53; judged@10 = 4/5
+    ball = _pq(esci, "basketball")
+    assert ball["ndcg@10"] == pytest.approx(3 * sum(1 / math.log2(i) for i in (3, 4, 5, 6)) / ideal)
+    assert ball["mrr"] == 0.5 and ball["judged@10"] == pytest.approx(0.8)
+    assert ball["map"] == pytest.approx((1 / 2 + 2 / 3 + 3 / 4 + 4 / 5) / 53)
+    # "gift not included batteries": all five shown docs judged 0 -> every metric 0, judged@10 = 1
+    gift = _pq(esci, "gift not included batteries")
+    assert gift["ndcg@10"] == 0.0 and gift["judged@10"] == 1.0
+    # the aggregate is the plain mean of the 8 per-query values
+    assert esci["aggregate"]["ndcg@10"]["value"] == pytest.approx(sum(r["ndcg@10"] for r in esci["per_query"]) / 8)
+    assert esci["aggregate"]["ndcg@10"]["value"] == pytest.approx(0.268483, abs=1e-6)
+    # events of ubi-demo have no query records: reported, not silently dropped
+    assert any(n.startswith("ubi-demo: 429 events") for n in doc["notes"])
+    text = html.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "esci_ubi_sample" in text
+    assert ubi(["report", "--db", str(esci_db), "--qrels", str(SAMPLE_JUDGMENTS), "--format", "md", "--out",
+                str(md)]) == 0
+    assert "| ndcg@10 | – | 0.268 [" in md.read_text()
