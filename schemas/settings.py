@@ -105,17 +105,17 @@ class Settings(BaseSettings):
         "X-API-Key (or ?api_key= for beacons) and records must carry the key's application",
     )
     rate_limit_per_second: float = Field(
-        0.0, ge=0.0, description="requests per second per client (API key, else IP); 0 turns the limit off"
+        default=0.0, ge=0.0, description="requests per second per client (API key, else IP); 0 turns the limit off"
     )
-    rate_limit_burst: float = Field(60.0, ge=1.0, description="requests a client may send at once (bucket size)")
+    rate_limit_burst: float = Field(default=60.0, ge=1.0, description="requests a client may send at once (bucket size)")
     trusted_proxies: int = Field(
-        0, ge=0, description="reverse proxies in front of the collector; the client IP is read from X-Forwarded-For"
+        default=0, ge=0, description="reverse proxies in front of the collector; the client IP is read from X-Forwarded-For"
     )
     admin_remote: bool = Field(
-        False, description="allow /v1/admin/* and /v1/failed from other hosts than loopback (default: loopback only)"
+        default=False, description="allow /v1/admin/* and /v1/failed from other hosts than loopback (default: loopback only)"
     )
     pseudonymise_key: SecretStr | None = Field(
-        None, description="key of the HMAC-SHA256 that replaces client_id, user_id and session_id at ingest; unset: off"
+        default=None, description="key of the HMAC-SHA256 that replaces client_id, user_id and session_id at ingest; unset: off"
     )
     pseudonymise_fields: list[str] = Field(
         default_factory=lambda: ["client_id", "user_id", "session_id"],
