@@ -5,24 +5,31 @@ the page, the client and the collector share an origin and no CORS setting is ne
 gets one of two rankers (``ranker-a``, ``ranker-b``): the simulator's protocol, grade plus Gaussian noise
 (σ = 0.5 and 2.0), sorted. Everything a visitor does is stored in the DuckDB file like any other UBI data.
 
-Run standalone: ``python -m ubi.demo_serve --db demo.duckdb --port 8000``.
+Run standalone: ``python -m ubi.demo_serve --db demo.duckdb --port 8000``. ``/report`` renders the joint
+report (``ubi report --format html``) of what visitors did against the catalog's graded human judgments,
+when the reports stage is installed; otherwise the page shows no report link.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import html
 import importlib
 import signal
 import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
+import orjson
 
 from collector.demo_site import DemoCatalog, DemoDoc, demo_router
+from collector.store import Store
 from schemas.errors import UbiError
 from schemas.settings import Settings
 
@@ -35,11 +42,15 @@ def _title(query: str, doc_id: str) -> str:
     return f"{query[:1].upper()}{query[1:]}, model {number}"
 
 
-def demo_catalog(seed: int = 0, *, queries: int = 40, docs_per_query: int = 20) -> DemoCatalog:
-    """The simulator's catalog (same seed, same searches and grades) with the two demo rankers' orders."""
+def _simulated(seed: int, queries: int, docs_per_query: int) -> Any:
     from processors.simulation.catalog import build_catalog
 
-    cat = build_catalog(queries, docs_per_query, seed=seed)
+    return build_catalog(queries, docs_per_query, seed=seed)
+
+
+def demo_catalog(seed: int = 0, *, queries: int = 40, docs_per_query: int = 20) -> DemoCatalog:
+    """The simulator's catalog (same seed, same searches and grades) with the two demo rankers' orders."""
+    cat = _simulated(seed, queries, docs_per_query)
     rng = np.random.default_rng([seed, 0xDE30])
     rankings: dict[str, tuple[tuple[int, ...], ...]] = {}
     for name, sigma in RANKERS:
@@ -53,44 +64,79 @@ def demo_catalog(seed: int = 0, *, queries: int = 40, docs_per_query: int = 20) 
     return DemoCatalog(tuple(cat.query_texts), docs, rankings)
 
 
-def report_renderer() -> Callable[..., str] | None:
-    """``reports.render.html`` when the reports stage provides it, else ``None`` (the page shows no link)."""
+def write_qrels(path: Path, seed: int = 0, *, queries: int = 40, docs_per_query: int = 20) -> Path:
+    """The catalog's graded human judgments as JSONL (``docs/metrics.md`` form), for the live report."""
+    cat = _simulated(seed, queries, docs_per_query)
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in cat.qrels()))
+    return path
+
+
+def report_available() -> bool:
+    """Whether the reports stage can render HTML here (``reports.render.html`` and the joint report)."""
+    for name in ("reports.render.html", "reports.joint", "reports.merge", "reports.qrels"):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and name.startswith(exc.name):
+                return False
+            raise
+    return True
+
+
+def live_report_html(store: Store, qrels: Path, settings: Settings) -> str:
+    """The joint report (``ubi report --format html``) of everything stored so far, from a snapshot."""
+    from reports.joint import ReportConfig, build_report
+    from reports.merge import LabelSet, labels_from_human, labels_from_store
+    from reports.qrels import load_qrels
+    from reports.render.html import render_html
+
+    labels = LabelSet()
+    labels.add(labels_from_human(load_qrels(qrels).human_judgments()))
+    # A snapshot taken between two commits: the report reads a consistent store while visitors keep writing.
+    snap = store.snapshot()
     try:
-        module = importlib.import_module("reports.render")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("reports.render", "reports"):
-            return None
-        raise
-    render = getattr(module, "html", None)
-    return render if callable(render) else None
+        con = duckdb.connect(str(snap), read_only=True)
+        try:
+            labels.add(labels_from_store(con))
+            config = ReportConfig(position_base=settings.position_base, seed=settings.seed,
+                                  n_boot=200, n_perm=2_000)  # fewer resamples: the page renders on each visit
+            report = build_report(con, labels, config, inputs={"db": str(store.path), "qrels": str(qrels)})
+        finally:
+            con.close()
+    finally:
+        for leftover in (snap, Path(str(snap) + ".wal")):
+            leftover.unlink(missing_ok=True)
+    return str(render_html(report))
 
 
 def build_demo_app(settings: Settings, *, catalog: DemoCatalog | None = None, sink: Any = None) -> Any:
-    """The collector app for ``settings`` with the demo site (and ``/report`` when it can be rendered)."""
+    """The collector app for ``settings`` with the demo site, and ``/report`` when the reports stage is there."""
     from collector.app import create_app
 
     app = create_app(settings, sink)
-    render = report_renderer()
+    store = app.state.collector.sink.store
     report_url = None
-    if render is not None:
+    if store is not None and report_available():
+        qrels = write_qrels(Path(str(store.path) + ".qrels.jsonl"), settings.seed)
         report_url = "/report"
-        _add_report_route(app, settings, render)
+        _add_report_route(app, store, qrels, settings)
     app.include_router(demo_router(catalog or demo_catalog(settings.seed), report_url=report_url))
     return app
 
 
-def _add_report_route(app: Any, settings: Settings, render: Callable[..., str]) -> None:
+def _add_report_route(app: Any, store: Store, qrels: Path, settings: Settings) -> None:
     import asyncio
 
     from fastapi.responses import HTMLResponse
 
     @app.get("/report", response_class=HTMLResponse, tags=["demo"])
     async def report() -> HTMLResponse:
-        """The live report of everything stored so far, as HTML."""
+        """The live joint report of what visitors did, against the catalog's human judgments (HTML)."""
         try:
-            page = await asyncio.to_thread(render, settings)
+            page = await asyncio.to_thread(live_report_html, store, qrels, settings)
         except UbiError as exc:
-            return HTMLResponse(f"<p>No report yet: {exc}</p>", status_code=503)
+            body = f"<p>No report yet: {html.escape(str(exc))}</p><p><a href='/demo/'>Search a little first.</a></p>"
+            return HTMLResponse(body, status_code=503)
         return HTMLResponse(page)
 
 
@@ -107,17 +153,37 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_demo(settings: Settings, *, ready: Callable[[str], None] | None = None) -> int:
+def _print_ready(url: str) -> None:
+    print(f"demo search page on {url}/demo/ (collector at {url}, Ctrl-C stops)", flush=True)
+
+
+def demo_settings(args: argparse.Namespace) -> Settings:
+    """Settings from ``ubi demo --serve`` arguments: ``--db``/``--host``/``--port``/``--seed`` when given,
+    else the database ``<--dir>/serve.duckdb`` (``--dir`` defaults to ``demo-out``)."""
+    flags = {name: getattr(args, name) for name in ("db", "host", "port", "seed")
+             if getattr(args, name, None) is not None}
+    if "db" not in flags:
+        folder = Path(getattr(args, "dir", None) or "demo-out")
+        folder.mkdir(parents=True, exist_ok=True)
+        flags["db"] = folder / "serve.duckdb"
+    return Settings(**flags)
+
+
+def serve_demo(settings: Settings | argparse.Namespace, *,
+               ready: Callable[[str], None] | None = _print_ready) -> int:
     """Serve the demo page and the collector on ``settings.host:settings.port`` (0: a free port) until stopped.
 
-    ``ready(url)`` is called once the socket listens (the CLI prints the URL). Stops on SIGINT/SIGTERM after
-    a graceful shutdown: pending writes are committed and the store is closed before this returns.
+    ``settings`` may also be the parsed ``ubi demo --serve`` arguments (see :func:`demo_settings`).
+    ``ready(url)`` is called once the socket listens. Stops on SIGINT/SIGTERM after a graceful shutdown:
+    acknowledged writes are committed and the store is closed before this returns.
     """
     import uvicorn
 
     from collector.sinks import create_sink
     from collector.store import advertise
 
+    if not isinstance(settings, Settings):
+        settings = demo_settings(settings)
     sock = _bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
@@ -164,16 +230,15 @@ def _server(config: Any) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ubi.demo_serve",
-        description="Serve the instrumented demo search page and the collector on one port "
+        description="Serve the instrumented demo search page, the live report and the collector on one port "
                     "(what `ubi demo --serve` runs). Settings also come from UBI_* variables.",
     )
-    parser.add_argument("--db", help="DuckDB file to store what visitors do (default: UBI_DB or ubi.duckdb)")
+    parser.add_argument("--db", type=Path, help="DuckDB file for what visitors do (default demo-out/serve.duckdb)")
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default 8000; 0 picks a free one)")
-    args = parser.parse_args(argv)
-    flags = {k: v for k, v in vars(args).items() if v is not None}
+    parser.add_argument("--seed", type=int, help="catalog and ranker seed (default 0)")
     try:
-        return serve_demo(Settings(**flags), ready=lambda url: print(f"demo search page on {url}/demo/", flush=True))
+        return serve_demo(parser.parse_args(argv))
     except UbiError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
