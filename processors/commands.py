@@ -12,16 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from collector.store import open_reader
-from processors.judgments import (
-    JUDGMENT_MODELS,
-    load_human_grades,
-    make_judgments,
-    store_judgments,
-    write_jsonl,
-    write_trec,
-)
+from processors.judgments import JUDGMENT_MODELS, process
 from processors.review import export_candidates, import_review, read_query_set, resolve_source, write_review
-from processors.sessions import read_sessions
 from schemas.errors import UbiError
 from schemas.settings import Settings
 
@@ -57,27 +49,12 @@ def _fmt(x: Any) -> str:
 
 def cmd_process(args: argparse.Namespace) -> int:
     settings = _settings(args, max_rank=args.max_rank, min_support=args.min_support, max_ci_width=args.max_ci_width)
-    err = Console(stderr=True)
-    out_fmt = args.format or ("trec" if args.out and Path(args.out).suffix.lower() in (".trec", ".qrels", ".txt")
-                              else "jsonl")
-    human = load_human_grades(args.calibrate) if args.calibrate else None
-    with err.status("building sessions from the store", spinner="dots") as status:
-        data = read_sessions(settings.db, settings)
-        status.update(f"fitting {args.model} on {data.filters.sessions:,} sessions")
-        run = make_judgments(data, args.model, settings, human=human, qrels_name=str(args.calibrate or ""))
-        stored = replaced = None
-        if not args.no_store:
-            status.update("storing judgments")
-            stored, replaced = store_judgments(settings.db, run.table, run.source)
-        written = None
-        if args.out:
-            status.update(f"writing {args.out}")
-            written = write_trec(run.table, args.out) if out_fmt == "trec" else write_jsonl(run.table, args.out)
-    result = {
-        "db": str(settings.db), **run.summary(), "stored": stored, "stale_rows_removed": replaced,
-        "out": str(args.out) if args.out else None, "out_format": out_fmt if args.out else None,
-        "rows_written": written, "sessions": data.filters.as_dict(), "quality": data.quality.as_dict(),
-    }
+    with Console(stderr=True).status("starting", spinner="dots") as status:
+        res = process(settings.db, args.model, settings, calibrate_with=args.calibrate, store=not args.no_store,
+                      out=args.out, out_format=args.format, progress=status.update)
+    data, run, stored, replaced, written, out_fmt = (res.data, res.run, res.stored, res.stale_rows_removed,
+                                                     res.rows_written, res.out_format)
+    result = {"db": str(settings.db), **res.summary()}
     if args.json:
         _dump(result)
         return 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -46,7 +46,7 @@ from processors.grades import (
     mapping_from_thresholds,
     scale_factor,
 )
-from processors.sessions import SessionData
+from processors.sessions import SessionData, read_sessions
 from processors.stats import SessionPatterns
 from schemas.errors import InputFileError, StoreLocked, UbiError
 from schemas.judgments import Judgment, Qrel
@@ -323,6 +323,58 @@ def store_judgments(db: Path | str, table: pa.Table, source: str) -> tuple[int, 
         return table.num_rows, True
     except StoreLocked:
         return load_derived(db, "judgments", table), False
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    """What :func:`process` did: the sessions it fitted on, the judgments, where they went."""
+
+    data: SessionData
+    run: JudgmentRun
+    stored: int | None  # rows stored (None: not stored)
+    stale_rows_removed: bool | None  # False when a running collector could only insert or replace
+    out: Path | None
+    out_format: str | None
+    rows_written: int | None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            **self.run.summary(), "stored": self.stored, "stale_rows_removed": self.stale_rows_removed,
+            "out": str(self.out) if self.out else None, "out_format": self.out_format,
+            "rows_written": self.rows_written, "sessions": self.data.filters.as_dict(),
+            "quality": self.data.quality.as_dict(),
+        }
+
+
+def process(db: Path | str, model_name: str, settings: Settings | None = None, *, calibrate_with: Path | None = None,
+            store: bool = True, out: Path | None = None, out_format: str | None = None,
+            min_support: int | None = None, max_ci_width: float | None = None,
+            max_rank: int | None = None, progress: Callable[[str], None] | None = None) -> ProcessResult:
+    """The ``ubi process`` stage: sessions from the store, one model's judgments, stored and/or written.
+
+    ``out_format`` is ``jsonl`` or ``trec`` (default: ``trec`` for .trec/.qrels/.txt files, else ``jsonl``);
+    ``progress`` is told what each step is doing.
+    """
+    settings = settings or Settings()
+    say = progress or (lambda _: None)
+    human = load_human_grades(calibrate_with) if calibrate_with else None
+    say(f"building sessions from {db}")
+    data = read_sessions(db, settings, max_rank=max_rank)
+    say(f"fitting {model_name} on {data.filters.sessions:,} sessions ({data.patterns.docs.shape[0]:,} patterns)")
+    run = make_judgments(data, model_name, settings, human=human, qrels_name=str(calibrate_with or ""),
+                         min_support=min_support, max_ci_width=max_ci_width)
+    stored = replaced = None
+    if store:
+        say(f"storing {run.table.num_rows:,} judgments")
+        stored, replaced = store_judgments(db, run.table, run.source)
+    fmt = written = None
+    if out is not None:
+        say(f"writing {out}")
+        fmt = out_format or ("trec" if Path(out).suffix.lower() in (".trec", ".qrels", ".txt") else "jsonl")
+        if fmt not in ("jsonl", "trec"):
+            raise JudgmentError(f"unknown output format {fmt!r}; expected jsonl or trec")
+        written = write_trec(run.table, out) if fmt == "trec" else write_jsonl(run.table, out)
+    return ProcessResult(data, run, stored, replaced, Path(out) if out else None, fmt, written)
 
 
 # ----------------------------------------------------------------------------- files
