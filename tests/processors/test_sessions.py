@@ -10,6 +10,8 @@ from typing import Any
 import duckdb
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from ubi_records import build_sample_store, build_store, make_event, make_query
 
 from collector.store import open_reader
@@ -442,3 +444,29 @@ def test_missing_store_tables_is_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(SessionError, match="ubi_queries"):
         load_sessions(con)
     con.close()
+
+
+_session = st.builds(
+    lambda q, docs, clicks: Session("x", q, tuple(docs), tuple(range(1, len(docs) + 1)), tuple(clicks[: len(docs)])),
+    st.sampled_from(["q1", "q2"]),
+    st.lists(st.sampled_from("abcdef"), min_size=1, max_size=6, unique=True),
+    st.lists(st.booleans(), min_size=6, max_size=6),
+)
+
+
+@given(st.lists(_session, min_size=1, max_size=30))
+def test_pattern_dedup_laws(sessions: list[Session]) -> None:
+    once = patterns_from_sessions(sessions, max_rank=4)
+    twice = patterns_from_sessions(sessions + sessions, max_rank=4)
+    # merging is idempotent up to weight: the same patterns, every weight doubled
+    assert np.array_equal(once.docs, twice.docs) and np.array_equal(twice.weight, 2 * once.weight)
+    # the weighted cells equal plain counting over the sessions
+    want: Counter[tuple[str, str, int, bool]] = Counter(
+        (s.query, d, r, c) for s in sessions for d, r, c in zip(s.doc_ids, s.ranks, s.clicked, strict=True) if r <= 4)
+    cells = cells_from_sessions(once)
+    got: Counter[tuple[str, str, int, bool]] = Counter()
+    for pair, rank, imps, clicks in zip(cells.pair, cells.rank, cells.impressions, cells.clicks, strict=True):
+        key = (once.pairs.queries[pair], once.pairs.doc_ids[pair], int(rank))
+        got[(*key, True)] += int(clicks)
+        got[(*key, False)] += int(imps - clicks)
+    assert +got == want
