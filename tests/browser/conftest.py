@@ -6,6 +6,8 @@ the browser tests are skipped, saying why.
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,17 +48,21 @@ class DemoServer:
             raise AssertionError(f"the demo server exited with {self.proc.returncode}: {self.proc.stderr.read()}")
 
 
-def start_demo_server(db: Path, port: int = 0) -> DemoServer:
-    """Start the demo server (port 0: the OS picks a free one) and wait until it answers /healthz."""
+def start_demo_server(db: Path, port: int = 0, env: dict[str, str] | None = None) -> DemoServer:
+    """Start the demo server (port 0: the OS picks a free one) and wait until it answers /healthz.
+
+    ``env``: extra ``UBI_*`` settings for the server process (the one way settings reach a subprocess).
+    """
     proc = subprocess.Popen(
         [sys.executable, "-m", "ubi.demo_serve", "--db", str(db), "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
     )
     line = proc.stdout.readline() if proc.stdout else ""
-    if "http://" not in line:
+    match = re.search(r"http://127\.0\.0\.1:\d+", line)
+    if not match:
         proc.kill()
         raise AssertionError(f"demo server did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}")
-    url = line.split("on ", 1)[1].strip().removesuffix("/demo/")
+    url = match.group(0)
     deadline = time.monotonic() + 20
     while True:
         try:
@@ -73,11 +79,11 @@ def start_demo_server(db: Path, port: int = 0) -> DemoServer:
 
 @pytest.fixture
 def start_server() -> Iterator[Callable[..., DemoServer]]:
-    """Start demo servers (``start_server(db_path, port=0)``); any still running at the end are killed."""
+    """Start demo servers (``start_server(db_path, port=0, env=None)``); any still running at the end are killed."""
     servers: list[DemoServer] = []
 
-    def start(db: Path, port: int = 0) -> DemoServer:
-        servers.append(start_demo_server(db, port))
+    def start(db: Path, port: int = 0, env: dict[str, str] | None = None) -> DemoServer:
+        servers.append(start_demo_server(db, port, env))
         return servers[-1]
 
     yield start

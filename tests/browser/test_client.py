@@ -9,7 +9,11 @@ y = 160; each result is 88 px high with a 12 px gap, so result i spans [160 + 10
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +203,96 @@ def test_offline_queue_is_capped_and_sent_by_the_next_page(browser: Any, start_s
     rows = _rows(db, "SELECT object_id, position_ordinal FROM ubi_events ORDER BY position_ordinal")
     assert rows == [(hits[i], i) for i in (1, 2, 3, 4)]
     assert _rows(db, "SELECT count(*) FROM ubi_queries") == [(0,)]
+
+
+SHOP_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>shop</title></head><body>
+<ol id="results">
+  <li data-ubi-id="boot-1"><a href="/p/boot-1">Boot 1</a></li>
+  <li data-ubi-id="boot-2"><a href="/p/boot-2">Boot 2</a></li>
+  <li data-ubi-id="boot-3"><a href="/p/boot-3">Boot 3</a></li>
+</ol>
+<script src="COLLECTOR/static/ubi-client.js"></script>
+<script>
+  // The lines a team adds to its own page, on another origin than the collector:
+  const ubi = UbiClient.init({endpoint: "COLLECTOR", application: "shop", apiKey: "k-shop", flushInterval: 200});
+  const queryId = ubi.search("hiking boots", ["boot-1", "boot-2", "boot-3"], {ranker: "bm25"});
+  ubi.trackResults(document.getElementById("results"), queryId);
+  window.ubi = ubi;
+</script></body></html>"""
+
+
+def _requests_with_status(server: Any, status: str) -> int:
+    total = 0
+    for line in httpx.get(server.url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("ubi_requests_total{") and f'status="{status}"' in line:
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+@contextmanager
+def shop_site(pages: dict[str, str]) -> Iterator[str]:
+    """A team's own site on another loopback port: ``pages["search"]`` at /search, product pages at /p/<id>."""
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            body = (pages["search"] if self.path == "/search" else "<p>product</p>").encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html; charset=utf-8")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_page_on_another_origin_sends_through_cors_with_its_api_key(
+    browser: Any, start_server: Any, tmp_path: Path
+) -> None:
+    # Both sites are on loopback like the collector (Chrome refuses public pages access to loopback), on
+    # their own ports, so they are other origins. Only the shop's is allowed.
+    pages: dict[str, str] = {}
+    with shop_site(pages) as shop, shop_site(pages) as evil:
+        server = start_server(tmp_path / "shop.duckdb", env={
+            "UBI_CORS_ALLOW_ORIGINS": json.dumps([shop]), "UBI_API_KEYS": json.dumps({"shop": "k-shop"})})
+        pages["search"] = SHOP_PAGE.replace("COLLECTOR", server.url)
+        _cross_origin_visits(browser, server, shop, evil)
+    server.stop()
+
+    events = _rows(server.db, "SELECT action_name, object_id, position_ordinal, application FROM ubi_events "
+                              "ORDER BY action_name, position_ordinal")
+    assert events == [("click", "boot-2", 1, "shop"), ("impression", "boot-1", 0, "shop"),
+                      ("impression", "boot-2", 1, "shop"), ("impression", "boot-3", 2, "shop")]
+    assert _rows(server.db, "SELECT user_query, application FROM ubi_queries") == [("hiking boots", "shop")]
+    assert _rows(server.db, "SELECT count(*) FROM failed_records") == [(0,)]  # refused origins are not stored
+
+
+def _cross_origin_visits(browser: Any, server: Any, shop: str, evil: str) -> None:
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    page.goto(shop + "/search")
+    # Fetch with JSON and X-API-Key: a preflighted cross-origin request the collector allows for this origin.
+    page.wait_for_function("window.ubi.stats.sent === 4")  # the query and 3 impressions
+    page.click("li[data-ubi-id='boot-2'] a")  # the click leaves in a text/plain beacon with ?api_key=
+    page.wait_for_url(f"{shop}/p/boot-2")
+    _wait_accepted(server, queries=1, events=4)
+
+    refused_before = _requests_with_status(server, "403")
+    other = context.new_page()
+    other.goto(evil + "/search")  # same key, origin not allowed: preflights fail, the beacon is refused
+    other.wait_for_function("window.ubi.stats.retries >= 1")
+    other.close()
+    deadline = time.monotonic() + 10
+    while _requests_with_status(server, "403") == refused_before:
+        assert time.monotonic() < deadline, "the other origin's beacon never reached the collector"
+        time.sleep(0.1)
+    context.close()
