@@ -76,8 +76,8 @@ def harvest_stats(cells: ClickCells, max_rank: int | None = None) -> HarvestStat
             rows.append((a + 1, b + 1, float(m @ ctr[both, a]), float(m @ ctr[both, b]), float(m.sum()),
                          int(both.sum())))
     if not rows:
-        return HarvestStats(*(np.zeros(0, dtype=t) for t in (np.int64, np.int64, float, float, float, np.int64)),
-                            max_rank=k_max)
+        none_i, none_f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        return HarvestStats(none_i, none_i, none_f, none_f, none_f, none_i, k_max)
     k, k2, ca, cb, n, npairs = (np.asarray(col) for col in zip(*rows, strict=True))
     return HarvestStats(k.astype(np.int64), k2.astype(np.int64), ca.astype(float), cb.astype(float),
                         n.astype(float), npairs.astype(np.int64), k_max)
@@ -140,18 +140,22 @@ def _allpairs_mle(s: HarvestStats, max_iter: int = 500) -> NDArray[np.float64]:
     cl = np.concatenate([s.clicks_k, s.clicks_k2])
     nn = np.concatenate([s.trials, s.trials])
 
+    scale = 1.0 / max(float(nn.sum()), 1e-12)  # per-trial likelihood: gradients of order 1 whatever the counts
+
     def nll(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
         u, v = x[:kk], x[kk:]
         logp = -_softplus(u[ks]) - _softplus(v[grp])
         p = np.exp(logp)
-        ll = cl * logp + (nn - cl) * np.log(-np.expm1(np.minimum(logp, -1e-12)))
-        dx = cl - (nn - cl) * p / np.maximum(-np.expm1(np.minimum(logp, -1e-12)), 1e-300)
+        log_miss = np.log(-np.expm1(np.minimum(logp, -1e-12)))
+        ll = cl * logp + (nn - cl) * log_miss
+        dx = cl - (nn - cl) * p / np.exp(log_miss)
         gu = np.bincount(ks, weights=dx * -_sigmoid(u[ks]), minlength=kk)
         gv = np.bincount(grp, weights=dx * -_sigmoid(v[grp]), minlength=g)
-        return -float(ll.sum()), -np.concatenate([gu, gv])
+        return -float(ll.sum()) * scale, -np.concatenate([gu, gv]) * scale
 
-    res = minimize(nll, np.concatenate([u0, v0]), jac=True, method="L-BFGS-B",
-                   options={"maxiter": max_iter, "gtol": 1e-9, "ftol": 1e-14})
+    # BFGS, not L-BFGS-B: with ~K²/2 parameters the dense update is cheap, and L-BFGS-B's BLAS threads
+    # made each fit several times slower on a busy two-core machine (measured: ~240 ms against ~40 ms).
+    res = minimize(nll, np.concatenate([u0, v0]), jac=True, method="BFGS", options={"maxiter": max_iter, "gtol": 1e-10})
     log_theta = -_softplus(res.x[:kk])
     return np.exp(log_theta - log_theta[0])
 

@@ -18,6 +18,7 @@ The control is the marked no-swap arm when the log has one, else the unmarked se
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -64,13 +65,14 @@ class ArmCounts:
     clicks: NDArray[np.float64]  # [A, K]
 
 
-def arm_counts(s: SwapSessions, weight: NDArray[np.float64] | None = None) -> ArmCounts:
+def arm_counts(s: SwapSessions, weight: NDArray[Any] | None = None) -> ArmCounts:
     """Sum searches and per-rank clicks by arm (``weight`` overrides the pattern weights: bootstrap)."""
     w = s.weight.astype(np.float64) if weight is None else np.asarray(weight, dtype=np.float64)
     a = len(s.arms)
-    searches = np.bincount(s.arm, weights=w, minlength=a)
-    clicks = np.stack([np.bincount(s.arm, weights=w * s.clicks[:, k], minlength=a) for k in range(s.max_rank)],
-                      axis=1) if s.max_rank else np.zeros((a, 0))
+    searches = np.bincount(s.arm, weights=w, minlength=a).astype(np.float64)
+    clicks = np.zeros((a, s.max_rank))
+    for k in range(s.max_rank):
+        clicks[:, k] = np.bincount(s.arm, weights=w * s.clicks[:, k], minlength=a)
     return ArmCounts(s.arms, searches, clicks)
 
 

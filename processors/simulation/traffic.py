@@ -204,9 +204,9 @@ def _truth(config: SimConfig, catalog: Catalog) -> Truth:
     attract = alpha_g[g]
     if config.model == "dbn":
         # satisfaction on the same exponential gain, without the click noise: grade 0 never satisfies
-        satisfaction = (2.0 ** g - 1.0) / (2.0 ** catalog.max_grade - 1.0)
+        satisfaction = ((2.0 ** g - 1.0) / (2.0 ** catalog.max_grade - 1.0)).astype(np.float64)
     if config.model == "trust":
-        relevance = (2.0 ** g - 1.0) / (2.0 ** catalog.max_grade - 1.0)
+        relevance = ((2.0 ** g - 1.0) / (2.0 ** catalog.max_grade - 1.0)).astype(np.float64)
         eps_pos, eps_neg = trust_bias_epsilons(k)
         attract = eps_pos[0] * relevance + eps_neg[0] * (1.0 - relevance)
     return Truth(config, catalog, theta, attract, satisfaction, relevance, eps_pos, eps_neg,
