@@ -17,6 +17,7 @@ Two layers, both built from :class:`~schemas.settings.Settings` (section "securi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import ipaddress
@@ -337,8 +338,9 @@ class Privacy:
 
     The same input and key always give the same pseudonym, so sessions and clients still link up, but the
     original value cannot be recovered without the key (keep it away from the database; rotating it changes
-    every pseudonym). Empty strings stay empty (``user_id`` may be ``""`` for anonymous users). The raw
-    bytes of *rejected* items are kept as sent in ``failed_records``: drop those too if they matter.
+    every pseudonym). Empty strings stay empty (``user_id`` may be ``""`` for anonymous users). Rejected
+    items kept in ``failed_records`` are scrubbed too when they are JSON objects; a body that is not JSON at
+    all is kept as received.
     """
 
     def __init__(self, key: bytes | None, fields: Sequence[str], drop: Sequence[str]) -> None:
@@ -392,7 +394,30 @@ class Privacy:
         batch.events = [(i, e, b) for i, e, b in events if e is not None]  # type: ignore[misc]
         for index, exc in failed:
             batch.reject(index, field=exc.field, message=exc.message, kind="privacy")
+        # Rejected items are kept with their raw bytes: scrub those that are JSON objects the same way.
+        batch.errors = [dataclasses.replace(e, raw=self.scrub(e.raw)) for e in batch.errors]
         return batch
+
+    def scrub(self, raw: bytes) -> bytes:
+        """Raw bytes of one rejected item with the same fields hashed and dropped (if it is a JSON object)."""
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return raw  # not JSON at all: kept as received (see the README, "What is stored")
+        if not isinstance(data, dict):
+            return raw
+        for name in self.fields:
+            value = data.get(name)
+            if isinstance(value, str) and value and self.key is not None:
+                data[name] = pseudonym(value, self.key)
+        for name in self.drop_top:
+            data.pop(name, None)
+        for path in self.drop_nested:
+            _pop_path(data, path)
+        try:
+            return orjson.dumps(data)
+        except TypeError:  # integers beyond 64 bits: leave the item as it came
+            return raw
 
 
 def _rebuild_without(record: Record, top: Sequence[str], nested: Sequence[tuple[str, ...]]) -> Record:
@@ -401,17 +426,21 @@ def _rebuild_without(record: Record, top: Sequence[str], nested: Sequence[tuple[
     for name in top:
         data.pop(name, None)
     for path in nested:
-        node: Any = data
-        for part in path[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(path[-1], None)
+        _pop_path(data, path)
     try:
         return type(record).model_validate(data)
     except ValidationError as exc:
         where = ", ".join(".".join(p) for p in nested)
         raise DropFailed(where, "dropping the configured fields (UBI_DROP_FIELDS) leaves an invalid record: "
                          f"{exc.errors(include_url=False)[0]['msg']}") from exc
+
+
+def _pop_path(data: dict[str, Any], path: tuple[str, ...]) -> None:
+    node: Any = data
+    for part in path[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(path[-1], None)
 
 
 def record_filters(settings: Settings) -> list[RecordFilter]:

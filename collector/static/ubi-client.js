@@ -58,6 +58,7 @@
     var o = {}, k;
     for (k in DEFAULTS) o[k] = DEFAULTS[k];
     for (k in options || {}) o[k] = options[k];
+    o.endpoint = String(o.endpoint || "").replace(/\/+$/, "");
     this.o = o;
     this.local = store("localStorage");
     this.clientId = keep(this.local, o.storagePrefix + "client_id", uuid);                 // persisted

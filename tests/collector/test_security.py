@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -286,3 +287,14 @@ def test_without_security_settings_no_filter_runs() -> None:
     assert security.record_filters(Settings()) == []
     steps = security.record_filters(Settings(api_keys={"a": "k"}, pseudonymise_key="p"))
     assert [type(s).__name__ for s in steps] == ["ApplicationCheck", "Privacy"]
+
+
+def test_rejected_items_are_kept_scrubbed_too(db: Path, make_event: Callable[..., Any]) -> None:
+    bad = make_event(client_id="alice-laptop", timestamp="yesterday", message="card 4111")
+    with collector(db, pseudonymise_key="pepper", drop_fields=["message"]) as c:
+        r = c.post("/v1/events", json=[make_event(), bad])
+        assert r.json()["rejected"] == 1 and r.json()["errors"][0]["field"] == "timestamp"
+    ((raw,),) = rows(db, "SELECT raw FROM failed_records")
+    kept = json.loads(raw)
+    assert kept["client_id"] == _hmac("alice-laptop") and "message" not in kept
+    assert kept["timestamp"] == "yesterday"  # the reason it was rejected is still there to see
