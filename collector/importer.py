@@ -65,12 +65,20 @@ class FileReport:
         }
 
 
+_EVENT_ONLY = ("action_name", "event_attributes", "session_id", "message_type", "message", "user_id", "event_id")
+_QUERY_ONLY = ("query_response_hit_ids", "query_attributes", "query_response_id", "object_id_field")
+
+
 def guess_kind(value: Any, default: Kind) -> Kind:
-    """An item's kind from its keys: events have ``action_name``, query records ``user_query`` and no action."""
+    """An item's kind from its keys: fields only events have, then fields only query records have.
+
+    Events repeat ``user_query`` (UBI 1.3.0), so it only decides when no event field is present; an item
+    with neither kind's fields takes the file's ``default``. ``--kind`` overrides all of this.
+    """
     if isinstance(value, dict):
-        if "action_name" in value:
+        if any(k in value for k in _EVENT_ONLY):
             return "event"
-        if "user_query" in value:
+        if any(k in value for k in _QUERY_ONLY) or "user_query" in value:
             return "query"
     return default
 
@@ -122,10 +130,9 @@ def _parses(line: bytes) -> bool:
 
 
 def _dominant(values: Sequence[Any]) -> Kind:
-    sample = values[:100]
-    events = sum(1 for v in sample if isinstance(v, dict) and "action_name" in v)
-    queries = sum(1 for v in sample if isinstance(v, dict) and "user_query" in v and "action_name" not in v)
-    return "query" if queries > events else "event"
+    """The kind most of the first 100 items have (events when undecided)."""
+    kinds = [guess_kind(v, "event") for v in values[:100] if isinstance(v, dict)]
+    return "query" if kinds.count("query") > kinds.count("event") else "event"
 
 
 def _ndjson_items(body: bytes, kind: Kind | None) -> list[RawItem]:

@@ -168,9 +168,18 @@ def parse_items(body: bytes, kind: Kind, *, ndjson: bool = False) -> list[RawIte
                 return _ndjson_items(text, kind)
             raise _decode_error(exc) from exc
         if isinstance(value, list):
-            return [RawItem(i, kind, v, orjson.dumps(v)) for i, v in enumerate(value)]
+            return [RawItem(i, kind, v, _item_bytes(v, text)) for i, v in enumerate(value)]
         return [RawItem(0, kind, value, text)]
     return _ndjson_items(text, kind)
+
+
+def _item_bytes(value: Any, body: bytes) -> bytes:
+    """An array item's bytes for ``failed_records``: the item re-serialised (same JSON value), or the whole
+    body when the item is nested too deeply to serialise (orjson writes 254 levels, reads 1024)."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return body
 
 
 def _parses(line: bytes) -> bool:
@@ -452,6 +461,12 @@ class Prepared:
 _ROW_ERRORS = (orjson.JSONEncodeError, ValueError, OverflowError, TypeError)
 
 
+def _unstorable(exc: Exception) -> str:
+    if isinstance(exc, orjson.JSONEncodeError) and "ecursion" in str(exc):
+        return "cannot be stored: objects nested more than 254 levels deep; flatten the extra keys"
+    return f"cannot be stored: {exc}"
+
+
 def prepare(validated: Validated, *, source: str, received_at: datetime | None = None) -> Prepared:
     """Build the stored rows of one validated body (and the ``failed_records`` rows of its rejected items).
 
@@ -467,12 +482,12 @@ def prepare(validated: Validated, *, source: str, received_at: datetime | None =
         try:
             qrows.append(_query_values(q, now))
         except _ROW_ERRORS as exc:
-            late.append(ItemError(index, None, f"cannot be stored: {exc}", "query", validated.raws.get(index, b"")))
+            late.append(ItemError(index, None, _unstorable(exc), "query", validated.raws.get(index, b"")))
     for index, e, bulk_id in validated.events:
         try:
             erows.append(_event_values(e, now, bulk_id))
         except _ROW_ERRORS as exc:
-            late.append(ItemError(index, None, f"cannot be stored: {exc}", "event", validated.raws.get(index, b"")))
+            late.append(ItemError(index, None, _unstorable(exc), "event", validated.raws.get(index, b"")))
     if late:
         bad = {err.index for err in late}
         validated = Validated(

@@ -1,0 +1,418 @@
+"""The collector's HTTP contract through the ASGI client: statuses, partial acceptance, nothing lost."""
+
+from __future__ import annotations
+
+import base64
+from concurrent.futures import Future
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pytest
+from fastapi.testclient import TestClient
+from tests_collector_support import SAMPLE_BULK, SAMPLE_EVENTS, SAMPLE_QUERIES
+
+from collector.app import create_app
+from collector.errors import RequestError
+from collector.ingest import IngestContext, Validated
+from collector.sinks.base import Sink
+from schemas.settings import Settings
+
+NDJSON = {"content-type": "application/x-ndjson"}
+
+
+def failed(client: TestClient, where: str = "", params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    """failed_records rows (kind, item_index, field, reason, raw), oldest first, read through the app's store."""
+    store = client.app.state.collector.sink.store
+    return store.read(f"SELECT kind, item_index, field, reason, raw FROM failed_records {where} "
+                      "ORDER BY received_at, item_index", params or [])
+
+
+def stored(client: TestClient, table: str) -> int:
+    return client.app.state.collector.sink.store.read(f"SELECT count(*) FROM {table}")[0][0]
+
+
+# ---------------------------------------------------------------- the real sample
+
+
+def test_sample_bulk_export_is_accepted_then_deduplicated(client):
+    body = SAMPLE_BULK.read_bytes()
+    first = client.post("/v1/bulk", content=body, headers=NDJSON)
+    assert first.status_code == 202
+    assert first.json() == {"accepted": SAMPLE_QUERIES + SAMPLE_EVENTS, "duplicates": 0, "rejected": 0, "errors": []}
+    assert (stored(client, "ubi_queries"), stored(client, "ubi_events")) == (SAMPLE_QUERIES, SAMPLE_EVENTS)
+    again = client.post("/v1/bulk", content=body, headers=NDJSON)
+    # 473 + 3,448 = 3,921 records, every one already stored
+    assert again.json() == {"accepted": 0, "duplicates": 3921, "rejected": 0, "errors": []}
+    assert (stored(client, "ubi_queries"), stored(client, "ubi_events")) == (SAMPLE_QUERIES, SAMPLE_EVENTS)
+    assert failed(client) == []
+
+
+def test_bulk_ids_become_event_ids(client):
+    body = SAMPLE_BULK.read_bytes()
+    client.post("/v1/bulk", content=body, headers=NDJSON)
+    lines = body.splitlines()
+    first_event_action = next(orjson.loads(a) for a in lines[::2] if b'"ubi_events"' in a)
+    event_id = first_event_action["index"]["_id"]
+    rows = client.app.state.collector.sink.store.read(
+        "SELECT event_key FROM ubi_events WHERE event_id = ?", [event_id])
+    assert rows == [("id:" + event_id,)]
+
+
+# ---------------------------------------------------------------- body shapes and routes
+
+
+@pytest.mark.parametrize("path", ["/v1/events", "/ubi_events"])
+def test_one_object_an_array_and_ndjson(client, make_event, path):
+    one = client.post(path, json=make_event())
+    array = client.post(path, json=[make_event(), make_event()])
+    nd = client.post(path, content=b"\n".join(orjson.dumps(make_event()) for _ in range(3)) + b"\n", headers=NDJSON)
+    assert [r.status_code for r in (one, array, nd)] == [202, 202, 202]
+    assert [r.json()["accepted"] for r in (one, array, nd)] == [1, 2, 3]
+    assert stored(client, "ubi_events") == 6
+
+
+@pytest.mark.parametrize("path", ["/v1/queries", "/ubi_queries"])
+def test_queries_routes_take_the_reference_clients_one_element_arrays(client, make_query, path):
+    r = client.post(path, json=[make_query()])
+    assert r.status_code == 202 and r.json()["accepted"] == 1
+    assert stored(client, "ubi_queries") == 1
+
+
+def test_ndjson_without_its_content_type_is_still_read(client, make_event):
+    body = orjson.dumps(make_event()) + b"\n" + orjson.dumps(make_event())
+    assert client.post("/v1/events", content=body).json()["accepted"] == 2
+
+
+def test_unknown_route_and_method(client):
+    assert client.post("/v1/nothing", content=b"{}").status_code == 404
+    assert client.get("/v1/events").status_code == 405
+
+
+# ---------------------------------------------------------------- partial acceptance
+
+
+def test_invalid_items_are_rejected_alone_and_kept(client, make_event):
+    body = [make_event(), make_event(timestamp=...), make_event(client_id=7), make_event(), "not an object"]
+    r = client.post("/v1/events", json=body)
+    assert r.status_code == 202
+    out = r.json()
+    assert (out["accepted"], out["rejected"]) == (2, 3)
+    assert [(e["index"], e["field"]) for e in out["errors"]] == [(1, "timestamp"), (2, "client_id"), (4, None)]
+    assert out["errors"][0]["message"] == "'timestamp' is required"
+    assert "valid string" in out["errors"][1]["message"] and "(got 7)" in out["errors"][1]["message"]
+    assert out["errors"][2]["message"] == "expected a JSON object, got a string"
+    rows = failed(client)
+    assert [(k, i, f) for k, i, f, _, _ in rows] == [("event", 1, "timestamp"), ("event", 2, "client_id"),
+                                                     ("event", 4, None)]
+    assert orjson.loads(rows[1][4])["client_id"] == 7  # the raw item is kept as sent
+    assert rows[0][3] == "'timestamp' is required"
+
+
+def test_ndjson_bad_line_rejects_that_item_and_names_its_line(client, make_event):
+    body = orjson.dumps(make_event()) + b"\n{not json\n" + orjson.dumps(make_event()) + b"\n"
+    r = client.post("/v1/events", content=body, headers=NDJSON)
+    assert r.status_code == 202
+    assert (r.json()["accepted"], r.json()["rejected"]) == (2, 1)
+    assert r.json()["errors"][0]["index"] == 1
+    assert r.json()["errors"][0]["message"].startswith("line 2, column 2: malformed JSON")
+    assert failed(client)[0][4] == b"{not json"
+
+
+def test_query_conflict_first_write_wins_and_the_conflict_is_kept(client, make_query):
+    first = make_query(query_id="q-c", user_query="shoes")
+    assert client.post("/v1/queries", json=first).json()["accepted"] == 1
+    retry = client.post("/v1/queries", json=first).json()
+    assert (retry["accepted"], retry["duplicates"], retry["rejected"]) == (0, 1, 0)
+    other = client.post("/v1/queries", json=make_query(query_id="q-c", user_query="boots")).json()
+    assert (other["accepted"], other["rejected"]) == (0, 1)
+    assert other["errors"][0]["field"] == "query_id" and "first write wins" in other["errors"][0]["message"]
+    assert [(k, f) for k, _, f, _, _ in failed(client)] == [("conflict", "query_id")]
+    assert client.app.state.collector.sink.store.read("SELECT user_query FROM ubi_queries") == [("shoes",)]
+
+
+def test_multi_search_responses_under_one_query_id_are_not_conflicts(client, make_query):
+    body = [make_query(query_id="q-m", query_response_id="r1"), make_query(query_id="q-m", query_response_id="r2")]
+    assert client.post("/v1/queries", json=body).json()["accepted"] == 2
+
+
+def test_retries_never_double_count(client, make_event):
+    body = [make_event(), make_event(event_id="e-1")]
+    assert client.post("/v1/events", json=body).json()["accepted"] == 2
+    again = client.post("/v1/events", json=list(reversed(body))).json()
+    assert (again["accepted"], again["duplicates"]) == (0, 2)
+    same_in_one = client.post("/v1/events", json=[make_event(event_id="e-2")] * 3).json()
+    assert (same_in_one["accepted"], same_in_one["duplicates"]) == (1, 2)
+    assert stored(client, "ubi_events") == 3
+
+
+# ---------------------------------------------------------------- refused bodies
+
+
+def test_malformed_json_is_400_with_line_and_column_and_kept(client):
+    body = b'[{"action_name": "click",\n  "timestamp": }]'
+    r = client.post("/v1/events", content=body)
+    assert r.status_code == 400
+    # line 2 is `  "timestamp": }`; the "}" that breaks it is its 16th character
+    assert (r.json()["line"], r.json()["column"]) == (2, 16)
+    assert "line 2, column 16" in r.json()["message"]
+    assert [(k, raw) for k, _, _, _, raw in failed(client)] == [("body", body)]
+
+
+def test_empty_body_is_400_and_kept(client):
+    assert client.post("/v1/events", content=b"").status_code == 400
+    assert [k for k, *_ in failed(client)] == ["body"]
+
+
+def test_body_over_the_byte_limit_is_413_and_not_stored(db):
+    app = create_app(Settings(db=db, max_body_bytes=1000), extensions=False)
+    with TestClient(app) as c:
+        r = c.post("/v1/events", content=b"x" * 1001)
+        assert r.status_code == 413 and "1000 bytes" in r.json()["message"]
+
+        def chunks():  # no Content-Length: the limit is enforced while streaming
+            for _ in range(20):
+                yield b" " * 100
+
+        r = c.post("/v1/events", content=chunks())
+        assert r.status_code == 413
+        assert failed(c) == []
+
+
+def test_too_many_items_is_413_and_kept(db, make_event):
+    app = create_app(Settings(db=db, max_items=3), extensions=False)
+    with TestClient(app) as c:
+        r = c.post("/v1/events", json=[make_event() for _ in range(4)])
+        assert r.status_code == 413 and "4 items" in r.json()["message"]
+        assert stored(c, "ubi_events") == 0
+        assert [k for k, *_ in failed(c)] == ["too_large"]
+
+
+def test_wrong_content_type_is_415_and_kept(client):
+    r = client.post("/v1/events", content=b"<event/>", headers={"content-type": "application/xml"})
+    assert r.status_code == 415
+    assert [(k, raw) for k, _, _, _, raw in failed(client)] == [("body", b"<event/>")]
+
+
+@pytest.mark.parametrize(("body", "status"), [
+    (b"\xff\xfe\x00", 400),  # invalid UTF-8
+    (b"[" * 5000, 400),  # deeper than any JSON parser here nests
+    (b'{"action_name": "c", "timestamp": 1e999}', 400),  # a number that is infinite
+    (b'{"action_name": "c", "timestamp": NaN}', 400),  # NaN is not JSON
+    (b'{"action_name": "c", "timestamp": 123456789012345678901234567890}', 202),  # rejected item: a float
+    (b'{"action_name": "c", "timestamp": 18446744073709551615}', 202),  # rejected item: out of range
+    (b'{"action_name": "c", "timestamp": 1, "x": ' + b'{"a": ' * 300 + b"1" + b"}" * 301, 202),  # too deep to store
+    (b'{"action_name": "c", "timestamp": 1, "s": "\\ud800"}', 400),  # lone surrogate
+    (b'{"action_name": "c", "timestamp": 1, "s": "nul \\u0000 inside"}', 202),  # accepted
+    (b"null", 202),
+    (b"[]", 202),
+    (b"[[]]", 202),
+    (b"\n\n\n", 400),
+    (b'"just a string"', 202),
+    (b"\x00\x01\x02", 400),
+])
+def test_weird_inputs_never_500(client, body, status):
+    r = client.post("/v1/events", content=body)
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert [raw for *_, raw in failed(client)] == [body]  # kept as received, bytes for bytes
+    for ctype in ("application/x-ndjson", "text/plain", "application/json; charset=utf-8"):
+        assert client.post("/v1/events", content=body, headers={"content-type": ctype}).status_code < 500
+    assert client.post("/v1/bulk", content=body).status_code < 500
+    assert client.post("/v1/queries", content=body).status_code < 500
+
+
+def test_too_deep_to_store_is_an_item_error(client):
+    body = b'[{"action_name": "c", "timestamp": 1, "x": ' + b'{"a": ' * 300 + b"1" + b"}" * 301 + b","
+    body += orjson.dumps({"action_name": "c", "timestamp": 2}) + b"]"
+    r = client.post("/v1/events", content=body).json()
+    assert (r["accepted"], r["rejected"]) == (1, 1)
+    assert "254 levels" in r["errors"][0]["message"]
+
+
+def test_unforeseen_error_is_422_and_the_body_is_kept(client, monkeypatch):
+    def broken(items):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("collector.app.validate_items", broken)
+    r = client.post("/v1/events", content=b'{"action_name": "c"}')
+    assert r.status_code == 422 and "boom" in r.json()["message"]
+    assert [(k, raw) for k, _, _, _, raw in failed(client)] == [("unprocessable", b'{"action_name": "c"}')]
+
+
+# ---------------------------------------------------------------- bulk specifics
+
+
+def test_bulk_bad_pairs_reject_that_record_only(client, make_event, make_query):
+    body = b"\n".join([
+        b'{"index": {"_index": "ubi_events", "_id": "b1"}}', orjson.dumps(make_event()),
+        b'{"delete": {"_index": "ubi_events", "_id": "x"}}',
+        b'{"index": {"_index": "products"}}', b'{"name": "lamp"}',
+        b'{"create": {"_index": "ubi_queries"}}', orjson.dumps(make_query()),
+        b'{"index": {"_index": "ubi_events"}}', b'{"action_name": "click", "timestamp": "never"}',
+        b'{"index": {"_index": "ubi_events"}}',
+    ])
+    r = client.post("/v1/bulk", content=body, headers=NDJSON).json()
+    assert (r["accepted"], r["rejected"]) == (2, 4)
+    assert [(e["index"], e["field"]) for e in r["errors"]] == [(1, "action"), (2, "_index"), (4, "timestamp"),
+                                                               (5, None)]
+    # line 3 is the delete action; line 10, the last, an action line with nothing after it
+    assert "line 3" in r["errors"][0]["message"] and "line 10" in r["errors"][3]["message"]
+    assert len(failed(client)) == 4
+
+
+# ---------------------------------------------------------------- failed records
+
+
+def test_failed_route_pages_newest_first_and_shows_raw_bytes(client, make_event):
+    client.post("/v1/events", content=b"\xff not utf-8")
+    client.post("/v1/events", json=[make_event(timestamp=...), make_event(action_name=...)])
+    page = client.get("/v1/failed", params={"limit": 2}).json()
+    assert page["total"] == 3 and page["next_offset"] == 2
+    assert {i["field"] for i in page["items"]} == {"timestamp", "action_name"}  # the newest request
+    assert all(i["raw_encoding"] == "utf-8" for i in page["items"])
+    last = client.get("/v1/failed", params={"limit": 2, "offset": 2}).json()
+    assert last["next_offset"] is None
+    (body,) = last["items"]
+    assert body["kind"] == "body" and body["raw_encoding"] == "base64"
+    assert base64.b64decode(body["raw"]) == b"\xff not utf-8"
+    only = client.get("/v1/failed", params={"kind": "body"}).json()
+    assert only["total"] == 1
+    assert client.get("/v1/failed", params={"limit": 0}).status_code == 422
+
+
+# ---------------------------------------------------------------- health, metrics, docs
+
+
+def test_healthz(client):
+    r = client.get("/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["sink"] == "duckdb"
+
+
+def test_metrics_count_what_happened(client, make_event, make_query):
+    e1, e2 = make_event(), make_event()
+    client.post("/v1/events", json=[e1, e2, make_event(timestamp=...)])  # 2 accepted, 1 rejected
+    client.post("/v1/events", json=[e1])  # 1 duplicate
+    client.post("/ubi_queries", json=[make_query()])  # 1 accepted query
+    client.post("/v1/events", content=b"{")  # 400
+    text = client.get("/metrics").text
+    lines = set(text.splitlines())
+    assert 'ubi_records_accepted_total{kind="event",route="/v1/events"} 2' in lines
+    assert 'ubi_records_rejected_total{kind="event",route="/v1/events"} 1' in lines
+    assert 'ubi_records_duplicate_total{kind="event",route="/v1/events"} 1' in lines
+    assert 'ubi_records_accepted_total{kind="query",route="/ubi_queries"} 1' in lines
+    assert 'ubi_requests_total{method="POST",route="/v1/events",status="202"} 2' in lines
+    assert 'ubi_requests_total{method="POST",route="/v1/events",status="400"} 1' in lines
+    assert 'ubi_bodies_kept_total{kind="body",route="/v1/events"} 1' in lines
+    # 3 requests to /v1/events answered before this scrape: every one falls in the +Inf bucket
+    assert 'ubi_request_duration_seconds_count{method="POST",route="/v1/events"} 3' in lines
+    assert 'ubi_request_duration_seconds_bucket{method="POST",route="/v1/events",le="+Inf"} 3' in lines
+    assert "# TYPE ubi_request_duration_seconds histogram" in lines
+    assert any(line.startswith('ubi_sink_commits_total{sink="duckdb"}') for line in lines)
+
+
+def test_openapi_documents_the_record_schemas(client):
+    spec = client.get("/openapi.json").json()
+    assert {"UbiEvent", "UbiQuery", "Position", "EventAttributes"} <= set(spec["components"]["schemas"])
+    body = spec["paths"]["/v1/events"]["post"]["requestBody"]["content"]
+    assert body["application/json"]["schema"]["oneOf"][0] == {"$ref": "#/components/schemas/UbiEvent"}
+    assert spec["paths"]["/v1/events"]["post"]["description"].startswith("Store UBI events")
+
+
+# ---------------------------------------------------------------- admin (one writer, many readers)
+
+
+def test_admin_snapshot_is_a_consistent_copy(client, make_event, tmp_path):
+    import duckdb
+
+    client.post("/v1/events", json=[make_event() for _ in range(5)])
+    path = client.post("/v1/admin/snapshot").json()["path"]
+    con = duckdb.connect(path, read_only=True)
+    assert con.execute("SELECT count(*) FROM ubi_events").fetchone() == (5,)
+    con.close()
+
+
+def test_admin_load_takes_an_arrow_stream(client):
+    table = pa.table({"query": ["shoes"], "doc_id": ["d1"], "source": ["implicit:ctr"], "score": [0.5],
+                      "created_at": pa.array([0], pa.timestamp("us"))})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    r = client.post("/v1/admin/load/judgments", content=sink.getvalue().to_pybytes())
+    assert r.status_code == 200 and r.json() == {"table": "judgments", "rows": 1}
+    assert stored(client, "judgments") == 1
+    assert client.post("/v1/admin/load/judgments", content=b"not arrow").status_code == 400
+    assert client.post("/v1/admin/load/ubi_events", content=sink.getvalue().to_pybytes()).status_code == 422
+
+
+# ---------------------------------------------------------------- extension points
+
+
+def test_record_filters_run_before_the_sink(db, make_event):
+    def no_bots(batch: Validated, ctx: IngestContext) -> Validated:
+        for index, event, _ in list(batch.events):
+            if event.client_id == "bot":
+                batch.reject(index, field="client_id", message="bots are not stored", kind="forbidden")
+        return batch
+
+    app = create_app(Settings(db=db), extensions=False, record_filters=[no_bots])
+    with TestClient(app) as c:
+        r = c.post("/v1/events", json=[make_event(), make_event(client_id="bot")]).json()
+        assert (r["accepted"], r["rejected"]) == (1, 1)
+        assert r["errors"] == [{"index": 1, "field": "client_id", "message": "bots are not stored"}]
+        assert [(k, f) for k, _, f, _, _ in failed(c)] == [("forbidden", "client_id")]
+
+
+class Refused(RequestError):
+    status_code = 403
+    kind = "forbidden"
+
+
+def test_a_filter_can_refuse_the_whole_request(db, make_event):
+    def refuse(batch: Validated, ctx: IngestContext) -> Validated:
+        if ctx.headers.get("x-api-key") != "k":
+            raise Refused("unknown API key", headers={"WWW-Authenticate": "ApiKey"})
+        return batch
+
+    app = create_app(Settings(db=db), extensions=False, record_filters=[refuse])
+    with TestClient(app) as c:
+        r = c.post("/v1/events", json=make_event())
+        assert r.status_code == 403 and r.json()["message"] == "unknown API key"
+        assert r.headers["www-authenticate"] == "ApiKey"
+        assert [k for k, *_ in failed(c)] == ["forbidden"]
+        assert c.post("/v1/events", json=make_event(), headers={"x-api-key": "k"}).status_code == 202
+
+
+class BrokenSink(Sink):
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.kept: list[bytes] = []
+
+    def submit(self, batch, *, source):
+        fut: Future = Future()
+        fut.set_exception(OSError("disk full"))
+        return fut
+
+    def keep_unparseable(self, body, *, source, reason, kind="body"):
+        self.kept.append(body)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def health(self):
+        return {"sink": self.name, "ok": False}
+
+    def close(self):
+        pass
+
+
+def test_a_failing_sink_acknowledges_nothing(make_event):
+    sink = BrokenSink()
+    with TestClient(create_app(Settings(), sink, extensions=False)) as c:
+        r = c.post("/v1/events", json=make_event())
+        assert r.status_code == 503 and r.headers["retry-after"] == "1" and "disk full" in r.json()["message"]
+        assert c.get("/healthz").status_code == 503
+        assert c.get("/v1/failed").status_code == 501  # no local store behind this sink
+        assert c.post("/v1/events", content=b"{").status_code == 400
+        assert sink.kept == [b"{"]

@@ -1,0 +1,134 @@
+"""A real ``ubi serve`` (uvicorn on a free loopback port, in a subprocess): 202 means durable, and the
+one-writer design lets readers, loaders and ``ubi import`` work while it runs."""
+
+from __future__ import annotations
+
+import json
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import duckdb
+import httpx
+import orjson
+import pyarrow as pa
+import pytest
+from tests_collector_support import SAMPLE_BULK, SAMPLE_EVENTS, SAMPLE_QUERIES, start_server
+from tests_collector_support import run_ubi as ubi_main
+
+from collector.store import load_derived, open_reader, sidecar_path
+
+
+def stored_ids(db, table: str, column: str) -> set[str]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {r[0] for r in con.execute(f"SELECT {column} FROM {table}").fetchall()}
+    finally:
+        con.close()
+
+
+def send_mixed_load(url: str, make_event, make_query, rounds: int = 6) -> tuple[set[str], set[str]]:
+    """Post through every ingest route; return the event_ids and query_ids of acknowledged (202) records."""
+    events: set[str] = set()
+    queries: set[str] = set()
+    with httpx.Client(base_url=url, timeout=30) as c:
+        for r in range(rounds):
+            batch = [make_event(event_id=f"e{r}-{i}") for i in range(50)]
+            assert c.post("/v1/events", json=batch).status_code == 202
+            events.update(e["event_id"] for e in batch)
+            single = make_event(event_id=f"s{r}")
+            assert c.post("/ubi_events", json=[single]).status_code == 202
+            events.add(single["event_id"])
+            nd = [make_event(event_id=f"n{r}-{i}") for i in range(5)]
+            resp = c.post("/v1/events", content=b"\n".join(orjson.dumps(e) for e in nd),
+                          headers={"content-type": "application/x-ndjson"})
+            assert resp.status_code == 202
+            events.update(e["event_id"] for e in nd)
+            q = make_query(query_id=f"q{r}")
+            assert c.post("/ubi_queries", json=[q]).status_code == 202
+            queries.add(q["query_id"])
+    return events, queries
+
+
+def test_acknowledged_records_survive_a_graceful_stop(db, make_event, make_query):
+    server = start_server(db)
+    assert json.loads(sidecar_path(db).read_text())["url"] == server.url
+    events, queries = send_mixed_load(server.url, make_event, make_query)
+    assert server.stop(signal.SIGTERM) == 0
+    assert not sidecar_path(db).exists()  # the sidecar goes with the collector
+    # 6 rounds x (50 + 1 + 5) events and 6 query records were acknowledged
+    assert (len(events), len(queries)) == (336, 6)
+    assert stored_ids(db, "ubi_events", "event_id") == events
+    assert stored_ids(db, "ubi_queries", "query_id") == queries
+
+
+def test_acknowledged_records_survive_sigkill(db, make_event, make_query):
+    server = start_server(db)
+    events, queries = send_mixed_load(server.url, make_event, make_query, rounds=3)
+    server.stop(signal.SIGKILL)  # right after the last 202: no shutdown, no checkpoint
+    assert server.proc.returncode == -signal.SIGKILL
+    assert stored_ids(db, "ubi_events", "event_id") == events  # replayed from the WAL on open
+    assert stored_ids(db, "ubi_queries", "query_id") == queries
+    # The stale sidecar does not stop readers: the file is no longer locked.
+    con = open_reader(db)
+    assert con.execute("SELECT count(*) FROM ubi_events").fetchone() == (len(events),)
+    con.close()
+
+
+def test_readers_loaders_and_import_work_while_the_collector_runs(db, make_event, capsys):
+    server = start_server(db)
+    try:
+        # Concurrent single-event requests share commits (group commit) and are all acknowledged.
+        singles = [make_event(event_id=f"c{i}") for i in range(200)]
+        with httpx.Client(base_url=server.url, timeout=30) as c, ThreadPoolExecutor(16) as pool:
+            codes = list(pool.map(lambda e: c.post("/v1/events", json=e).status_code, singles))
+            assert codes == [202] * 200
+            metrics = c.get("/metrics").text
+        commits = next(float(line.split()[-1]) for line in metrics.splitlines()
+                       if line.startswith('ubi_sink_commits_total{sink="duckdb"}'))
+        assert commits <= 200
+
+        # A reader gets a snapshot through the collector.
+        con = open_reader(db)
+        assert con.execute("SELECT count(*) FROM ubi_events").fetchone() == (200,)
+        con.close()
+
+        # A processor's derived table goes in through the collector.
+        table = pa.table({"query": ["shoes"], "doc_id": ["d1"], "source": ["implicit:ctr"],
+                          "created_at": pa.array([0], pa.timestamp("us"))})
+        assert load_derived(db, "judgments", table) == 1
+
+        # `ubi import` sends the sample through the collector's /v1/bulk, in chunks.
+        assert ubi_main(["import", str(SAMPLE_BULK), "--db", str(db), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["via"] == server.url
+        assert (out["queries"], out["events"], out["duplicates"], out["rejected"]) == (SAMPLE_QUERIES, SAMPLE_EVENTS, 0, 0)
+        assert ubi_main(["import", str(SAMPLE_BULK), "--db", str(db), "--json"]) == 0
+        again = json.loads(capsys.readouterr().out)
+        assert (again["accepted"], again["duplicates"]) == (0, 3921)
+
+        # `ubi failed` asks the collector too.
+        httpx.post(server.url + "/v1/events", content=b"{broken", timeout=30)
+        assert ubi_main(["failed", "--db", str(db), "--json"]) == 0
+        page = json.loads(capsys.readouterr().out)
+        assert page["total"] == 1 and page["items"][0]["raw"] == "{broken"
+    finally:
+        assert server.stop() == 0
+    assert len(stored_ids(db, "ubi_events", "event_key")) == 200 + SAMPLE_EVENTS
+    assert stored_ids(db, "judgments", "doc_id") == {"d1"}
+
+
+def test_a_second_collector_on_the_same_file_is_refused(db):
+    server = start_server(db)
+    try:
+        assert ubi_main(["serve", "--db", str(db), "--port", "0"]) == 2
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("flag", ["--help"])
+def test_serve_help_explains(flag, capsys):
+    with pytest.raises(SystemExit):
+        ubi_main(["serve", flag])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "A 202 is sent only once the records are committed" in text
+    assert "keep working while it runs" in text
