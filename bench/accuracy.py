@@ -173,6 +173,8 @@ def print_tables(results: list[dict[str, Any]], models: list[str]) -> None:
                     console.print(f"{r['sessions']:>9,} sessions: {name.upper()} τ {m['kendall_tau']:.3f} vs raw CTR "
                                   f"{ctr['kendall_tau']:.3f}, nDCG@10 {m['ndcg10']:.3f} vs {ctr['ndcg10']:.3f}: "
                                   f"{'beats raw CTR' if ok else 'does NOT beat raw CTR'}")
+            console.print(f"{r['sessions']:>9,} sessions: simulated and deduplicated to {r['patterns']:,} patterns "
+                          f"in {r['simulate_s']:.1f} s")
             if r["sessions"] == 100_000:
                 for m in ("em", "harvest"):
                     e = r["propensity"][m]["mre"]

@@ -193,6 +193,15 @@ class Truth:
             "rankers": [{"name": n, "noise": s} for n, s in zip(self.ranker_names, self.ranker_noise, strict=True)],
             "queries": queries,
             "qrels": cat.qrels(),
+            "fields": {
+                "theta": "P(examined at rank k), k = 1..max_rank (pbm, trust; null for the cascade family)",
+                "theta_ratio": "theta_k / theta_1: what `ubi propensity` estimates",
+                "grade_click_prob": "P(click | examined) for grades 0..max_grade: eps- + (eps+ - eps-)(2^g - 1)/(2^G - 1)",
+                "queries[].docs[].attractiveness": "true P(click | examined) of the (query, doc) (trust: at rank 1)",
+                "queries[].docs[].satisfaction": "dbn only: P(satisfied | clicked)",
+                "queries[].docs[].relevance": "trust only: P(R = 1)",
+                "qrels": "the true grades as human judgments (docs/metrics.md JSONL form)",
+            },
         }
 
 
