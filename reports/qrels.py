@@ -322,10 +322,10 @@ def _load_located_json(path: str, text: str, error: type[InputFileError] = Qrels
             obj.line = line
             return obj
 
-        return json_decoder.JSONObject(s_and_end, strict, scan_once, object_hook, hook, memo)
+        return json_decoder.JSONObject(s_and_end, strict, scan_once, object_hook, hook, memo)  # type: ignore[attr-defined]
 
     dec = json.JSONDecoder()
-    dec.parse_object = parse_object  # type: ignore[assignment]
+    dec.parse_object = parse_object  # type: ignore[attr-defined]
     dec.scan_once = json_scanner.py_make_scanner(dec)  # type: ignore[attr-defined]
     try:
         return dec.decode(text)
@@ -750,19 +750,19 @@ def load_queryset(path: str | Path, *, format: str = "auto") -> QuerySet:
     if not isinstance(doc, dict) or not isinstance(doc.get("querySetQueries"), list):
         raise QrelsError(name, 1, "expected a Workbench query set object with a \"querySetQueries\" list")
     for i, item in enumerate(doc["querySetQueries"]):
-        line = item.line if isinstance(item, _Located) else None
+        item_line = item.line if isinstance(item, _Located) else None
         if not isinstance(item, dict):
-            raise QrelsError(name, line, f"querySetQueries[{i}] must be an object with \"queryText\"")
+            raise QrelsError(name, item_line, f"querySetQueries[{i}] must be an object with \"queryText\"")
         unknown = sorted(set(item) - _QS_WB_KEYS)
         if unknown:
-            raise QrelsError(name, line, f"querySetQueries[{i}]: unknown key(s) {', '.join(map(repr, unknown))}")
+            raise QrelsError(name, item_line, f"querySetQueries[{i}]: unknown key(s) {', '.join(map(repr, unknown))}")
         query = item.get("queryText")
         if not isinstance(query, str) or not normalize_query(query):
-            raise QrelsError(name, line, f"querySetQueries[{i}]: \"queryText\" must be non-empty text, got {query!r}")
+            raise QrelsError(name, item_line, f"querySetQueries[{i}]: \"queryText\" must be non-empty text, got {query!r}")
         reference = item.get("referenceAnswer")
         if reference is not None and not isinstance(reference, str):
-            raise QrelsError(name, line, f"querySetQueries[{i}]: \"referenceAnswer\" must be a string")
-        add(query, query, line or 0, None, reference)
+            raise QrelsError(name, item_line, f"querySetQueries[{i}]: \"referenceAnswer\" must be a string")
+        add(query, query, item_line or 0, None, reference)
     meta = {k: doc.get(k) if isinstance(doc.get(k), str) else None for k in ("name", "description", "sampling")}
     return QuerySet(tuple(queries), path=name, **meta)
 
