@@ -160,17 +160,17 @@ def parse_items(body: bytes, kind: Kind, *, ndjson: bool = False) -> list[RawIte
         raise BodyError("empty body: expected a JSON object, a JSON array or NDJSON", line=1, column=1)
     if not ndjson:
         try:
-            value = orjson.loads(text)
+            value = orjson.loads(body)  # the body as sent, so that line numbers in errors are the client's
         except orjson.JSONDecodeError as exc:
             # Several lines of which the first is a whole JSON value: NDJSON sent without its content type.
             first = text.split(b"\n", 1)[0].strip()
             if b"\n" in text and _parses(first):
-                return _ndjson_items(text, kind)
+                return _ndjson_items(body, kind)
             raise _decode_error(exc) from exc
         if isinstance(value, list):
             return [RawItem(i, kind, v, _item_bytes(v, text)) for i, v in enumerate(value)]
         return [RawItem(0, kind, value, text)]
-    return _ndjson_items(text, kind)
+    return _ndjson_items(body, kind)
 
 
 def _item_bytes(value: Any, body: bytes) -> bytes:
@@ -195,11 +195,10 @@ def _ndjson_items(body: bytes, kind: Kind) -> list[RawItem]:
     for number, line in _lines(body):
         index = len(items)
         try:
-            items.append(RawItem(index, kind, orjson.loads(line), line))
+            items.append(RawItem(index, kind, orjson.loads(line), line, line=number))
         except orjson.JSONDecodeError as exc:
-            items.append(
-                RawItem(index, kind, None, line, error=f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}")
-            )
+            items.append(RawItem(index, kind, None, line, line=number,
+                                 error=f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}"))
     return items
 
 

@@ -47,6 +47,7 @@ class DuckDBSink(Sink):
         self._close_lock = threading.Lock()
         self.commits = 0
         self.grouped_requests = 0
+        self.failed_writes = 0
         self.last_error: str | None = None
         self._thread = threading.Thread(target=self._run, name="ubi-duckdb-writer", daemon=True)
         self._thread.start()
@@ -101,7 +102,8 @@ class DuckDBSink(Sink):
 
     def gauges(self) -> dict[str, float]:
         return {"pending_requests": float(self._queue.qsize()), "commits_total": float(self.commits),
-                "grouped_requests_total": float(self.grouped_requests)}
+                "grouped_requests_total": float(self.grouped_requests),
+                "failed_writes_total": float(self.failed_writes)}
 
     # ------------------------------------------------------------ the writer thread
 
@@ -137,6 +139,7 @@ class DuckDBSink(Sink):
                     self._write([j])
                 return
             self.last_error = f"{type(exc).__name__}: {exc}"
+            self.failed_writes += 1
             log.exception("write to %s failed; nothing acknowledged", self.store.path)
             err = SinkUnavailable(f"the store could not commit this batch: {type(exc).__name__}: {exc}")
             err.__cause__ = exc
