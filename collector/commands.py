@@ -296,7 +296,7 @@ def cmd_failed(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     from schemas.ubi import UbiEvent, UbiQuery
 
-    models = {"query": UbiQuery, "event": UbiEvent}
+    models: dict[str, type[UbiQuery] | type[UbiEvent]] = {"query": UbiQuery, "event": UbiEvent}
     if args.kind:
         schema = models[args.kind].model_json_schema()
     else:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from collector.app import Collector, ORJSONResponse, get_collector
 from collector.errors import NotSupported, RequestError, TooLarge
 from collector.ingest import IngestContext, Kind
+from collector.metrics import Labels
 from collector.store import LOADABLE_TABLES, Store
 from schemas.errors import StoreError
 
@@ -263,8 +264,9 @@ async def healthz(collector: CollectorDep) -> Response:
 async def metrics(collector: CollectorDep) -> Response:
     """Prometheus metrics (text exposition format 0.0.4)."""
     sink = collector.sink
-    gauges = {
-        f"ubi_sink_{name}": (f"{sink.name} sink: {name.replace('_', ' ')}", {(("sink", sink.name),): value})
+    labels: Labels = (("sink", sink.name),)
+    gauges: dict[str, tuple[str, dict[Labels, float]]] = {
+        f"ubi_sink_{name}": (f"{sink.name} sink: {name.replace('_', ' ')}", {labels: value})
         for name, value in sink.gauges().items()
     }
     return PlainTextResponse(collector.metrics.render(gauges), media_type="text/plain; version=0.0.4")

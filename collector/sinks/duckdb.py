@@ -41,6 +41,7 @@ class DuckDBSink(Sink):
 
     def __init__(self, store: Store, *, max_group_rows: int = 50_000) -> None:
         self.store = store
+        self._db: Store = store  # the same store, typed as present
         self.max_group_rows = max_group_rows
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closed = False
@@ -92,12 +93,12 @@ class DuckDBSink(Sink):
             self._closed = True
         self._queue.put(_STOP)
         self._thread.join()
-        self.store.close()
+        self._db.close()
 
     # ------------------------------------------------------------ state
 
     def health(self) -> dict[str, Any]:
-        return {"sink": self.name, "ok": self.last_error is None and not self._closed, "db": str(self.store.path),
+        return {"sink": self.name, "ok": self.last_error is None and not self._closed, "db": str(self._db.path),
                 "last_error": self.last_error}
 
     def gauges(self) -> dict[str, float]:
@@ -131,7 +132,7 @@ class DuckDBSink(Sink):
     def _write(self, jobs: list[_Job]) -> None:
         started = time.perf_counter()
         try:
-            results = ingest_many(self.store, [j.prepared for j in jobs])
+            results = ingest_many(self._db, [j.prepared for j in jobs])
         except Exception as exc:
             if len(jobs) > 1:
                 # One request's rows spoiled the shared transaction: write each alone so only it fails.
@@ -140,7 +141,7 @@ class DuckDBSink(Sink):
                 return
             self.last_error = f"{type(exc).__name__}: {exc}"
             self.failed_writes += 1
-            log.exception("write to %s failed; nothing acknowledged", self.store.path)
+            log.exception("write to %s failed; nothing acknowledged", self._db.path)
             err = SinkUnavailable(f"the store could not commit this batch: {type(exc).__name__}: {exc}")
             err.__cause__ = exc
             jobs[0].future.set_exception(err)
