@@ -23,20 +23,20 @@ from numpy.typing import NDArray
 from scipy.stats import chi2
 
 from processors.click_models.base import RelevanceEstimate
-from processors.click_models.common import CONFIDENCE, gather, safe_div
+from processors.click_models.common import CONFIDENCE, AnyArray, gather, safe_div
 from processors.click_models.ctr import _CountingModel, expected_clicks
 from processors.stats import SessionPatterns
 
 PRIOR_COEC = 1.0
 
 
-def coec_scores(clicks: NDArray[np.float64], expected: NDArray[np.float64]) -> NDArray[np.float64]:
+def coec_scores(clicks: AnyArray, expected: AnyArray) -> NDArray[np.float64]:
     """COEC = clicks / expected clicks, NaN where nothing was expected (pair never shown)."""
     return safe_div(clicks, expected)
 
 
 def poisson_ratio_interval(
-    clicks: NDArray[np.float64], expected: NDArray[np.float64], confidence: float = CONFIDENCE
+    clicks: AnyArray, expected: AnyArray, confidence: float = CONFIDENCE
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Garwood (exact Poisson) interval of clicks, divided by the expected clicks."""
     c = np.asarray(clicks, dtype=np.float64)

@@ -25,6 +25,7 @@ from processors.click_models.common import (
     gather,
     pair_support,
     safe_div,
+    weighted_count,
     wilson_interval,
 )
 from processors.stats import PairIndex, SessionPatterns
@@ -144,7 +145,7 @@ def expected_clicks(sessions: SessionPatterns, rank_ctr: NDArray[np.float64]) ->
     shown = d >= 0
     per_pos = np.broadcast_to(rank_ctr[None, : d.shape[1]], d.shape)
     w = np.broadcast_to(sessions.weight[:, None], d.shape)
-    return np.bincount(d[shown], weights=(per_pos * w)[shown], minlength=len(sessions.pairs))
+    return weighted_count(d[shown], (per_pos * w)[shown], len(sessions.pairs))
 
 
 class DCTR(_CountingModel):

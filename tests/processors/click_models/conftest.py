@@ -1,20 +1,12 @@
-"""Shared fixtures: a hand-sized log with arithmetic worked out in the tests, and simulated traffic."""
+"""Shared fixture: a hand-sized log whose arithmetic is worked out in the tests."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from click_logs import make_pairs
 
-from processors.stats import PairIndex, SessionPatterns
-
-
-def make_pairs(n: int) -> PairIndex:
-    """n pairs of one query: doc ids d0..d{n-1}."""
-    return PairIndex(
-        queries=np.array(["q"] * n, dtype=object),
-        doc_ids=np.array([f"d{i}" for i in range(n)], dtype=object),
-        query_index=np.zeros(n, dtype=np.int64),
-    )
+from processors.stats import SessionPatterns
 
 
 @pytest.fixture

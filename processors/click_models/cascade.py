@@ -1,0 +1,161 @@
+"""The cascade model (Craswell, Zoeter, Taylor & Ramsey, WSDM 2008), root of the cascade family.
+
+The user scans top-down, clicks a result with probability α_qd and stops at the first click:
+
+    P(C_k = 1) = α_k · Π_{j<k} (1 − α_j)
+
+α is fitted by counting: α_qd = first clicks on (q, d) / times (q, d) was at or above the first click (every
+shown rank in sessions without a click). The model cannot explain a second click; sessions with several
+clicks are *truncated at their first click* (later clicks and ranks are ignored for fitting, and their count
+is recorded as ``multi_click_sessions``). Under the model a click below another has probability 0, which
+held-out evaluation clamps to 1e-6 (``common.PROB_EPS``): that cost is the model's real weakness.
+
+:func:`cascade_family_probs` is the shared recursion of DCM, DBN and SDBN: after a click the user goes on
+with probability ``after_click``, after a skipped result with ``after_skip``.
+Unseen pairs get the prior α₀ = Σ first clicks / Σ examined impressions. Interval: Wilson on the counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+import numpy as np
+from numpy.typing import NDArray
+
+from processors.click_models.base import RelevanceEstimate
+from processors.click_models.common import (
+    ClickModelError,
+    check_rank,
+    check_sessions,
+    gather,
+    pair_support,
+    safe_div,
+    weighted_count,
+    wilson_interval,
+)
+from processors.stats import PairIndex, SessionPatterns
+
+
+def click_extent(
+    clicks: NDArray[np.bool_], shown: NDArray[np.bool_]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """(first, last) clicked position per pattern, 0-based; -1 for both when there is no click."""
+    c = clicks & shown
+    k = c.shape[1]
+    any_click = c.any(axis=1)
+    first = np.where(any_click, c.argmax(axis=1), -1)
+    last = np.where(any_click, k - 1 - c[:, ::-1].argmax(axis=1), -1)
+    return first.astype(np.int64), last.astype(np.int64)
+
+
+def cascade_family_probs(
+    alpha: NDArray[np.float64],
+    after_click: NDArray[np.float64],
+    after_skip: NDArray[np.float64],
+    clicks: NDArray[np.bool_] | None = None,
+) -> NDArray[np.float64]:
+    """Click probabilities of a top-down scan with examination ε_1 = 1 (loop over ranks, vectorised).
+
+    ``alpha``, ``after_click`` and ``after_skip`` are [n, K] per position (NaN α = not shown). Full
+    (``clicks`` None): P(C_k = 1) = ε_k α_k, ε_{k+1} = ε_k (α_k·after_click_k + (1 − α_k)·after_skip_k).
+    Conditional on the observed ``clicks``: after a click ε_{k+1} = after_click_k, after a non-click
+    ε_{k+1} = after_skip_k · ε_k(1 − α_k)/(1 − ε_k α_k) (Bayes: examined but not attracted).
+    """
+    n, k = alpha.shape
+    eps = np.ones(n)
+    out = np.full((n, k), np.nan)
+    for r in range(k):
+        a = alpha[:, r]
+        shown = ~np.isnan(a)
+        a0 = np.where(shown, a, 0.0)
+        out[:, r] = np.where(shown, eps * a0, np.nan)
+        if clicks is None:
+            nxt = eps * (a0 * after_click[:, r] + (1.0 - a0) * after_skip[:, r])
+        else:
+            miss = 1.0 - eps * a0
+            skipped = after_skip[:, r] * safe_div(eps * (1.0 - a0), miss, fill=0.0)
+            nxt = np.where(clicks[:, r], after_click[:, r], skipped)
+        eps = np.where(shown, nxt, eps)
+    return out
+
+
+class Cascade:
+    """Cascade model: attractiveness per (query, doc), the user stops at the first click."""
+
+    name = "cascade"
+    version = "1"
+
+    def __init__(self) -> None:
+        self._fitted = False
+
+    def fit(self, sessions: SessionPatterns) -> Self:
+        """α_qd = first clicks / impressions at or above the first click (all ranks if none)."""
+        check_sessions(sessions)
+        self.pairs: PairIndex = sessions.pairs
+        self.max_rank = sessions.max_rank
+        shown = sessions.docs >= 0
+        first, _ = click_extent(sessions.clicks, shown)
+        pos = np.arange(self.max_rank)[None, :]
+        examined = shown & ((first[:, None] < 0) | (pos <= first[:, None]))
+        first_click = shown & (pos == first[:, None])
+        w = np.broadcast_to(sessions.weight[:, None], shown.shape)
+        n_pairs = len(self.pairs)
+        self.examinations = weighted_count(sessions.docs[examined], w[examined], n_pairs)
+        self.first_clicks = weighted_count(sessions.docs[first_click], w[first_click], n_pairs)
+        self.alpha = safe_div(self.first_clicks, self.examinations)
+        total = self.examinations.sum()
+        self.prior_alpha = float(self.first_clicks.sum() / total) if total > 0 else 0.5
+        n_clicks = (sessions.clicks & shown).sum(axis=1)
+        self.multi_click_sessions = int(sessions.weight[n_clicks > 1].sum())
+        self.n_sessions = sessions.n_sessions
+        self.impressions, self.clicks, self.sessions = pair_support(sessions)
+        self._fitted = True
+        return self
+
+    def _require_fit(self, sessions: SessionPatterns | None = None) -> None:
+        if not self._fitted:
+            raise ClickModelError(f"{self.name}: call fit() before predicting")
+        if sessions is not None:
+            check_sessions(sessions)
+            check_rank(self.max_rank, sessions, self.name)
+
+    def _alpha(self, sessions: SessionPatterns) -> NDArray[np.float64]:
+        return gather(self.alpha, sessions.docs, self.prior_alpha)
+
+    def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
+        """P(C_k = 1) = α_k Π_{j<k}(1 − α_j)."""
+        self._require_fit(sessions)
+        a = self._alpha(sessions)
+        return cascade_family_probs(a, np.zeros_like(a), np.ones_like(a))
+
+    def conditional_click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
+        """α_k while no click has happened above rank k, else 0."""
+        self._require_fit(sessions)
+        a = self._alpha(sessions)
+        return cascade_family_probs(a, np.zeros_like(a), np.ones_like(a), sessions.clicks)
+
+    def relevance(self) -> RelevanceEstimate:
+        """Score = α_qd with its Wilson interval over (first clicks, examinations)."""
+        self._require_fit()
+        lo, hi = wilson_interval(self.first_clicks, self.examinations)
+        score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
+        return RelevanceEstimate(
+            pairs=self.pairs,
+            score=score,
+            ci_low=lo,
+            ci_high=hi,
+            impressions=self.impressions,
+            clicks=self.clicks,
+            sessions=self.sessions,
+            parameters=self.parameters(),
+        )
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "version": self.version,
+            "prior_alpha": self.prior_alpha,
+            "multi_click_sessions": self.multi_click_sessions,
+            "sessions": self.n_sessions,
+            "multi_click_handling": "truncated at the first click",
+        }

@@ -1,0 +1,258 @@
+"""PBM, the position-based model, fitted by EM over aggregated (pair, rank) cells.
+
+    P(C_k = 1) = θ_k · α_qd      (examination at rank k, times attractiveness of (q, d))
+
+(Richardson et al., WWW 2007; Chuklin, Markov & de Rijke, *Click Models for Web Search*, 2015, §3.4.)
+EM (Wang et al., "Position bias estimation for unbiased learning to rank", WSDM 2018): a click means
+examined and attractive; for a non-click
+
+    P(E = 1 | C = 0) = θ(1 − α) / (1 − θα),     P(A = 1 | C = 0) = (1 − θ)α / (1 − θα),
+
+and the M-step averages these posteriors per rank (θ) and per pair (α). Both depend only on the cell
+(pair, rank, clicked), so each iteration is a few ``bincount`` calls over the unique cells, never over
+sessions. EM never lowers the log-likelihood; it stops when the relative change falls below ``tol``.
+
+Only the products θ_k·α are identifiable, so the model reports the ratios θ_k/θ_1 and the attractiveness on
+the θ_1 = 1 scale, α·θ_1 ("click probability if shown at rank 1"); both are invariant along the likelihood
+ridge. Unseen pairs get the prior α₀ = Σ clicks / Σ_impressions θ_k (clicks per expected examination).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Self
+
+import numpy as np
+from numpy.typing import NDArray
+
+from processors.click_models.base import RelevanceEstimate
+from processors.click_models.common import (
+    AnyArray,
+    ClickModelError,
+    bernoulli_loglik,
+    beta_interval,
+    check_cells,
+    check_rank,
+    check_sessions,
+    gather,
+    pair_support,
+    plain_em,
+    safe_div,
+    squarem,
+    weighted_count,
+)
+from processors.stats import ClickCells, PairIndex, SessionPatterns, cells_from_sessions
+
+DEFAULT_MAX_ITER = 500
+DEFAULT_TOL = 1e-8
+
+
+class EmResult(NamedTuple):
+    """Result of the factorised EM: examination per group, attractiveness per pair, and the trace."""
+
+    exam: NDArray[np.float64]
+    alpha: NDArray[np.float64]
+    log_likelihood: list[float]  # of every accepted parameter point, in order (never decreasing)
+    iterations: int
+    converged: bool
+
+
+def factorised_em(
+    cell_pair: NDArray[np.int64],
+    cell_exam: NDArray[np.int64],
+    impressions: NDArray[np.float64],
+    clicks: NDArray[np.float64],
+    exam0: NDArray[np.float64],
+    alpha0: NDArray[np.float64],
+    max_iter: int = DEFAULT_MAX_ITER,
+    tol: float = DEFAULT_TOL,
+    accelerate: bool = True,
+) -> EmResult:
+    """EM for P(C) = e[cell_exam]·α[cell_pair] over aggregated cells (PBM: exam = rank; UBM: (rank, prev click)).
+
+    Pure kernel: all arrays are per cell except ``exam0`` (per examination group) and ``alpha0`` (per pair).
+    ``accelerate`` uses SQUAREM extrapolation with a monotonicity safeguard (``common.squarem``).
+    """
+    n_pairs, n_exam = len(alpha0), len(exam0)
+    imps = impressions.astype(np.float64)
+    clk = clicks.astype(np.float64)
+    non = imps - clk
+    pair_imps = weighted_count(cell_pair, imps, n_pairs)
+    exam_imps = weighted_count(cell_exam, imps, n_exam)
+    e_fixed, a_fixed = exam_imps == 0, pair_imps == 0  # no data: keep the start value
+
+    def step(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        e, a = x[:n_exam], x[n_exam:]
+        ec, ac = e[cell_exam], a[cell_pair]
+        p = ec * ac
+        ll = bernoulli_loglik(p, clk, imps)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            miss = 1.0 - p  # P(C = 0); > 0 wherever a non-click was observed (EM keeps it so)
+            post_e = np.where(miss > 0, ec * (1.0 - ac) / miss, 0.0)
+            post_a = np.where(miss > 0, (1.0 - ec) * ac / miss, 0.0)
+        e_new = safe_div(weighted_count(cell_exam, clk + non * post_e, n_exam), exam_imps, fill=0.0)
+        e_new = np.where(e_fixed, e, e_new)
+        a_new = safe_div(weighted_count(cell_pair, clk + non * post_a, n_pairs), pair_imps, fill=0.0)
+        a_new = np.where(a_fixed, a, a_new)
+        # Only e·α is identified; sliding along that ridge so that max e = 1 changes no probability (α·max e
+        # <= 1 stays a probability) and keeps EM from creeping along the ridge.
+        top = e_new[~e_fixed].max() if (~e_fixed).any() else 1.0
+        if top > 0:
+            e_new = np.where(e_fixed, e_new, e_new / top)
+            a_new = np.where(a_fixed, a_new, np.minimum(a_new * top, 1.0))
+        return ll, np.concatenate([e_new, a_new])
+
+    x0 = np.concatenate([exam0.astype(np.float64), alpha0.astype(np.float64)])
+    run = squarem(step, x0, max_iter, tol) if accelerate else plain_em(step, x0, max_iter, tol)
+    return EmResult(
+        run.params[:n_exam], run.params[n_exam:], run.log_likelihood, run.iterations, run.converged
+    )
+
+
+def initial_exam(group_clicks: AnyArray, group_imps: AnyArray) -> NDArray[np.float64]:
+    """Start examination at the group CTR relative to the best group, kept inside (0.05, 0.95)."""
+    ctr = safe_div(group_clicks, group_imps, fill=0.0)
+    top = ctr.max() if len(ctr) and ctr.max() > 0 else 1.0
+    return np.clip(ctr / top * 0.95, 0.05, 0.95)
+
+
+def initial_alpha(
+    cell_pair: AnyArray,
+    cell_exam: AnyArray,
+    imps: AnyArray,
+    clicks: AnyArray,
+    exam0: AnyArray,
+    n_pairs: int,
+) -> NDArray[np.float64]:
+    """Start attractiveness at clicks per expected examination (COEC-like), kept inside (0.01, 0.99)."""
+    expected = weighted_count(cell_pair, imps * exam0[cell_exam], n_pairs)
+    got = weighted_count(cell_pair, clicks, n_pairs)
+    return np.clip(safe_div(got, expected, fill=0.5), 0.01, 0.99)
+
+
+def effective_trials(
+    alpha: AnyArray,
+    cell_pair: AnyArray,
+    cell_exam: AnyArray,
+    imps: AnyArray,
+) -> NDArray[np.float64]:
+    """Per pair, the number of fully-examined trials carrying the same Fisher information about α.
+
+    With examination e known, one impression carries I(α) = e / (α(1 − eα)); a Beta/binomial count of n
+    examined trials has variance α(1 − α)/n. Matching the two gives n_eff = Σ_impressions e(1 − α)/(1 − eα),
+    which is the impression count when e = 1 and shrinks for impressions rarely examined. α is kept inside
+    [0.01, 0.99] here so that the weight stays defined at the boundary.
+    """
+    a = np.clip(alpha, 0.01, 0.99)[cell_pair]
+    weight = cell_exam * (1.0 - a) / (1.0 - cell_exam * a)
+    return weighted_count(cell_pair, imps * weight, len(alpha))
+
+
+class PBM:
+    """Position-based model: examination θ_k per rank times attractiveness α per (query, doc), fitted by EM."""
+
+    name = "pbm"
+    version = "1"
+
+    def __init__(self, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL) -> None:
+        if max_iter < 1 or tol <= 0:
+            raise ClickModelError(f"PBM needs max_iter >= 1 and tol > 0, got {max_iter}, {tol}")
+        self.max_iter = max_iter
+        self.tol = tol
+        self._fitted = False
+
+    def fit(self, sessions: SessionPatterns) -> Self:
+        """Aggregate the patterns to (pair, rank) cells, then run EM on them (see :meth:`fit_cells`)."""
+        check_sessions(sessions)
+        self.fit_cells(cells_from_sessions(sessions))
+        self.impressions, self.clicks, self.sessions = pair_support(sessions)
+        return self
+
+    def fit_cells(self, cells: ClickCells) -> Self:
+        """EM over cells aggregated elsewhere (e.g. in DuckDB); ``sessions`` per pair = impressions then."""
+        check_cells(cells)
+        self.pairs: PairIndex = cells.pairs
+        self.max_rank = cells.max_rank
+        n_pairs, k = len(cells.pairs), cells.max_rank
+        imps = cells.impressions.astype(np.float64)
+        clk = cells.clicks.astype(np.float64)
+        exam_id = cells.rank - 1
+        rank_imps = weighted_count(exam_id, imps, k)
+        theta0 = initial_exam(weighted_count(exam_id, clk, k), rank_imps)
+        alpha0 = initial_alpha(cells.pair, exam_id, imps, clk, theta0, n_pairs)
+        res = factorised_em(cells.pair, exam_id, imps, clk, theta0, alpha0, self.max_iter, self.tol)
+        self.rank_impressions = rank_imps
+        self.theta = res.exam  # raw EM scale
+        pair_imps = weighted_count(cells.pair, imps, n_pairs)
+        self.alpha = np.where(pair_imps > 0, res.alpha, np.nan)
+        self.log_likelihood_trace = res.log_likelihood
+        self.iterations = res.iterations
+        self.converged = res.converged
+        expected_exams = weighted_count(cells.pair, imps * self.theta[exam_id], n_pairs)
+        self.prior_alpha = float(clk.sum() / expected_exams.sum()) if expected_exams.sum() > 0 else 0.5
+        self.prior_alpha = min(max(self.prior_alpha, 0.0), 1.0)
+        self._cells = (cells.pair, exam_id, imps)
+        self.impressions = pair_imps.astype(np.int64)
+        self.clicks = weighted_count(cells.pair, clk, n_pairs).astype(np.int64)
+        self.sessions = self.impressions.copy()
+        self._fitted = True
+        return self
+
+    @property
+    def theta_ratio(self) -> NDArray[np.float64]:
+        """θ_k/θ_1, the identifiable examination curve (NaN for ranks never shown)."""
+        self._require_fit()
+        t = np.where(self.rank_impressions > 0, self.theta, np.nan)
+        return t / t[0] if t[0] > 0 else np.full_like(t, np.nan)
+
+    def _require_fit(self, sessions: SessionPatterns | None = None) -> None:
+        if not self._fitted:
+            raise ClickModelError(f"{self.name}: call fit() before predicting")
+        if sessions is not None:
+            check_sessions(sessions)
+            check_rank(self.max_rank, sessions, self.name)
+
+    def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
+        """P(C_k = 1) = θ_k·α_qd (prior α₀ for unseen pairs)."""
+        self._require_fit(sessions)
+        alpha = gather(self.alpha, sessions.docs, self.prior_alpha)
+        return alpha * self.theta[None, : sessions.max_rank]
+
+    def conditional_click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
+        """Clicks are independent given the parameters: the conditional probabilities are the full ones."""
+        return self.click_probs(sessions)
+
+    def relevance(self) -> RelevanceEstimate:
+        """Score = α·θ_1 (click probability at rank 1) with a Jeffreys interval on Fisher-matched counts.
+
+        See :func:`effective_trials`; the uncertainty of θ (shared by all pairs) is ignored.
+        """
+        self._require_fit()
+        t1 = float(self.theta[0]) if self.theta[0] > 0 else 1.0
+        score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha) * t1
+        cell_pair, exam_id, imps = self._cells
+        n_eff = effective_trials(score, cell_pair, np.minimum(self.theta / t1, 1.0)[exam_id], imps)
+        lo, hi = beta_interval(score * n_eff, n_eff)
+        return RelevanceEstimate(
+            pairs=self.pairs,
+            score=score,
+            ci_low=lo,
+            ci_high=hi,
+            impressions=self.impressions,
+            clicks=self.clicks,
+            sessions=self.sessions,
+            parameters=self.parameters(),
+        )
+
+    def parameters(self) -> dict[str, Any]:
+        """Model-level parameters worth recording with every judgment."""
+        return {
+            "model": self.name,
+            "version": self.version,
+            "theta_ratio": [None if np.isnan(x) else round(float(x), 6) for x in self.theta_ratio],
+            "iterations": self.iterations,
+            "converged": self.converged,
+            "log_likelihood": self.log_likelihood_trace[-1],
+            "tol": self.tol,
+            "prior_alpha": self.prior_alpha * float(self.theta[0]),
+            "score": "attractiveness on the theta_1 = 1 scale",
+        }

@@ -1,0 +1,51 @@
+"""Click logs for the click-model tests (imported by name: pytest puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from processors.simulation.clicks import dedupe_patterns, simulate_clicks, synthetic_rankings
+from processors.stats import PairIndex, SessionPatterns
+
+
+def make_pairs(n: int) -> PairIndex:
+    """n pairs of one query: doc ids d0..d{n-1}."""
+    return PairIndex(
+        queries=np.array(["q"] * n, dtype=object),
+        doc_ids=np.array([f"d{i}" for i in range(n)], dtype=object),
+        query_index=np.zeros(n, dtype=np.int64),
+    )
+
+
+def simulate(
+    model: str,
+    seed: int,
+    n_sessions: int = 50_000,
+    n_queries: int = 50,
+    docs_per_query: int = 20,
+    **params: object,
+) -> tuple[SessionPatterns, np.ndarray]:
+    """Clicks from ``model`` over rankings by 3 noisy rankers (so pairs appear at several ranks).
+
+    Attractiveness α = 0.1 + 0.8·u with u ~ U(0, 1) per pair, which also drives the rankers; returns the
+    deduplicated patterns and the true α.
+    """
+    rng = np.random.default_rng(seed)
+    u = rng.random(n_queries * docs_per_query)
+    pairs, query, _, docs = synthetic_rankings(
+        rng, n_sessions, n_queries=n_queries, docs_per_query=docs_per_query, relevance=u
+    )
+    alpha = 0.1 + 0.8 * u
+    clicks = simulate_clicks(rng, docs, model=model, attractiveness=alpha, **params)  # type: ignore[arg-type]
+    return dedupe_patterns(pairs, query, docs, clicks), alpha
+
+
+def random_log(rng: np.random.Generator, n: int, k: int, n_pairs: int) -> SessionPatterns:
+    """A small arbitrary log: random rankings (possibly ending early), random clicks, random weights."""
+    docs = rng.integers(0, n_pairs, size=(n, k))
+    length = rng.integers(1, k + 1, size=n)
+    docs[np.arange(k)[None, :] >= length[:, None]] = -1
+    clicks = (rng.random((n, k)) < rng.random()) & (docs >= 0)
+    return SessionPatterns(
+        make_pairs(n_pairs), np.zeros(n, dtype=np.int64), docs, clicks, rng.integers(1, 6, size=n)
+    )

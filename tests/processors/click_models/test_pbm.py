@@ -1,0 +1,94 @@
+"""PBM: one EM step by hand, EM monotonicity, parameter recovery on simulated PBM traffic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click_logs import random_log, simulate
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from processors.click_models.pbm import PBM, factorised_em
+from processors.simulation.clicks import examination_curve
+from processors.stats import cells_from_sessions
+
+
+def test_one_em_step_by_hand() -> None:
+    # one pair, shown 10x at rank 1 (4 clicks) and 10x at rank 2 (1 click); start θ = (0.8, 0.5), α = 0.5
+    # non-click posteriors (position-bias.md): P(E|C=0) = θ(1-α)/(1-θα), P(R|C=0) = (1-θ)α/(1-θα)
+    #   rank 1: P(E|C=0) = 0.4/0.6 = 2/3,   P(R|C=0) = 0.1/0.6 = 1/6
+    #   rank 2: P(E|C=0) = 0.25/0.75 = 1/3, P(R|C=0) = 0.25/0.75 = 1/3
+    # M-step: α = (4 + 6/6 + 1 + 9/3)/20 = 9/20; θ_1 = (4 + 6*2/3)/10 = 0.8; θ_2 = (1 + 9/3)/10 = 0.4
+    # ridge rescale to max θ = 1: θ = (1, 0.5), α = 0.45*0.8 = 0.36 (θ·α unchanged)
+    res = factorised_em(
+        np.array([0, 0]),
+        np.array([0, 1]),
+        np.array([10.0, 10.0]),
+        np.array([4.0, 1.0]),
+        np.array([0.8, 0.5]),
+        np.array([0.5]),
+        max_iter=2,
+        accelerate=False,
+    )
+    assert np.allclose(res.exam, [1.0, 0.5]) and np.allclose(res.alpha, [0.36])
+    # log-likelihood at the start: 4 ln 0.4 + 6 ln 0.6 + 1 ln 0.25 + 9 ln 0.75
+    assert res.log_likelihood[0] == pytest.approx(
+        4 * np.log(0.4) + 6 * np.log(0.6) + np.log(0.25) + 9 * np.log(0.75)
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.booleans())
+def test_em_never_lowers_log_likelihood(seed: int, accelerate: bool) -> None:
+    rng = np.random.default_rng(seed)
+    cells = cells_from_sessions(random_log(rng, int(rng.integers(5, 60)), 4, int(rng.integers(2, 8))))
+    imps, clk = cells.impressions.astype(float), cells.clicks.astype(float)
+    res = factorised_em(
+        cells.pair,
+        cells.rank - 1,
+        imps,
+        clk,
+        rng.uniform(0.05, 0.95, 4),
+        rng.uniform(0.05, 0.95, len(cells.pairs)),
+        max_iter=60,
+        tol=1e-12,
+        accelerate=accelerate,
+    )
+    trace = np.array(res.log_likelihood)
+    assert (np.diff(trace) >= -1e-9 * np.abs(trace[:-1])).all()
+
+
+def test_recovers_examination_and_attractiveness() -> None:
+    theta = examination_curve(10, 1.0)
+    s, alpha = simulate("pbm", seed=11, theta=theta)
+    m = PBM().fit(s)
+    assert m.converged
+    # stated tolerance: θ_k/θ_1 within 0.05 absolute at every rank on 50k sessions, 3 rankers
+    assert np.abs(m.theta_ratio - theta).max() < 0.05
+    rel = m.relevance()
+    well = rel.impressions >= 300  # pairs the rankers put near the top often enough
+    assert well.sum() > 100
+    # θ_1 = 1 in the truth, so the score (α on the θ_1 = 1 scale) estimates α itself
+    assert np.abs(rel.score - alpha)[well].mean() < 0.05
+    # the 95 % intervals should cover the truth for most well-supported pairs (they ignore θ's uncertainty)
+    covered = (rel.ci_low <= alpha) & (alpha <= rel.ci_high)
+    assert covered[well].mean() > 0.85
+    trace = np.array(m.log_likelihood_trace)
+    assert (np.diff(trace) >= -1e-9 * np.abs(trace[:-1])).all()
+
+
+def test_fit_cells_matches_fit(tiny_log) -> None:  # type: ignore[no-untyped-def]
+    a = PBM().fit(tiny_log)
+    b = PBM().fit_cells(cells_from_sessions(tiny_log))
+    assert np.allclose(a.theta, b.theta) and np.allclose(a.alpha, b.alpha, equal_nan=True)
+    assert a.relevance().impressions.tolist() == [6, 4, 6, 0]
+
+
+def test_predictions_shape_prior_and_nan(tiny_log) -> None:  # type: ignore[no-untyped-def]
+    m = PBM().fit(tiny_log)
+    p = m.click_probs(tiny_log)
+    assert p.shape == (4, 2) and np.isnan(p[3, 1]) and not np.isnan(p[:3]).any()
+    assert np.array_equal(m.conditional_click_probs(tiny_log), p, equal_nan=True)
+    assert np.isnan(m.alpha[3])  # D never shown ...
+    score = m.relevance().score
+    assert score[3] == pytest.approx(m.prior_alpha * m.theta[0])  # ... and scores the prior
