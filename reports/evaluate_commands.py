@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="fail when a judged query has no positive (instead of reporting it as a labelled negative)")
     p.add_argument("--complete", action="store_true",
                    help="score judged queries missing from the run as empty rankings (trec_eval -c)")
+    p.add_argument("--condensed", action="store_true",
+                   help="drop unjudged docs from each ranking before scoring (condensed lists, Sakai 2007; "
+                        "trec_eval -J); judged@k still describes the ranking as returned")
     p.add_argument("--per-query", action="store_true", help="also print (or include in JSON) one row per query")
     p.add_argument("--json", action="store_true", help="print JSON for machines instead of tables")
     p.set_defaults(func=run_evaluate)
@@ -77,7 +80,8 @@ def evaluate_files(args: argparse.Namespace) -> tuple[MetricTable, dict[str, Any
     with status.status(f"loading {args.run}"):
         run = load_run(args.run, format=args.run_format)
     with status.status("evaluating"):
-        table = compute(qrels, run, specs, gain=args.gain, rel_threshold=args.rel_threshold, complete=args.complete)
+        table = compute(qrels, run, specs, gain=args.gain, rel_threshold=args.rel_threshold, complete=args.complete,
+                        condensed=args.condensed)
     inputs = {
         "qrels": {"path": args.qrels, "format": qrels.format, "queries": len(qrels), "judgments": qrels.n_judgments()},
         "run": {"path": args.run, "tag": run.tag, "queries": len(run), "docs": run.n_docs()},
@@ -115,6 +119,8 @@ def print_table(console: Console, table: MetricTable, inputs: dict[str, Any]) ->
     if "rating_map" in q:
         console.print(f"Workbench ratings mapped to grades by {q['rating_map']}")
     console.print(f"positive = grade >= {table.rel_threshold}; means over {table.n_queries} queries with a positive")
+    if table.condensed:
+        console.print("condensed lists: unjudged docs were dropped from each ranking before scoring (not judged@k)")
     negatives = table.negatives_aggregate()
     n_neg = len(table.negative_query_ids)
     if n_neg:

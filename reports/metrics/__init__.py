@@ -46,8 +46,12 @@ def _depths(specs: Sequence[MetricSpec]) -> tuple[int | None, int | None]:
 
 
 def _values(spec: MetricSpec, rg: RankedGrades, relevant: np.ndarray,
-            gains: dict[str, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """One metric's per-query values; ``gains`` caches (gains, ideal gains) per gain function."""
+            gains: dict[str, tuple[np.ndarray, np.ndarray]], shown: RankedGrades) -> np.ndarray:
+    """One metric's per-query values; ``gains`` caches (gains, ideal gains) per gain function.
+
+    ``shown`` is the ranking as displayed (differs from ``rg`` only for condensed lists): judged@k always
+    describes what was shown.
+    """
     if spec.measure == "p":
         return precision(relevant, spec.k)  # type: ignore[arg-type]
     if spec.measure == "recall":
@@ -57,7 +61,7 @@ def _values(spec: MetricSpec, rg: RankedGrades, relevant: np.ndarray,
     if spec.measure == "ap":
         return average_precision(relevant, rg.n_positive, spec.k)
     if spec.measure == "judged":
-        return judged_at_k(rg.grades >= 0, rg.lengths, spec.k)
+        return judged_at_k(shown.grades >= 0, shown.lengths, spec.k)
     if spec.measure == "ndcg":
         gain = spec.gain or "linear"
         if gain not in gains:
@@ -75,6 +79,7 @@ def compute(
     gain: str = "linear",
     rel_threshold: int = 1,
     complete: bool = False,
+    condensed: bool = False,
 ) -> MetricTable:
     """Evaluate ``run`` (query_id -> ranked doc ids) against ``qrels`` (query_id -> {doc_id: grade}).
 
@@ -83,6 +88,8 @@ def compute(
     ``ndcg_burges``). ``rel_threshold``: the grade from which a doc is a positive for P, recall, RR, AP and
     for telling labelled negatives apart; nDCG always uses the raw grades, as trec_eval does.
     ``complete``: also score judged queries missing from the run, as empty rankings (trec_eval ``-c``).
+    ``condensed``: drop unjudged docs from each ranking before scoring (condensed lists, Sakai 2007;
+    trec_eval ``-J``); judged@k still describes the ranking as returned.
     Queries are evaluated in run order. Every value lies in [0, 1].
     """
     if isinstance(rel_threshold, bool) or not isinstance(rel_threshold, int) or rel_threshold < 1:
@@ -102,10 +109,17 @@ def compute(
     missing = tuple(q for q in qrels if q not in run)
     ids = judged_ids + list(missing) if complete else judged_ids
     depth, ideal_depth = _depths(specs)
+    validate = not (isinstance(qrels, Qrels) and isinstance(run, Run))
     rg = build_ranked_grades(
         qrels, run, ids, depth=depth, ideal_depth=ideal_depth, rel_threshold=rel_threshold,
-        validate=not (isinstance(qrels, Qrels) and isinstance(run, Run)),
+        validate=validate, condensed=condensed,
     )
+    shown = rg
+    judged_specs = [s for s in specs if s.measure == "judged"]
+    if condensed and judged_specs:
+        judged_depth = None if any(s.k is None for s in judged_specs) else max(s.k or 0 for s in judged_specs)
+        shown = build_ranked_grades(qrels, run, ids, depth=judged_depth, ideal_depth=0,
+                                    rel_threshold=rel_threshold, validate=False)
     if any(s.gain == "exponential" for s in specs) and max(
         int(rg.grades.max(initial=0)), int(rg.ideal.max(initial=0))
     ) > _MAX_EXP_GRADE:
@@ -114,24 +128,25 @@ def compute(
             f"(map ratings to grades first, e.g. --rating-map esci)"
         )
     has_positive = rg.n_positive > 0
-    positives, negatives = rg.rows(has_positive), rg.rows(~has_positive)
+    positives = rg.rows(has_positive)
+    shown_pos, shown_neg = shown.rows(has_positive), shown.rows(~has_positive)
     gains: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     relevant = positives.grades >= rel_threshold
-    values = {s.name: _values(s, positives, relevant, gains) for s in specs}
-    negative_values = {
-        s.name: judged_at_k(negatives.grades >= 0, negatives.lengths, s.k) for s in specs if s.measure == "judged"
-    }
+    values = {s.name: _values(s, positives, relevant, gains, shown_pos) for s in specs}
+    negative_values = {s.name: judged_at_k(shown_neg.grades >= 0, shown_neg.lengths, s.k) for s in judged_specs}
     id_array = np.asarray(ids, dtype=object)
+    negative_ids = tuple(id_array[~has_positive].tolist())
     return MetricTable(
         specs=tuple(specs),
         query_ids=tuple(id_array[has_positive].tolist()),
         values=values,
-        negative_query_ids=tuple(id_array[~has_positive].tolist()),
-        negative_retrieved=negatives.lengths,
+        negative_query_ids=negative_ids,
+        negative_retrieved=np.fromiter((len(run.get(q, ())) for q in negative_ids), np.int64, len(negative_ids)),
         negative_values=negative_values,
         unjudged_query_ids=unjudged,
         missing_query_ids=missing,
         gain=gain,
         rel_threshold=rel_threshold,
         complete=complete,
+        condensed=condensed,
     )

@@ -94,12 +94,15 @@ def build_ranked_grades(
     ideal_depth: int | None,
     rel_threshold: int,
     validate: bool = True,
+    condensed: bool = False,
 ) -> RankedGrades:
     """Look every ranked doc up in the query's judgments once and lay the grades out as arrays.
 
     ``depth``: columns kept (``None``: the longest ranking). ``ideal_depth``: columns of sorted judged grades
     (``None``: the most judgments any query has). Queries absent from ``run`` get an empty ranking.
     ``validate`` checks grades and duplicate doc ids (loaders already did when the inputs are theirs).
+    ``condensed`` drops unjudged docs from each ranking first (Sakai 2007); ``lengths`` are then the
+    condensed lengths.
     """
     n = len(query_ids)
     qrels_rows = [qrels[q] for q in query_ids]
@@ -109,16 +112,30 @@ def build_ranked_grades(
     values, counts = _qrels_grades(qrels_rows, validate)
     lengths = np.fromiter(map(len, full), np.int64, n)
     max_len = int(lengths.max()) if n else 0
-    width = max_len if depth is None else min(depth, max_len)
-    rankings = [r[:width] for r in full] if width < max_len else full
-    cut = np.minimum(lengths, width)
+    # Without condensing only the first `depth` docs matter, so longer rankings are cut before the lookup.
+    cut_at = max_len if (depth is None or condensed) else min(depth, max_len)
+    rankings = [r[:cut_at] for r in full] if cut_at < max_len else full
+    looked_up = np.minimum(lengths, cut_at)
 
     # One C-level dict lookup per ranked doc (map over the query's judgment dict); everything after this
     # is array arithmetic.
     lookups = chain.from_iterable(map(g.get, r, repeat(UNJUDGED)) for g, r in zip(qrels_rows, rankings, strict=True))
-    flat = np.fromiter(lookups, np.int64, int(cut.sum()))
+    flat = np.fromiter(lookups, np.int64, int(looked_up.sum()))
+    if condensed:
+        keep = flat != UNJUDGED
+        flat = flat[keep]
+        lengths = np.bincount(np.repeat(np.arange(n), looked_up)[keep], minlength=n).astype(np.int64)
+        looked_up = lengths
+    width = int(looked_up.max()) if n else 0
+    width = width if depth is None else min(depth, width)
     grades = np.full((n, width), UNJUDGED, dtype=np.int32)
-    grades[np.arange(width) < cut[:, None]] = flat  # row-major mask order == query-then-rank order
+    if cut_at == width or not flat.size:
+        grades[np.arange(width) < looked_up[:, None]] = flat  # row-major mask order == query-then-rank order
+    else:
+        starts = np.cumsum(looked_up) - looked_up
+        pos = np.arange(flat.size) - np.repeat(starts, looked_up)
+        inside = pos < width
+        grades[np.repeat(np.arange(n), looked_up)[inside], pos[inside]] = flat[inside]
 
     qidx = np.repeat(np.arange(n), counts)
     n_positive = np.bincount(qidx, weights=values >= rel_threshold, minlength=n).astype(np.int64)
@@ -129,6 +146,6 @@ def build_ranked_grades(
         order = np.lexsort((-values, qidx))  # by query, then grade descending
         starts = np.cumsum(counts) - counts
         pos = np.arange(values.size) - np.repeat(starts, counts)
-        keep = pos < ideal_width
-        ideal[qidx[keep], pos[keep]] = values[order][keep]
+        keep_ideal = pos < ideal_width
+        ideal[qidx[keep_ideal], pos[keep_ideal]] = values[order][keep_ideal]
     return RankedGrades(grades=grades, lengths=lengths, n_positive=n_positive, ideal=ideal)

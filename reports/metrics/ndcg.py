@@ -24,7 +24,9 @@ def exponential_gain(grades: np.ndarray) -> np.ndarray:
 
 def _dcg(gains: np.ndarray, k: int | None) -> np.ndarray:
     top = gains[:, :k]
-    return top @ discounts(top.shape[1]) if top.shape[1] else np.zeros(top.shape[0])
+    # A row-wise sum, not a BLAS matmul: BLAS may round a row differently depending on where it sits in
+    # the matrix, and a query's value must not depend on which other queries are evaluated with it.
+    return (top * discounts(top.shape[1])).sum(axis=1)
 
 
 def _ndcg(gains: np.ndarray, ideal_gains: np.ndarray, k: int | None) -> np.ndarray:

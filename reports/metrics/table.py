@@ -46,6 +46,7 @@ class MetricTable:
     gain: str
     rel_threshold: int
     complete: bool
+    condensed: bool = False
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -99,6 +100,7 @@ class MetricTable:
             "gain": self.gain,
             "rel_threshold": self.rel_threshold,
             "complete": self.complete,
+            "condensed": self.condensed,
             "aggregate": {name: agg._asdict() for name, agg in self.aggregate().items()},
             "queries_evaluated": self.n_queries,
             "labelled_negatives": {

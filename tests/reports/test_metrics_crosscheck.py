@@ -6,6 +6,7 @@ Which reference metric matches which of ours (checked here, not assumed):
 - ranx's relevance level also drops grades below it from nDCG (its ``clean_qrels``); trec_eval does not, and
   neither do we, so nDCG is checked against ranx at level 1 only and against trec_eval at level 2 as well.
 - judged@k == ir_measures ``Judged@k`` (denominator min(k, ranking length)); trec_eval has no such measure.
+- condensed lists == trec_eval ``-J`` (ir_measures ``judged_only=True``).
 Rankings here have strictly decreasing scores, so no tie-break convention can change the order (ranx breaks
 ties arbitrarily); the tie convention is checked against trec_eval on a TREC file in the last test.
 """
@@ -101,6 +102,20 @@ def test_against_trec_eval_via_ir_measures(ours: str, measure: object, level: in
     else:
         mine = table[ours]
     np.testing.assert_allclose(mine, ir_values(qrels, scores, ids, measure), rtol=0, atol=TOL)
+
+
+CONDENSED = [
+    ("ndcg@10", nDCG(judged_only=True) @ 10), ("p@5", P(judged_only=True) @ 5), ("recall@10", R(judged_only=True) @ 10),
+    ("map", AP(judged_only=True)), ("mrr", RR(judged_only=True)),
+]
+
+
+@pytest.mark.parametrize(("ours", "measure"), CONDENSED, ids=[o for o, _ in CONDENSED])
+def test_condensed_lists_against_trec_eval_judged_only(ours: str, measure: object) -> None:
+    qrels, run, scores = random_collection(seed=13)
+    table = compute(qrels, run, [ours], condensed=True)
+    ids = list(table.query_ids)
+    np.testing.assert_allclose(table[ours], ir_values(qrels, scores, ids, measure), rtol=0, atol=TOL)
 
 
 def test_ranx_ndcg_drops_grades_below_its_level_and_we_do_not() -> None:

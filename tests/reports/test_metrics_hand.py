@@ -151,3 +151,16 @@ def test_kernels_by_hand() -> None:
         recall(rel, np.array([1, 0]))
     with pytest.raises(MetricError, match="rows"):
         ndcg(np.zeros((2, 3)), np.zeros((1, 3)))
+
+
+def test_condensed_lists_drop_unjudged_docs_but_not_from_judged_at_k() -> None:
+    qrels = {"q": {"a": 1, "c": 2, "b": 0}}
+    run = {"q": ["a", "x", "c", "y", "b"]}  # x, y unjudged
+    full = compute(qrels, run, "p@2,mrr,ndcg@2,judged@3")
+    cond = compute(qrels, run, "p@2,mrr,ndcg@2,judged@3", condensed=True)
+    assert full["p@2"][0] == 0.5 and cond["p@2"][0] == 1.0  # [a, x] vs condensed [a, c]
+    # nDCG@2: full (1 + 0) / (2 + 1/log2(3)); condensed (1 + 2/log2(3)) / (2 + 1/log2(3))
+    assert full["ndcg@2"][0] == pytest.approx(1 / (2 + 1 / LOG2_3), abs=1e-15)
+    assert cond["ndcg@2"][0] == pytest.approx((1 + 2 / LOG2_3) / (2 + 1 / LOG2_3), abs=1e-15)
+    assert full["judged@3"][0] == cond["judged@3"][0] == pytest.approx(2 / 3, abs=1e-15)  # a, c of a, x, c
+    assert cond.condensed and cond.as_dict()["condensed"] is True
