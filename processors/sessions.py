@@ -133,10 +133,14 @@ class SessionData:
 
 
 # ----------------------------------------------------------------------------- SQL stages
+# Searches get an integer id (sid) and query texts an integer key (qkey, in text order) early on, so that the
+# tables of millions of rows below carry integers and short doc ids, not UUIDs and query strings. Each table
+# is dropped as soon as the stages and counts that need it are done, to bound memory.
 
 _SEARCH = """
-CREATE OR REPLACE TEMP TABLE _ubi_search AS
-SELECT query_id, r.user_query, r.client_id, r.application, r.ts, r.hits, n_records, n_rankings
+CREATE OR REPLACE TEMP TABLE _ubi_search0 AS
+SELECT (row_number() OVER ())::BIGINT AS sid, query_id, r.user_query, r.client_id, r.application, r.ts, r.hits,
+       n_records, n_rankings
 FROM (
     SELECT query_id,
            arg_min({'user_query': user_query, 'client_id': client_id, 'application': application, 'ts': ts,
@@ -149,23 +153,28 @@ FROM (
         FROM ubi_queries
     )
     GROUP BY query_id
-)
+);
+CREATE OR REPLACE TEMP TABLE _ubi_hits AS SELECT sid, hits FROM _ubi_search0 WHERE hits IS NOT NULL;
+CREATE OR REPLACE TEMP TABLE _ubi_search AS
+SELECT sid, query_id, user_query, client_id, application, ts, hits IS NOT NULL AS has_hits, n_records, n_rankings
+FROM _ubi_search0;
+DROP TABLE _ubi_search0;
 """
 
 # Clicks and impressions with everything later stages need; ord_rank is NULL for a missing or sub-base ordinal.
 _EVENTS = """
 CREATE OR REPLACE TEMP TABLE _ubi_ev AS
-SELECT e.event_key, e.query_id, e.action_name = $imp AS is_imp, nullif(e.object_id, '') AS object_id, e."timestamp" AS ts,
-       e.position_ordinal AS ordinal,
+SELECT e.rowid AS eid, s.sid, e.action_name = $imp AS is_imp, nullif(e.object_id, '') AS object_id,
+       e."timestamp" AS ts, e.position_ordinal AS ordinal,
        CASE WHEN e.position_ordinal - coalesce(b.base, $base) >= 0
             THEN e.position_ordinal - coalesce(b.base, $base) + 1 END AS ord_rank,
        e.position_ordinal IS NOT NULL AND e.position_ordinal - coalesce(b.base, $base) < 0 AS bad_ordinal,
        coalesce(e.application, s.application) AS application,
-       s.query_id IS NOT NULL AS has_search,
-       s.hits IS NOT NULL AS search_has_hits,
-       list_position(s.hits, nullif(e.object_id, '')) AS hit_rank
+       coalesce(s.has_hits, false) AS search_has_hits,
+       list_position(h.hits, nullif(e.object_id, '')) AS hit_rank
 FROM ubi_events e
 LEFT JOIN _ubi_search s ON s.query_id = e.query_id
+LEFT JOIN _ubi_hits h ON h.sid = s.sid
 LEFT JOIN _ubi_pbase b ON b.application = coalesce(e.application, s.application)
 WHERE e.action_name = $imp OR list_contains($clicks, e.action_name)
 """
@@ -174,111 +183,111 @@ WHERE e.action_name = $imp OR list_contains($clicks, e.action_name)
 # (The arrival-order window runs only over the impressions that need it: no hit list and no ordinal.)
 _IMPRESSIONS = """
 CREATE OR REPLACE TEMP TABLE _ubi_imp AS
-SELECT query_id, object_id AS doc_id, ts, event_key,
+SELECT sid, object_id AS doc_id, ts,
        CASE WHEN search_has_hits THEN hit_rank WHEN bad_ordinal THEN NULL ELSE ord_rank END AS rank
 FROM _ubi_ev
-WHERE is_imp AND has_search AND object_id IS NOT NULL AND (search_has_hits OR ordinal IS NOT NULL)
+WHERE is_imp AND sid IS NOT NULL AND object_id IS NOT NULL AND (search_has_hits OR ordinal IS NOT NULL)
 UNION ALL
-SELECT query_id, object_id AS doc_id, ts, event_key, row_number() OVER (PARTITION BY query_id ORDER BY ts, event_key)
+SELECT sid, object_id AS doc_id, ts, row_number() OVER (PARTITION BY sid ORDER BY ts, eid)
 FROM _ubi_ev
-WHERE is_imp AND has_search AND object_id IS NOT NULL AND NOT search_has_hits AND ordinal IS NULL
+WHERE is_imp AND sid IS NOT NULL AND object_id IS NOT NULL AND NOT search_has_hits AND ordinal IS NULL
 """
 
 # Displayed rows before click placement: from placed impressions, else from the hit list.
 _SHOWN = """
+CREATE OR REPLACE TEMP TABLE _ubi_impdoc AS
+SELECT sid, doc_id, min(rank) AS rank, min(ts) AS ts, count(*) AS n FROM _ubi_imp WHERE rank IS NOT NULL GROUP BY ALL;
 CREATE OR REPLACE TEMP TABLE _ubi_shown0 AS
-WITH imp_doc AS (
-    SELECT query_id, doc_id, min(rank) AS rank, min(ts) AS ts FROM _ubi_imp WHERE rank IS NOT NULL GROUP BY ALL
-), imp_shown AS (
-    SELECT query_id, rank, arg_min(doc_id, {'ts': ts, 'doc_id': doc_id}) AS doc_id, 'impressions' AS origin
-    FROM imp_doc GROUP BY query_id, rank
+WITH imp_shown AS (
+    SELECT sid, rank, arg_min(doc_id, {'ts': ts, 'doc_id': doc_id}) AS doc_id, 'impressions' AS origin
+    FROM _ubi_impdoc GROUP BY sid, rank
 ), hit_rows AS (
-    SELECT query_id, unnest(hits) AS doc_id, unnest(range(1, len(hits) + 1)) AS rank
-    FROM _ubi_search
-    WHERE hits IS NOT NULL AND query_id NOT IN (SELECT query_id FROM imp_doc)
+    SELECT sid, unnest(hits) AS doc_id, unnest(range(1, len(hits) + 1)) AS rank
+    FROM _ubi_hits
+    WHERE sid NOT IN (SELECT sid FROM _ubi_impdoc)
 )
 SELECT * FROM imp_shown
 UNION ALL
-SELECT query_id, min(rank) AS rank, doc_id, 'hit_list' AS origin FROM hit_rows WHERE doc_id <> ''
-GROUP BY query_id, doc_id
+SELECT sid, min(rank) AS rank, doc_id, 'hit_list' AS origin FROM hit_rows WHERE doc_id <> '' GROUP BY sid, doc_id
 """
 
 _CLICKS = """
 CREATE OR REPLACE TEMP TABLE _ubi_clk AS
-SELECT c.event_key, c.query_id, c.object_id AS doc_id, c.ts, c.ord_rank, c.has_search,
-       r.query_id IS NOT NULL AS search_ranked, d.rank AS shown_rank
+SELECT c.sid, c.object_id AS doc_id, c.ts, c.ord_rank, r.sid IS NOT NULL AS search_ranked, d.rank AS shown_rank
 FROM _ubi_ev c
-LEFT JOIN (SELECT DISTINCT query_id FROM _ubi_shown0) r ON r.query_id = c.query_id
-LEFT JOIN _ubi_shown0 d ON d.query_id = c.query_id AND d.doc_id = c.object_id
+LEFT JOIN (SELECT DISTINCT sid FROM _ubi_shown0) r ON r.sid = c.sid
+LEFT JOIN _ubi_shown0 d ON d.sid = c.sid AND d.doc_id = c.object_id
 WHERE NOT c.is_imp
 """
 
 # Clicked docs missing from the displayed list, placed at their (first) ordinal rank when no doc holds it.
 _PLACED = """
 CREATE OR REPLACE TEMP TABLE _ubi_placed AS
-SELECT query_id, rank, arg_min(doc_id, {'ts': ts, 'doc_id': doc_id}) AS doc_id FROM (
-    SELECT query_id, doc_id, min(ord_rank) AS rank, min(ts) AS ts
+SELECT sid, rank, arg_min(doc_id, {'ts': ts, 'doc_id': doc_id}) AS doc_id FROM (
+    SELECT sid, doc_id, min(ord_rank) AS rank, min(ts) AS ts
     FROM _ubi_clk
     WHERE doc_id IS NOT NULL AND search_ranked AND shown_rank IS NULL AND ord_rank IS NOT NULL
     GROUP BY ALL
 ) p
-WHERE NOT EXISTS (SELECT 1 FROM _ubi_shown0 s WHERE s.query_id = p.query_id AND s.rank = p.rank)
-GROUP BY query_id, rank
+WHERE NOT EXISTS (SELECT 1 FROM _ubi_shown0 s WHERE s.sid = p.sid AND s.rank = p.rank)
+GROUP BY sid, rank
 """
 
 _DISPLAYED = """
 CREATE OR REPLACE TEMP TABLE _ubi_disp AS
-SELECT d.query_id, d.rank, d.doc_id, c.doc_id IS NOT NULL AS clicked
-FROM (SELECT query_id, rank, doc_id FROM _ubi_shown0 UNION ALL SELECT query_id, rank, doc_id FROM _ubi_placed) d
-LEFT JOIN (SELECT DISTINCT query_id, doc_id FROM _ubi_clk WHERE doc_id IS NOT NULL) c
-       ON c.query_id = d.query_id AND c.doc_id = d.doc_id
+SELECT d.sid, d.rank, d.doc_id, c.sid IS NOT NULL AS clicked
+FROM (SELECT sid, rank, doc_id FROM _ubi_shown0 UNION ALL SELECT sid, rank, doc_id FROM _ubi_placed) d
+LEFT JOIN (SELECT DISTINCT sid, doc_id FROM _ubi_clk WHERE sid IS NOT NULL AND doc_id IS NOT NULL) c
+       ON c.sid = d.sid AND c.doc_id = d.doc_id
 """
 
-# Ranked searches with their normalised query, time and client, and the filter each one falls to.
+# Ranked searches with their query key, time and client, and the filter each one falls to.
 _SESSIONS = """
 CREATE OR REPLACE TEMP TABLE _ubi_sess AS
 WITH shown AS (
-    SELECT query_id, count(*) AS n_shown, count(*) FILTER (WHERE clicked) AS n_clicked FROM _ubi_disp GROUP BY ALL
+    SELECT sid, count(*) AS n_shown, count(*) FILTER (WHERE clicked) AS n_clicked FROM _ubi_disp GROUP BY ALL
 ), evts AS (
-    SELECT query_id, min(ts) AS ts FROM _ubi_ev WHERE has_search GROUP BY ALL
+    SELECT sid, min(ts) AS ts FROM _ubi_ev WHERE sid IS NOT NULL GROUP BY ALL
 ), rate AS (
     SELECT client_id, max(n) AS peak FROM (
         SELECT client_id, count(*) OVER (
             PARTITION BY client_id ORDER BY ts RANGE BETWEEN CURRENT ROW AND INTERVAL 60 SECOND FOLLOWING) AS n
-        FROM (SELECT s.client_id, coalesce(s.ts, e.ts) AS ts FROM _ubi_search s LEFT JOIN evts e USING (query_id))
+        FROM (SELECT s.client_id, coalesce(s.ts, e.ts) AS ts FROM _ubi_search s LEFT JOIN evts e USING (sid))
         WHERE client_id IS NOT NULL AND ts IS NOT NULL
     ) GROUP BY ALL
 )
-SELECT s.query_id, n.query, s.client_id, s.application, coalesce(s.ts, e.ts) AS ts, sh.n_shown, sh.n_clicked,
+SELECT s.sid, n.qkey, n.query = '' AS empty_query, s.client_id, s.application, coalesce(s.ts, e.ts) AS ts,
+       sh.n_shown, sh.n_clicked,
        CASE WHEN n.query = '' THEN 'empty_query'
             WHEN r.peak > $max_rate THEN 'bot'
             WHEN $click_all AND sh.n_shown >= $click_all_min AND sh.n_clicked = sh.n_shown THEN 'click_all'
        END AS dropped
 FROM _ubi_search s
-JOIN shown sh USING (query_id)
+JOIN shown sh USING (sid)
 JOIN _ubi_qnorm n USING (user_query)
-LEFT JOIN evts e USING (query_id)
+LEFT JOIN evts e USING (sid)
 LEFT JOIN rate r USING (client_id)
 """
 
-# Kept sessions cut at K, with pair ids: the one table every statistic below is aggregated from.
+# Kept sessions cut at K: the one table every statistic below is aggregated from.
 _KEPT = """
 CREATE OR REPLACE TEMP TABLE _ubi_kept AS
-SELECT d.query_id, s.query, d.rank, d.doc_id, d.clicked
-FROM _ubi_disp d JOIN _ubi_sess s USING (query_id)
+SELECT d.sid, s.qkey, d.rank, d.doc_id, d.clicked
+FROM _ubi_disp d JOIN _ubi_sess s USING (sid)
 WHERE s.dropped IS NULL AND d.rank <= $k
 """
 
+# qkey follows the text order of the queries, so (qkey, doc_id) order is (query, doc_id) order.
 _PAIRS = """
 CREATE OR REPLACE TEMP TABLE _ubi_pairs AS
-SELECT query, doc_id, (row_number() OVER (ORDER BY query, doc_id) - 1)::BIGINT AS pair,
-       (dense_rank() OVER (ORDER BY query) - 1)::BIGINT AS qi
-FROM (SELECT DISTINCT query, doc_id FROM _ubi_kept)
+SELECT qkey, doc_id, (row_number() OVER (ORDER BY qkey, doc_id) - 1)::BIGINT AS pair,
+       (dense_rank() OVER (ORDER BY qkey) - 1)::BIGINT AS qi
+FROM (SELECT DISTINCT qkey, doc_id FROM _ubi_kept)
 """
 
 _KEPT_P = """
 CREATE OR REPLACE TEMP TABLE _ubi_kp AS
-SELECT k.query_id, p.qi, p.pair, k.rank, k.clicked FROM _ubi_kept k JOIN _ubi_pairs p USING (query, doc_id)
+SELECT k.sid, p.qi, p.pair, k.rank, k.clicked FROM _ubi_kept k JOIN _ubi_pairs p USING (qkey, doc_id)
 """
 
 _CELLS = """
@@ -294,7 +303,7 @@ SELECT (row_number() OVER (ORDER BY qi, sig) - 1)::BIGINT AS pattern, qi, sig, c
 FROM (
     SELECT qi, sig, count(*) AS count FROM (
         SELECT any_value(qi) AS qi, list(((rank::BIGINT * $n_pairs) + pair) * 2 + clicked::BIGINT ORDER BY rank) AS sig
-        FROM _ubi_kp GROUP BY query_id
+        FROM _ubi_kp GROUP BY sid
     ) GROUP BY qi, sig
 )
 """
@@ -318,8 +327,9 @@ FROM (
 ) GROUP BY ALL ORDER BY pair, rank, prev_click
 """
 
-_TEMP_TABLES = ("_ubi_search", "_ubi_ev", "_ubi_imp", "_ubi_shown0", "_ubi_clk", "_ubi_placed", "_ubi_disp",
-                "_ubi_sess", "_ubi_kept", "_ubi_pairs", "_ubi_kp", "_ubi_pat", "_ubi_patrows")
+_TEMP_TABLES = ("_ubi_search0", "_ubi_search", "_ubi_hits", "_ubi_ev", "_ubi_imp", "_ubi_impdoc", "_ubi_shown0",
+                "_ubi_clk", "_ubi_placed", "_ubi_disp", "_ubi_sess", "_ubi_kept", "_ubi_pairs", "_ubi_kp",
+                "_ubi_pat", "_ubi_patrows")
 
 
 # ----------------------------------------------------------------------------- building
@@ -328,8 +338,16 @@ def _params(settings: Settings) -> dict[str, Any]:
     return {"imp": settings.impression_action, "clicks": list(settings.click_actions), "base": settings.position_base}
 
 
-def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> None:
-    """Stages up to ``_ubi_disp`` (every ranked search, displayed docs, clicked flags) and ``_ubi_sess``."""
+def _drop(con: duckdb.DuckDBPyConnection, *tables: str) -> None:
+    for table in tables:
+        con.execute(f"DROP TABLE IF EXISTS temp.{table}")
+
+
+def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict[str, Any]:
+    """Every stage up to ``_ubi_disp`` (ranked searches, displayed docs, clicks) and ``_ubi_sess``.
+
+    Returns the raw counts the quality summary is made of, gathered before each intermediate table is dropped.
+    """
     for table in ("ubi_queries", "ubi_events"):
         if not _ints(con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [table])[0]:
             raise SessionError(f"the store has no {table} table; ingest UBI records first (`ubi import`, `ubi serve`)")
@@ -338,29 +356,66 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> None
         "base": pa.array(list(settings.position_base_by_application.values()), pa.int64()),
     })
     con.register("_ubi_pbase", pbase)
-    p = _params(settings)
+    c: dict[str, Any] = {}
     con.execute(_SEARCH)
     texts = con.sql("SELECT DISTINCT user_query FROM _ubi_search").to_arrow_table().column(0).to_pylist()
+    normalised = [normalize_query(t) for t in texts]
+    order = {q: i for i, q in enumerate(sorted(set(normalised)))}
     con.register("_ubi_qnorm", pa.table({
         "user_query": pa.array(texts, pa.string()),
-        "query": pa.array([normalize_query(t) for t in texts], pa.string()),
+        "query": pa.array(normalised, pa.string()),
+        "qkey": pa.array([order[q] for q in normalised], pa.int64()),
     }))
-    con.execute(_EVENTS, p)
+    con.execute(_EVENTS, _params(settings))
     con.execute(_IMPRESSIONS)
     con.execute(_SHOWN)
+    c["placed_rows"], c["placed_docs"] = _ints(con, "SELECT coalesce(sum(n), 0), count(*) FROM _ubi_impdoc")
+    _drop(con, "_ubi_imp", "_ubi_impdoc", "_ubi_hits")
+    (c["query_records"], c["searches"], c["several"], c["hit_only"], c["imp_ranked"], c["imp_displayed"]) = _ints(con, """
+        SELECT (SELECT count(*) FROM ubi_queries), count(*), count(*) FILTER (WHERE n_rankings > 1),
+               (SELECT count(DISTINCT sid) FROM _ubi_shown0 WHERE origin = 'hit_list'),
+               (SELECT count(DISTINCT sid) FROM _ubi_shown0 WHERE origin = 'impressions'),
+               (SELECT count(*) FROM _ubi_shown0 WHERE origin = 'impressions')
+        FROM _ubi_search""")
     con.execute(_CLICKS)
     con.execute(_PLACED)
     con.execute(_DISPLAYED)
+    c["clk"] = _ints(con, """
+        SELECT count(*),
+               count(*) FILTER (WHERE doc_id IS NULL),
+               count(*) FILTER (WHERE doc_id IS NOT NULL AND sid IS NULL),
+               count(*) FILTER (WHERE doc_id IS NOT NULL AND sid IS NOT NULL AND NOT search_ranked),
+               count(*) FILTER (WHERE shown_rank IS NOT NULL AND ord_rank IS NOT NULL),
+               count(*) FILTER (WHERE shown_rank IS NOT NULL AND ord_rank IS NOT NULL AND shown_rank <> ord_rank)
+        FROM _ubi_clk""")
+    c["clicks_displayed"], c["distinct_clicked"], c["placed"] = _ints(con, """
+        SELECT count(*), count(DISTINCT (c.sid, c.doc_id)), (SELECT count(*) FROM _ubi_placed)
+        FROM _ubi_clk c JOIN _ubi_disp d ON d.sid = c.sid AND d.doc_id = c.doc_id""")
+    _drop(con, "_ubi_clk", "_ubi_placed", "_ubi_shown0")
     con.execute(_SESSIONS, {
         "max_rate": float(settings.max_client_queries_per_minute),
         "click_all": bool(settings.filter_click_all),
         "click_all_min": int(settings.click_all_min_results),
     })
+    c["imp"] = _ints(con, """
+        SELECT count(*),
+               count(*) FILTER (WHERE object_id IS NULL),
+               count(*) FILTER (WHERE object_id IS NOT NULL AND sid IS NULL),
+               count(*) FILTER (WHERE object_id IS NOT NULL AND sid IS NOT NULL AND search_has_hits AND hit_rank IS NULL),
+               count(*) FILTER (WHERE object_id IS NOT NULL AND sid IS NOT NULL AND NOT search_has_hits AND bad_ordinal),
+               count(*) FILTER (WHERE hit_rank IS NOT NULL AND ord_rank IS NOT NULL),
+               count(*) FILTER (WHERE hit_rank IS NOT NULL AND ord_rank IS NOT NULL AND hit_rank <> ord_rank)
+        FROM _ubi_ev WHERE is_imp""")
+    c["evidence"] = con.execute("""
+        SELECT coalesce(application, ''), count(*) FILTER (WHERE ordinal = hit_rank - 1),
+               count(*) FILTER (WHERE ordinal = hit_rank), count(*)
+        FROM _ubi_ev WHERE hit_rank IS NOT NULL AND ordinal IS NOT NULL GROUP BY ALL ORDER BY 1""").fetchall()
+    _drop(con, "_ubi_ev")
+    return c
 
 
 def _cleanup(con: duckdb.DuckDBPyConnection) -> None:
-    for table in _TEMP_TABLES:
-        con.execute(f"DROP TABLE IF EXISTS temp.{table}")
+    _drop(con, *_TEMP_TABLES)
     for view in ("_ubi_pbase", "_ubi_qnorm"):
         try:
             con.unregister(view)
@@ -373,85 +428,51 @@ def _ints(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> list[
     return [int(v or 0) for v in rows[0]] if rows else []
 
 
-def _quality(con: duckdb.DuckDBPyConnection) -> QualitySummary:
-    (query_records, searches, several, hit_only, imp_ranked) = _ints(con, """
-        SELECT (SELECT count(*) FROM ubi_queries), count(*), count(*) FILTER (WHERE n_rankings > 1),
-               (SELECT count(DISTINCT query_id) FROM _ubi_shown0 WHERE origin = 'hit_list'),
-               (SELECT count(DISTINCT query_id) FROM _ubi_shown0 WHERE origin = 'impressions')
-        FROM _ubi_search""")
-    imp = _ints(con, """
-        SELECT count(*),
-               count(*) FILTER (WHERE object_id IS NULL),
-               count(*) FILTER (WHERE object_id IS NOT NULL AND NOT has_search),
-               count(*) FILTER (WHERE object_id IS NOT NULL AND has_search AND search_has_hits AND hit_rank IS NULL),
-               count(*) FILTER (WHERE object_id IS NOT NULL AND has_search AND NOT search_has_hits AND bad_ordinal),
-               count(*) FILTER (WHERE hit_rank IS NOT NULL AND ord_rank IS NOT NULL),
-               count(*) FILTER (WHERE hit_rank IS NOT NULL AND ord_rank IS NOT NULL AND hit_rank <> ord_rank)
-        FROM _ubi_ev WHERE is_imp""")
-    (placed_rows, placed_docs, imp_displayed) = _ints(con, """
-        SELECT (SELECT count(*) FROM _ubi_imp WHERE rank IS NOT NULL),
-               (SELECT count(*) FROM (SELECT DISTINCT query_id, doc_id FROM _ubi_imp WHERE rank IS NOT NULL)),
-               (SELECT count(*) FROM _ubi_shown0 WHERE origin = 'impressions')""")
-    clk = _ints(con, """
-        SELECT count(*),
-               count(*) FILTER (WHERE doc_id IS NULL),
-               count(*) FILTER (WHERE doc_id IS NOT NULL AND NOT has_search),
-               count(*) FILTER (WHERE doc_id IS NOT NULL AND has_search AND NOT search_ranked),
-               count(*) FILTER (WHERE shown_rank IS NOT NULL AND ord_rank IS NOT NULL),
-               count(*) FILTER (WHERE shown_rank IS NOT NULL AND ord_rank IS NOT NULL AND shown_rank <> ord_rank)
-        FROM _ubi_clk""")
-    (clicks_displayed, distinct_clicked, placed) = _ints(con, """
-        SELECT count(*), count(DISTINCT (c.query_id, c.doc_id)), (SELECT count(*) FROM _ubi_placed)
-        FROM _ubi_clk c JOIN _ubi_disp d ON d.query_id = c.query_id AND d.doc_id = c.doc_id""")
-    evidence = con.execute("""
-        SELECT coalesce(application, ''), count(*) FILTER (WHERE ordinal = hit_rank - 1),
-               count(*) FILTER (WHERE ordinal = hit_rank), count(*)
-        FROM _ubi_ev WHERE hit_rank IS NOT NULL AND ordinal IS NOT NULL GROUP BY ALL ORDER BY 1""").fetchall()
-    n_imp = imp[0]
+def _quality(c: dict[str, Any]) -> QualitySummary:
+    imp, clk = c["imp"], c["clk"]
     return QualitySummary(
-        query_records=query_records,
-        searches=searches,
-        duplicate_query_records=query_records - searches,
-        searches_with_several_rankings=several,
-        searches_without_ranking=searches - hit_only - imp_ranked,
-        searches_ranked_by_impressions=imp_ranked,
-        searches_ranked_by_hit_list=hit_only,
-        impression_events=n_imp,
+        query_records=c["query_records"],
+        searches=c["searches"],
+        duplicate_query_records=c["query_records"] - c["searches"],
+        searches_with_several_rankings=c["several"],
+        searches_without_ranking=c["searches"] - c["hit_only"] - c["imp_ranked"],
+        searches_ranked_by_impressions=c["imp_ranked"],
+        searches_ranked_by_hit_list=c["hit_only"],
+        impression_events=imp[0],
         impressions_without_object_id=imp[1],
         impressions_without_search=imp[2],
         impressions_outside_ranking=imp[3],
         impressions_bad_ordinal=imp[4],
-        duplicate_impressions=placed_rows - placed_docs,
-        impression_rank_collisions=placed_docs - imp_displayed,
-        impressions_displayed=imp_displayed,
+        duplicate_impressions=c["placed_rows"] - c["placed_docs"],
+        impression_rank_collisions=c["placed_docs"] - c["imp_displayed"],
+        impressions_displayed=c["imp_displayed"],
         impression_rank_checked=imp[5],
         impression_rank_disagreements=imp[6],
         click_events=clk[0],
         clicks_without_object_id=clk[1],
         clicks_without_search=clk[2],
         clicks_on_search_without_ranking=clk[3],
-        clicks_on_undisplayed=clk[0] - clk[1] - clk[2] - clk[3] - clicks_displayed,
-        clicks_displayed=clicks_displayed,
-        clicks_placed_by_ordinal=placed,
-        repeat_clicks=clicks_displayed - distinct_clicked,
+        clicks_on_undisplayed=clk[0] - clk[1] - clk[2] - clk[3] - c["clicks_displayed"],
+        clicks_displayed=c["clicks_displayed"],
+        clicks_placed_by_ordinal=c["placed"],
+        repeat_clicks=c["clicks_displayed"] - c["distinct_clicked"],
         click_rank_checked=clk[4],
         click_rank_disagreements=clk[5],
         ordinal_base_evidence={app: {"base0": int(b0), "base1": int(b1), "checked": int(n)}
-                               for app, b0, b1, n in evidence},
+                               for app, b0, b1, n in c["evidence"]},
     )
 
 
-def _filters(con: duckdb.DuckDBPyConnection, k: int, quality: QualitySummary, settings: Settings) -> FilterCounts:
-    ranked, empty, bots, click_all = _ints(con, """
+def _filters(con: duckdb.DuckDBPyConnection, k: int, quality: QualitySummary) -> FilterCounts:
+    ranked, empty, bots, click_all, bot_clients, kept_any = _ints(con, """
         SELECT count(*), count(*) FILTER (WHERE dropped = 'empty_query'), count(*) FILTER (WHERE dropped = 'bot'),
-               count(*) FILTER (WHERE dropped = 'click_all') FROM _ubi_sess""")
-    (bot_clients,) = _ints(con, "SELECT count(DISTINCT client_id) FROM _ubi_sess WHERE dropped = 'bot'")
-    kept_any, kept_k, imps, clicks = _ints(con, """
-        SELECT (SELECT count(*) FROM _ubi_sess WHERE dropped IS NULL), count(DISTINCT query_id), count(*),
-               count(*) FILTER (WHERE clicked) FROM _ubi_kept""")
+               count(*) FILTER (WHERE dropped = 'click_all'), count(DISTINCT client_id) FILTER (WHERE dropped = 'bot'),
+               count(*) FILTER (WHERE dropped IS NULL)
+        FROM _ubi_sess""")
+    kept_k, imps, clicks = _ints(con, "SELECT count(DISTINCT sid), count(*), count(*) FILTER (WHERE clicked) FROM _ubi_kept")
     beyond = _ints(con, """
         SELECT count(*), count(*) FILTER (WHERE clicked)
-        FROM _ubi_disp d JOIN _ubi_sess s USING (query_id) WHERE s.dropped IS NULL AND d.rank > $k""", {"k": k})
+        FROM _ubi_disp d JOIN _ubi_sess s USING (sid) WHERE s.dropped IS NULL AND d.rank > $k""", {"k": k})
     return FilterCounts(
         ranked_searches=ranked,
         empty_query_searches=empty,
@@ -484,13 +505,15 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
     if k < 1:
         raise SessionError(f"max_rank must be at least 1, got {k}")
     try:
-        _build_displayed(con, settings)
-        quality = _quality(con)
+        quality = _quality(_build_displayed(con, settings))
         con.execute(_KEPT, {"k": k})
-        filters = _filters(con, k, quality, settings)
+        filters = _filters(con, k, quality)
+        _drop(con, "_ubi_disp")
         con.execute(_PAIRS)
         con.execute(_KEPT_P)
-        pt = con.sql("SELECT query, doc_id, qi FROM _ubi_pairs ORDER BY pair").to_arrow_table()
+        _drop(con, "_ubi_kept")
+        pt = con.sql("""SELECT q.query, p.doc_id, p.qi FROM _ubi_pairs p
+                        JOIN (SELECT DISTINCT qkey, query FROM _ubi_qnorm) q USING (qkey) ORDER BY p.pair""").to_arrow_table()
         pairs = PairIndex(
             queries=np.array(pt.column("query").to_pylist(), dtype=object),
             doc_ids=np.array(pt.column("doc_id").to_pylist(), dtype=object),
@@ -501,6 +524,7 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
                            _np(ct, "impressions", np.int64), _np(ct, "clicks", np.int64), k)
         n_pairs = {"n_pairs": max(len(pairs), 1)}
         con.execute(_PATTERNS, n_pairs)
+        _drop(con, "_ubi_kp")
         con.execute(_PATTERN_ROWS, n_pairs)
         ut = con.sql(_UBM).to_arrow_table()
         ubm = UbmCells(pairs, _np(ut, "pair", np.int64), _np(ut, "rank", np.int64), _np(ut, "prev_click", np.int64),
@@ -528,9 +552,18 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
 
 
 def read_sessions(db: Path | str, settings: Settings | None = None, *, max_rank: int | None = None) -> SessionData:
-    """:func:`load_sessions` on the store at ``db``, read through ``open_reader`` (works while a collector runs)."""
+    """:func:`load_sessions` on the store at ``db``, read through ``open_reader`` (works while a collector runs).
+
+    ``Settings.session_memory_limit`` bounds DuckDB's memory on this connection (it spills to ``<db>.tmp``).
+    """
+    settings = settings or Settings()
     con = open_reader(db)
     try:
+        if settings.session_memory_limit:
+            try:
+                con.execute("SET memory_limit = ?", [settings.session_memory_limit])
+            except duckdb.Error as exc:
+                raise SessionError(f"session_memory_limit {settings.session_memory_limit!r}: {exc}") from exc
         return load_sessions(con, settings, max_rank=max_rank)
     finally:
         con.close()
@@ -549,11 +582,12 @@ def iter_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
     try:
         _build_displayed(con, settings)
         table = con.sql("""
-            SELECT s.query_id, s.query, list(d.doc_id ORDER BY d.rank) AS doc_ids, list(d.rank ORDER BY d.rank) AS ranks,
+            SELECT q.query_id, n.query, list(d.doc_id ORDER BY d.rank) AS doc_ids, list(d.rank ORDER BY d.rank) AS ranks,
                    list(d.clicked ORDER BY d.rank) AS clicked, s.client_id, s.application, s.ts
-            FROM _ubi_sess s JOIN _ubi_disp d USING (query_id)
+            FROM _ubi_sess s JOIN _ubi_disp d USING (sid) JOIN _ubi_search q USING (sid)
+            JOIN (SELECT DISTINCT qkey, query FROM _ubi_qnorm) n USING (qkey)
             WHERE d.rank <= $k AND (s.dropped IS NULL OR $all)
-            GROUP BY ALL ORDER BY s.ts NULLS LAST, s.query_id""", params={"k": k, "all": include_filtered}).to_arrow_table()
+            GROUP BY ALL ORDER BY s.ts NULLS LAST, q.query_id""", params={"k": k, "all": include_filtered}).to_arrow_table()
     except duckdb.Error as exc:
         raise StoreError(f"building sessions failed in DuckDB: {exc}") from exc
     finally:

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     calibration_fraction: float = Field(
         0.5, gt=0.0, lt=1.0, description="share of human-graded pairs used to fit the grade mapping (rest: held out)"
     )
+    session_memory_limit: str | None = Field(
+        None, description="DuckDB memory limit while building sessions, e.g. '2GB' (spills to disk above; default: DuckDB's)"
+    )
     seed: int = 0
 
     # --- reports (helper: joint report; reports/joint.py, `ubi report`) ---

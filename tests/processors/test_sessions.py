@@ -48,7 +48,7 @@ def reference(db: Path, settings: Settings, k: int) -> dict[str, Any]:
     con = duckdb.connect(str(db), read_only=True)
     qrows = con.execute("SELECT query_key, query_id, user_query, client_id, application, timestamp, "
                         "query_response_hit_ids FROM ubi_queries").fetchall()
-    erows = con.execute("SELECT event_key, action_name, query_id, nullif(object_id, ''), position_ordinal, timestamp, "
+    erows = con.execute("SELECT rowid, action_name, query_id, nullif(object_id, ''), position_ordinal, timestamp, "
                         "application FROM ubi_events").fetchall()
     con.close()
     by_qid: dict[str, list[tuple]] = defaultdict(list)
