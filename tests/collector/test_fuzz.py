@@ -21,7 +21,7 @@ import duckdb
 import orjson
 import schemathesis
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from collector.app import create_app
@@ -173,8 +173,15 @@ def test_arbitrary_bodies_on_every_ingest_route_are_answered_and_kept(tmp_path: 
     state = Fuzzed(app, db, Ledger())
     with TestClient(app, client=("127.0.0.1", 50000), raise_server_exceptions=False) as client:
 
+        # Explicit examples make sure each way of answering is met every run; the rest is generated.
         @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(path=st.sampled_from(INGEST), body=_bodies, content_type=_types)
+        @example("/v1/events", _dumps([_EVENT, {**_EVENT, "timestamp": "soon"}]), "application/json")  # 202
+        @example("/v1/queries", b'[{"user_query": ', "application/json")  # 400
+        @example("/ubi_events", _dumps([{**_EVENT, "application": "blog"}]), "text/plain")  # 403
+        @example("/v1/events", b"[" + b"{}," * 60 + b"{}]", "application/json")  # 413, kept
+        @example("/v1/bulk", b" " * (64 * 1024 + 1), "application/x-ndjson")  # 413, not kept
+        @example("/v1/events", _dumps(_EVENT), "image/png")  # 415
         def post(path: str, body: bytes, content_type: str) -> None:
             headers = {"X-API-Key": KEY, "content-type": content_type}
             r = client.post(path, content=body, headers=headers)
