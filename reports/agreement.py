@@ -92,7 +92,7 @@ def agreement(labels: LabelSet, source: str, *, n_grades: int | None = None) -> 
     hs: list[int] = []
     cs: list[int] = []
     excluded = 0
-    for (query, doc), labs in sorted(labels.by_pair.items()):
+    for (query, doc), labs in labels.by_pair.items():
         h = human.get(query, {}).get(doc)
         if h is None:
             continue

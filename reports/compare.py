@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
-from reports.intervals import bootstrap_mean, sign_flip_pvalue
+from reports.intervals import bootstrap_means, sign_flip_pvalues
 from schemas.errors import UbiError
 
 
@@ -74,14 +74,69 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 def _paired(
     base_ids: Sequence[str], base_vals: NDArray, sys_ids: Sequence[str], sys_vals: NDArray
 ) -> tuple[NDArray, NDArray]:
+    """Rows of the two value arrays ([n] or [n, m]) for the queries both have, in the system's order."""
     if len(base_ids) != len(base_vals) or len(sys_ids) != len(sys_vals):
         raise CompareError("query ids and values must have the same length")
     index = {q: i for i, q in enumerate(base_ids)}
     pairs = [(index[q], j) for j, q in enumerate(sys_ids) if q in index]
+    b, s = np.asarray(base_vals, float), np.asarray(sys_vals, float)
     if not pairs:
-        return np.empty(0), np.empty(0)
+        return b[:0], s[:0]
     bi, sj = (np.array(x, dtype=np.int64) for x in zip(*pairs, strict=True))
-    return np.asarray(base_vals, float)[bi], np.asarray(sys_vals, float)[sj]
+    return b[bi], s[sj]
+
+
+def _t_pvalue(s: NDArray, b: NDArray) -> float:
+    d = s - b
+    if len(d) >= 2 and np.ptp(d) > 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return float(stats.ttest_rel(s, b).pvalue)
+    if len(d) >= 1 and np.all(d == 0):
+        return 1.0
+    return float("nan")  # one query, or a constant non-zero difference: no variance to test against
+
+
+def compare_block(
+    system: str,
+    baseline: str,
+    source: str,
+    metrics: Sequence[str],
+    base: tuple[Sequence[str], NDArray],
+    other: tuple[Sequence[str], NDArray],
+    *,
+    n_boot: int = 10_000,
+    n_perm: int = 10_000,
+    seed: int = 0,
+    tie_tolerance: float = 1e-12,
+) -> list[Comparison]:
+    """Compare ``other`` with ``base`` on several metrics at once: values are [n, len(metrics)] per side.
+
+    The bootstrap resamples and the sign patterns are shared by the metrics (one draw, one matrix product),
+    and each metric gets exactly what :func:`compare_pair` would give it alone.
+    """
+    b, s = _paired(base[0], np.asarray(base[1], float).reshape(len(base[0]), -1),
+                   other[0], np.asarray(other[1], float).reshape(len(other[0]), -1))
+    if b.shape[1] != len(metrics) or s.shape[1] != len(metrics):
+        raise CompareError(f"values have {b.shape[1]} / {s.shape[1]} columns for {len(metrics)} metrics")
+    keep = ~(np.isnan(b).any(axis=1) | np.isnan(s).any(axis=1))
+    b, s = b[keep], s[keep]
+    d = s - b
+    n = len(d)
+    cis = bootstrap_means(d, n_boot=n_boot, seed=seed)
+    rand = sign_flip_pvalues(d, n_perm=n_perm, seed=seed)
+    out = []
+    for j, metric in enumerate(metrics):
+        dj = d[:, j]
+        out.append(Comparison(
+            system=system, baseline=baseline, metric=metric, source=source, queries=n,
+            mean_system=float(s[:, j].mean()) if n else float("nan"),
+            mean_baseline=float(b[:, j].mean()) if n else float("nan"),
+            diff=cis[j].value, diff_low=cis[j].low, diff_high=cis[j].high, t_p=_t_pvalue(s[:, j], b[:, j]),
+            randomisation_p=float(rand[j]), wins=int((dj > tie_tolerance).sum()),
+            losses=int((dj < -tie_tolerance).sum()), ties=int((np.abs(dj) <= tie_tolerance).sum()),
+        ))
+    return out
 
 
 def compare_pair(
@@ -97,29 +152,9 @@ def compare_pair(
     seed: int = 0,
     tie_tolerance: float = 1e-12,
 ) -> Comparison:
-    """Compare ``other`` (query ids, values) with ``base`` on their common queries."""
-    b, s = _paired(base[0], base[1], other[0], other[1])
-    keep = ~(np.isnan(b) | np.isnan(s))
-    b, s = b[keep], s[keep]
-    d = s - b
-    n = len(d)
-    ci = bootstrap_mean(d, n_boot=n_boot, seed=seed)
-    if n >= 2 and np.ptp(d) > 0:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            t_p = float(stats.ttest_rel(s, b).pvalue)
-    elif n >= 1 and np.all(d == 0):
-        t_p = 1.0
-    else:
-        t_p = float("nan")  # one query, or a constant non-zero difference: no variance to test against
-    return Comparison(
-        system=system, baseline=baseline, metric=metric, source=source, queries=n,
-        mean_system=float(s.mean()) if n else float("nan"), mean_baseline=float(b.mean()) if n else float("nan"),
-        diff=ci.value, diff_low=ci.low, diff_high=ci.high, t_p=t_p,
-        randomisation_p=sign_flip_pvalue(d, n_perm=n_perm, seed=seed) if n else float("nan"),
-        wins=int((d > tie_tolerance).sum()), losses=int((d < -tie_tolerance).sum()),
-        ties=int((np.abs(d) <= tie_tolerance).sum()),
-    )
+    """Compare ``other`` (query ids, values) with ``base`` on their common queries, for one metric."""
+    return compare_block(system, baseline, source, [metric], base, other, n_boot=n_boot, n_perm=n_perm, seed=seed,
+                         tie_tolerance=tie_tolerance)[0]
 
 
 def with_holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
@@ -139,7 +174,8 @@ def compare_systems(
 ) -> list[Comparison]:
     """Every other system against ``baseline``, for every (source, metric) both have; Holm over all of them.
 
-    ``per_query[system][(source, metric)] = (query_ids, values)``.
+    ``per_query[system][(source, metric)] = (query_ids, values)``. Metrics of one source that share their
+    query ids are compared in one block (shared resamples, see :func:`compare_block`).
     """
     if baseline not in per_query:
         known = ", ".join(sorted(per_query)) or "none"
@@ -148,12 +184,19 @@ def compare_systems(
     for system in sorted(per_query):
         if system == baseline:
             continue
-        for key in sorted(per_query[baseline]):
-            if key not in per_query[system]:
-                continue
-            source, metric = key
-            out.append(compare_pair(system, baseline, metric, source, per_query[baseline][key],
-                                    per_query[system][key], n_boot=n_boot, n_perm=n_perm, seed=seed))
+        keys = sorted(k for k in per_query[baseline] if k in per_query[system])
+        for source in dict.fromkeys(src for src, _ in keys):
+            metrics = [m for src, m in keys if src == source]
+            b_ids, s_ids = per_query[baseline][(source, metrics[0])][0], per_query[system][(source, metrics[0])][0]
+            shared = all(list(per_query[baseline][(source, m)][0]) == list(b_ids)
+                         and list(per_query[system][(source, m)][0]) == list(s_ids) for m in metrics)
+            groups = [metrics] if shared else [[m] for m in metrics]
+            for group in groups:
+                b_vals = np.column_stack([np.asarray(per_query[baseline][(source, m)][1], float) for m in group])
+                s_vals = np.column_stack([np.asarray(per_query[system][(source, m)][1], float) for m in group])
+                ids_b, ids_s = per_query[baseline][(source, group[0])][0], per_query[system][(source, group[0])][0]
+                out += compare_block(system, baseline, source, group, (ids_b, b_vals), (ids_s, s_vals),
+                                     n_boot=n_boot, n_perm=n_perm, seed=seed)
     return with_holm(out)
 
 

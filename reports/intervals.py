@@ -71,14 +71,46 @@ def wilson_arrays(successes: NDArray, n: NDArray, confidence: float = 0.95) -> t
     return _wilson(s, m, _z(confidence))
 
 
-def _bootstrap_means(values: NDArray[np.float64], n_boot: int, rng: np.random.Generator) -> NDArray[np.float64]:
-    n = len(values)
-    out = np.empty(n_boot)
-    step = max(1, _CHUNK_CELLS // max(n, 1))
+def _bootstrap_mean_matrix(values: NDArray[np.float64], n_boot: int, rng: np.random.Generator) -> NDArray[np.float64]:
+    """Means of ``n_boot`` resamples of the rows of ``values`` [n, m]: one index draw serves every column."""
+    n, m = values.shape
+    out = np.empty((n_boot, m))
+    step = max(1, _CHUNK_CELLS // max(n, 1))  # depends on n only, so a column's result does not depend on m
     for start in range(0, n_boot, step):
         b = min(step, n_boot - start)
         idx = rng.integers(0, n, size=(b, n))
-        out[start : start + b] = values[idx].mean(axis=1)
+        for j in range(m):
+            out[start : start + b, j] = values[:, j][idx].mean(axis=1)
+    return out
+
+
+def bootstrap_means(values: NDArray, *, confidence: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> list[Interval]:
+    """:func:`bootstrap_mean` of every column of ``values`` [n, m] with shared resamples (rows with a NaN dropped).
+
+    Column j gets exactly the interval ``bootstrap_mean(values[:, j])`` would give on the same rows and seed.
+    """
+    v = np.asarray(values, float)
+    if v.ndim != 2:
+        raise IntervalError(f"values must be a 2-D array [n, m], got shape {v.shape}")
+    if n_boot < 1:
+        raise IntervalError(f"n_boot must be >= 1, got {n_boot}")
+    _z(confidence)
+    v = v[~np.isnan(v).any(axis=1)]
+    n, m = v.shape
+    if n == 0:
+        return [Interval(float("nan"), float("nan"), float("nan"), 0, "bootstrap")] * m
+    means = np.array([v[:, j].mean() for j in range(m)])  # per column: the same sum as a 1-D call
+    if n == 1:
+        return [Interval(float(x), float(x), float(x), 1, "bootstrap") for x in means]
+    boot = _bootstrap_mean_matrix(v, n_boot, np.random.default_rng(seed))
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(boot, [alpha, 1.0 - alpha], axis=0)
+    out = []
+    for j in range(m):
+        if np.all(v[:, j] == v[0, j]):  # no spread: the resampled means equal the mean, up to rounding
+            out.append(Interval(float(means[j]), float(means[j]), float(means[j]), n, "bootstrap"))
+        else:
+            out.append(Interval(float(means[j]), float(lo[j]), float(hi[j]), n, "bootstrap"))
     return out
 
 
@@ -86,22 +118,10 @@ def bootstrap_mean(values: NDArray, *, confidence: float = 0.95, n_boot: int = 1
     """Mean with a percentile bootstrap interval: resample the n values with replacement ``n_boot`` times.
 
     Efron & Tibshirani (1993), An Introduction to the Bootstrap, ch. 13. Seeded, so the same input gives the
-    same interval. Fewer than 2 values: the interval is the point itself (n = 1) or NaN (n = 0).
+    same interval. NaN values are dropped; one value: the interval is the point; none: NaN.
     """
-    v = np.asarray(values, float)
-    v = v[~np.isnan(v)]
-    if n_boot < 1:
-        raise IntervalError(f"n_boot must be >= 1, got {n_boot}")
-    _z(confidence)
-    if len(v) == 0:
-        return Interval(float("nan"), float("nan"), float("nan"), 0, "bootstrap")
-    mean = float(v.mean())
-    if len(v) == 1 or np.all(v == v[0]):
-        return Interval(mean, mean, mean, len(v), "bootstrap")
-    means = _bootstrap_means(v, n_boot, np.random.default_rng(seed))
-    alpha = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
-    return Interval(mean, float(lo), float(hi), len(v), "bootstrap")
+    v = np.asarray(values, float).reshape(-1, 1)
+    return bootstrap_means(v, confidence=confidence, n_boot=n_boot, seed=seed)[0]
 
 
 def t_mean(values: NDArray, *, confidence: float = 0.95) -> Interval:
@@ -117,29 +137,66 @@ def t_mean(values: NDArray, *, confidence: float = 0.95) -> Interval:
     return Interval(mean, mean - half, mean + half, len(v), "t")
 
 
+#: Above this many units a mean's interval is the t interval: by then the bootstrap distribution of a mean is
+#: normal to within its own Monte Carlo error, and resampling n x n_boot values costs seconds per metric.
+RESAMPLE_LIMIT = 5_000
+
+
+def mean_intervals(values: NDArray, *, confidence: float = 0.95, n_boot: int = 2_000, seed: int = 0,
+                   resample_limit: int = RESAMPLE_LIMIT) -> list[Interval]:
+    """Per column of ``values`` [n, m]: :func:`bootstrap_means` up to ``resample_limit`` rows, else :func:`t_mean`."""
+    v = np.asarray(values, float)
+    if v.ndim != 2:
+        raise IntervalError(f"values must be a 2-D array [n, m], got shape {v.shape}")
+    rows = v[~np.isnan(v).any(axis=1)]
+    if len(rows) > resample_limit:
+        return [t_mean(rows[:, j], confidence=confidence) for j in range(v.shape[1])]
+    return bootstrap_means(v, confidence=confidence, n_boot=n_boot, seed=seed)
+
+
+def mean_interval(values: NDArray, *, confidence: float = 0.95, n_boot: int = 2_000, seed: int = 0,
+                  resample_limit: int = RESAMPLE_LIMIT) -> Interval:
+    """:func:`bootstrap_mean` up to ``resample_limit`` values, else :func:`t_mean` (``Interval.method`` says which)."""
+    v = np.asarray(values, float).reshape(-1, 1)
+    return mean_intervals(v, confidence=confidence, n_boot=n_boot, seed=seed, resample_limit=resample_limit)[0]
+
+
+def _sign_flip_hits(d: NDArray[np.float64], n_perm: int, rng: np.random.Generator) -> NDArray[np.int64]:
+    """Per column of ``d`` [n, m]: how many random sign patterns give |mean| >= the observed |mean|."""
+    n, m = d.shape
+    observed = np.abs(d.mean(axis=0))
+    tol = 1e-12 * np.maximum(1.0, observed)  # permutations equal to the observed mean up to rounding count
+    hits = np.zeros(m, dtype=np.int64)
+    step = max(1, _CHUNK_CELLS // n)
+    for start in range(0, n_perm, step):
+        b = min(step, n_perm - start)
+        # one random bit per (permutation, query): unpacked bytes are ~5x cheaper than integers(0, 2)
+        bits = np.unpackbits(rng.integers(0, 256, size=(b, (n + 7) // 8), dtype=np.uint8), axis=1)[:, :n]
+        flipped = np.abs((bits.astype(np.float64) * 2.0 - 1.0) @ d) / n  # [b, m] in one BLAS call
+        hits += (flipped >= observed - tol).sum(axis=0)
+    return hits
+
+
+def sign_flip_pvalues(diffs: NDArray, *, n_perm: int = 10_000, seed: int = 0) -> NDArray[np.float64]:
+    """:func:`sign_flip_pvalue` of every column of ``diffs`` [n, m], with shared sign patterns (rows with NaN dropped)."""
+    d = np.asarray(diffs, float)
+    if d.ndim != 2:
+        raise IntervalError(f"diffs must be a 2-D array [n, m], got shape {d.shape}")
+    if n_perm < 1:
+        raise IntervalError(f"n_perm must be >= 1, got {n_perm}")
+    d = d[~np.isnan(d).any(axis=1)]
+    n, m = d.shape
+    if n == 0:
+        return np.full(m, np.nan)
+    p = (_sign_flip_hits(d, n_perm, np.random.default_rng(seed)) + 1) / (n_perm + 1)
+    return np.where(np.all(d == 0, axis=0), 1.0, p)
+
+
 def sign_flip_pvalue(diffs: NDArray, *, n_perm: int = 10_000, seed: int = 0) -> float:
     """Two-sided paired randomisation test of mean difference 0: flip the sign of each difference at random.
 
     p = (1 + #{|mean(s·d)| >= |mean(d)|}) / (1 + n_perm), the add-one estimate that is never 0
     (Phipson & Smyth 2010); as in Smucker, Allan & Carterette (2007), CIKM, for IR system comparisons.
+    All differences 0: p = 1. NaN differences are dropped.
     """
-    d = np.asarray(diffs, float)
-    d = d[~np.isnan(d)]
-    if len(d) == 0:
-        return float("nan")
-    if n_perm < 1:
-        raise IntervalError(f"n_perm must be >= 1, got {n_perm}")
-    observed = abs(d.mean())
-    if np.all(d == 0):
-        return 1.0
-    rng = np.random.default_rng(seed)
-    n = len(d)
-    hits = 0
-    step = max(1, _CHUNK_CELLS // n)
-    # a tiny tolerance so that permutations equal to the observed mean up to rounding count as "as extreme"
-    tol = 1e-12 * max(1.0, observed)
-    for start in range(0, n_perm, step):
-        b = min(step, n_perm - start)
-        signs = rng.integers(0, 2, size=(b, n)) * 2 - 1
-        hits += int((np.abs((signs * d).mean(axis=1)) >= observed - tol).sum())
-    return (hits + 1) / (n_perm + 1)
+    return float(sign_flip_pvalues(np.asarray(diffs, float).reshape(-1, 1), n_perm=n_perm, seed=seed)[0])

@@ -9,9 +9,10 @@ Offline, per system and judgment source: the system's logged rankings (``reports
 ``human`` (every human label), ``reviewed`` (reviewed implicit labels, when present), each ``implicit:<model>``
 (graded rows only, so judged@k shows how sparse they are) and ``merged`` (the precedence view of
 ``reports.merge``, when labels of more than one kind exist). Each aggregate is a mean over the queries with at
-least one positive label, with a bootstrap interval and its query count; queries whose labels hold no
-positive (labelled negatives) are counted apart, and run queries without any label of the source are counted
-as unlabelled. Per query class when classes are configured (a ``query_attributes`` key, or regex rules).
+least one positive label, with a bootstrap interval (t above ``resample_limit`` queries) and its query
+count; queries whose labels hold no positive (labelled negatives) are counted apart, and run queries without
+any label of the source are counted as unlabelled. Per query class when classes are configured (a
+``query_attributes`` key, or regex rules).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 from reports.agreement import Agreement, agreement_all
 from reports.compare import Comparison, Ordering, compare_systems, ordering
 from reports.gates import GateResult, Threshold, check
-from reports.intervals import Interval, bootstrap_mean
+from reports.intervals import RESAMPLE_LIMIT, Interval, mean_intervals
 from reports.merge import DEFAULT_PRECEDENCE, Coverage, LabelSet, coverage, label_kind
 from reports.metrics import MetricTable, compute
 from reports.online import DEFAULT_CLICK_ACTIONS, ONLINE_METRICS, OnlineMetrics, online_metrics
@@ -121,6 +122,7 @@ class ReportConfig:
     confidence: float = 0.95
     n_boot: int = 2_000
     n_perm: int = 10_000
+    resample_limit: int = RESAMPLE_LIMIT  # above: t intervals for means (comparisons always bootstrap)
     seed: int = 0
 
     @property
@@ -245,10 +247,10 @@ def _offline(run: SystemRun, source: str, qrels: Mapping[str, Mapping[str, int]]
                                  rel_threshold=config.rel_threshold)
     ids = list(table.query_ids)
     per_query = {m: table.values[m].tolist() for m in table.metrics}
-    aggregate = {
-        m: bootstrap_mean(table.values[m], confidence=config.confidence, n_boot=config.n_boot, seed=config.seed)
-        for m in table.metrics
-    }
+    matrix = np.column_stack([table.values[m] for m in table.metrics]) if ids else np.empty((0, len(table.metrics)))
+    intervals = mean_intervals(matrix, confidence=config.confidence, n_boot=config.n_boot, seed=config.seed,
+                               resample_limit=config.resample_limit)
+    aggregate = dict(zip(table.metrics, intervals, strict=True))
     classes = [_class_of(run, q, config) for q in ids]
     negatives = [{"query": run.query_of[row["query_id"]], **row} for row in table.negatives_per_query()]
     res = OfflineResult(
@@ -269,11 +271,10 @@ def _offline(run: SystemRun, source: str, qrels: Mapping[str, Mapping[str, int]]
 
 def _per_text(result: OfflineResult, metric: str) -> tuple[list[str], np.ndarray]:
     """Per-query values keyed by query text (mode ``each`` averages the searches of one text)."""
-    sums: dict[str, list[float]] = defaultdict(list)
-    for text, v in zip(result.queries, result.per_query[metric], strict=True):
-        sums[text].append(v)
-    texts = sorted(sums)
-    return texts, np.array([float(np.mean(sums[t])) for t in texts])
+    texts, inverse = np.unique(np.asarray(result.queries, dtype=object), return_inverse=True)
+    values = np.asarray(result.per_query[metric], dtype=float)
+    means = np.bincount(inverse, weights=values, minlength=len(texts)) / np.bincount(inverse, minlength=len(texts))
+    return texts.tolist(), means
 
 
 def _summaries(searches: Any, runs: Mapping[str, SystemRun]) -> list[SystemSummary]:
@@ -354,7 +355,7 @@ def build_report(
         con, k=cfg.k, position_base=cfg.position_base, position_base_by_application=cfg.position_base_by_application,
         click_actions=cfg.click_actions, impression_actions=cfg.impression_actions,
         reformulation_window_s=cfg.reformulation_window_s, max_rank=cfg.max_rank, confidence=cfg.confidence,
-        n_boot=cfg.n_boot, seed=cfg.seed,
+        n_boot=cfg.n_boot, seed=cfg.seed, resample_limit=cfg.resample_limit,
     )
     step("agreement")
     grades_seen = [lab.grade for ls in labels.by_pair.values() for lab in ls if lab.grade is not None]

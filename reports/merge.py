@@ -144,16 +144,12 @@ class LabelSet:
 
     def merged_qrels(self, precedence: Sequence[str] = DEFAULT_PRECEDENCE) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = defaultdict(dict)
-        for (query, doc), m in self.merged(precedence).items():
-            out[query][doc] = m.grade
+        for (query, doc), lab in self._choose(_check_precedence(precedence)).items():
+            out[query][doc] = int(lab.grade)  # type: ignore[arg-type]
         return dict(out)
 
     def _choose(self, precedence: Sequence[str]) -> dict[tuple[str, str], Label]:
-        def rank(lab: Label) -> int | None:
-            for i, entry in enumerate(precedence):
-                if entry == lab.source or entry == lab.kind:
-                    return i
-            return None
+        prio = {entry: i for i, entry in enumerate(precedence)}
 
         def tie(lab: Label) -> tuple[Any, ...]:
             ts = lab.judged_at.timestamp() if isinstance(lab.judged_at, datetime) else float("-inf")
@@ -161,9 +157,20 @@ class LabelSet:
 
         out: dict[tuple[str, str], Label] = {}
         for pair, labs in self.by_pair.items():
-            graded = [(r, lab) for lab in labs if lab.grade is not None and (r := rank(lab)) is not None]
-            if graded:
-                out[pair] = min(graded, key=lambda x: (x[0], tie(x[1])))[1]
+            best: Label | None = None
+            best_rank = 0
+            for lab in labs:
+                if lab.grade is None:
+                    continue
+                rank = prio.get(lab.source)
+                if rank is None:
+                    rank = prio.get(lab.source.partition(":")[0])
+                    if rank is None:
+                        continue
+                if best is None or rank < best_rank or (rank == best_rank and tie(lab) < tie(best)):
+                    best, best_rank = lab, rank
+            if best is not None:
+                out[pair] = best
         return out
 
 

@@ -16,6 +16,9 @@ search instance, see :mod:`reports.systems`; a search *with results* has a known
 - ``clicks_per_search``: click events / search, mean over searches with results. Bootstrap.
 - ``time_to_first_click``: seconds from the search's timestamp to its first click, mean over searches with a
   click and a timestamp (negative gaps, clock skew, are dropped). Bootstrap.
+
+Means get a percentile bootstrap interval up to ``resample_limit`` searches and the t interval above it
+(:func:`reports.intervals.mean_interval`); ``Interval.method`` says which.
 - ``reformulation_rate``: searches followed, in the same session, within ``window`` seconds, by a search
   with a different query text / searches with a session. Wilson. The session is the events' ``session_id``,
   else the query record's ``client_id``.
@@ -34,7 +37,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
-from reports.intervals import Interval, bootstrap_mean, wilson, wilson_arrays
+from reports.intervals import RESAMPLE_LIMIT, Interval, mean_interval, wilson, wilson_arrays
 from reports.systems import DEFAULT_IMPRESSION_ACTIONS, _sql_list
 from schemas.errors import UbiError
 
@@ -177,6 +180,7 @@ def online_metrics(
     confidence: float = 0.95,
     n_boot: int = 2_000,
     seed: int = 0,
+    resample_limit: int = RESAMPLE_LIMIT,
 ) -> dict[str, OnlineMetrics]:
     """Online metrics of every system on ``con`` (call :func:`reports.systems.load_searches` first)."""
     if k < 1 or max_rank < 1:
@@ -197,7 +201,8 @@ def online_metrics(
     out: dict[str, OnlineMetrics] = {}
     for name in sorted(set(systems.tolist())):
         m = systems == name
-        out[name] = _system_metrics(name, {c: v[m] for c, v in cols.items()}, k, confidence, n_boot, seed)
+        out[name] = _system_metrics(name, {c: v[m] for c, v in cols.items()}, k, confidence,
+                                    {"n_boot": n_boot, "seed": seed, "resample_limit": resample_limit})
     for name in out:
         rows = [r for r in rank_rows if r[0] == name]
         shown = np.zeros(max_rank, dtype=np.int64)
@@ -221,7 +226,7 @@ def _as_bool(a: np.ndarray) -> np.ndarray:
 
 
 def _system_metrics(
-    name: str, c: dict[str, np.ndarray], k: int, confidence: float, n_boot: int, seed: int
+    name: str, c: dict[str, np.ndarray], k: int, confidence: float, boot: dict[str, int]
 ) -> OnlineMetrics:
     zero = _as_bool(c["zero_result"])
     known = _as_bool(c["count_known"])
@@ -242,9 +247,9 @@ def _system_metrics(
         f"ctr@{k}": wilson(int(clicked_k[with_results].sum()), int(shown_k[with_results].sum()), confidence),
         "abandonment": wilson(int((with_results & (n_clicks == 0)).sum()), int(with_results.sum()), confidence),
         "zero_result_rate": wilson(int((zero & known).sum()), int(known.sum()), confidence),
-        "rr_first_click": bootstrap_mean(rr[with_results], confidence=confidence, n_boot=n_boot, seed=seed),
-        "clicks_per_search": bootstrap_mean(n_clicks[with_results], confidence=confidence, n_boot=n_boot, seed=seed),
-        "time_to_first_click": bootstrap_mean(ttfc, confidence=confidence, n_boot=n_boot, seed=seed),
+        "rr_first_click": mean_interval(rr[with_results], confidence=confidence, **boot),
+        "clicks_per_search": mean_interval(n_clicks[with_results], confidence=confidence, **boot),
+        "time_to_first_click": mean_interval(ttfc, confidence=confidence, **boot),
         "reformulation_rate": wilson(int((reform & has_session).sum()), int(has_session.sum()), confidence),
     }
     res.notes = {

@@ -48,12 +48,18 @@ def header_lines(report: Report) -> list[str]:
 
 
 def systems_table(report: Report) -> tuple[Row, list[Row]]:
-    head = ["system", "searches", "queries", "unranked", "zero-result", "several rankings", "unstable queries",
-            "modal share"]
-    rows = [[s.name, str(s.searches), str(s.queries), str(s.unranked_searches), str(s.zero_result_searches),
-             str(s.searches_with_several_rankings), str(s.unstable_queries), num(s.mean_modal_share, 2)]
-            for s in report.systems]
-    return head, rows
+    """A row per fact, a column per system (system names are long; facts are few)."""
+    systems = report.systems
+    facts = [
+        ("searches", lambda s: str(s.searches)),
+        ("queries with a ranking", lambda s: str(s.queries)),
+        ("searches without ranking", lambda s: str(s.unranked_searches)),
+        ("zero-result searches", lambda s: str(s.zero_result_searches)),
+        ("searches with several rankings", lambda s: str(s.searches_with_several_rankings)),
+        ("queries shown several rankings", lambda s: str(s.unstable_queries)),
+        ("mean share of the modal ranking", lambda s: num(s.mean_modal_share, 2)),
+    ]
+    return ["", *[s.name for s in systems]], [[name, *[f(s) for s in systems]] for name, f in facts]
 
 
 def labels_table(report: Report) -> tuple[Row, list[Row]]:
@@ -63,10 +69,18 @@ def labels_table(report: Report) -> tuple[Row, list[Row]]:
 
 
 def coverage_table(report: Report) -> tuple[Row, list[Row]]:
-    k = report.config.k
-    head = ["system", "source", "run queries", "labelled queries", f"judged@{k} (all run queries)"]
-    rows = [[c.system, c.source, str(c.queries), str(c.queries_labelled), num(c.judged_at_k)] for c in report.coverage]
-    return head, rows
+    """judged@k of each system's logged top k per label source (labelled queries of the run in brackets)."""
+    systems = [s.name for s in report.systems]
+    cells = {(c.system, c.source): c for c in report.coverage}
+    sources = list(dict.fromkeys(c.source for c in report.coverage))
+    rows = []
+    for source in sources:
+        row = [source]
+        for system in systems:
+            c = cells.get((system, source))
+            row.append("–" if c is None else f"{num(c.judged_at_k)} ({c.queries_labelled}/{c.queries} q)")
+        rows.append(row)
+    return [f"judged@{report.config.k}", *systems], rows
 
 
 def offline_tables(report: Report) -> Iterator[tuple[str, Row, list[Row]]]:
@@ -119,23 +133,36 @@ def confusion_rows(report: Report, source: str) -> tuple[Row, list[Row]]:
     return head, [[str(g), *[str(v) for v in row]] for g, row in zip(a.grades, a.confusion, strict=True)]
 
 
-def comparison_table(report: Report) -> tuple[Row, list[Row]]:
-    head = ["system", "source", "metric", "queries", "baseline", "system mean", "diff [CI]", "t-test p",
-            "randomisation p", "Holm p", "W/L/T"]
-    rows = []
-    for c in report.comparisons:
-        diff = f"{c.diff:+.3f} [{num(c.diff_low)}, {num(c.diff_high)}]" if math.isfinite(c.diff) else "–"
-        mark = " *" if c.significant() else ""
-        rows.append([c.system, c.source, c.metric, str(c.queries), num(c.mean_baseline), num(c.mean_system), diff,
-                     pval(c.t_p), pval(c.randomisation_p), pval(c.randomisation_p_holm) + mark,
-                     f"{c.wins}/{c.losses}/{c.ties}"])
-    return head, rows
+def comparison_tables(report: Report) -> Iterator[tuple[str, Row, list[Row]]]:
+    """One table per system compared with the baseline: a row per (labels, metric)."""
+    systems = list(dict.fromkeys(c.system for c in report.comparisons))
+    head = ["labels · metric", "queries", "Δ mean [CI]", "t-test p", "rand. p", "Holm p", "W/L/T"]
+    for system in systems:
+        rows = []
+        for c in report.comparisons:
+            if c.system != system:
+                continue
+            diff = f"{c.diff:+.3f} [{num(c.diff_low)}, {num(c.diff_high)}]" if math.isfinite(c.diff) else "–"
+            mark = " *" if c.significant() else ""
+            rows.append([f"{c.source} · {c.metric}", str(c.queries), diff, pval(c.t_p), pval(c.randomisation_p),
+                         pval(c.randomisation_p_holm) + mark, f"{c.wins}/{c.losses}/{c.ties}"])
+        yield f"{system} − {report.comparisons[0].baseline}", head, rows
+
+
+def order_table(report: Report) -> tuple[Row, list[Row]]:
+    """Systems best first by each offline and online metric used in the orderings."""
+    seen: dict[str, list[str]] = {}
+    for o in report.orderings:
+        seen.setdefault(o.offline_metric, o.offline_order)
+        seen.setdefault(o.online_metric, o.online_order)
+    return ["metric", "systems, best first"], [[m, " > ".join(order)] for m, order in seen.items()]
 
 
 def ordering_table(report: Report) -> tuple[Row, list[Row]]:
-    head = ["offline metric", "online metric", "offline order", "online order", "systems", "Kendall", "Spearman"]
-    rows = [[o.offline_metric, o.online_metric, " > ".join(o.offline_order), " > ".join(o.online_order),
-             str(o.systems), num(o.kendall), num(o.spearman)] for o in report.orderings]
+    """Rank correlation between each offline and online ordering (with 2 systems it can only be ±1)."""
+    head = ["offline metric", "online metric", "systems", "Kendall", "Spearman"]
+    rows = [[o.offline_metric, o.online_metric, str(o.systems), num(o.kendall), num(o.spearman)]
+            for o in report.orderings]
     return head, rows
 
 

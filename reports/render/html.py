@@ -204,10 +204,13 @@ def render_html(report: Report) -> str:
                   '<div class="plots">', *[_plot(confusion_svg(report, s)) for s in report.agreement], "</div>"]
     if report.comparisons:
         parts += [f"<h2>Against the baseline {html.escape(report.comparisons[0].baseline)}</h2>",
-                  '<p class="note">Holm-adjusted over every row; * = significant at 0.05 (randomisation test).</p>',
-                  _table(*common.comparison_table(report))]
+                  '<p class="note">Paired on common queries; Holm-adjusted over every comparison; * = significant '
+                  "at 0.05 (randomisation test).</p>"]
+        for title, head, rows in common.comparison_tables(report):
+            parts += [f"<h3>{html.escape(title)}</h3>", _table(head, rows)]
     if report.orderings:
-        parts += ["<h2>Offline vs online ordering</h2>", _table(*common.ordering_table(report))]
+        parts += ["<h2>Offline vs online ordering</h2>", _table(*common.order_table(report)),
+                  _table(*common.ordering_table(report))]
     if report.notes:
         parts += ["<h2>Notes</h2>", "<ul>", *[f"<li class=\"note\">{html.escape(n)}</li>" for n in report.notes], "</ul>"]
     parts += [f'<p class="meta">{html.escape(common.summary_line(report))}</p>', "</body></html>\n"]

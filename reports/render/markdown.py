@@ -38,10 +38,13 @@ def render_markdown(report: Report) -> str:
             out += [f"### Confusion matrix: {source}", "", _table(*common.confusion_rows(report, source))]
     if report.comparisons:
         out += [f"## Against the baseline {report.comparisons[0].baseline}", "",
-                "Holm-adjusted over every row; * = significant at 0.05 (randomisation test).", "",
-                _table(*common.comparison_table(report))]
+                "Paired on common queries; Holm-adjusted over every comparison; * = significant at 0.05 "
+                "(randomisation test).", ""]
+        for title, head, rows in common.comparison_tables(report):
+            out += [f"### {title}", "", _table(head, rows)]
     if report.orderings:
-        out += ["## Offline vs online ordering", "", _table(*common.ordering_table(report))]
+        out += ["## Offline vs online ordering", "", _table(*common.order_table(report)),
+                _table(*common.ordering_table(report))]
     if report.gates:
         out += ["## Gates", "", _table(*common.gates_table(report))]
     if report.notes:

@@ -39,12 +39,11 @@ def print_report(report: Report, console: Console) -> None:
         console.print(_table("Agreement of implicit labels with human grades", *common.agreement_table(report)))
         for source in report.agreement:
             console.print(_table(f"Confusion matrix: {source}", *common.confusion_rows(report, source)))
-    if report.comparisons:
-        base = report.comparisons[0].baseline
-        console.print(_table(f"Against the baseline {base} (Holm over all rows; * = significant at 0.05)",
-                             *common.comparison_table(report)))
+    for title, head, rows in common.comparison_tables(report):
+        console.print(_table(f"{title} (paired; Holm over every comparison; * = significant at 0.05)", head, rows))
     if report.orderings:
-        console.print(_table("Offline vs online ordering of systems", *common.ordering_table(report)))
+        console.print(_table("Order of the systems", *common.order_table(report)))
+        console.print(_table("Offline vs online order: rank correlation", *common.ordering_table(report)))
     if report.gates:
         console.print(_table("Gates", *common.gates_table(report)))
     for note in report.notes:

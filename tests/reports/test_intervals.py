@@ -8,7 +8,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from reports.intervals import IntervalError, bootstrap_mean, t_mean, wilson, wilson_arrays
+from reports.intervals import (
+    IntervalError,
+    bootstrap_mean,
+    bootstrap_means,
+    sign_flip_pvalue,
+    sign_flip_pvalues,
+    t_mean,
+    wilson,
+    wilson_arrays,
+)
 
 
 def test_wilson_known_values():
@@ -47,3 +56,11 @@ def test_bootstrap_is_seeded_and_brackets_the_mean():
     assert np.isnan(bootstrap_mean(np.array([])).value)
     with pytest.raises(IntervalError):
         bootstrap_mean(v, n_boot=0)
+
+
+def test_column_batches_equal_single_columns():
+    v = np.random.default_rng(1).normal(0, 1, (300, 4))
+    batch = bootstrap_means(v, n_boot=700, seed=3)
+    assert [bootstrap_mean(v[:, j], n_boot=700, seed=3) for j in range(4)] == batch
+    ps = sign_flip_pvalues(v, n_perm=900, seed=3)
+    assert [sign_flip_pvalue(v[:, j], n_perm=900, seed=3) for j in range(4)] == ps.tolist()

@@ -51,7 +51,7 @@ def report(tmp_path_factory):
 def test_text_and_markdown_carry_every_section(report):
     text = render_text(report)
     for title in ("Systems in the logs", "Offline metrics against human labels", "Online metrics",
-                  "Agreement of implicit labels", "Against the baseline shop/ranker=a", "Gates"):
+                  "Agreement of implicit labels", "shop/ranker=b − shop/ranker=a", "Gates"):
         assert title in text
     assert "FAIL" in text and "PASS" in text  # ranker a misses nDCG@10 >= 0.82 (0.8155), b passes (0.8295)
     md = render_markdown(report)
