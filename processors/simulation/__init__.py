@@ -16,6 +16,14 @@ from processors.simulation.traffic import (
 )
 
 __all__ = [
-    "Catalog", "PostError", "PostResult", "SimConfig", "SimulatedTraffic", "SimulationError", "Truth",
-    "build_catalog", "simulate", "simulate_patterns",
+    "Catalog",
+    "PostError",
+    "PostResult",
+    "SimConfig",
+    "SimulatedTraffic",
+    "SimulationError",
+    "Truth",
+    "build_catalog",
+    "simulate",
+    "simulate_patterns",
 ]
