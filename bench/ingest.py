@@ -162,6 +162,35 @@ def http_load(host: str, port: int, *, name: str, n_events: int, per_request: in
 # ---------------------------------------------------------------- server
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc), to report server cost per request."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sink_counters(host: str, port: int) -> dict[str, float]:
+    """The DuckDB sink's commit counters from /metrics (group commit: requests per commit)."""
+    import httpx
+
+    text = httpx.get(f"http://{host}:{port}/metrics", timeout=30).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(("ubi_sink_commits_total", "ubi_sink_grouped_requests_total")):
+            out[line.split("{")[0]] = float(line.split()[-1])
+    return out
+
+
+def measured(proc: subprocess.Popen, host: str, port: int, **kwargs) -> dict:
+    """One HTTP run with the server's CPU seconds and commits spent on it."""
+    cpu0, c0 = cpu_seconds(proc.pid), sink_counters(host, port)
+    row = http_load(host, port, **kwargs)
+    cpu1, c1 = cpu_seconds(proc.pid), sink_counters(host, port)
+    commits = c1["ubi_sink_commits_total"] - c0["ubi_sink_commits_total"]
+    row["server_cpu_ms_per_request"] = 1000 * (cpu1 - cpu0) / max(1, row["requests"])
+    row["requests_per_commit"] = (c1["ubi_sink_grouped_requests_total"] - c0["ubi_sink_grouped_requests_total"]) / max(1, commits)
+    return row
+
+
 def start_server(db: Path) -> tuple[subprocess.Popen, str, int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0"],
@@ -173,6 +202,14 @@ def start_server(db: Path) -> tuple[subprocess.Popen, str, int]:
         proc.kill()
         raise SystemExit(f"server did not start: {line}{proc.stdout.read() if proc.stdout else ''}")
     return proc, match.group(1), int(match.group(2))
+
+
+def server_stack() -> str:
+    """Which event loop and HTTP parser ``ubi serve`` picks here (uvloop/httptools when installed)."""
+    from collector.commands import _fast_loop
+
+    opts = _fast_loop()
+    return f"{opts['loop']} + {opts['http']}"
 
 
 def main() -> int:
@@ -194,12 +231,12 @@ def main() -> int:
         db = workdir / "served.duckdb"
         proc, host, port = start_server(db)
         try:
-            rows.append(http_load(host, port, name="HTTP /v1/events, 500/request", n_events=args.events,
-                                  per_request=BATCH, processes=args.processes,
-                                  connections=max(1, args.batch_connections // args.processes)))
-            rows.append(http_load(host, port, name="HTTP /v1/events, 1/request", n_events=args.singles,
-                                  per_request=1, processes=args.processes,
-                                  connections=max(1, args.single_connections // args.processes)))
+            rows.append(measured(proc, host, port, name="HTTP /v1/events, 500/request", n_events=args.events,
+                                 per_request=BATCH, processes=args.processes,
+                                 connections=max(1, args.batch_connections // args.processes)))
+            rows.append(measured(proc, host, port, name="HTTP /v1/events, 1/request", n_events=args.singles,
+                                 per_request=1, processes=args.processes,
+                                 connections=max(1, args.single_connections // args.processes)))
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
@@ -213,14 +250,17 @@ def main() -> int:
         return 0 if stored == acknowledged else 1
     print(f"\nubi-pipeline ingest benchmark ({os.cpu_count()} cores; loopback; fresh DuckDB files; "
           f"load average {os.getloadavg()[0]:.1f} at the end)\n")
-    header = f"{'run':34} {'events':>8} {'requests':>8} {'events/s':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'% ceiling':>9}"
+    header = (f"{'run':34} {'events':>8} {'requests':>8} {'events/s':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} "
+              f"{'% ceiling':>9} {'srv CPU ms/req':>14} {'req/commit':>10}")
     print(header)
     print("-" * len(header))
     for r in rows:
         print(f"{r['run']:34} {r['events']:>8,} {r.get('requests', 0):>8,} {r['events_per_s']:>9,.0f} "
               f"{r.get('requests_per_s', 0):>7,.0f} {r.get('p50_ms', 0):>7.2f} {r.get('p99_ms', 0):>7.2f} "
-              f"{100 * r['events_per_s'] / ceiling:>8.0f}%")
+              f"{100 * r['events_per_s'] / ceiling:>8.0f}% {r.get('server_cpu_ms_per_request', 0):>14.3f} "
+              f"{r.get('requests_per_commit', 0):>10.1f}")
     print(f"\nacknowledged {acknowledged:,} events over HTTP; found {stored:,} in the database after shutdown")
+    print("server loop/http:", server_stack())
     return 0 if stored == acknowledged else 1
 
 
