@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -189,3 +190,48 @@ def test_esci_sample_end_to_end_with_hand_checks(esci_db, tmp_path):
     assert ubi(["report", "--db", str(esci_db), "--qrels", str(SAMPLE_JUDGMENTS), "--format", "md", "--out",
                 str(md)]) == 0
     assert "| ndcg@10 | – | 0.268 [" in md.read_text()
+
+
+def test_reviewed_labels_class_key_and_propensity(tmp_path):
+    import pyarrow as pa
+
+    from collector.store import Store
+
+    queries = copy.deepcopy(joint_fixtures.QUERIES)
+    for q in queries:  # a query class in query_attributes
+        q["query_attributes"]["segment"] = "shoes" if "shoes" in q["user_query"].lower() else "other"
+    db = build_store(tmp_path / "ubi.duckdb", queries)
+    with Store(db) as store:  # a reviewer confirmed d4 as grade 2 (the implicit label said 1)
+        store.load_table("human_judgments", pa.table({
+            "query_id": [None], "query": ["red shoes"], "doc_id": ["d4"], "grade": pa.array([2], pa.int32()),
+            "source": ["reviewed:implicit:ctr"], "assessor": ["rev"], "judged_at": pa.array([None], pa.timestamp("us")),
+            "rubric": [None], "origin": ["review.jsonl"],
+        }))
+    prop = tmp_path / "prop.json"
+    prop.write_text(json.dumps({"method": "em", "level": 0.95, "ranks": [{"rank": 1, "ratio": 1.0}]}))
+    out = tmp_path / "r.json"
+    assert ubi(["report", "--db", str(db), "--qrels", str(write_human(tmp_path / "h.jsonl")), "--class-key",
+                "segment", "--propensity", str(prop), "--json", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["sources"] == ["human", "reviewed", "implicit:ctr", "merged"]
+    assert doc["propensity"]["method"] == "em"
+    # merged: d4 takes the reviewed grade 2 over the implicit 1; ranker b red [d4 d1 d2] with merged grades
+    # (2, 3, 1): DCG = 2 + 3/log2(3) + 1/2 = 4.392789; ideal (3, 2, 1, 0): 3 + 2/log2(3) + 1/2 = 4.761860
+    m = _offline(doc, "shop/ranker=b", "merged")
+    assert _pq(m, "red shoes")["ndcg@10"] == pytest.approx((2 + 3 / LOG2_3 + 0.5) / (3 + 2 / LOG2_3 + 0.5))
+    a = _offline(doc, "shop/ranker=a", "human")
+    assert a["per_class"]["shoes"]["ndcg@10"] == {"mean": pytest.approx(1.0), "n": 1}
+    assert a["per_class"]["other"]["ndcg@10"]["n"] == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"ranks": 3}')
+    assert ubi(["report", "--db", str(db), "--qrels", str(tmp_path / "h.jsonl"), "--propensity", str(bad)]) == 2
+    assert ubi(["report", "--db", str(db), "--qrels", str(tmp_path / "h.jsonl"), "--rating-map", "x:y"]) == 2
+
+
+def test_store_without_queries_or_labels(tmp_path, capsys):
+    empty = build_store(tmp_path / "e.duckdb", [], [], [])
+    assert ubi(["report", "--db", str(empty), "--qrels", str(write_human(tmp_path / "h.jsonl"))]) == 2
+    assert "no query records" in capsys.readouterr().err
+    db = build_store(tmp_path / "n.duckdb", judgments=[])
+    assert ubi(["report", "--db", str(db)]) == 2
+    assert "no judgments" in capsys.readouterr().err
