@@ -14,7 +14,8 @@ from reports.render import common
 def _table(title: str, head: common.Row, rows: list[common.Row]) -> Table:
     t = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
     for i, h in enumerate(head):
-        t.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+        numeric = i > 0 and all(not r[i] or r[i][0] in "0123456789+-–<" for r in rows)
+        t.add_column(h, justify="right" if numeric else "left", overflow="fold")
     for r in rows:
         t.add_row(*r)
     return t
