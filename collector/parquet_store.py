@@ -1,0 +1,215 @@
+"""The Parquet store: a folder the loaders append to, and DuckDB views that read it like the DuckDB store.
+
+Layout (one sub-folder per table, one per topic partition inside it)::
+
+    DIR/ubi_queries/ubi.queries.3/part-00000000000000001200-00000000000000001399-<id>.parquet
+    DIR/ubi_events/ubi.events.0/part-...parquet
+    DIR/failed_records/ubi.events.0/part-...parquet
+
+Each consumed partition has its own writer, and a group gives each partition to one consumer, so several
+``ubi consume --parquet DIR`` processes write side by side without coordination; file names carry the
+offset range and a random id, so even two writers briefly owning one partition during a rebalance never
+overwrite each other. A file is written to a temporary name, fsync'd and renamed, so readers (and a
+restarted loader) only ever see whole files.
+
+Files are an append-only log: a record delivered twice (a batch re-delivered after a crash, a spool replayed
+after a timeout) is in two files. The views of :func:`open_parquet_reader` apply the store's dedup keys,
+so what processors read is exactly-once: one row per ``event_key``; per ``query_key`` the first one
+(earliest ``received_at``, then partition and offset), the others with a different ``content_hash`` shown
+as ``conflict`` rows in ``failed_records``, as the DuckDB store keeps them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from collector.kafka_records import Decoded, InRecord, failed_arrow
+from schemas import tables
+from schemas.errors import StoreError
+
+TABLE_DIRS = ("ubi_queries", "ubi_events", "failed_records")
+#: Where a row came from; kept in the Parquet files of ubi_queries and ubi_events (not in the views).
+ORIGIN = pa.schema([("kafka_partition", pa.int32()), ("kafka_offset", pa.int64())])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PartitionWriter:
+    """Writes the rows of one topic partition as durable Parquet files."""
+
+    def __init__(self, root: Path, topic: str, partition: int) -> None:
+        self.root, self.topic, self.partition = root, topic, partition
+        self.files = 0
+
+    def write(self, table_dir: str, rows: pa.Table, first: int, last: int) -> Path:
+        folder = self.root / table_dir / f"{self.topic}.{self.partition}"
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"part-{first:020d}-{last:020d}-{uuid.uuid4().hex[:12]}.parquet"
+        tmp = folder / f".{name}.tmp"
+        pq.write_table(rows, tmp, compression="zstd")
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        final = folder / name
+        os.replace(tmp, final)
+        _fsync_dir(folder)
+        self.files += 1
+        return final
+
+
+class ParquetLoader:
+    """A loader (see :class:`collector.consumer.Loader`) writing one Parquet file per table and partition per batch."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        try:
+            for d in TABLE_DIRS:
+                (self.root / d).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.root}: cannot create the Parquet store: {exc}") from exc
+        self._cleanup_temporaries()
+        self.writers: dict[tuple[str, int], PartitionWriter] = {}
+
+    def _cleanup_temporaries(self) -> None:
+        # Left by a loader killed mid-write: never renamed, never committed, so the batch comes again.
+        for tmp in self.root.glob("*/*/.part-*.parquet.tmp"):
+            tmp.unlink(missing_ok=True)
+
+    def _writer(self, topic: str, partition: int) -> PartitionWriter:
+        key = (topic, partition)
+        if key not in self.writers:
+            self.writers[key] = PartitionWriter(self.root, topic, partition)
+        return self.writers[key]
+
+    def _write_rows(self, table_dir: str, table: pa.Table | None, origin: list[InRecord]) -> int:
+        if table is None or not table.num_rows:
+            return 0
+        parts = pa.array([r.partition for r in origin], pa.int32())
+        offsets = pa.array([r.offset for r in origin], pa.int64())
+        table = table.append_column(ORIGIN.field("kafka_partition"), parts).append_column(
+            ORIGIN.field("kafka_offset"), offsets)
+        topic = origin[0].topic
+        for p in sorted(set(parts.to_pylist())):
+            rows = table.filter(pc.equal(table.column("kafka_partition"), p))
+            offs = rows.column("kafka_offset")
+            self._writer(topic, p).write(table_dir, rows, pc.min(offs).as_py(), pc.max(offs).as_py())
+        return table.num_rows
+
+    def write(self, batch: Decoded) -> Any:
+        from collector.consumer import LoadResult
+
+        q = self._write_rows("ubi_queries", batch.queries, batch.query_origin)
+        e = self._write_rows("ubi_events", batch.events, batch.event_origin)
+        groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for f in batch.failed:
+            groups.setdefault((f["kafka_topic"] or "", f["kafka_partition"] or 0), []).append(f)
+        for (topic, part), rows in sorted(groups.items()):
+            offs = [r["kafka_offset"] or 0 for r in rows]
+            self._writer(topic, part).write("failed_records", failed_arrow(rows), min(offs), max(offs))
+        # Dedup happens when reading (the views), so every row counts as loaded here.
+        poison = sum(1 for f in batch.failed if f["kind"] == "poison")
+        return LoadResult(queries=q, events=e, failed=len(batch.failed) - poison, poison=poison)
+
+    def close(self) -> None:
+        return
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _glob(root: Path, table_dir: str) -> str | None:
+    if not any((root / table_dir).glob("*/*.parquet")):
+        return None
+    return str(root / table_dir / "*" / "*.parquet").replace("'", "''")
+
+
+def _cols(names: tuple[str, ...], alias: str = "") -> str:
+    return ", ".join(f"{alias}{c}" for c in names)
+
+
+def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection whose ``ubi_queries``, ``ubi_events`` and ``failed_records`` read the folder.
+
+    The views deduplicate as the DuckDB store does (see the module docstring); tables with no file yet are
+    empty. ``judgments`` and ``human_judgments`` exist empty (derived tables live in a DuckDB store).
+    """
+    path = Path(root)
+    if not (path / "ubi_events").is_dir() and not (path / "ubi_queries").is_dir():
+        raise StoreError(f"{path}: not a Parquet store (no ubi_queries/ or ubi_events/ folder); load one with "
+                         "`ubi consume --parquet DIR`")
+    con = duckdb.connect()
+    q_glob, e_glob, f_glob = (_glob(path, d) for d in TABLE_DIRS)
+    for ddl in (tables.JUDGMENTS, tables.HUMAN_JUDGMENTS):
+        con.execute(ddl)
+    read = "read_parquet('{}', union_by_name = true)"
+    if e_glob is None:
+        con.execute(tables.UBI_EVENTS)
+    else:
+        con.execute(f"""CREATE VIEW ubi_events AS
+            SELECT {_cols(tables.EVENT_COLUMNS)} FROM {read.format(e_glob)}
+            QUALIFY row_number() OVER (PARTITION BY event_key
+                                       ORDER BY received_at, kafka_partition, kafka_offset) = 1""")
+    if q_glob is None:
+        con.execute(tables.UBI_QUERIES)
+        con.execute("CREATE VIEW _query_conflicts AS SELECT * FROM ubi_queries WHERE false")
+    else:
+        con.execute(f"""CREATE VIEW _query_versions AS
+            SELECT *, row_number() OVER (PARTITION BY query_key
+                                         ORDER BY received_at, kafka_partition, kafka_offset) AS _rank,
+                   first_value(content_hash) OVER (PARTITION BY query_key
+                                         ORDER BY received_at, kafka_partition, kafka_offset) AS _winner
+            FROM {read.format(q_glob)}""")
+        con.execute(f"CREATE VIEW ubi_queries AS SELECT {_cols(tables.QUERY_COLUMNS)} FROM _query_versions "
+                    "WHERE _rank = 1")
+        # Different content under a stored key: one conflict row per distinct conflicting content.
+        con.execute("""CREATE VIEW _query_conflicts AS
+            SELECT * EXCLUDE (_rank, _winner) FROM _query_versions WHERE content_hash <> _winner
+            QUALIFY row_number() OVER (PARTITION BY query_key, content_hash
+                                       ORDER BY received_at, kafka_partition, kafka_offset) = 1""")
+    conflict_rows = f"""
+        SELECT 'conflict:' || sha256(query_key || chr(31) || content_hash)[:32] AS failed_id, received_at,
+               kafka_topic_name AS source, 'conflict' AS kind, NULL::INTEGER AS item_index, 'query_id' AS field,
+               'query_key ' || query_key || ' is already stored with different content; first write wins, '
+               || 'this record is kept as a conflict' AS reason,
+               encode(to_json(c)::VARCHAR) AS raw, kafka_topic_name AS kafka_topic,
+               kafka_partition, kafka_offset
+        FROM (SELECT *, '{_topic_of(path)}' AS kafka_topic_name FROM _query_conflicts) c"""
+    if q_glob is None:
+        conflict_rows = f"SELECT {_cols(tables.FAILED_COLUMNS)} FROM failed_records_kept WHERE false"
+    if f_glob is None:
+        con.execute(tables.FAILED_RECORDS.replace("failed_records", "failed_records_kept", 1))
+    else:
+        con.execute(f"""CREATE VIEW failed_records_kept AS
+            SELECT {_cols(tables.FAILED_COLUMNS)} FROM {read.format(f_glob)}
+            QUALIFY row_number() OVER (PARTITION BY failed_id ORDER BY received_at) = 1""")
+    con.execute(f"""CREATE VIEW failed_records AS
+        SELECT {_cols(tables.FAILED_COLUMNS)} FROM failed_records_kept
+        UNION ALL {conflict_rows}""")
+    return con
+
+
+def _topic_of(root: Path) -> str:
+    """The queries topic a Parquet store was loaded from (its sub-folder names say it)."""
+    for p in sorted((root / "ubi_queries").glob("*")):
+        if p.is_dir():
+            return p.name.rsplit(".", 1)[0].replace("'", "''")
+    return ""
+
+
+def is_parquet_store(path: Path | str) -> bool:
+    """True when ``path`` is a folder written by ``ubi consume --parquet``."""
+    p = Path(path)
+    return p.is_dir() and ((p / "ubi_events").is_dir() or (p / "ubi_queries").is_dir())
