@@ -1,0 +1,122 @@
+"""The loader in-process against a real broker: batches into DuckDB, re-delivery absorbed, conflicts kept."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from collector.consumer import Consumer, DuckDBLoader, conflict_id, serve_admin, stop_admin
+from collector.ingest import parse_bulk, parse_items, query_row, validate_items
+from collector.sinks.kafka import KafkaSink
+from collector.store import Store, request_snapshot
+from schemas.settings import Settings
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
+
+SAMPLE_BULK = Path(__file__).resolve().parents[4] / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
+
+
+def _settings(broker, prefix, tmp_path, **kw) -> Settings:
+    kw = {"consumer_max_poll_interval_ms": 3000, "consumer_batch_records": 1000, **kw}
+    return Settings(kafka_bootstrap=broker.bootstrap, kafka_topic_prefix=prefix, spool_dir=tmp_path / "spool", **kw)
+
+
+def _produce(settings: Settings, *bodies: tuple[bytes, str]) -> None:
+    sink = KafkaSink(settings)
+    try:
+        for body, kind in bodies:
+            items = parse_bulk(body) if kind == "bulk" else parse_items(body, kind)  # type: ignore[arg-type]
+            sink.write(validate_items(items), source="test")
+    finally:
+        sink.close()
+
+
+def _load(settings: Settings, db: Path, group: str) -> dict:
+    consumer = Consumer(settings, DuckDBLoader(Store(db)), group=group)
+    try:
+        consumer.run(exit_idle=0.5)
+    finally:
+        consumer.close()
+    return consumer.progress.public()
+
+
+def _counts(db: Path) -> tuple:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute("SELECT (SELECT count(*) FROM ubi_queries), (SELECT count(*) FROM ubi_events), "
+                           "(SELECT count(*) FROM failed_records)").fetchone()
+    finally:
+        con.close()
+
+
+def test_a_whole_redelivery_is_absorbed_by_the_dedup_keys(broker, prefix, tmp_path):
+    """Load the sample, then read the topics again from the start (a second group): every record is a
+    duplicate, the store does not change, and kept rejects and conflicts are not kept twice."""
+    settings = _settings(broker, prefix, tmp_path)
+    conflicting = b'{"query_id": "33198ee9-5912-453c-9173-3f92fd3cb1be", "user_query": "something else"}'
+    _produce(settings, (SAMPLE_BULK.read_bytes(), "bulk"), (conflicting, "query"),
+             (b'[{"action_name": "click"}]', "event"))
+    db = tmp_path / "ubi.duckdb"
+    first = _load(settings, db, "g1")
+    # 473 queries + 3,448 events (docs/ubi.md) + 1 conflicting query + 1 rejected event on .failed
+    assert first["records"] == 473 + 3448 + 1 + 1
+    assert (first["queries"], first["events"], first["conflicts"], first["failed"]) == (473, 3448, 1, 1)
+    assert _counts(db) == (473, 3448, 2)
+
+    second = _load(settings, db, "g2")
+    assert second["records"] == first["records"]
+    assert (second["queries"], second["events"]) == (0, 0)
+    assert (second["query_duplicates"], second["event_duplicates"]) == (473, 3448)
+    assert second["failed"] == 0  # the kept reject was delivered again and recognised by its failed_id
+    assert _counts(db) == (473, 3448, 2)
+
+    con = duckdb.connect(str(db), read_only=True)
+    ((fid, topic, stored_text),) = con.execute(
+        "SELECT f.failed_id, f.kafka_topic, q.user_query FROM failed_records f, ubi_queries q "
+        "WHERE f.kind = 'conflict' AND q.query_id = '33198ee9-5912-453c-9173-3f92fd3cb1be'").fetchall()
+    con.close()
+    (_, record), = validate_items(parse_items(conflicting, "query")).queries
+    row = query_row(record, received_at=None)  # type: ignore[arg-type]
+    assert topic == f"{prefix}.queries" and fid == conflict_id(row["query_key"], row["content_hash"])
+    assert stored_text != "something else"  # first write wins
+
+
+def test_one_duckdb_loader_per_store_and_readers_use_its_snapshots(broker, prefix, tmp_path):
+    settings = _settings(broker, prefix, tmp_path)
+    _produce(settings, (b'{"query_id": "q1", "user_query": "shoes"}', "query"))
+    db = tmp_path / "ubi.duckdb"
+    store = Store(db)
+    admin = serve_admin(store, lambda: {"loader": "test"})
+    consumer = Consumer(settings, DuckDBLoader(store), group="g")
+    try:
+        consumer.run(exit_idle=0.5)
+        second = subprocess.run([sys.executable, "-m", "ubi", "consume", "--bootstrap", broker.bootstrap,
+                                 "--db", str(db)], capture_output=True, text=True, timeout=60, check=False)
+        assert second.returncode == 2 and "use --parquet DIR" in second.stderr.replace("\n", " ")
+        # What open_reader does in another process when the file is locked: ask the loader for a snapshot.
+        con = duckdb.connect(str(request_snapshot(db)), read_only=True)
+        assert con.execute("SELECT query_id FROM ubi_queries").fetchall() == [("q1",)]
+        con.close()
+    finally:
+        stop_admin(admin, store)
+        consumer.close()
+
+
+def test_lag_is_reported_and_goes_to_zero(broker, prefix, tmp_path):
+    settings = _settings(broker, prefix, tmp_path, consumer_batch_records=50)
+    body = [{"action_name": "click", "timestamp": "2024-05-16T12:00:00Z", "event_id": f"e{i}"} for i in range(300)]
+    _produce(settings, (json.dumps(body).encode(), "event"))
+    seen = []
+    consumer = Consumer(settings, DuckDBLoader(Store(tmp_path / "ubi.duckdb")), group="g")
+    try:
+        consumer.run(exit_idle=0.5, on_written=lambda p: seen.append(p.records), progress_every=0.05)
+    finally:
+        consumer.close()
+    # 300 events in batches of at most 50 records: at least 6 batches, each committed after its write.
+    assert len(seen) >= 6 and seen[-1] == 300 and consumer.progress.commits == len(seen)
+    assert consumer.progress.lag == 0

@@ -1,0 +1,105 @@
+"""The Parquet store: per-partition files written by loaders, read back through deduplicating views that
+match the DuckDB store row for row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from collector.consumer import Consumer, DuckDBLoader
+from collector.ingest import parse_bulk, parse_items, validate_items
+from collector.parquet_store import ParquetLoader, is_parquet_store, open_parquet_reader
+from collector.sinks.kafka import KafkaSink
+from collector.store import Store
+from schemas import tables
+from schemas.errors import StoreError
+from schemas.settings import Settings
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
+
+SAMPLE_BULK = Path(__file__).resolve().parents[4] / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
+CONFLICTING = b'{"query_id": "33198ee9-5912-453c-9173-3f92fd3cb1be", "user_query": "something else"}'
+
+
+def _load(settings: Settings, loader, group: str) -> dict:
+    consumer = Consumer(settings, loader, group=group)
+    try:
+        consumer.run(exit_idle=0.5)
+    finally:
+        consumer.close()
+    return consumer.progress.public()
+
+
+def _rows(con: duckdb.DuckDBPyConnection, table: str, columns: tuple[str, ...], key: str) -> list[tuple]:
+    cols = ", ".join(c for c in columns if c != "received_at")
+    return con.execute(f"SELECT {cols} FROM {table} ORDER BY {key}").fetchall()
+
+
+def test_parquet_views_equal_the_duckdb_store_and_absorb_redelivery(broker, prefix, tmp_path):
+    settings = Settings(kafka_bootstrap=broker.bootstrap, kafka_topic_prefix=prefix, spool_dir=tmp_path / "spool",
+                        consumer_max_poll_interval_ms=3000, consumer_batch_records=2000)
+    sink = KafkaSink(settings)
+    try:
+        sink.write(validate_items(parse_bulk(SAMPLE_BULK.read_bytes())), source="/v1/bulk")
+        sink.write(validate_items(parse_items(CONFLICTING, "query")), source="/v1/queries")
+        sink.write(validate_items(parse_items(b'[{"action_name": "click"}]', "event")), source="/v1/events")
+    finally:
+        sink.close()
+
+    out = tmp_path / "parquet"
+    first = _load(settings, ParquetLoader(out), "p1")
+    second = _load(settings, ParquetLoader(out), "p2")  # the whole topic delivered again into the same folder
+    db = tmp_path / "ubi.duckdb"
+    _load(settings, DuckDBLoader(Store(db)), "d1")
+
+    # 473 + 1 query records, 3,448 events (docs/ubi.md), 1 reject: each written twice as raw Parquet rows.
+    assert first["records"] == second["records"] == 473 + 1 + 3448 + 1
+    raw = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/ubi_events/*/*.parquet')").fetchall()[0]
+    assert raw == (2 * 3448,)
+    assert is_parquet_store(out) and not list(out.glob("*/*/.*.tmp"))
+    # one folder per topic partition; file names carry the offset range they hold
+    folders = {p.name for p in (out / "ubi_events").iterdir()}
+    assert folders <= {f"{prefix}.events.{i}" for i in range(6)} and len(folders) > 1
+
+    pq_con = open_parquet_reader(out)
+    db_con = duckdb.connect(str(db), read_only=True)
+    try:
+        for table, cols, key in (("ubi_queries", tables.QUERY_COLUMNS, "query_key"),
+                                 ("ubi_events", tables.EVENT_COLUMNS, "event_key")):
+            from_parquet = _rows(pq_con, table, cols, key)
+            assert from_parquet == _rows(db_con, table, cols, key)
+        assert len(_rows(pq_con, "ubi_events", tables.EVENT_COLUMNS, "event_key")) == 3448
+        assert len(_rows(pq_con, "ubi_queries", tables.QUERY_COLUMNS, "query_key")) == 473
+        failed_cols = ("failed_id", "kind", "field", "kafka_topic")
+        assert _rows(pq_con, "failed_records", failed_cols, "failed_id") == \
+            _rows(db_con, "failed_records", failed_cols, "failed_id")
+        kinds = sorted(k for (k,) in pq_con.execute("SELECT kind FROM failed_records").fetchall())
+        assert kinds == ["conflict", "event"]
+    finally:
+        pq_con.close()
+        db_con.close()
+
+
+def test_a_folder_that_is_not_a_parquet_store_is_refused(tmp_path):
+    with pytest.raises(StoreError, match="not a Parquet store"):
+        open_parquet_reader(tmp_path)
+
+
+def test_an_empty_store_reads_as_empty_tables(tmp_path):
+    ParquetLoader(tmp_path / "p")
+    con = open_parquet_reader(tmp_path / "p")
+    assert con.execute("SELECT (SELECT count(*) FROM ubi_queries), (SELECT count(*) FROM ubi_events), "
+                       "(SELECT count(*) FROM failed_records)").fetchone() == (0, 0, 0)
+
+
+def test_files_left_half_written_by_a_killed_loader_are_ignored_and_cleaned(tmp_path):
+    loader = ParquetLoader(tmp_path / "p")
+    tmp = tmp_path / "p" / "ubi_events" / "ubi.events.0" / ".part-00000000000000000000-00000000000000000009-x.parquet.tmp"
+    tmp.parent.mkdir(parents=True)
+    tmp.write_bytes(b"PAR1 truncated")
+    con = open_parquet_reader(tmp_path / "p")
+    assert con.execute("SELECT count(*) FROM ubi_events").fetchone() == (0,)
+    loader = ParquetLoader(tmp_path / "p")  # a restarted loader removes it
+    assert not tmp.exists() and loader.root == tmp_path / "p"

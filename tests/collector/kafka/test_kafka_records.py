@@ -1,0 +1,114 @@
+"""The record format on the topics: stored rows survive the JSON round trip exactly, keys never change,
+and anything else is named as poison with a reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collector.ingest import parse_bulk, parse_items, prepare, validate_items
+from collector.kafka_records import InRecord, decode, encode, poison_id, topics
+from schemas.errors import UbiError
+
+SAMPLE_BULK = Path(__file__).resolve().parents[4] / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
+NAMES = topics("ubi")
+
+
+def _as_consumed(msgs, partition=0):
+    return [InRecord(NAMES.of(m.kind), partition, i, m.value) for i, m in enumerate(msgs)]
+
+
+def test_sample_export_round_trips_to_the_same_stored_rows():
+    """Every record of the sample export (473 queries, 3,448 events; docs/ubi.md) decodes to exactly the
+    Arrow rows the embedded store would write, keys included."""
+    v = validate_items(parse_bulk(SAMPLE_BULK.read_bytes()))
+    enc = encode(v, source="/v1/bulk")
+    assert (enc.queries, enc.events, len(enc.errors)) == (473, 3448, 0)
+    p = prepare(v, source="/v1/bulk")
+    received = p.queries.column("received_at")[0].as_py()
+    enc = encode(v, source="/v1/bulk", received_at=received)
+    out = decode(_as_consumed(enc.msgs), NAMES)
+    assert out.failed == []
+    assert out.queries.equals(p.queries)
+    assert out.events.equals(p.events)
+
+
+def test_messages_are_keyed_by_query_id_and_rejected_items_keep_their_reason():
+    body = (b'[{"action_name":"click","timestamp":"2024-05-16T12:00:00Z","query_id":"q7"},'
+            b'{"action_name":"click"},'
+            b'{"action_name":"view","timestamp":"2024-05-16T12:00:00Z"}]')
+    enc = encode(validate_items(parse_items(body, "event")), source="/v1/events")
+    kinds = [(m.kind, m.key) for m in enc.msgs]
+    no_qid_key = orjson.loads(enc.msgs[1].value)["event_key"].encode()
+    assert kinds == [("events", b"q7"), ("events", no_qid_key), ("failed", None)]
+    failed = orjson.loads(enc.msgs[2].value)
+    assert failed["item_index"] == 1 and failed["field"] == "timestamp" and "required" in failed["reason"]
+    out = decode(_as_consumed(enc.msgs), NAMES)
+    (row,) = out.failed
+    assert row["kind"] == "event" and row["raw"] == b'{"action_name":"click"}'
+    assert (row["kafka_topic"], row["kafka_partition"], row["kafka_offset"]) == ("ubi.failed", 0, 2)
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (b"{oops", "malformed JSON"),
+    (b"[1, 2]", "expected a JSON object"),
+    (b'{"event_key": "k", "colour": "red"}', "unexpected keys colour"),
+    (b'{"action_name": "click"}', "'event_key' is required"),
+    (b'{"event_key": "", "action_name": "click", "timestamp": "2024-01-01T00:00:00",'
+     b' "received_at": "2024-01-01T00:00:00"}', "'event_key' is empty"),
+    (b'{"event_key": "k", "action_name": "click", "timestamp": "yesterday", "received_at": "2024-01-01T00:00:00"}',
+     "timestamp"),
+    (b"", "empty message value"),
+])
+def test_poison_is_kept_with_where_and_why_and_the_good_records_survive(value, reason):
+    good = encode(validate_items(parse_items(b'{"action_name":"click","timestamp":"2024-05-16T12:00:00Z"}', "event")),
+                  source="t").msgs[0].value
+    recs = [InRecord("ubi.events", 3, 10, good), InRecord("ubi.events", 3, 11, value), InRecord("ubi.events", 3, 12, good)]
+    out = decode(recs, NAMES)
+    assert out.events.num_rows == 2 and [r.offset for r in out.event_origin] == [10, 12]
+    (row,) = out.failed
+    assert row["kind"] == "poison" and reason in row["reason"], row["reason"]
+    assert (row["kafka_topic"], row["kafka_partition"], row["kafka_offset"], row["raw"]) == ("ubi.events", 3, 11, value)
+    assert row["failed_id"] == poison_id(recs[1])  # the same record re-delivered gets the same id
+
+
+def test_records_on_an_unknown_topic_are_poison():
+    out = decode([InRecord("other.events", 0, 5, b"{}")], NAMES)
+    assert out.failed[0]["kind"] == "poison" and "not one of" in out.failed[0]["reason"]
+
+
+def test_bad_topic_prefix_is_refused():
+    with pytest.raises(UbiError, match="topic prefix"):
+        topics("ubi events")
+
+
+_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
+_event = st.fixed_dictionaries(
+    {"action_name": st.sampled_from(["click", "impression", "add_to_cart", "my custom action"]),
+     "timestamp": st.one_of(st.integers(0, 4_000_000_000_000),
+                            st.just("2024-05-16T12:34:56.789+0200"), st.just("2024-05-16T12:34:56")),
+     "query_id": st.one_of(st.none(), _text.filter(lambda s: 0 < len(s) <= 100)),
+     "message": st.one_of(st.none(), _text)},
+    optional={"event_attributes": st.fixed_dictionaries(
+        {"position": st.fixed_dictionaries({"ordinal": st.integers(0, 1000)}),
+         "object": st.fixed_dictionaries({"object_id": st.one_of(_text, st.integers(0, 10**9))})}),
+        "extra_key": st.dictionaries(_text, st.one_of(st.integers(-10, 10), _text, st.none()), max_size=3),
+        "event_id": _text.filter(lambda s: 0 < len(s) <= 100)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_event, min_size=1, max_size=8))
+def test_dedup_keys_and_rows_survive_the_topic_unchanged(events):
+    """Law: decode(encode(x)) == the stored rows of x, so a replayed or re-delivered record keeps its key."""
+    v = validate_items(parse_items(orjson.dumps(events), "event"))
+    p = prepare(v, source="t")
+    if p.events is None:
+        return
+    enc = encode(v, source="t", received_at=p.events.column("received_at")[0].as_py())
+    out = decode(_as_consumed([m for m in enc.msgs if m.kind == "events"]), NAMES)
+    assert out.failed == []
+    assert out.events.equals(p.events)
