@@ -11,12 +11,15 @@ A session is one search instance (``query_id``). What it displayed, and at which
   ``position.ordinal - base + 1`` (base: ``Settings.position_base``, or per application
   ``Settings.position_base_by_application``), and for impressions without an ordinal their order of arrival
   among those.
-  We prefer the hit list because producers disagree on the ordinal base (the ESCI sample counts from 0,
-  Chorus from 1); ``QualitySummary.ordinal_base_evidence`` shows which base each application's ordinals fit.
+  We prefer the hit list because producers disagree on the ordinal base (in the samples ESCI counts from 0;
+  Chorus from 1 until February 2025, then from 0 except for the first result, which stays 1);
+  ``QualitySummary.ordinal_base_evidence`` shows which base each application's ordinals fit.
   A doc impressed twice keeps its first rank; a second doc claiming an occupied rank is dropped (counted).
   A search whose impressions all fall outside its ranking uses its hit list instead.
 * Otherwise the ordered ``query_response_hit_ids`` are the displayed ranking (rank = index + 1).
-* A click (``Settings.click_actions``) counts for the displayed doc with the clicked ``object_id``. A click on
+* A click (``Settings.click_actions``, default ``["click"]``: the custom ``item_click``/``global_click`` of the
+  ubi-demo producer in the samples have no query record to attach to, so counting them would only add to
+  the clicks without a search) counts for the displayed doc with the clicked ``object_id``. A click on
   a doc not in the displayed list proves it was displayed: it is placed at its ordinal rank when that rank
   is free, and dropped (counted) otherwise. Several clicks on one doc in one search are one click.
 
@@ -26,8 +29,8 @@ empty; every search of a client whose peak query rate over any 60 s window excee
 ``Settings.filter_click_all`` and at least ``Settings.click_all_min_results`` were displayed). Clicks without
 a matching search are never fitted (counted). Ranks deeper than ``max_rank`` (K) are cut after filtering.
 
-Everything is aggregated in SQL: Python sees one row per distinct query text and per aggregated cell,
-never one per event.
+Everything is aggregated in SQL: Python sees one row per distinct query text, per aggregated cell and per
+deduplicated pattern rank, never one per event.
 """
 
 from __future__ import annotations
