@@ -108,7 +108,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sock = _bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
-    sink = create_sink(settings)
+    try:
+        sink = create_sink(settings)
+    except BaseException:
+        sock.close()
+        raise
     side = None
     try:
         app = create_app(settings, sink)
