@@ -47,11 +47,6 @@ async def read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def body_within_limit(request: Request, collector: Annotated[Collector, Depends(get_collector)]) -> bytes:
-    """The request body, at most ``max_body_bytes`` (413 above)."""
-    return await read_limited(request, collector.settings.max_body_bytes)
-
-
 async def get_store(collector: Annotated[Collector, Depends(get_collector)]) -> Store:
     """The sink's local store; 501 when the sink has none (e.g. Kafka)."""
     if collector.sink.store is None:
@@ -61,7 +56,6 @@ async def get_store(collector: Annotated[Collector, Depends(get_collector)]) -> 
 
 
 CollectorDep = Annotated[Collector, Depends(get_collector)]
-RawBody = Annotated[bytes, Depends(body_within_limit)]
 StoreDep = Annotated[Store, Depends(get_store)]
 
 # ---------------------------------------------------------------- response models (OpenAPI)
@@ -146,6 +140,7 @@ _INGEST_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorOut, "description": "malformed JSON (line and column given); body kept in failed_records"},
     413: {"model": ErrorOut, "description": "body over max_body_bytes or more than max_items items"},
     415: {"model": ErrorOut, "description": "content type other than JSON or NDJSON; body kept"},
+    422: {"model": ErrorOut, "description": "an input the collector could not process; body kept, please report"},
     503: {"model": ErrorOut, "description": "the sink could not commit; nothing was stored, retry (Retry-After)"},
 }
 
