@@ -39,8 +39,9 @@ class DuckDBSink(Sink):
 
     name = "duckdb"
 
-    def __init__(self, store: Store, *, max_group_rows: int = 50_000) -> None:
+    def __init__(self, store: Store, *, max_group_rows: int = 50_000, max_pending: int = 10_000) -> None:
         self.store = store
+        self.max_pending = max_pending
         self._db: Store = store  # the same store, typed as present
         self.max_group_rows = max_group_rows
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -64,6 +65,11 @@ class DuckDBSink(Sink):
         fut: Future[IngestResult] = Future()
         if self._closed:
             fut.set_exception(SinkUnavailable("the collector is shutting down; retry against a running one"))
+            return fut
+        if self._queue.qsize() >= self.max_pending:
+            # Better a quick 503 the client retries than an unbounded queue of bodies in memory.
+            fut.set_exception(SinkUnavailable(f"{self.max_pending} requests are waiting for the store; retry shortly",
+                                              retry_after=1))
             return fut
         try:
             prepared = prepare(batch, source=source)

@@ -92,3 +92,17 @@ def test_keep_unparseable_and_submit_after_close(tmp_path):
     with pytest.raises(SinkUnavailable):
         s.submit(Validated(), source="t").result()
     s.close()  # idempotent
+
+
+def test_overload_is_refused_not_queued_without_bound(tmp_path, make_event):
+    s = DuckDBSink(Store(tmp_path / "o.duckdb"), max_pending=2)
+    with s.store.lock:
+        futures = [s.submit(batch(make_event()), source="t") for _ in range(5)]
+        refused = [f for f in futures if f.done() and f.exception() is not None]
+        # blocked on the lock, the writer holds the jobs it took before blocking (0 to 2 of them, a race) and
+        # at most 2 more wait in the queue: 1 to 3 of the 5 are refused, never none
+        assert 1 <= len(refused) <= 3
+        assert all(isinstance(f.exception(), SinkUnavailable) for f in refused)
+    wait(futures, timeout=30)
+    assert sum(1 for f in futures if f.exception() is None) == 5 - len(refused)
+    s.close()
