@@ -30,7 +30,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from collector.errors import RequestError, SinkUnavailable, TooLarge, Unprocessable
+from collector.errors import RequestError, TooLarge, Unprocessable
 from collector.ingest import (
     BodyError,
     IngestContext,
@@ -123,9 +123,11 @@ class Collector:
             result = await asyncio.wrap_future(self.sink.submit(validated, source=ctx.source))
         except RequestError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # not SinkUnavailable: something in this input broke the sink's row building
             log.exception("sink %s failed on %s", self.sink.name, ctx.source)
-            raise SinkUnavailable(f"the {self.sink.name} sink failed: {type(exc).__name__}: {exc}") from exc
+            reason = f"unexpected {type(exc).__name__} while storing the body: {exc}"
+            await self.keep_body(body, ctx, reason=reason, kind="unprocessable")
+            raise Unprocessable(reason + " (kept in failed_records)") from exc
         self.count(result, ctx.source)
         return result
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from tests_collector_support import SAMPLE_BULK, SAMPLE_EVENTS, SAMPLE_QUERIES
 
 from collector.app import create_app
-from collector.errors import RequestError
+from collector.errors import RequestError, SinkUnavailable
 from collector.ingest import IngestContext, Validated
 from collector.sinks.base import Sink
 from schemas.settings import Settings
@@ -386,12 +386,13 @@ def test_a_filter_can_refuse_the_whole_request(db, make_event):
 class BrokenSink(Sink):
     name = "broken"
 
-    def __init__(self) -> None:
+    def __init__(self, error: Exception) -> None:
         self.kept: list[bytes] = []
+        self.error = error
 
     def submit(self, batch, *, source):
         fut: Future = Future()
-        fut.set_exception(OSError("disk full"))
+        fut.set_exception(self.error)
         return fut
 
     def keep_unparseable(self, body, *, source, reason, kind="body"):
@@ -408,7 +409,7 @@ class BrokenSink(Sink):
 
 
 def test_a_failing_sink_acknowledges_nothing(make_event):
-    sink = BrokenSink()
+    sink = BrokenSink(SinkUnavailable("disk full", retry_after=1))
     with TestClient(create_app(Settings(), sink, extensions=False)) as c:
         r = c.post("/v1/events", json=make_event())
         assert r.status_code == 503 and r.headers["retry-after"] == "1" and "disk full" in r.json()["message"]
@@ -416,3 +417,12 @@ def test_a_failing_sink_acknowledges_nothing(make_event):
         assert c.get("/v1/failed").status_code == 501  # no local store behind this sink
         assert c.post("/v1/events", content=b"{").status_code == 400
         assert sink.kept == [b"{"]
+
+
+def test_an_unexpected_sink_error_is_422_and_the_body_is_kept(make_event):
+    sink = BrokenSink(KeyError("boom"))
+    with TestClient(create_app(Settings(), sink, extensions=False)) as c:
+        body = orjson.dumps(make_event())
+        r = c.post("/v1/events", content=body)
+        assert r.status_code == 422 and "KeyError" in r.json()["message"]
+        assert sink.kept == [body]
