@@ -54,6 +54,9 @@ class Settings(BaseSettings):
         description="Kafka max.poll.interval.ms, also the rebalance timeout (Tansu makes a new group's first join wait it)",
     )
     consumer_session_timeout_ms: int = Field(10_000, ge=1000, description="Kafka session.timeout.ms of the loader")
+    consumer_check_crcs: bool = Field(
+        True, description="verify record-batch CRC-32C on fetch (kafka-python computes it in pure Python: slow)"
+    )
 
     # --- processors ---
     position_base: int = Field(0, description="base of event_attributes.position.ordinal (0 as OpenSearch tooling counts)")
