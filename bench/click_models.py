@@ -119,15 +119,16 @@ def main() -> int:
         f"{args.traffic} traffic, {len(s.pairs):,} pairs)"
     )
     print(
-        f"{'model':8s} {'fit s':>8s} {'cpu s':>8s} {'target':>7s} {'iters':>6s} {'peak MB':>8s} {'load MB':>8s}  ok"
+        f"{'model':8s} {'fit s':>8s} {'cpu s':>8s} {'target':>7s} {'iters':>6s} {'conv':>5s} {'peak MB':>8s} {'load MB':>8s}  ok"
     )
     for r in rows:
         target = TARGET_S.get(r["model"])
         ok = r["peak_mb"] <= TARGET_MB and (target is None or r["fit_s"] <= target)
         it = "" if r["iterations"] is None else str(r["iterations"])
+        conv = "" if r["converged"] is None else ("yes" if r["converged"] else "no")
         tgt = "" if target is None else f"{target:.0f}"
         print(
-            f"{r['model']:8s} {r['fit_s']:8.2f} {r['cpu_s']:8.2f} {tgt:>7s} {it:>6s} {r['peak_mb']:8.0f} {r['rss_before_mb']:8.0f}  "
+            f"{r['model']:8s} {r['fit_s']:8.2f} {r['cpu_s']:8.2f} {tgt:>7s} {it:>6s} {conv:>5s} {r['peak_mb']:8.0f} {r['rss_before_mb']:8.0f}  "
             f"{'yes' if ok else 'NO'}"
         )
     return 0

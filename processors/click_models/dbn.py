@@ -44,9 +44,10 @@ from processors.click_models.common import (
     squarem,
     weighted_count,
 )
+from processors.click_models.dcm import last_click_counts
 from processors.stats import PairIndex, SessionPatterns
 
-DEFAULT_MAX_ITER = 500
+DEFAULT_MAX_ITER = 2000
 DEFAULT_TOL = 1e-7
 
 
@@ -274,15 +275,13 @@ class DBN:
     def fit(self, sessions: SessionPatterns) -> Self:
         """EM from the SDBN counting estimates (α, σ clipped into [0.01, 0.99]) and γ = 0.9."""
         check_sessions(sessions)
-        from processors.click_models.sdbn import SDBN  # the counting start point; SDBN imports this module
-
         self.pairs: PairIndex = sessions.pairs
         self.max_rank = sessions.max_rank
-        start = SDBN().fit(sessions)
-        alpha0 = np.clip(np.nan_to_num(start.alpha, nan=start.prior_alpha), 0.01, 0.99)
-        sigma0 = np.clip(np.nan_to_num(start.sigma, nan=start.prior_sigma), 0.01, 0.99)
-        gamma0 = self.fixed_gamma if self.fixed_gamma is not None else 0.9
         lay = _layout(sessions)
+        exams, clk, _, _, _ = last_click_counts(sessions)
+        alpha0 = np.clip(safe_div(clk, exams, fill=clk.sum() / max(exams.sum(), 1.0)), 0.01, 0.99)
+        sigma0 = np.clip(safe_div(lay.last_click, lay.clicks, fill=0.5), 0.01, 0.99)
+        gamma0 = self.fixed_gamma if self.fixed_gamma is not None else 0.9
         res = dbn_em(lay, alpha0, sigma0, gamma0, self.max_iter, self.tol, fit_gamma=self.fixed_gamma is None)
         self.impressions, self.clicks, self.sessions = pair_support(sessions)
         self.alpha = np.where(self.impressions > 0, res.alpha, np.nan)

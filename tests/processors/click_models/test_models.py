@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from click_logs import simulate
@@ -41,6 +43,7 @@ def test_contract(name: str) -> None:
     assert (rel.score[has_ci] <= rel.ci_high[has_ci] + 1e-12).all()
     assert rel.impressions.sum() == (TRAIN.weight[:, None] * (TRAIN.docs >= 0)).sum()
     assert rel.parameters["model"] == name
+    json.dumps(rel.parameters)  # recorded with every judgment, so it must be plain JSON
     ev = evaluate(m, TEST)
     assert ev.sessions == TEST.n_sessions
     assert (ev.perplexity[~np.isnan(ev.perplexity)] >= 1.0).all()
