@@ -399,7 +399,8 @@ def event_row(e: UbiEvent, received_at: datetime, bulk_id: str | None = None) ->
     return dict(zip(EVENT_SCHEMA.names, _event_values(e, received_at, bulk_id), strict=True))
 
 
-def _columns_table(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
+def rows_table(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
+    """Stored rows (column-ordered tuples) as an Arrow table of ``schema``."""
     # Column-wise conversion is several times faster than Table.from_pylist over dicts.
     columns = list(zip(*rows, strict=True))
     return pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)],
@@ -505,7 +506,7 @@ def prepare(validated: Validated, *, source: str, received_at: datetime | None =
 
 
 def _table(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table | None:
-    return _columns_table(rows, schema) if rows else None
+    return rows_table(rows, schema) if rows else None
 
 
 def _conflict_error(p: Prepared, pos: int) -> ItemError:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collector.errors import SinkUnavailable
-from collector.ingest import IngestResult, Prepared, Validated, ingest_many, prepare
+from collector.ingest import EVENT_SCHEMA, IngestResult, Prepared, Validated, ingest_many, prepare, rows_table
 from collector.sinks.base import Sink
 from collector.store import Store, failed_row
 from schemas.settings import Settings
@@ -51,6 +51,9 @@ class DuckDBSink(Sink):
         self.grouped_requests = 0
         self.failed_writes = 0
         self.last_error: str | None = None
+        # pyarrow imports pandas on its first conversion from Python objects (~150 ms): pay it now, not on
+        # the first request.
+        rows_table([tuple([None] * len(EVENT_SCHEMA))], EVENT_SCHEMA)
         self._thread = threading.Thread(target=self._run, name="ubi-duckdb-writer", daemon=True)
         self._thread.start()
 
