@@ -159,6 +159,9 @@ def _propensity(path: Path | None) -> dict[str, Any] | None:
         raise InputFileError(str(path), exc.lineno, f"malformed JSON: {exc.msg}") from exc
     if isinstance(doc, dict) and "propensity" in doc and isinstance(doc["propensity"], dict):
         doc = doc["propensity"]
+    # `ubi propensity --json` wraps one estimate per method in {"estimates": [...]}: plot the first.
+    if isinstance(doc, dict) and isinstance(doc.get("estimates"), list) and doc["estimates"]:
+        doc = doc["estimates"][0]
     if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list):
         raise InputFileError(str(path), None, 'expected a propensity estimate: {"method": ..., "ranks": '
                              '[{"rank": 1, "ratio": 1.0, "ci_low": ..., "ci_high": ...}, ...]}')

@@ -125,11 +125,12 @@ def run_demo(args: argparse.Namespace) -> int:
         _step(console, "Position bias: θ_k/θ_1 from PBM EM, with bootstrap intervals, against the simulated truth")
         _run(["propensity", "--db", str(db), "--method", "em", "--bootstrap", "100", "--truth", str(truth_file),
               "--plot", str(workdir / "propensity.png")])
+        with propensity_json.open("w") as out, contextlib.redirect_stdout(out):
+            _run(["propensity", "--db", str(db), "--method", "em", "--bootstrap", "100", "--no-plot", "--json"])
 
         _step(console, "Joint report: both rankers, offline on human and implicit labels, online, agreement")
-        _run(["report", "--db", str(db), "--qrels", str(qrels), "--baseline", f"demo-shop/ranker={RANKERS[0]}"])
         _run(["report", "--db", str(db), "--qrels", str(qrels), "--baseline", f"demo-shop/ranker={RANKERS[0]}",
-              "--format", "html", "--out", str(html)])
+              "--propensity", str(propensity_json), "--html", str(html)])
     console.print(f"\nHTML report: {html}")
     return 0
 
