@@ -58,7 +58,9 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=20_000, help="distinct query texts")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--db", type=Path, help="keep the generated store here (default: a temporary file)")
-    ap.add_argument("--reuse", action="store_true", help="--db already holds a generated store: only time the build")
+    ap.add_argument(
+        "--reuse", action="store_true", help="--db already holds a generated store: only time the build"
+    )
     ap.add_argument("--memory-limit", help="Settings.session_memory_limit, e.g. 2GB (default: DuckDB's)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -66,7 +68,9 @@ def main() -> None:
         t0 = time.perf_counter()
         if args.reuse and args.db:
             with Store(db) as store:
-                ((nq, ne),) = store.read("SELECT (SELECT count(*) FROM ubi_queries), (SELECT count(*) FROM ubi_events)")
+                ((nq, ne),) = store.read(
+                    "SELECT (SELECT count(*) FROM ubi_queries), (SELECT count(*) FROM ubi_events)"
+                )
         else:
             nq, ne = generate(db, args.searches, args.queries, args.seed)
         t_gen = time.perf_counter() - t0
@@ -79,12 +83,16 @@ def main() -> None:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     how = "reused" if args.reuse else f"generated in {t_gen:.1f} s"
     print(f"store: {nq:,} query records, {ne:,} events ({how})")
-    print(f"read_sessions (memory limit {args.memory_limit or 'DuckDB default'}): {t_build:.1f} s wall, {cpu:.1f} s CPU "
-          f"(all threads), {ne / t_build:,.0f} events/s; peak RSS {rss:,.0f} MB (before: {rss_before:,.0f} MB)")
+    print(
+        f"read_sessions (memory limit {args.memory_limit or 'DuckDB default'}): {t_build:.1f} s wall, {cpu:.1f} s CPU "
+        f"(all threads), {ne / t_build:,.0f} events/s; peak RSS {rss:,.0f} MB (before: {rss_before:,.0f} MB)"
+    )
     f = data.filters
-    print(f"sessions {f.sessions:,}, impressions {f.impressions:,}, clicks {f.clicks:,}; pairs {len(data.pairs):,}, "
-          f"PBM cells {len(data.cells.pair):,}, UBM cells {len(data.ubm_cells.pair):,}, "
-          f"patterns {data.patterns.docs.shape[0]:,}")
+    print(
+        f"sessions {f.sessions:,}, impressions {f.impressions:,}, clicks {f.clicks:,}; pairs {len(data.pairs):,}, "
+        f"PBM cells {len(data.cells.pair):,}, UBM cells {len(data.ubm_cells.pair):,}, "
+        f"patterns {data.patterns.docs.shape[0]:,}"
+    )
 
 
 if __name__ == "__main__":
