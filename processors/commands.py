@@ -87,7 +87,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         con.print(t)
     if stored is not None:
         con.print(f"stored {stored:,} rows in {settings.db}" +
-                  ("" if replaced else " (through the running collector: earlier rows of pairs absent now remain)"))
+                  ("" if replaced else " (through the running collector, which only inserts or replaces: rows of an earlier run for pairs absent from this one, if any, remain)"))
     if written is not None:
         con.print(f"wrote {written:,} {'graded qrels' if out_fmt == 'trec' else 'judgments'} to {args.out}")
     return 0
