@@ -11,9 +11,9 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from collector.store import open_reader
 from processors.judgments import JUDGMENT_MODELS, process
 from processors.review import export_candidates, import_review, read_query_set, resolve_source, write_review
+from processors.sessions import reading
 from schemas.errors import UbiError
 from schemas.settings import Settings
 
@@ -96,13 +96,10 @@ def cmd_process(args: argparse.Namespace) -> int:
 def cmd_review_export(args: argparse.Namespace) -> int:
     settings = _settings(args)
     queries = read_query_set(args.queries) if args.queries else None
-    con = open_reader(settings.db)
-    try:
+    with reading(settings.db) as con:
         source = resolve_source(con, args.source)
         rows, missing = export_candidates(con, source, queries=queries, top=args.top,
                                           per_query=None if args.per_query == 0 else args.per_query)
-    finally:
-        con.close()
     n = write_review(rows, args.out, blind=args.blind)
     summary = {"source": source, "out": str(args.out), "rows": n, "queries": len({r["query"] for r in rows}),
                "queries_without_candidates": missing, "blind": args.blind}

@@ -36,6 +36,7 @@ deduplicated pattern rank, never one per event.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -554,22 +555,38 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
     return SessionData(pairs, cells, ubm, patterns, quality, filters, k)
 
 
+@contextmanager
+def reading(db: Path | str) -> Iterator[duckdb.DuckDBPyConnection]:
+    """``collector.store.open_reader`` for the length of a block; a snapshot it had to take is deleted after.
+
+    (While a collector holds the file, every reader gets a fresh copy of the whole database; without this,
+    each ``ubi process`` would leave one behind.)
+    """
+    con = open_reader(db)
+    try:
+        rows = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
+        opened = Path(rows[0][0]) if rows and rows[0][0] else None
+        yield con
+    finally:
+        con.close()
+    if opened is not None and opened.resolve() != Path(db).resolve() and ".snapshot-" in opened.name:
+        for leftover in (opened, opened.with_name(opened.name + ".wal")):
+            leftover.unlink(missing_ok=True)
+
+
 def read_sessions(db: Path | str, settings: Settings | None = None, *, max_rank: int | None = None) -> SessionData:
     """:func:`load_sessions` on the store at ``db``, read through ``open_reader`` (works while a collector runs).
 
     ``Settings.session_memory_limit`` bounds DuckDB's memory on this connection (it spills to ``<db>.tmp``).
     """
     settings = settings or Settings()
-    con = open_reader(db)
-    try:
+    with reading(db) as con:
         if settings.session_memory_limit:
             try:
                 con.execute("SET memory_limit = ?", [settings.session_memory_limit])
             except duckdb.Error as exc:
                 raise SessionError(f"session_memory_limit {settings.session_memory_limit!r}: {exc}") from exc
         return load_sessions(con, settings, max_rank=max_rank)
-    finally:
-        con.close()
 
 
 def iter_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, *,

@@ -158,3 +158,18 @@ def test_blind_review_becomes_human_and_bad_rows_name_the_line(db: Path, tmp_pat
     sheet.write_text("".join(orjson.dumps(r).decode() + "\n" for r in rows))
     assert main(["review", "import", str(sheet), "--db", str(db), "--assessor", "carol"]) == 2
     assert "blind.jsonl:2: grade 7 is above the top grade 3" in err(capsys)
+
+
+def test_process_while_a_collector_holds_the_store(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real `ubi serve` process owns the file: sessions come from its snapshot, judgments go through it."""
+    from ubi.demo import free_port, running_collector
+
+    with running_collector(db, free_port(), tmp_path / "collector.log"):
+        summary = run_json(capsys, "process", "--db", str(db), "--model", "ctr", "--json")
+        assert (summary["sessions"]["sessions"], summary["stored"], summary["stale_rows_removed"]) == (278, 1003, False)
+        exp = run_json(capsys, "review", "export", "--db", str(db), "--top", "1", "--out", str(tmp_path / "r.csv"),
+                       "--json")
+        assert exp["rows"] > 0
+        # every snapshot the readers asked for was deleted once read
+        assert not list(db.parent.glob("*.snapshot-*"))
+    assert query(db, "SELECT count(*), min(source) FROM judgments") == [(1003, "implicit:ctr")]
