@@ -102,13 +102,17 @@ class Collector:
     record_filters: list[RecordFilter] = field(default_factory=list)
     metrics: Metrics = field(default_factory=Metrics)
 
-    async def accept(self, body: bytes, *, kind: Kind | None, ndjson: bool, ctx: IngestContext) -> IngestResult:
+    async def accept(
+        self, body: bytes, *, kind: Kind | None, ndjson: bool, ctx: IngestContext
+    ) -> IngestResult:
         """Parse, validate, filter and durably write one body (``kind`` None: an OpenSearch ``_bulk`` body)."""
         try:
             items = parse_bulk(body) if kind is None else parse_items(body, kind, ndjson=ndjson)
             if len(items) > self.settings.max_items:
-                raise TooManyItems(f"{len(items)} items in one request; at most {self.settings.max_items} "
-                                   "(UBI_MAX_ITEMS): split the batch")
+                raise TooManyItems(
+                    f"{len(items)} items in one request; at most {self.settings.max_items} "
+                    "(UBI_MAX_ITEMS): split the batch"
+                )
             validated = apply_filters(validate_items(items), self.record_filters, ctx)
         except RequestError as exc:
             if exc.keep:
@@ -134,7 +138,9 @@ class Collector:
     async def keep_body(self, body: bytes, ctx: IngestContext, *, reason: str, kind: str) -> None:
         """Keep a refused body in ``failed_records``; a sink failure here is logged, not raised over the cause."""
         try:
-            await asyncio.wrap_future(self.sink.keep_unparseable(body, source=ctx.source, reason=reason, kind=kind))
+            await asyncio.wrap_future(
+                self.sink.keep_unparseable(body, source=ctx.source, reason=reason, kind=kind)
+            )
         except Exception:
             log.exception("could not keep a refused body from %s", ctx.source)
             return
@@ -208,14 +214,52 @@ class MetricsMiddleware:
             self.metrics.inc("ubi_requests_total", route=route, method=method, status=str(status))
 
 
+class IngestFastLane:
+    """Pure ASGI middleware that serves POSTs to the ingest routes without FastAPI's dispatch.
+
+    Measured in-process on a single-event request: 167 us of CPU through FastAPI, 90 us through plain
+    Starlette routing with the same endpoint; about a quarter of the whole server's cost per request. The
+    endpoints are the very functions FastAPI has registered (and documents in OpenAPI); this only skips the
+    router and its middleware. It sits innermost among the middleware, so extension middleware (origins, API
+    keys, rate limits) and the metrics still see every request. Anything else falls through to FastAPI.
+    """
+
+    def __init__(self, app: ASGIApp, endpoints: dict[str, Any], routes: dict[str, Any]) -> None:
+        self.app, self.endpoints, self.routes = app, endpoints, routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = (
+            self.endpoints.get(scope["path"])
+            if scope["type"] == "http" and scope["method"] == "POST"
+            else None
+        )
+        if endpoint is None:
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = self.routes[
+            scope["path"]
+        ]  # what FastAPI would set (metrics label by route template)
+        request = Request(scope, receive, send)
+        try:
+            response = await endpoint(request)
+        except RequestError as exc:
+            response = ORJSONResponse(error_body(exc), status_code=exc.status_code, headers=exc.headers)
+        await response(scope, receive, send)
+
+
 # ---------------------------------------------------------------- the app
 
 
-def create_app(settings: Settings | None = None, sink: Sink | None = None, *,
-               record_filters: Sequence[RecordFilter] | None = None, extensions: bool = True) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    sink: Sink | None = None,
+    *,
+    record_filters: Sequence[RecordFilter] | None = None,
+    extensions: bool = True,
+) -> FastAPI:
     """The collector app. Without ``sink``, the sink named by ``settings.sink`` is created (and closed at
     shutdown); a given sink is left open for its owner. ``extensions=False`` skips the extension modules."""
-    from collector.routes import router  # routes import this module
+    from collector.routes import INGEST_ENDPOINTS, router  # routes import this module
 
     settings = settings or Settings()
     own_sink = sink is None
@@ -240,6 +284,8 @@ def create_app(settings: Settings | None = None, sink: Sink | None = None, *,
     app.state.settings = settings
     app.add_exception_handler(RequestError, _request_error)
     app.include_router(router)
+    routes = {r.path: r for r in router.routes if getattr(r, "path", None) in INGEST_ENDPOINTS}
+    app.add_middleware(IngestFastLane, endpoints=INGEST_ENDPOINTS, routes=routes)  # first added: innermost
     if extensions:
         for module in extension_modules():
             if hasattr(module, "record_filters"):

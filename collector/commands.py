@@ -45,10 +45,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--db", type=Path, help=_DB_HELP)
     p.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, help="port to listen on (default 8000; 0 picks a free one and prints it)")
+    p.add_argument(
+        "--port", type=int, help="port to listen on (default 8000; 0 picks a free one and prints it)"
+    )
     p.add_argument("--sink", choices=available_sinks(), help="where records go (default duckdb)")
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
-                   help="server log level (default warning)")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="server log level (default warning)",
+    )
     add_sink_arguments(p)
     p.set_defaults(func=cmd_serve)
 
@@ -65,9 +71,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")
     p.add_argument("--db", type=Path, help=_DB_HELP)
-    p.add_argument("--kind", choices=["query", "event"],
-                   help="kind of every record in plain files (default: per record, by its keys; _bulk files "
-                        "say it in their action lines)")
+    p.add_argument(
+        "--kind",
+        choices=["query", "event"],
+        help="kind of every record in plain files (default: per record, by its keys; _bulk files "
+        "say it in their action lines)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_import)
 
@@ -75,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "failed",
         help="list kept failed records (rejected items, unparseable bodies), newest first",
         description="List what the collector refused, with why and the raw bytes (as text when UTF-8, "
-                    "else base64). Works while a collector runs (asks it).",
+        "else base64). Works while a collector runs (asks it).",
     )
     p.add_argument("--db", type=Path, help=_DB_HELP)
     p.add_argument("--limit", type=int, default=20, help="records to show (default 20)")
@@ -88,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "schema",
         help="print the JSON Schemas of the records the collector accepts",
         description="Print the JSON Schema (draft 2020-12) of UBI query records and events as the collector "
-                    "accepts them, leniencies included; for client authors and validators.",
+        "accepts them, leniencies included; for client authors and validators.",
     )
     p.add_argument("--kind", choices=["query", "event"], help="only this record kind (default: both)")
     p.set_defaults(func=cmd_schema)
@@ -118,11 +127,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(settings, sink)
         if sink.store is not None:
             side = advertise(sink.store.path, url)
-        config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=10, **_fast_loop())
+        config = uvicorn.Config(
+            app,
+            log_level=args.log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+            **_fast_loop(),
+        )
         tune_gc()
-        print(f"ubi collector listening on {url} (sink {sink.name}"
-              f"{', db ' + str(sink.store.path) if sink.store else ''})", flush=True)
+        print(
+            f"ubi collector listening on {url} (sink {sink.name}"
+            f"{', db ' + str(sink.store.path) if sink.store else ''})",
+            flush=True,
+        )
         _Server(config).run(sockets=[sock])
     finally:
         if side is not None:
@@ -203,8 +221,15 @@ def cmd_import(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise UbiError(f"{path}: no such file")
     console = Console(stderr=True)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, disable=args.json or not console.is_terminal, transient=False)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=args.json or not console.is_terminal,
+        transient=False,
+    )
     tasks: dict[str, Any] = {}
 
     def on_progress(path: str, done: int, total: int) -> None:
@@ -213,12 +238,27 @@ def cmd_import(args: argparse.Namespace) -> int:
         progress.update(tasks[path], completed=done, total=total)
 
     with progress:
-        reports, mode = import_files(args.files, settings.db, kind=args.kind,
-                                     filters=extension_filters(settings), on_progress=on_progress)
+        reports, mode = import_files(
+            args.files,
+            settings.db,
+            kind=args.kind,
+            filters=extension_filters(settings),
+            on_progress=on_progress,
+        )
     total = {k: sum(getattr(r, k) for r in reports) for k in ("queries", "events", "duplicates", "rejected")}
     if args.json:
-        print(json.dumps({"db": str(settings.db), "via": mode, **total, "accepted": total["queries"] + total["events"],
-                          "files": [r.public() for r in reports]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "db": str(settings.db),
+                    "via": mode,
+                    **total,
+                    "accepted": total["queries"] + total["events"],
+                    "files": [r.public() for r in reports],
+                },
+                indent=2,
+            )
+        )
         return 0
     out = Console()
     table = Table(title=f"ubi import into {settings.db}" + ("" if mode == "direct" else f" (through {mode})"))
@@ -232,8 +272,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     for r in reports:
         for line, fld, message in r.errors:
             where = f"{r.path}:{line}" if line is not None else r.path
-            out.print(f"[red]rejected[/] {where}" + (f" field {fld}" if fld else "") + f": {message}",
-                      highlight=False, markup=True)
+            out.print(
+                f"[red]rejected[/] {where}" + (f" field {fld}" if fld else "") + f": {message}",
+                highlight=False,
+                markup=True,
+            )
         if r.rejected > len(r.errors):
             out.print(f"... and {r.rejected - len(r.errors)} more in {r.path}: see `ubi failed`")
     return 0
@@ -262,7 +305,9 @@ def failed_records(db: Path, *, limit: int, offset: int, kind: str | None) -> di
             resp = httpx.get(url + "/v1/failed", params=params, timeout=60)
             resp.raise_for_status()
         except httpx.HTTPError as exc:
-            raise StoreError(f"the collector at {url} holding {db} did not list failed records: {exc}") from exc
+            raise StoreError(
+                f"the collector at {url} holding {db} did not list failed records: {exc}"
+            ) from exc
         page: dict[str, Any] = resp.json()
         return page
     with store:
@@ -286,8 +331,15 @@ def cmd_failed(args: argparse.Namespace) -> int:
         shown = (raw[:120] + "…") if len(raw) > 120 else raw
         if r["raw_encoding"] == "base64":
             shown = "base64:" + shown
-        table.add_row(r["received_at"][:19], r["source"], r["kind"], "" if r["item_index"] is None else str(r["item_index"]),
-                      r["field"] or "", r["reason"], shown)
+        table.add_row(
+            r["received_at"][:19],
+            r["source"],
+            r["kind"],
+            "" if r["item_index"] is None else str(r["item_index"]),
+            r["field"] or "",
+            r["reason"],
+            shown,
+        )
     out.print(table)
     if page["next_offset"] is not None:
         out.print(f"more: ubi failed --offset {page['next_offset']}")
@@ -308,4 +360,3 @@ def cmd_schema(args: argparse.Namespace) -> int:
     json.dump(schema, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
-

@@ -59,13 +59,25 @@ class FileReport:
 
     def public(self) -> dict[str, Any]:
         return {
-            "path": self.path, "queries": self.queries, "events": self.events, "accepted": self.queries + self.events,
-            "duplicates": self.duplicates, "rejected": self.rejected,
+            "path": self.path,
+            "queries": self.queries,
+            "events": self.events,
+            "accepted": self.queries + self.events,
+            "duplicates": self.duplicates,
+            "rejected": self.rejected,
             "errors": [{"line": ln, "field": f, "message": m} for ln, f, m in self.errors],
         }
 
 
-_EVENT_ONLY = ("action_name", "event_attributes", "session_id", "message_type", "message", "user_id", "event_id")
+_EVENT_ONLY = (
+    "action_name",
+    "event_attributes",
+    "session_id",
+    "message_type",
+    "message",
+    "user_id",
+    "event_id",
+)
 _QUERY_ONLY = ("query_response_hit_ids", "query_attributes", "query_response_id", "object_id_field")
 
 
@@ -114,10 +126,14 @@ def read_items(path: Path, kind: Kind | None = None) -> tuple[list[RawItem], int
         try:
             value = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
-            raise InputFileError(str(path), exc.lineno, f"malformed JSON at column {exc.colno}: {exc.msg}") from exc
+            raise InputFileError(
+                str(path), exc.lineno, f"malformed JSON at column {exc.colno}: {exc.msg}"
+            ) from exc
         values = value if isinstance(value, list) else [value]
         default: Kind = kind or _dominant(values)
-        return [RawItem(i, kind or guess_kind(v, default), v, orjson.dumps(v)) for i, v in enumerate(values)], len(body)
+        return [
+            RawItem(i, kind or guess_kind(v, default), v, orjson.dumps(v)) for i, v in enumerate(values)
+        ], len(body)
     return _ndjson_items(body, kind), len(body)
 
 
@@ -144,7 +160,9 @@ def _ndjson_items(body: bytes, kind: Kind | None) -> list[RawItem]:
         try:
             parsed.append((number, line, orjson.loads(line), None))
         except orjson.JSONDecodeError as exc:
-            parsed.append((number, line, None, f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}"))
+            parsed.append(
+                (number, line, None, f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}")
+            )
     default: Kind = kind or _dominant([v for _, _, v, _ in parsed])
     return [
         RawItem(i, kind or guess_kind(value, default), value, line, error=error, line=number)
@@ -157,8 +175,16 @@ def _bulk_items(body: bytes) -> list[RawItem]:
     # parse_bulk numbers records; recover each document's line for messages (action line, then document).
     doc_lines = _bulk_doc_lines(body)
     return [
-        RawItem(it.index, it.kind, it.value, it.raw, it.error, it.field, it.event_id,
-                line=doc_lines[it.index] if it.index < len(doc_lines) else None)
+        RawItem(
+            it.index,
+            it.kind,
+            it.value,
+            it.raw,
+            it.error,
+            it.field,
+            it.event_id,
+            line=doc_lines[it.index] if it.index < len(doc_lines) else None,
+        )
         for it in items
     ]
 
@@ -168,8 +194,9 @@ def _bulk_doc_lines(body: bytes) -> list[int]:
     return numbers[1::2]
 
 
-def chunks(items: Sequence[RawItem], max_items: int = CHUNK_ITEMS,
-           max_bytes: int = CHUNK_BYTES) -> Iterator[list[RawItem]]:
+def chunks(
+    items: Sequence[RawItem], max_items: int = CHUNK_ITEMS, max_bytes: int = CHUNK_BYTES
+) -> Iterator[list[RawItem]]:
     """Consecutive runs of items, each at most ``max_items`` items and about ``max_bytes`` raw bytes."""
     chunk: list[RawItem] = []
     size = 0
@@ -185,15 +212,19 @@ def chunks(items: Sequence[RawItem], max_items: int = CHUNK_ITEMS,
 
 
 def _renumber(chunk: list[RawItem]) -> list[RawItem]:
-    return [RawItem(i, it.kind, it.value, it.raw, it.error, it.field, it.event_id, it.line)
-            for i, it in enumerate(chunk)]
+    return [
+        RawItem(i, it.kind, it.value, it.raw, it.error, it.field, it.event_id, it.line)
+        for i, it in enumerate(chunk)
+    ]
 
 
 def bulk_body(chunk: Sequence[RawItem]) -> bytes:
     """An OpenSearch ``_bulk`` body carrying the items (raw documents as read) to a running collector."""
     out: list[bytes] = []
     for it in chunk:
-        meta: dict[str, str] = {"_index": {"query": "ubi_queries", "event": "ubi_events"}.get(it.kind or "", "unknown")}
+        meta: dict[str, str] = {
+            "_index": {"query": "ubi_queries", "event": "ubi_events"}.get(it.kind or "", "unknown")
+        }
         if it.event_id is not None:
             meta["_id"] = it.event_id
         out.append(orjson.dumps({"index": meta}))
@@ -235,23 +266,37 @@ class CollectorWriter:
                 item = part[e["index"]] if 0 <= e["index"] < len(part) else None
                 # An item that failed to parse here has our message, with the file's line, not the body's.
                 message = item.error if item is not None and item.error else e["message"]
-                errors.append(ItemError(item.index if item else e["index"], e.get("field"), message, kind, b""))
+                errors.append(
+                    ItemError(item.index if item else e["index"], e.get("field"), message, kind, b"")
+                )
         errors.sort(key=lambda e: e.index)
         q, ev = totals["query"], totals["event"]
-        return IngestResult(accepted=q[0] + ev[0], duplicates=q[1] + ev[1], rejected=q[2] + ev[2],
-                            errors=tuple(errors), queries=q[0], events=ev[0], query_duplicates=q[1],
-                            event_duplicates=ev[1])
+        return IngestResult(
+            accepted=q[0] + ev[0],
+            duplicates=q[1] + ev[1],
+            rejected=q[2] + ev[2],
+            errors=tuple(errors),
+            queries=q[0],
+            events=ev[0],
+            query_duplicates=q[1],
+            event_duplicates=ev[1],
+        )
 
     def _post(self, part: list[RawItem]) -> dict[str, Any]:
         import httpx
 
         try:
-            resp = self.client.post(self.url + "/v1/bulk", content=bulk_body(part),
-                                    headers={"content-type": "application/x-ndjson"})
+            resp = self.client.post(
+                self.url + "/v1/bulk",
+                content=bulk_body(part),
+                headers={"content-type": "application/x-ndjson"},
+            )
         except httpx.HTTPError as exc:
             raise StoreError(f"the collector at {self.url} did not answer: {exc}") from exc
         if resp.status_code != 202:
-            raise StoreError(f"the collector at {self.url} refused a chunk ({resp.status_code}): {resp.text[:300]}")
+            raise StoreError(
+                f"the collector at {self.url} refused a chunk ({resp.status_code}): {resp.text[:300]}"
+            )
         data: dict[str, Any] = resp.json()
         return data
 

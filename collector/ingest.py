@@ -39,8 +39,6 @@ class BodyError(RequestError):
         self.message = where + message
 
 
-
-
 @dataclass(frozen=True)
 class RawItem:
     """One item of a body before validation: its kind, parsed value (or parse error) and raw bytes."""
@@ -197,8 +195,16 @@ def _ndjson_items(body: bytes, kind: Kind) -> list[RawItem]:
         try:
             items.append(RawItem(index, kind, orjson.loads(line), line, line=number))
         except orjson.JSONDecodeError as exc:
-            items.append(RawItem(index, kind, None, line, line=number,
-                                 error=f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}"))
+            items.append(
+                RawItem(
+                    index,
+                    kind,
+                    None,
+                    line,
+                    line=number,
+                    error=f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}",
+                )
+            )
     return items
 
 
@@ -214,7 +220,9 @@ def parse_bulk(body: bytes) -> list[RawItem]:
     """
     lines = list(_lines(body))
     if not lines:
-        raise BodyError("empty body: expected an OpenSearch _bulk body (action line, then document)", line=1, column=1)
+        raise BodyError(
+            "empty body: expected an OpenSearch _bulk body (action line, then document)", line=1, column=1
+        )
     items: list[RawItem] = []
     i = 0
     while i < len(lines):
@@ -223,34 +231,78 @@ def parse_bulk(body: bytes) -> list[RawItem]:
         try:
             action = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            items.append(RawItem(index, None, None, line, error=f"line {number}, column {exc.colno}: malformed action line: {exc.msg}"))
+            items.append(
+                RawItem(
+                    index,
+                    None,
+                    None,
+                    line,
+                    error=f"line {number}, column {exc.colno}: malformed action line: {exc.msg}",
+                )
+            )
             i += 1
             continue
         if not isinstance(action, dict) or len(action) != 1:
-            items.append(RawItem(index, None, None, line, error=f"line {number}: expected an action line such as "
-                                 '{"index": {"_index": "ubi_events"}}'))
+            items.append(
+                RawItem(
+                    index,
+                    None,
+                    None,
+                    line,
+                    error=f"line {number}: expected an action line such as "
+                    '{"index": {"_index": "ubi_events"}}',
+                )
+            )
             i += 1
             continue
         verb, meta = next(iter(action.items()))
         if verb not in ("index", "create") or not isinstance(meta, dict):
-            items.append(RawItem(index, None, None, line, error=f"line {number}: unsupported bulk action {verb!r}; "
-                                 "expected 'index' or 'create'", field="action"))
+            items.append(
+                RawItem(
+                    index,
+                    None,
+                    None,
+                    line,
+                    error=f"line {number}: unsupported bulk action {verb!r}; expected 'index' or 'create'",
+                    field="action",
+                )
+            )
             i += 1 if verb == "delete" else 2
             continue
         kind = _BULK_INDEX.get(str(meta.get("_index", "")))
         if i + 1 >= len(lines):
-            items.append(RawItem(index, kind, None, line, error=f"line {number}: action line without a document after it"))
+            items.append(
+                RawItem(
+                    index, kind, None, line, error=f"line {number}: action line without a document after it"
+                )
+            )
             break
         doc_number, doc = lines[i + 1]
         i += 2
         if kind is None:
-            items.append(RawItem(index, None, None, doc, field="_index", error=f"line {number}: _index "
-                                 f"{meta.get('_index')!r} is not ubi_queries or ubi_events"))
+            items.append(
+                RawItem(
+                    index,
+                    None,
+                    None,
+                    doc,
+                    field="_index",
+                    error=f"line {number}: _index {meta.get('_index')!r} is not ubi_queries or ubi_events",
+                )
+            )
             continue
         try:
             value = orjson.loads(doc)
         except orjson.JSONDecodeError as exc:
-            items.append(RawItem(index, kind, None, doc, error=f"line {doc_number}, column {exc.colno}: malformed JSON: {exc.msg}"))
+            items.append(
+                RawItem(
+                    index,
+                    kind,
+                    None,
+                    doc,
+                    error=f"line {doc_number}, column {exc.colno}: malformed JSON: {exc.msg}",
+                )
+            )
             continue
         doc_id = meta.get("_id")
         items.append(RawItem(index, kind, value, doc, event_id=str(doc_id) if doc_id is not None else None))
@@ -270,7 +322,7 @@ def _describe(error: Any) -> str:
         return f"'{_loc(error)}' is required"
     msg = str(error["msg"])
     if msg.startswith("Value error, "):  # our own validators already quote the value
-        return msg[len("Value error, "):]
+        return msg[len("Value error, ") :]
     value = error.get("input")
     if value is not None and not isinstance(value, dict | list):
         msg += f" (got {repr(value)[:80]})"
@@ -296,8 +348,15 @@ def validate_items(items: Iterable[RawItem]) -> Validated:
             out.errors.append(ItemError(item.index, item.field, item.error, item.kind or "body", item.raw))
             continue
         if not isinstance(item.value, dict):
-            out.errors.append(ItemError(item.index, None, f"expected a JSON object, got {_json_type(item.value)}",
-                                        item.kind or "body", item.raw))
+            out.errors.append(
+                ItemError(
+                    item.index,
+                    None,
+                    f"expected a JSON object, got {_json_type(item.value)}",
+                    item.kind or "body",
+                    item.raw,
+                )
+            )
             continue
         try:
             if item.kind == "query":
@@ -310,8 +369,14 @@ def validate_items(items: Iterable[RawItem]) -> Validated:
 
 
 def _json_type(value: Any) -> str:
-    return {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        list: "an array",
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "a boolean",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 # ---------------------------------------------------------------- rows
@@ -327,35 +392,73 @@ def _naive_utc(ts: datetime | None) -> datetime | None:
     return ts.replace(tzinfo=None) if ts is not None else None
 
 
-QUERY_SCHEMA = pa.schema([
-    ("query_key", pa.string()), ("query_id", pa.string()), ("user_query", pa.string()),
-    ("client_id", pa.string()), ("application", pa.string()), ("timestamp", pa.timestamp("us")),
-    ("query_attributes", pa.string()), ("object_id_field", pa.string()), ("query_response_id", pa.string()),
-    ("query_response_hit_ids", pa.list_(pa.string())), ("extra", pa.string()), ("content_hash", pa.string()),
-    ("received_at", pa.timestamp("us")),
-])
+QUERY_SCHEMA = pa.schema(
+    [
+        ("query_key", pa.string()),
+        ("query_id", pa.string()),
+        ("user_query", pa.string()),
+        ("client_id", pa.string()),
+        ("application", pa.string()),
+        ("timestamp", pa.timestamp("us")),
+        ("query_attributes", pa.string()),
+        ("object_id_field", pa.string()),
+        ("query_response_id", pa.string()),
+        ("query_response_hit_ids", pa.list_(pa.string())),
+        ("extra", pa.string()),
+        ("content_hash", pa.string()),
+        ("received_at", pa.timestamp("us")),
+    ]
+)
 
-EVENT_SCHEMA = pa.schema([
-    ("event_key", pa.string()), ("event_id", pa.string()), ("action_name", pa.string()), ("query_id", pa.string()),
-    ("session_id", pa.string()), ("client_id", pa.string()), ("user_id", pa.string()), ("application", pa.string()),
-    ("timestamp", pa.timestamp("us")), ("message_type", pa.string()), ("message", pa.string()),
-    ("user_query", pa.string()), ("object_id", pa.string()), ("object_id_field", pa.string()),
-    ("object_id_type", pa.string()), ("internal_id", pa.string()), ("position_ordinal", pa.int32()),
-    ("position_x", pa.float64()), ("position_y", pa.float64()), ("event_attributes", pa.string()),
-    ("extra", pa.string()), ("received_at", pa.timestamp("us")),
-])
-
+EVENT_SCHEMA = pa.schema(
+    [
+        ("event_key", pa.string()),
+        ("event_id", pa.string()),
+        ("action_name", pa.string()),
+        ("query_id", pa.string()),
+        ("session_id", pa.string()),
+        ("client_id", pa.string()),
+        ("user_id", pa.string()),
+        ("application", pa.string()),
+        ("timestamp", pa.timestamp("us")),
+        ("message_type", pa.string()),
+        ("message", pa.string()),
+        ("user_query", pa.string()),
+        ("object_id", pa.string()),
+        ("object_id_field", pa.string()),
+        ("object_id_type", pa.string()),
+        ("internal_id", pa.string()),
+        ("position_ordinal", pa.int32()),
+        ("position_x", pa.float64()),
+        ("position_y", pa.float64()),
+        ("event_attributes", pa.string()),
+        ("extra", pa.string()),
+        ("received_at", pa.timestamp("us")),
+    ]
+)
 
 
 def _query_values(q: UbiQuery, received_at: datetime) -> tuple[Any, ...]:
     """One query record in ``QUERY_SCHEMA`` column order (hashing the canonical dump once)."""
-    digest = hashlib.sha256(orjson.dumps(q.model_dump(exclude_none=True), option=CANONICAL_OPTIONS)).hexdigest()[:32]
+    digest = hashlib.sha256(
+        orjson.dumps(q.model_dump(exclude_none=True), option=CANONICAL_OPTIONS)
+    ).hexdigest()[:32]
     qid = q.query_id or ("h:" + digest)
     extra = q.__pydantic_extra__
     return (
-        qid + "\x1f" + (q.query_response_id or ""), qid, q.user_query, q.client_id, q.application,
-        _naive_utc(q.timestamp), _json(q.query_attributes), q.object_id_field, q.query_response_id,
-        q.query_response_hit_ids, orjson.dumps(extra).decode() if extra else None, digest, received_at,
+        qid + "\x1f" + (q.query_response_id or ""),
+        qid,
+        q.user_query,
+        q.client_id,
+        q.application,
+        _naive_utc(q.timestamp),
+        _json(q.query_attributes),
+        q.object_id_field,
+        q.query_response_id,
+        q.query_response_hit_ids,
+        orjson.dumps(extra).decode() if extra else None,
+        digest,
+        received_at,
     )
 
 
@@ -374,8 +477,18 @@ def _event_values(e: UbiEvent, received_at: datetime, bulk_id: str | None) -> tu
     pos = attrs.position if attrs is not None else None
     extra = e.__pydantic_extra__
     return (
-        key, event_id, e.action_name, e.query_id, e.session_id, e.client_id, e.user_id, e.application,
-        e.timestamp.replace(tzinfo=None), e.message_type, e.message, e.user_query,
+        key,
+        event_id,
+        e.action_name,
+        e.query_id,
+        e.session_id,
+        e.client_id,
+        e.user_id,
+        e.application,
+        e.timestamp.replace(tzinfo=None),
+        e.message_type,
+        e.message,
+        e.user_query,
         obj.object_id if obj is not None else None,
         obj.object_id_field if obj is not None else None,
         obj.object_id_type if obj is not None else None,
@@ -403,8 +516,9 @@ def rows_table(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
     """Stored rows (column-ordered tuples) as an Arrow table of ``schema``."""
     # Column-wise conversion is several times faster than Table.from_pylist over dicts.
     columns = list(zip(*rows, strict=True))
-    return pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)],
-                                schema=schema)
+    return pa.Table.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)], schema=schema
+    )
 
 
 # ---------------------------------------------------------------- the stage
@@ -497,12 +611,25 @@ def prepare(validated: Validated, *, source: str, received_at: datetime | None =
             raws=validated.raws,
         )
     failed = [
-        failed_row(source=source, kind=err.kind, reason=err.message, raw=err.raw, item_index=err.index,
-                   field=err.field, received_at=now)
+        failed_row(
+            source=source,
+            kind=err.kind,
+            reason=err.message,
+            raw=err.raw,
+            item_index=err.index,
+            field=err.field,
+            received_at=now,
+        )
         for err in validated.errors
     ]
-    return Prepared(validated=validated, source=source, received_at=now, query_rows=qrows, event_rows=erows,
-                    failed_rows=failed)
+    return Prepared(
+        validated=validated,
+        source=source,
+        received_at=now,
+        query_rows=qrows,
+        event_rows=erows,
+        failed_rows=failed,
+    )
 
 
 def _table(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table | None:
@@ -511,8 +638,10 @@ def _table(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table | None:
 
 def _conflict_error(p: Prepared, pos: int) -> ItemError:
     index, q = p.validated.queries[pos]
-    message = (f"query_id {q.query_id!r} (query_response_id {q.query_response_id!r}) is already stored "
-               "with different content; first write wins, this record is kept as a conflict")
+    message = (
+        f"query_id {q.query_id!r} (query_response_id {q.query_response_id!r}) is already stored "
+        "with different content; first write wins, this record is kept as a conflict"
+    )
     return ItemError(index, "query_id", message, "conflict", p.validated.raws.get(index, b""))
 
 
@@ -542,8 +671,17 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
             p = batches[b]
             err = _conflict_error(p, pos - q_offsets[b])
             conflict_errors.setdefault(b, []).append(err)
-            rows.append(failed_row(source=p.source, kind="conflict", reason=err.message, raw=err.raw,
-                                   item_index=err.index, field=err.field, received_at=p.received_at))
+            rows.append(
+                failed_row(
+                    source=p.source,
+                    kind="conflict",
+                    reason=err.message,
+                    raw=err.raw,
+                    item_index=err.index,
+                    field=err.field,
+                    received_at=p.received_at,
+                )
+            )
         return failed_table(rows)
 
     outcome = store.write_rows(
@@ -554,8 +692,8 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
     )
     results = []
     for b, p in enumerate(batches):
-        qs = outcome.query_status[q_offsets[b]:q_offsets[b] + p.n_queries]
-        es = outcome.event_inserted[e_offsets[b]:e_offsets[b] + p.n_events]
+        qs = outcome.query_status[q_offsets[b] : q_offsets[b] + p.n_queries]
+        es = outcome.event_inserted[e_offsets[b] : e_offsets[b] + p.n_events]
         q_ins = sum(1 for s in qs if s == INSERTED)
         q_dup = sum(1 for s in qs if s == DUPLICATE)
         e_ins = sum(es)
@@ -563,16 +701,18 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
         if b in conflict_errors:
             errors.extend(conflict_errors[b])
             errors.sort(key=lambda e: e.index)
-        results.append(IngestResult(
-            accepted=q_ins + e_ins,
-            duplicates=q_dup + (p.n_events - e_ins),
-            rejected=len(errors),
-            errors=tuple(errors),
-            queries=q_ins,
-            events=e_ins,
-            query_duplicates=q_dup,
-            event_duplicates=p.n_events - e_ins,
-        ))
+        results.append(
+            IngestResult(
+                accepted=q_ins + e_ins,
+                duplicates=q_dup + (p.n_events - e_ins),
+                rejected=len(errors),
+                errors=tuple(errors),
+                queries=q_ins,
+                events=e_ins,
+                query_duplicates=q_dup,
+                event_duplicates=p.n_events - e_ins,
+            )
+        )
     return results
 
 

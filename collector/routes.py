@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import Annotated, Any
 
@@ -24,6 +25,9 @@ from collector.store import LOADABLE_TABLES, Store
 from schemas.errors import StoreError
 
 router = APIRouter()
+
+#: Path -> endpoint of every ingest route (POST), for :class:`collector.app.IngestFastLane`.
+INGEST_ENDPOINTS: dict[str, Callable[[Request], Awaitable[Response]]] = {}
 
 # ---------------------------------------------------------------- dependencies
 
@@ -50,8 +54,10 @@ async def read_limited(request: Request, limit: int) -> bytes:
 async def get_store(collector: Annotated[Collector, Depends(get_collector)]) -> Store:
     """The sink's local store; 501 when the sink has none (e.g. Kafka)."""
     if collector.sink.store is None:
-        raise NotSupported(f"the {collector.sink.name} sink has no local store; read it where it is loaded "
-                           "(`ubi failed --db PATH` on the consumer's database)")
+        raise NotSupported(
+            f"the {collector.sink.name} sink has no local store; read it where it is loaded "
+            "(`ubi failed --db PATH` on the consumer's database)"
+        )
     return collector.sink.store
 
 
@@ -104,8 +110,10 @@ def _ndjson(request: Request) -> bool:
         return True
     if media in _JSON_TYPES or media.endswith("+json"):
         return False
-    raise UnsupportedType(f"content type {media!r} is not supported: send application/json (one object or an "
-                          "array) or application/x-ndjson (one object per line)")
+    raise UnsupportedType(
+        f"content type {media!r} is not supported: send application/json (one object or an "
+        "array) or application/x-ndjson (one object per line)"
+    )
 
 
 def _ctx(request: Request) -> IngestContext:
@@ -120,28 +128,43 @@ def _ctx(request: Request) -> IngestContext:
 def _body_doc(kind: Kind | None) -> dict[str, Any]:
     """OpenAPI request body of an ingest route (the routes read raw bytes, so FastAPI cannot infer it)."""
     if kind is None:
-        content: dict[str, Any] = {"application/x-ndjson": {"schema": {
-            "type": "string",
-            "description": "OpenSearch _bulk body: for each record an action line "
-                           '{"index": {"_index": "ubi_queries"|"ubi_events", "_id": "..."}} then the document',
-        }}}
+        content: dict[str, Any] = {
+            "application/x-ndjson": {
+                "schema": {
+                    "type": "string",
+                    "description": "OpenSearch _bulk body: for each record an action line "
+                    '{"index": {"_index": "ubi_queries"|"ubi_events", "_id": "..."}} then the document',
+                }
+            }
+        }
     else:
         model = "UbiQuery" if kind == "query" else "UbiEvent"
         ref = {"$ref": f"#/components/schemas/{model}"}
         content = {
             "application/json": {"schema": {"oneOf": [ref, {"type": "array", "items": ref}]}},
-            "application/x-ndjson": {"schema": {"type": "string", "description": f"one {model} JSON object per line"}},
+            "application/x-ndjson": {
+                "schema": {"type": "string", "description": f"one {model} JSON object per line"}
+            },
         }
     return {"requestBody": {"required": True, "content": content}}
 
 
 _INGEST_RESPONSES: dict[int | str, dict[str, Any]] = {
     202: {"model": IngestResponse},
-    400: {"model": ErrorOut, "description": "malformed JSON (line and column given); body kept in failed_records"},
+    400: {
+        "model": ErrorOut,
+        "description": "malformed JSON (line and column given); body kept in failed_records",
+    },
     413: {"model": ErrorOut, "description": "body over max_body_bytes or more than max_items items"},
     415: {"model": ErrorOut, "description": "content type other than JSON or NDJSON; body kept"},
-    422: {"model": ErrorOut, "description": "an input the collector could not process; body kept, please report"},
-    503: {"model": ErrorOut, "description": "the sink could not commit; nothing was stored, retry (Retry-After)"},
+    422: {
+        "model": ErrorOut,
+        "description": "an input the collector could not process; body kept, please report",
+    },
+    503: {
+        "model": ErrorOut,
+        "description": "the sink could not commit; nothing was stored, retry (Retry-After)",
+    },
 }
 
 
@@ -166,13 +189,24 @@ def _ingest_route(path: str, kind: Kind | None, doc: str) -> None:
 
     endpoint.__doc__ = doc
     endpoint.__name__ = "post" + path.replace("/", "_")
-    router.add_api_route(path, endpoint, methods=["POST"], status_code=202, responses=_INGEST_RESPONSES,
-                         openapi_extra=_body_doc(kind), response_class=ORJSONResponse, tags=["ingest"])
+    router.add_api_route(
+        path,
+        endpoint,
+        methods=["POST"],
+        status_code=202,
+        responses=_INGEST_RESPONSES,
+        openapi_extra=_body_doc(kind),
+        response_class=ORJSONResponse,
+        tags=["ingest"],
+    )
+    INGEST_ENDPOINTS[path] = endpoint
 
 
 _ingest_route("/v1/queries", "query", "Store UBI query records: one object, a JSON array, or NDJSON.")
 _ingest_route("/v1/events", "event", "Store UBI events: one object, a JSON array, or NDJSON.")
-_ingest_route("/ubi_queries", "query", "Store UBI query records as the OpenSearch reference client posts them.")
+_ingest_route(
+    "/ubi_queries", "query", "Store UBI query records as the OpenSearch reference client posts them."
+)
 _ingest_route("/ubi_events", "event", "Store UBI events as the OpenSearch reference client posts them.")
 _ingest_route("/v1/bulk", None, "Replay an OpenSearch _bulk export of ubi_queries and ubi_events.")
 
@@ -228,11 +262,22 @@ def failed_page(store: Store, *, limit: int, offset: int, kind: str | None = Non
     items = []
     for r in rows:
         raw, enc = raw_text(r[7])
-        items.append({
-            "failed_id": r[0], "received_at": r[1].isoformat() + "Z", "source": r[2], "kind": r[3],
-            "item_index": r[4], "field": r[5], "reason": r[6], "raw": raw, "raw_encoding": enc,
-            "kafka_topic": r[8], "kafka_partition": r[9], "kafka_offset": r[10],
-        })
+        items.append(
+            {
+                "failed_id": r[0],
+                "received_at": r[1].isoformat() + "Z",
+                "source": r[2],
+                "kind": r[3],
+                "item_index": r[4],
+                "field": r[5],
+                "reason": r[6],
+                "raw": raw,
+                "raw_encoding": enc,
+                "kafka_topic": r[8],
+                "kafka_partition": r[9],
+                "kafka_offset": r[10],
+            }
+        )
     nxt = offset + len(items)
     return {"total": total, "offset": offset, "items": items, "next_offset": nxt if nxt < total else None}
 
@@ -242,7 +287,9 @@ async def get_failed(
     store: StoreDep,
     limit: Annotated[int, Query(ge=1, le=1000, description="records per page")] = 100,
     offset: Annotated[int, Query(ge=0, le=2**62, description="records to skip (newest first)")] = 0,
-    kind: Annotated[str | None, Query(max_length=100, description="only this kind (event, query, body, ...)")] = None,
+    kind: Annotated[
+        str | None, Query(max_length=100, description="only this kind (event, query, body, ...)")
+    ] = None,
 ) -> Any:
     """List kept failed records (rejected items and unparseable bodies), newest first."""
     return await asyncio.to_thread(failed_page, store, limit=limit, offset=offset, kind=kind)
@@ -291,11 +338,21 @@ async def admin_snapshot(store: StoreDep) -> dict[str, str]:
     return {"path": str(path)}
 
 
-@router.post("/v1/admin/load/{table}", tags=["admin"],
-             openapi_extra={"requestBody": {"required": True, "content": {
-                 "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary"}}}}})
-async def admin_load(table: LoadableTable, request: Request, store: StoreDep,
-                     collector: CollectorDep) -> dict[str, Any]:
+@router.post(
+    "/v1/admin/load/{table}",
+    tags=["admin"],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
+)
+async def admin_load(
+    table: LoadableTable, request: Request, store: StoreDep, collector: CollectorDep
+) -> dict[str, Any]:
     """Insert or replace rows of a derived table from an Arrow IPC stream (processors use this)."""
     body = await read_limited(request, collector.settings.max_load_bytes)
     try:

@@ -93,7 +93,7 @@ class RowOutcome:
 class Store:
     """A DuckDB database file opened for writing by this process. Thread-safe (one lock)."""
 
-    def __init__(self, path: Path | str, *, create: bool = True) -> None:
+    def __init__(self, path: Path | str, *, create: bool = True, threads: int | None = 1) -> None:
         self.path = Path(path)
         if not create and not self.path.exists():
             raise StoreError(f"{self.path}: no such database; run `ubi serve` or `ubi import` first")
@@ -107,6 +107,12 @@ class Store:
                 ) from exc
             raise StoreError(f"{self.path}: cannot open: {exc}") from exc
         self.lock = threading.Lock()
+        if threads is not None:
+            # The writer's transactions are inserts of one request group or file chunk: DuckDB's worker threads
+            # cost CPU there without speeding anything up (bench/ingest.py: a 31-request group commit 5.5 ->
+            # 2.9 ms of CPU, 500-event batches 14 -> 9 us per event), and the collector's event loop needs the
+            # other core. None keeps DuckDB's default (one thread per core).
+            self.con.execute(f"SET threads = {int(threads)}")
         ensure_tables(self.con)
 
     def close(self) -> None:
@@ -215,7 +221,9 @@ class Store:
                 keep.append(pos)
         return keep
 
-    def _insert_events(self, cur: duckdb.DuckDBPyConnection, events: pa.Table, *, careful: bool) -> list[bool]:
+    def _insert_events(
+        self, cur: duckdb.DuckDBPyConnection, events: pa.Table, *, careful: bool
+    ) -> list[bool]:
         # Careful: INSERT OR IGNORE probes the primary-key index (a join against the table would scan all of
         # it) and RETURNING tells which rows were new. Fast: a plain INSERT, all new or a constraint error.
         keys = events.column("event_key").to_pylist()
@@ -228,8 +236,12 @@ class Store:
                 cur.execute(f"INSERT INTO ubi_events SELECT {cols} FROM _ebatch")
                 new = set(keys)
             else:
-                new = {k for (k,) in cur.execute(
-                    f"INSERT OR IGNORE INTO ubi_events SELECT {cols} FROM _ebatch RETURNING event_key").fetchall()}
+                new = {
+                    k
+                    for (k,) in cur.execute(
+                        f"INSERT OR IGNORE INTO ubi_events SELECT {cols} FROM _ebatch RETURNING event_key"
+                    ).fetchall()
+                }
         finally:
             with contextlib.suppress(duckdb.Error):  # fails once the statement aborted the transaction
                 cur.unregister("_ebatch")
@@ -239,7 +251,9 @@ class Store:
                 inserted[pos] = True
         return inserted
 
-    def _insert_queries(self, cur: duckdb.DuckDBPyConnection, queries: pa.Table, *, careful: bool) -> list[int]:
+    def _insert_queries(
+        self, cur: duckdb.DuckDBPyConnection, queries: pa.Table, *, careful: bool
+    ) -> list[int]:
         keys = queries.column("query_key").to_pylist()
         hashes = queries.column("content_hash").to_pylist()
         keep = self._first_occurrences(keys)
@@ -251,8 +265,12 @@ class Store:
                 cur.execute(f"INSERT INTO ubi_queries SELECT {cols} FROM _qbatch")
                 new = set(keys)
             else:
-                new = {k for (k,) in cur.execute(
-                    f"INSERT OR IGNORE INTO ubi_queries SELECT {cols} FROM _qbatch RETURNING query_key").fetchall()}
+                new = {
+                    k
+                    for (k,) in cur.execute(
+                        f"INSERT OR IGNORE INTO ubi_queries SELECT {cols} FROM _qbatch RETURNING query_key"
+                    ).fetchall()
+                }
         finally:
             with contextlib.suppress(duckdb.Error):  # fails once the statement aborted the transaction
                 cur.unregister("_qbatch")
@@ -260,10 +278,12 @@ class Store:
         old_keys = sorted({k for k in keys if k not in new})
         stored: dict[str, str] = {}
         if old_keys:
-            stored = dict(cur.execute(
-                "SELECT query_key, content_hash FROM ubi_queries WHERE query_key IN (SELECT unnest(?))",
-                [old_keys],
-            ).fetchall())
+            stored = dict(
+                cur.execute(
+                    "SELECT query_key, content_hash FROM ubi_queries WHERE query_key IN (SELECT unnest(?))",
+                    [old_keys],
+                ).fetchall()
+            )
         first_hash: dict[str, str] = {}
         status: list[int] = []
         for key, h in zip(keys, hashes, strict=True):
@@ -421,7 +441,9 @@ def request_snapshot(db: Path) -> Path:
         resp.raise_for_status()
         return Path(resp.json()["path"])
     except (httpx.HTTPError, ValueError, KeyError) as exc:
-        raise StoreLocked(f"{db} is held by the collector at {url}, which did not give a snapshot: {exc}") from exc
+        raise StoreLocked(
+            f"{db} is held by the collector at {url}, which did not give a snapshot: {exc}"
+        ) from exc
 
 
 def load_derived(db: Path | str, name: str, data: pa.Table) -> int:

@@ -59,8 +59,10 @@ def parse_timestamp(value: Any) -> datetime:
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError as exc:
-        raise ValueError(f"unparseable timestamp {value[:60]!r}: expected ISO 8601 such as "
-                         "2024-05-16T12:34:56Z, or epoch milliseconds") from exc
+        raise ValueError(
+            f"unparseable timestamp {value[:60]!r}: expected ISO 8601 such as "
+            "2024-05-16T12:34:56Z, or epoch milliseconds"
+        ) from exc
     if parsed.tzinfo is None:
         return parsed.replace(tzinfo=UTC)
     if parsed.utcoffset() == timedelta(0):
@@ -85,11 +87,19 @@ def _finite(value: Any) -> Any:
 
 _TIMESTAMP_SCHEMA = {
     "anyOf": [
-        {"type": "string", "format": "date-time",
-         "description": "ISO 8601; Z, +00:00 and +0000 offsets; without an offset it is taken as UTC"},
+        {
+            "type": "string",
+            "format": "date-time",
+            "description": "ISO 8601; Z, +00:00 and +0000 offsets; without an offset it is taken as UTC",
+        },
         {"type": "integer", "description": "milliseconds since 1970-01-01T00:00:00Z"},
     ],
-    "examples": ["2024-05-16T12:34:56.789Z", "2024-05-16T12:34:56+0000", "2024-05-16T12:34:56", 1715862896789],
+    "examples": [
+        "2024-05-16T12:34:56.789Z",
+        "2024-05-16T12:34:56+0000",
+        "2024-05-16T12:34:56",
+        1715862896789,
+    ],
 }
 _ID_SCHEMA = {"anyOf": [{"type": "string", "maxLength": 256}, {"type": "integer"}]}
 
@@ -111,9 +121,11 @@ class Position(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True, title="Position")
 
     ordinal: StrictInt | None = Field(
-        None, ge=-_INT32 - 1, le=_INT32,
+        None,
+        ge=-_INT32 - 1,
+        le=_INT32,
         description="The nth result on the page, as the client counts (0-based for OpenSearch tooling). "
-                    "Also accepted as {\"index\": n} (UBI <= 1.2.0).",
+        'Also accepted as {"index": n} (UBI <= 1.2.0).',
         examples=[0, 3, 24],
     )
     x: Coordinate | None = Field(None, description="Horizontal screen position; also accepted as xy.x.")
@@ -147,12 +159,20 @@ class EventObject(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True, title="EventObject")
 
     object_id: ObjectId | None = Field(
-        None, description="Id of the object (document, product) as found in the corpus; string or integer. "
-                          "Required by the spec, optional here (the spec's own sample omits it).",
-        examples=["B07XLFYN6S", "ISBN 0-061-96436-0", 123])
-    object_id_field: Str100 | None = Field(None, description="Name of the field the id comes from (sku, _id).")
-    object_id_type: Str100 | None = Field(None, description="Kind of object: product, user, post, ... or any string.")
-    internal_id: ObjectId | None = Field(None, description="The search engine's own id for the object (e.g. _id).")
+        None,
+        description="Id of the object (document, product) as found in the corpus; string or integer. "
+        "Required by the spec, optional here (the spec's own sample omits it).",
+        examples=["B07XLFYN6S", "ISBN 0-061-96436-0", 123],
+    )
+    object_id_field: Str100 | None = Field(
+        None, description="Name of the field the id comes from (sku, _id)."
+    )
+    object_id_type: Str100 | None = Field(
+        None, description="Kind of object: product, user, post, ... or any string."
+    )
+    internal_id: ObjectId | None = Field(
+        None, description="The search engine's own id for the object (e.g. _id)."
+    )
 
 
 class EventAttributes(BaseModel):
@@ -172,29 +192,40 @@ class UbiEvent(BaseModel):
     """
 
     model_config = ConfigDict(
-        extra="allow", frozen=True, title="UbiEvent",
-        json_schema_extra={"description": (
-            "A UBI 1.3.0 event as the ubi-pipeline collector accepts it. Required: action_name and timestamp. "
-            "Optional fields may be null. Keys outside the schema are kept as sent. Send event_id (any "
-            "string <= 100) to make retries idempotent; without it the collector deduplicates on a hash "
-            "of the whole event.")},
+        extra="allow",
+        frozen=True,
+        title="UbiEvent",
+        json_schema_extra={
+            "description": (
+                "A UBI 1.3.0 event as the ubi-pipeline collector accepts it. Required: action_name and timestamp. "
+                "Optional fields may be null. Keys outside the schema are kept as sent. Send event_id (any "
+                "string <= 100) to make retries idempotent; without it the collector deduplicates on a hash "
+                "of the whole event."
+            )
+        },
     )
 
     action_name: Annotated[str, Field(min_length=1, max_length=100)] = Field(
         description="What happened: impression, click, add_to_cart, purchase, watch, view, or any string.",
-        examples=list(STANDARD_ACTIONS))
+        examples=list(STANDARD_ACTIONS),
+    )
     timestamp: Timestamp = Field(description="When it happened.")
     event_id: Str100 | None = Field(None, description="Client-chosen unique id of the event (dedup key).")
     query_id: Str100 | None = Field(None, description="The search instance the event belongs to.")
     session_id: Str100 | None = Field(None, description="The user's session.")
     client_id: Str100 | None = Field(None, description="The browser, service or bot; not a person.")
     user_id: Str100 | None = Field(None, description="The signed-in user, if any; may be empty.")
-    application: Str100 | None = Field(None, description="Source of searches: primary-search, type-ahead, ...",
-                                       examples=["primary-search", "type-ahead"])
+    application: Str100 | None = Field(
+        None,
+        description="Source of searches: primary-search, type-ahead, ...",
+        examples=["primary-search", "type-ahead"],
+    )
     message_type: Str100 | None = Field(None, description="A bin for messages, e.g. QUERY, CONVERSION.")
     message: Annotated[str, Field(max_length=1024)] | None = Field(None, description="Free text, <= 1024.")
     user_query: str | None = Field(None, description="The query text, repeated on the event (1.3.0).")
-    event_attributes: EventAttributes | None = Field(None, description="The object and position; may be null.")
+    event_attributes: EventAttributes | None = Field(
+        None, description="The object and position; may be null."
+    )
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -206,27 +237,39 @@ class UbiQuery(BaseModel):
     """A query record as a client sends it (UBI 1.3.0 ``query.request.schema.json``)."""
 
     model_config = ConfigDict(
-        extra="allow", frozen=True, title="UbiQuery",
-        json_schema_extra={"description": (
-            "A UBI 1.3.0 query record (one per search instance) as the ubi-pipeline collector accepts it. "
-            "Required: user_query. Identity is (query_id, query_response_id): the first record wins, and a "
-            "different record re-using them is kept as a conflict. Keys outside the schema are kept.")},
+        extra="allow",
+        frozen=True,
+        title="UbiQuery",
+        json_schema_extra={
+            "description": (
+                "A UBI 1.3.0 query record (one per search instance) as the ubi-pipeline collector accepts it. "
+                "Required: user_query. Identity is (query_id, query_response_id): the first record wins, and a "
+                "different record re-using them is kept as a conflict. Keys outside the schema are kept."
+            )
+        },
     )
 
     user_query: str = Field(description="The text the user typed (no length limit in the spec).")
     query_id: Str100 | None = Field(None, description="Unique per search instance, often a UUID.")
     client_id: Str100 | None = Field(None, description="The browser, service or bot issuing the query.")
-    application: Str100 | None = Field(None, description="Source of searches: primary-search, type-ahead, ...")
+    application: Str100 | None = Field(
+        None, description="Source of searches: primary-search, type-ahead, ..."
+    )
     timestamp: Timestamp | None = Field(None, description="When the query was issued.")
     query_attributes: dict[str, Any] | None = Field(
-        None, description="Free-form object: filters, page, experiment or ranker ids.",
-        examples=[{"experiment": "ranker-b", "page": 1}])
+        None,
+        description="Free-form object: filters, page, experiment or ranker ids.",
+        examples=[{"experiment": "ranker-b", "page": 1}],
+    )
     object_id_field: Str100 | None = Field(None, description="Field the hit ids come from (sku, asin, _id).")
     query_response_id: Annotated[str, Field(max_length=100)] | None = Field(
-        None, description="Id of the engine's response; distinguishes sub-searches sharing a query_id.")
+        None, description="Id of the engine's response; distinguishes sub-searches sharing a query_id."
+    )
     query_response_hit_ids: list[HitId] | None = Field(
-        None, description="Ids of the results in the order returned: the ranking that was shown.",
-        examples=[["B07XLFYN6S", "B013UFPODY"]])
+        None,
+        description="Ids of the results in the order returned: the ranking that was shown.",
+        examples=[["B07XLFYN6S", "B013UFPODY"]],
+    )
 
     @field_validator("query_attributes", mode="before")
     @classmethod

@@ -71,8 +71,11 @@ class DuckDBSink(Sink):
             return fut
         if self._queue.qsize() >= self.max_pending:
             # Better a quick 503 the client retries than an unbounded queue of bodies in memory.
-            fut.set_exception(SinkUnavailable(f"{self.max_pending} requests are waiting for the store; retry shortly",
-                                              retry_after=1))
+            fut.set_exception(
+                SinkUnavailable(
+                    f"{self.max_pending} requests are waiting for the store; retry shortly", retry_after=1
+                )
+            )
             return fut
         try:
             prepared = prepare(batch, source=source)
@@ -84,14 +87,22 @@ class DuckDBSink(Sink):
 
     def keep_unparseable(self, body: bytes, *, source: str, reason: str, kind: str = "body") -> Future[None]:
         row = failed_row(source=source, kind=kind, reason=reason, raw=body)
-        prepared = Prepared(validated=Validated(), source=source, received_at=row["received_at"],
-                            query_rows=[], event_rows=[], failed_rows=[row])
+        prepared = Prepared(
+            validated=Validated(),
+            source=source,
+            received_at=row["received_at"],
+            query_rows=[],
+            event_rows=[],
+            failed_rows=[row],
+        )
         out: Future[None] = Future()
         if self._closed:
             out.set_exception(SinkUnavailable("the collector is shutting down"))
             return out
         inner: Future[IngestResult] = Future()
-        inner.add_done_callback(lambda f: out.set_exception(e) if (e := f.exception()) else out.set_result(None))
+        inner.add_done_callback(
+            lambda f: out.set_exception(e) if (e := f.exception()) else out.set_result(None)
+        )
         self._queue.put(_Job(prepared, inner))
         return out
 
@@ -107,13 +118,20 @@ class DuckDBSink(Sink):
     # ------------------------------------------------------------ state
 
     def health(self) -> dict[str, Any]:
-        return {"sink": self.name, "ok": self.last_error is None and not self._closed, "db": str(self._db.path),
-                "last_error": self.last_error}
+        return {
+            "sink": self.name,
+            "ok": self.last_error is None and not self._closed,
+            "db": str(self._db.path),
+            "last_error": self.last_error,
+        }
 
     def gauges(self) -> dict[str, float]:
-        return {"pending_requests": float(self._queue.qsize()), "commits_total": float(self.commits),
-                "grouped_requests_total": float(self.grouped_requests),
-                "failed_writes_total": float(self.failed_writes)}
+        return {
+            "pending_requests": float(self._queue.qsize()),
+            "commits_total": float(self.commits),
+            "grouped_requests_total": float(self.grouped_requests),
+            "failed_writes_total": float(self.failed_writes),
+        }
 
     # ------------------------------------------------------------ the writer thread
 

@@ -12,7 +12,12 @@ def test_import_the_sample_then_again(db, capsys):
     assert run_ubi(["import", str(SAMPLE_BULK), "--db", str(db), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["via"] == "direct"
-    assert (out["queries"], out["events"], out["duplicates"], out["rejected"]) == (SAMPLE_QUERIES, SAMPLE_EVENTS, 0, 0)
+    assert (out["queries"], out["events"], out["duplicates"], out["rejected"]) == (
+        SAMPLE_QUERIES,
+        SAMPLE_EVENTS,
+        0,
+        0,
+    )
     assert count(db, "SELECT count(*) FROM ubi_queries") == SAMPLE_QUERIES
     assert count(db, "SELECT count(*) FROM ubi_events") == SAMPLE_EVENTS
     assert run_ubi(["import", str(SAMPLE_BULK), "--db", str(db), "--json"]) == 0
@@ -22,8 +27,18 @@ def test_import_the_sample_then_again(db, capsys):
 
 def test_import_formats_and_rejections_name_file_and_line(db, tmp_path, make_event, make_query, capsys):
     nd = tmp_path / "events.ndjson"
-    nd.write_bytes(b"\n".join([orjson.dumps(make_event()), b"", orjson.dumps(make_event(timestamp="later")),
-                               b"{oops", orjson.dumps(make_query())]) + b"\n")
+    nd.write_bytes(
+        b"\n".join(
+            [
+                orjson.dumps(make_event()),
+                b"",
+                orjson.dumps(make_event(timestamp="later")),
+                b"{oops",
+                orjson.dumps(make_query()),
+            ]
+        )
+        + b"\n"
+    )
     arr = tmp_path / "queries.json"
     arr.write_bytes(orjson.dumps([make_query(), make_query(user_query=...)]))
     spec = SAMPLES / "event-opensearch.json"  # one pretty-printed object

@@ -37,8 +37,10 @@ def test_malformed_json_names_line_and_column():
 
 
 def test_bulk_pairs_and_ids():
-    body = b'{"index": {"_index": "ubi_events", "_id": "x1"}}\n{"action_name": "a", "timestamp": 1}\n' \
-           b'{"create": {"_index": "ubi_queries"}}\n{"user_query": "q"}\n'
+    body = (
+        b'{"index": {"_index": "ubi_events", "_id": "x1"}}\n{"action_name": "a", "timestamp": 1}\n'
+        b'{"create": {"_index": "ubi_queries"}}\n{"user_query": "q"}\n'
+    )
     items = parse_bulk(body)
     assert [(i.kind, i.event_id) for i in items] == [("event", "x1"), ("query", None)]
     v = validate_items(items)
@@ -70,12 +72,21 @@ def test_group_write_attributes_results_and_conflicts_to_their_own_body(tmp_path
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["click", "impression", "watch"]), st.integers(0, 3),
-                          st.integers(0, 10**12)), min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["click", "impression", "watch"]), st.integers(0, 3), st.integers(0, 10**12)
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_ingest_is_idempotent(records):
     """Law: writing a body twice stores it once; the second write reports every record as a duplicate."""
-    events = [{"action_name": a, "timestamp": ts, "event_attributes": {"position": {"ordinal": o}}}
-              for a, o, ts in records]
+    events = [
+        {"action_name": a, "timestamp": ts, "event_attributes": {"position": {"ordinal": o}}}
+        for a, o, ts in records
+    ]
     distinct = len({event_key(UbiEvent.model_validate(e)) for e in events})
     with Store(":memory:") as store:
         body = orjson.dumps(events)

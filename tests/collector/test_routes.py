@@ -24,8 +24,11 @@ NDJSON = {"content-type": "application/x-ndjson"}
 def failed(client: TestClient, where: str = "", params: list[Any] | None = None) -> list[tuple[Any, ...]]:
     """failed_records rows (kind, item_index, field, reason, raw), oldest first, read through the app's store."""
     store = client.app.state.collector.sink.store
-    return store.read(f"SELECT kind, item_index, field, reason, raw FROM failed_records {where} "
-                      "ORDER BY received_at, item_index", params or [])
+    return store.read(
+        f"SELECT kind, item_index, field, reason, raw FROM failed_records {where} "
+        "ORDER BY received_at, item_index",
+        params or [],
+    )
 
 
 def stored(client: TestClient, table: str) -> int:
@@ -39,7 +42,12 @@ def test_sample_bulk_export_is_accepted_then_deduplicated(client):
     body = SAMPLE_BULK.read_bytes()
     first = client.post("/v1/bulk", content=body, headers=NDJSON)
     assert first.status_code == 202
-    assert first.json() == {"accepted": SAMPLE_QUERIES + SAMPLE_EVENTS, "duplicates": 0, "rejected": 0, "errors": []}
+    assert first.json() == {
+        "accepted": SAMPLE_QUERIES + SAMPLE_EVENTS,
+        "duplicates": 0,
+        "rejected": 0,
+        "errors": [],
+    }
     assert (stored(client, "ubi_queries"), stored(client, "ubi_events")) == (SAMPLE_QUERIES, SAMPLE_EVENTS)
     again = client.post("/v1/bulk", content=body, headers=NDJSON)
     # 473 + 3,448 = 3,921 records, every one already stored
@@ -55,7 +63,8 @@ def test_bulk_ids_become_event_ids(client):
     first_event_action = next(orjson.loads(a) for a in lines[::2] if b'"ubi_events"' in a)
     event_id = first_event_action["index"]["_id"]
     rows = client.app.state.collector.sink.store.read(
-        "SELECT event_key FROM ubi_events WHERE event_id = ?", [event_id])
+        "SELECT event_key FROM ubi_events WHERE event_id = ?", [event_id]
+    )
     assert rows == [("id:" + event_id,)]
 
 
@@ -66,7 +75,9 @@ def test_bulk_ids_become_event_ids(client):
 def test_one_object_an_array_and_ndjson(client, make_event, path):
     one = client.post(path, json=make_event())
     array = client.post(path, json=[make_event(), make_event()])
-    nd = client.post(path, content=b"\n".join(orjson.dumps(make_event()) for _ in range(3)) + b"\n", headers=NDJSON)
+    nd = client.post(
+        path, content=b"\n".join(orjson.dumps(make_event()) for _ in range(3)) + b"\n", headers=NDJSON
+    )
     assert [r.status_code for r in (one, array, nd)] == [202, 202, 202]
     assert [r.json()["accepted"] for r in (one, array, nd)] == [1, 2, 3]
     assert stored(client, "ubi_events") == 6
@@ -98,13 +109,20 @@ def test_invalid_items_are_rejected_alone_and_kept(client, make_event):
     assert r.status_code == 202
     out = r.json()
     assert (out["accepted"], out["rejected"]) == (2, 3)
-    assert [(e["index"], e["field"]) for e in out["errors"]] == [(1, "timestamp"), (2, "client_id"), (4, None)]
+    assert [(e["index"], e["field"]) for e in out["errors"]] == [
+        (1, "timestamp"),
+        (2, "client_id"),
+        (4, None),
+    ]
     assert out["errors"][0]["message"] == "'timestamp' is required"
     assert "valid string" in out["errors"][1]["message"] and "(got 7)" in out["errors"][1]["message"]
     assert out["errors"][2]["message"] == "expected a JSON object, got a string"
     rows = failed(client)
-    assert [(k, i, f) for k, i, f, _, _ in rows] == [("event", 1, "timestamp"), ("event", 2, "client_id"),
-                                                     ("event", 4, None)]
+    assert [(k, i, f) for k, i, f, _, _ in rows] == [
+        ("event", 1, "timestamp"),
+        ("event", 2, "client_id"),
+        ("event", 4, None),
+    ]
     assert orjson.loads(rows[1][4])["client_id"] == 7  # the raw item is kept as sent
     assert rows[0][3] == "'timestamp' is required"
 
@@ -132,7 +150,10 @@ def test_query_conflict_first_write_wins_and_the_conflict_is_kept(client, make_q
 
 
 def test_multi_search_responses_under_one_query_id_are_not_conflicts(client, make_query):
-    body = [make_query(query_id="q-m", query_response_id="r1"), make_query(query_id="q-m", query_response_id="r2")]
+    body = [
+        make_query(query_id="q-m", query_response_id="r1"),
+        make_query(query_id="q-m", query_response_id="r2"),
+    ]
     assert client.post("/v1/queries", json=body).json()["accepted"] == 2
 
 
@@ -194,23 +215,29 @@ def test_wrong_content_type_is_415_and_kept(client):
     assert [(k, raw) for k, _, _, _, raw in failed(client)] == [("body", b"<event/>")]
 
 
-@pytest.mark.parametrize(("body", "status"), [
-    (b"\xff\xfe\x00", 400),  # invalid UTF-8
-    (b"[" * 5000, 400),  # deeper than any JSON parser here nests
-    (b'{"action_name": "c", "timestamp": 1e999}', 400),  # a number that is infinite
-    (b'{"action_name": "c", "timestamp": NaN}', 400),  # NaN is not JSON
-    (b'{"action_name": "c", "timestamp": 123456789012345678901234567890}', 202),  # rejected item: a float
-    (b'{"action_name": "c", "timestamp": 18446744073709551615}', 202),  # rejected item: out of range
-    (b'{"action_name": "c", "timestamp": 1, "x": ' + b'{"a": ' * 300 + b"1" + b"}" * 301, 202),  # too deep to store
-    (b'{"action_name": "c", "timestamp": 1, "s": "\\ud800"}', 400),  # lone surrogate
-    (b'{"action_name": "c", "timestamp": 1, "s": "nul \\u0000 inside"}', 202),  # accepted
-    (b"null", 202),
-    (b"[]", 202),
-    (b"[[]]", 202),
-    (b"\n\n\n", 400),
-    (b'"just a string"', 202),
-    (b"\x00\x01\x02", 400),
-])
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"\xff\xfe\x00", 400),  # invalid UTF-8
+        (b"[" * 5000, 400),  # deeper than any JSON parser here nests
+        (b'{"action_name": "c", "timestamp": 1e999}', 400),  # a number that is infinite
+        (b'{"action_name": "c", "timestamp": NaN}', 400),  # NaN is not JSON
+        (b'{"action_name": "c", "timestamp": 123456789012345678901234567890}', 202),  # rejected item: a float
+        (b'{"action_name": "c", "timestamp": 18446744073709551615}', 202),  # rejected item: out of range
+        (
+            b'{"action_name": "c", "timestamp": 1, "x": ' + b'{"a": ' * 300 + b"1" + b"}" * 301,
+            202,
+        ),  # too deep to store
+        (b'{"action_name": "c", "timestamp": 1, "s": "\\ud800"}', 400),  # lone surrogate
+        (b'{"action_name": "c", "timestamp": 1, "s": "nul \\u0000 inside"}', 202),  # accepted
+        (b"null", 202),
+        (b"[]", 202),
+        (b"[[]]", 202),
+        (b"\n\n\n", 400),
+        (b'"just a string"', 202),
+        (b"\x00\x01\x02", 400),
+    ],
+)
 def test_weird_inputs_never_500(client, body, status):
     r = client.post("/v1/events", content=body)
     assert r.status_code == status, r.text
@@ -244,18 +271,28 @@ def test_unforeseen_error_is_422_and_the_body_is_kept(client, monkeypatch):
 
 
 def test_bulk_bad_pairs_reject_that_record_only(client, make_event, make_query):
-    body = b"\n".join([
-        b'{"index": {"_index": "ubi_events", "_id": "b1"}}', orjson.dumps(make_event()),
-        b'{"delete": {"_index": "ubi_events", "_id": "x"}}',
-        b'{"index": {"_index": "products"}}', b'{"name": "lamp"}',
-        b'{"create": {"_index": "ubi_queries"}}', orjson.dumps(make_query()),
-        b'{"index": {"_index": "ubi_events"}}', b'{"action_name": "click", "timestamp": "never"}',
-        b'{"index": {"_index": "ubi_events"}}',
-    ])
+    body = b"\n".join(
+        [
+            b'{"index": {"_index": "ubi_events", "_id": "b1"}}',
+            orjson.dumps(make_event()),
+            b'{"delete": {"_index": "ubi_events", "_id": "x"}}',
+            b'{"index": {"_index": "products"}}',
+            b'{"name": "lamp"}',
+            b'{"create": {"_index": "ubi_queries"}}',
+            orjson.dumps(make_query()),
+            b'{"index": {"_index": "ubi_events"}}',
+            b'{"action_name": "click", "timestamp": "never"}',
+            b'{"index": {"_index": "ubi_events"}}',
+        ]
+    )
     r = client.post("/v1/bulk", content=body, headers=NDJSON).json()
     assert (r["accepted"], r["rejected"]) == (2, 4)
-    assert [(e["index"], e["field"]) for e in r["errors"]] == [(1, "action"), (2, "_index"), (4, "timestamp"),
-                                                               (5, None)]
+    assert [(e["index"], e["field"]) for e in r["errors"]] == [
+        (1, "action"),
+        (2, "_index"),
+        (4, "timestamp"),
+        (5, None),
+    ]
     # line 3 is the delete action; line 10, the last, an action line with nothing after it
     assert "line 3" in r["errors"][0]["message"] and "line 10" in r["errors"][3]["message"]
     assert len(failed(client)) == 4
@@ -333,8 +370,15 @@ def test_admin_snapshot_is_a_consistent_copy(client, make_event, tmp_path):
 
 
 def test_admin_load_takes_an_arrow_stream(client):
-    table = pa.table({"query": ["shoes"], "doc_id": ["d1"], "source": ["implicit:ctr"], "score": [0.5],
-                      "created_at": pa.array([0], pa.timestamp("us"))})
+    table = pa.table(
+        {
+            "query": ["shoes"],
+            "doc_id": ["d1"],
+            "source": ["implicit:ctr"],
+            "score": [0.5],
+            "created_at": pa.array([0], pa.timestamp("us")),
+        }
+    )
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)

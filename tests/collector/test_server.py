@@ -39,8 +39,11 @@ def send_mixed_load(url: str, make_event, make_query, rounds: int = 6) -> tuple[
             assert c.post("/ubi_events", json=[single]).status_code == 202
             events.add(single["event_id"])
             nd = [make_event(event_id=f"n{r}-{i}") for i in range(5)]
-            resp = c.post("/v1/events", content=b"\n".join(orjson.dumps(e) for e in nd),
-                          headers={"content-type": "application/x-ndjson"})
+            resp = c.post(
+                "/v1/events",
+                content=b"\n".join(orjson.dumps(e) for e in nd),
+                headers={"content-type": "application/x-ndjson"},
+            )
             assert resp.status_code == 202
             events.update(e["event_id"] for e in nd)
             q = make_query(query_id=f"q{r}")
@@ -86,8 +89,11 @@ def test_readers_loaders_and_import_work_while_the_collector_runs(db, make_event
             codes = list(pool.map(lambda e: c.post("/v1/events", json=e).status_code, singles))
             assert codes == [202] * 200
             metrics = c.get("/metrics").text
-        commits = next(float(line.split()[-1]) for line in metrics.splitlines()
-                       if line.startswith('ubi_sink_commits_total{sink="duckdb"}'))
+        commits = next(
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith('ubi_sink_commits_total{sink="duckdb"}')
+        )
         assert commits <= 200
 
         # A reader gets a snapshot through the collector.
@@ -96,15 +102,26 @@ def test_readers_loaders_and_import_work_while_the_collector_runs(db, make_event
         con.close()
 
         # A processor's derived table goes in through the collector.
-        table = pa.table({"query": ["shoes"], "doc_id": ["d1"], "source": ["implicit:ctr"],
-                          "created_at": pa.array([0], pa.timestamp("us"))})
+        table = pa.table(
+            {
+                "query": ["shoes"],
+                "doc_id": ["d1"],
+                "source": ["implicit:ctr"],
+                "created_at": pa.array([0], pa.timestamp("us")),
+            }
+        )
         assert load_derived(db, "judgments", table) == 1
 
         # `ubi import` sends the sample through the collector's /v1/bulk, in chunks.
         assert ubi_main(["import", str(SAMPLE_BULK), "--db", str(db), "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out["via"] == server.url
-        assert (out["queries"], out["events"], out["duplicates"], out["rejected"]) == (SAMPLE_QUERIES, SAMPLE_EVENTS, 0, 0)
+        assert (out["queries"], out["events"], out["duplicates"], out["rejected"]) == (
+            SAMPLE_QUERIES,
+            SAMPLE_EVENTS,
+            0,
+            0,
+        )
         assert ubi_main(["import", str(SAMPLE_BULK), "--db", str(db), "--json"]) == 0
         again = json.loads(capsys.readouterr().out)
         assert (again["accepted"], again["duplicates"]) == (0, 3921)

@@ -71,7 +71,11 @@ def test_a_request_that_spoils_the_group_fails_alone(sink, make_event):
     bad = Prepared(Validated(), "t", good.received_at, [], [tuple(row)], [])
     from concurrent.futures import Future
 
-    jobs = [_Job(good, Future()), _Job(bad, Future()), _Job(prepare(batch(make_event()), source="t"), Future())]
+    jobs = [
+        _Job(good, Future()),
+        _Job(bad, Future()),
+        _Job(prepare(batch(make_event()), source="t"), Future()),
+    ]
     with sink.store.lock:
         for job in jobs:
             sink._queue.put(job)

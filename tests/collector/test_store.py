@@ -23,7 +23,9 @@ from schemas.ubi import UbiEvent, UbiQuery
 
 def queries(*records) -> pa.Table:
     now = utcnow()
-    return pa.Table.from_pylist([query_row(UbiQuery.model_validate(r), now) for r in records], schema=QUERY_SCHEMA)
+    return pa.Table.from_pylist(
+        [query_row(UbiQuery.model_validate(r), now) for r in records], schema=QUERY_SCHEMA
+    )
 
 
 def test_query_outcomes_and_conflicts_kept_in_the_same_transaction(tmp_path, make_query):
@@ -34,18 +36,27 @@ def test_query_outcomes_and_conflicts_kept_in_the_same_transaction(tmp_path, mak
 
         def keep(positions):
             kept.extend(positions)
-            return failed_table([failed_row(source="t", kind="conflict", reason="r", raw=b"x", item_index=p)
-                                 for p in positions])
+            return failed_table(
+                [
+                    failed_row(source="t", kind="conflict", reason="r", raw=b"x", item_index=p)
+                    for p in positions
+                ]
+            )
 
-        out = store.write_rows(queries(a, dict(a, user_query="changed"), b, b, dict(b, user_query="z")),
-                               conflicts=keep)
+        out = store.write_rows(
+            queries(a, dict(a, user_query="changed"), b, b, dict(b, user_query="z")), conflicts=keep
+        )
         # a: stored before -> duplicate; changed a -> conflict; b new -> inserted; b again -> duplicate
         # (first occurrence in the batch wins); changed b -> conflict with the b inserted just before
         assert out.query_status == (DUPLICATE, CONFLICT, INSERTED, DUPLICATE, CONFLICT)
         assert kept == [1, 4]
         assert store.read("SELECT count(*) FROM failed_records") == [(2,)]
         summary = out.summary()
-        assert (summary.queries_inserted, summary.queries_duplicate, summary.query_conflicts) == (1, 2, (1, 4))
+        assert (summary.queries_inserted, summary.queries_duplicate, summary.query_conflicts) == (
+            1,
+            2,
+            (1, 4),
+        )
 
 
 def test_event_outcomes(tmp_path, make_event):

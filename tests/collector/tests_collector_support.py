@@ -70,7 +70,10 @@ def start_server(db: Path, *extra: str) -> Served:
     """Start ``ubi serve --port 0`` and return once it listens (it prints its URL after binding)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0", *extra],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     line = proc.stdout.readline() if proc.stdout else ""
     match = re.search(r"http://127\.0\.0\.1:\d+", line)

@@ -32,16 +32,22 @@ def test_event_attributes_null(make_event):
     assert UbiEvent.model_validate(make_event(event_attributes=None)).event_attributes is None
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    # 1715862896789 ms = 1,715,862,896 s + 789 ms; 1,715,862,896 s after the epoch is 2024-05-16T12:34:56Z
-    # (date -u -d @1715862896).
-    (1715862896789, datetime(2024, 5, 16, 12, 34, 56, 789000, tzinfo=UTC)),
-    ("2024-05-16T12:34:56.789Z", datetime(2024, 5, 16, 12, 34, 56, 789000, tzinfo=UTC)),
-    ("2024-05-16T12:34:56", datetime(2024, 5, 16, 12, 34, 56, tzinfo=UTC)),  # naive: taken as UTC
-    ("2024-05-16T12:34:56+0000", datetime(2024, 5, 16, 12, 34, 56, tzinfo=UTC)),  # Chorus' offset spelling
-    ("2024-05-16T14:34:56+02:00", datetime(2024, 5, 16, 12, 34, 56, tzinfo=UTC)),  # converted to UTC
-    ("2024-05-16 12:34:56.5z", datetime(2024, 5, 16, 12, 34, 56, 500000, tzinfo=UTC)),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        # 1715862896789 ms = 1,715,862,896 s + 789 ms; 1,715,862,896 s after the epoch is 2024-05-16T12:34:56Z
+        # (date -u -d @1715862896).
+        (1715862896789, datetime(2024, 5, 16, 12, 34, 56, 789000, tzinfo=UTC)),
+        ("2024-05-16T12:34:56.789Z", datetime(2024, 5, 16, 12, 34, 56, 789000, tzinfo=UTC)),
+        ("2024-05-16T12:34:56", datetime(2024, 5, 16, 12, 34, 56, tzinfo=UTC)),  # naive: taken as UTC
+        (
+            "2024-05-16T12:34:56+0000",
+            datetime(2024, 5, 16, 12, 34, 56, tzinfo=UTC),
+        ),  # Chorus' offset spelling
+        ("2024-05-16T14:34:56+02:00", datetime(2024, 5, 16, 12, 34, 56, tzinfo=UTC)),  # converted to UTC
+        ("2024-05-16 12:34:56.5z", datetime(2024, 5, 16, 12, 34, 56, 500000, tzinfo=UTC)),
+    ],
+)
 def test_timestamp_forms(make_event, value, expected):
     ts = UbiEvent.model_validate(make_event(timestamp=value)).timestamp
     assert ts == expected
@@ -63,14 +69,23 @@ def test_flat_x_y_and_xy_object(make_event):
 def test_empty_position_and_extra_position_keys(make_event):
     empty = UbiEvent.model_validate(make_event(event_attributes={"position": {}}))
     assert empty.event_attributes.position.ordinal is None
-    deep = UbiEvent.model_validate(make_event(event_attributes={"position": {"ordinal": 1, "page_depth": 2,
-                                                                             "trail": "a>b"}}))
+    deep = UbiEvent.model_validate(
+        make_event(event_attributes={"position": {"ordinal": 1, "page_depth": 2, "trail": "a>b"}})
+    )
     assert deep.event_attributes.position.model_extra == {"page_depth": 2, "trail": "a>b"}
 
 
 def test_extra_keys_are_kept_at_every_level(make_event):
-    e = UbiEvent.model_validate(make_event(page_id="/docs", event_attributes={
-        "object": {"object_id": "d1", "color": "red"}, "position": {"ordinal": 0}, "browser": "firefox"}))
+    e = UbiEvent.model_validate(
+        make_event(
+            page_id="/docs",
+            event_attributes={
+                "object": {"object_id": "d1", "color": "red"},
+                "position": {"ordinal": 0},
+                "browser": "firefox",
+            },
+        )
+    )
     assert e.extra == {"page_id": "/docs"}
     assert e.event_attributes.model_extra == {"browser": "firefox"}
     assert e.event_attributes.object.model_extra == {"color": "red"}
@@ -107,47 +122,53 @@ def test_query_without_optional_fields(make_query):
 # ---------------------------------------------------------------- rejections
 
 
-@pytest.mark.parametrize(("overrides", "field"), [
-    ({"action_name": ...}, "action_name"),
-    ({"timestamp": ...}, "timestamp"),
-    ({"action_name": 5}, "action_name"),
-    ({"action_name": ""}, "action_name"),
-    ({"timestamp": True}, "timestamp"),  # a boolean is not epoch milliseconds
-    ({"timestamp": 1715862896.5}, "timestamp"),  # floats are ambiguous (seconds? ms?): rejected
-    ({"timestamp": "yesterday"}, "timestamp"),
-    ({"timestamp": "2024-13-40T00:00:00Z"}, "timestamp"),
-    ({"timestamp": 10**20}, "timestamp"),  # out of datetime's range
-    ({"query_id": 42}, "query_id"),
-    ({"session_id": ["s"]}, "session_id"),
-    ({"client_id": "c" * 101}, "client_id"),  # schema maxLength 100
-    ({"message": "m" * 1025}, "message"),  # schema maxLength 1024
-    ({"action_name": "a" * 101}, "action_name"),
-    ({"event_attributes": "x"}, "event_attributes"),
-    ({"event_attributes": {"object": {"object_id": "o" * 257}}}, "event_attributes.object.object_id"),
-    ({"event_attributes": {"object": {"object_id": True}}}, "event_attributes.object.object_id"),
-    ({"event_attributes": {"position": {"ordinal": "3"}}}, "event_attributes.position.ordinal"),
-    ({"event_attributes": {"position": {"ordinal": 2**40}}}, "event_attributes.position.ordinal"),
-    ({"event_attributes": {"position": {"ordinal": {"idx": 1}}}}, "event_attributes.position"),
-    ({"event_attributes": {"position": {"xy": {"x": 1}}}}, "event_attributes.position"),
-    ({"event_attributes": {"position": {"x": "nan", "y": 1}}}, "event_attributes.position.x"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"action_name": ...}, "action_name"),
+        ({"timestamp": ...}, "timestamp"),
+        ({"action_name": 5}, "action_name"),
+        ({"action_name": ""}, "action_name"),
+        ({"timestamp": True}, "timestamp"),  # a boolean is not epoch milliseconds
+        ({"timestamp": 1715862896.5}, "timestamp"),  # floats are ambiguous (seconds? ms?): rejected
+        ({"timestamp": "yesterday"}, "timestamp"),
+        ({"timestamp": "2024-13-40T00:00:00Z"}, "timestamp"),
+        ({"timestamp": 10**20}, "timestamp"),  # out of datetime's range
+        ({"query_id": 42}, "query_id"),
+        ({"session_id": ["s"]}, "session_id"),
+        ({"client_id": "c" * 101}, "client_id"),  # schema maxLength 100
+        ({"message": "m" * 1025}, "message"),  # schema maxLength 1024
+        ({"action_name": "a" * 101}, "action_name"),
+        ({"event_attributes": "x"}, "event_attributes"),
+        ({"event_attributes": {"object": {"object_id": "o" * 257}}}, "event_attributes.object.object_id"),
+        ({"event_attributes": {"object": {"object_id": True}}}, "event_attributes.object.object_id"),
+        ({"event_attributes": {"position": {"ordinal": "3"}}}, "event_attributes.position.ordinal"),
+        ({"event_attributes": {"position": {"ordinal": 2**40}}}, "event_attributes.position.ordinal"),
+        ({"event_attributes": {"position": {"ordinal": {"idx": 1}}}}, "event_attributes.position"),
+        ({"event_attributes": {"position": {"xy": {"x": 1}}}}, "event_attributes.position"),
+        ({"event_attributes": {"position": {"x": "nan", "y": 1}}}, "event_attributes.position.x"),
+    ],
+)
 def test_event_rejections_name_the_field(make_event, overrides, field):
     with pytest.raises(ValidationError) as exc:
         UbiEvent.model_validate(make_event(**overrides))
     assert field_of(exc).startswith(field)
 
 
-@pytest.mark.parametrize(("overrides", "field"), [
-    ({"user_query": ...}, "user_query"),
-    ({"user_query": None}, "user_query"),
-    ({"user_query": 7}, "user_query"),
-    ({"query_id": "q" * 101}, "query_id"),
-    ({"timestamp": "soon"}, "timestamp"),
-    ({"timestamp": False}, "timestamp"),
-    ({"query_attributes": ["a"]}, "query_attributes"),
-    ({"query_response_hit_ids": "doc-1"}, "query_response_hit_ids"),
-    ({"query_response_hit_ids": ["d" * 257]}, "query_response_hit_ids.0"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"user_query": ...}, "user_query"),
+        ({"user_query": None}, "user_query"),
+        ({"user_query": 7}, "user_query"),
+        ({"query_id": "q" * 101}, "query_id"),
+        ({"timestamp": "soon"}, "timestamp"),
+        ({"timestamp": False}, "timestamp"),
+        ({"query_attributes": ["a"]}, "query_attributes"),
+        ({"query_response_hit_ids": "doc-1"}, "query_response_hit_ids"),
+        ({"query_response_hit_ids": ["d" * 257]}, "query_response_hit_ids.0"),
+    ],
+)
 def test_query_rejections_name_the_field(make_query, overrides, field):
     with pytest.raises(ValidationError) as exc:
         UbiQuery.model_validate(make_query(**overrides))
@@ -190,20 +211,36 @@ def test_query_key_is_query_id_plus_response_id(make_query):
     assert query_key(anonymous) == "h:" + content_hash(anonymous) + "\x1f"
 
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**53), 2**53), st.text(max_size=5),
-                      st.floats(allow_nan=False, allow_infinity=False))
-json_value = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                             st.dictionaries(st.text(max_size=4), inner, max_size=3)),
-                          max_leaves=8)
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**53), 2**53),
+    st.text(max_size=5),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 
 
-@given(extras=st.dictionaries(st.text(min_size=1, max_size=6).filter(lambda k: k not in UbiEvent.model_fields),
-                              json_value, max_size=4))
+@given(
+    extras=st.dictionaries(
+        st.text(min_size=1, max_size=6).filter(lambda k: k not in UbiEvent.model_fields),
+        json_value,
+        max_size=4,
+    )
+)
 def test_event_key_is_a_function_of_content_not_of_key_order(extras):
     """Law: permuting the keys of an event (top level and extras) never changes its dedup key."""
     base = {"action_name": "click", "timestamp": "2024-05-16T12:34:56Z", **extras}
     permuted = dict(reversed(list(base.items())))
-    permuted = {k: (dict(reversed(list(v.items()))) if isinstance(v, dict) else v) for k, v in permuted.items()}
+    permuted = {
+        k: (dict(reversed(list(v.items()))) if isinstance(v, dict) else v) for k, v in permuted.items()
+    }
     assert event_key(UbiEvent.model_validate(base)) == event_key(UbiEvent.model_validate(permuted))
 
 
