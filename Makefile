@@ -40,7 +40,7 @@ bench: $(STAMP)
 
 ## lock: re-pin every package after changing pyproject.toml
 lock:
-	$(PY) -m pip freeze --exclude-editable > requirements.lock
+	$(PY) -m pip list --format=freeze --exclude-editable | grep -v -e "^ubi-pipeline=" -e "^pip=" -e "^setuptools=" > requirements.lock
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
