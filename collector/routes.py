@@ -351,16 +351,20 @@ async def admin_snapshot(store: StoreDep) -> dict[str, str]:
     },
 )
 async def admin_load(
-    table: LoadableTable, request: Request, store: StoreDep, collector: CollectorDep
+    table: LoadableTable,
+    request: Request,
+    store: StoreDep,
+    collector: CollectorDep,
+    replace_source: Annotated[str | None, Query(max_length=200)] = None,
 ) -> dict[str, Any]:
-    """Insert or replace rows of a derived table from an Arrow IPC stream (processors use this)."""
+    """Insert or replace rows of a derived table from an Arrow IPC stream; ``replace_source`` first deletes that source's rows."""
     body = await read_limited(request, collector.settings.max_load_bytes)
     try:
         data = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
     except (pa.ArrowException, ValueError, OSError) as exc:
         raise BadArrow(f"body is not an Arrow IPC stream: {exc}") from exc
     try:
-        rows = await asyncio.to_thread(store.load_table, table.value, data)
+        rows = await asyncio.to_thread(store.load_table, table.value, data, replace_source=replace_source)
     except StoreError as exc:
         raise BadArrow(str(exc)) from exc
     except Exception as exc:  # duckdb rejects columns or types that do not fit

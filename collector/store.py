@@ -303,12 +303,18 @@ class Store:
         finally:
             cur.unregister("_fbatch")
 
-    def load_table(self, name: str, data: pa.Table, *, replace_where: str | None = None) -> int:
-        """Insert or replace rows of a derived table (``judgments``, ``human_judgments``) in one transaction."""
+    def load_table(self, name: str, data: pa.Table, *, replace_source: str | None = None) -> int:
+        """Insert or replace rows of a derived table (``judgments``, ``human_judgments``) in one transaction.
+
+        With ``replace_source``, every stored row of that ``source`` is deleted first, in the same
+        transaction, so a new run of a model leaves no stale rows of pairs it no longer sees.
+        """
         if name not in LOADABLE_TABLES:
             raise StoreError(f"table {name!r} cannot be loaded; expected one of {', '.join(LOADABLE_TABLES)}")
         cols = ", ".join(data.column_names)
         with self.transaction() as cur:
+            if replace_source is not None:
+                cur.execute(f"DELETE FROM {name} WHERE source = ?", [replace_source])
             cur.register("_load", data)
             cur.execute(f"INSERT OR REPLACE INTO {name} ({cols}) SELECT {cols} FROM _load")
             cur.unregister("_load")
@@ -446,12 +452,15 @@ def request_snapshot(db: Path) -> Path:
         ) from exc
 
 
-def load_derived(db: Path | str, name: str, data: pa.Table) -> int:
-    """Write a derived table into the store: directly when the file is free, else through the collector."""
+def load_derived(db: Path | str, name: str, data: pa.Table, *, replace_source: str | None = None) -> int:
+    """Write a derived table into the store: directly when the file is free, else through the collector.
+
+    ``replace_source`` replaces every stored row of that source (see :meth:`Store.load_table`).
+    """
     path = Path(db)
     try:
         with Store(path) as store:
-            return store.load_table(name, data)
+            return store.load_table(name, data, replace_source=replace_source)
     except StoreLocked:
         pass
     import httpx
@@ -463,6 +472,7 @@ def load_derived(db: Path | str, name: str, data: pa.Table) -> int:
     try:
         resp = httpx.post(
             f"{url}/v1/admin/load/{name}",
+            params={"replace_source": replace_source} if replace_source is not None else None,
             content=sink.getvalue().to_pybytes(),
             headers={"content-type": "application/vnd.apache.arrow.stream"},
             timeout=600,

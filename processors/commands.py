@@ -52,8 +52,7 @@ def cmd_process(args: argparse.Namespace) -> int:
     with Console(stderr=True).status("starting", spinner="dots") as status:
         res = process(settings.db, args.model, settings, calibrate_with=args.calibrate, store=not args.no_store,
                       out=args.out, out_format=args.format, progress=status.update)
-    data, run, stored, replaced, written, out_fmt = (res.data, res.run, res.stored, res.stale_rows_removed,
-                                                     res.rows_written, res.out_format)
+    data, run, stored, written, out_fmt = res.data, res.run, res.stored, res.rows_written, res.out_format
     result = {"db": str(settings.db), **res.summary()}
     if args.json:
         _dump(result)
@@ -86,8 +85,7 @@ def cmd_process(args: argparse.Namespace) -> int:
             t.add_row(name, mapping, str(a.pairs), _fmt(a.kappa), _fmt(a.spearman), _fmt(a.exact))
         con.print(t)
     if stored is not None:
-        con.print(f"stored {stored:,} rows in {settings.db}" +
-                  ("" if replaced else " (through the running collector, which only inserts or replaces: rows of an earlier run for pairs absent from this one, if any, remain)"))
+        con.print(f"stored {stored:,} rows in {settings.db}, replacing every earlier row of {run.source}")
     if written is not None:
         con.print(f"wrote {written:,} {'graded qrels' if out_fmt == 'trec' else 'judgments'} to {args.out}")
     return 0

@@ -34,7 +34,7 @@ import orjson
 import pyarrow as pa
 from pydantic import ValidationError
 
-from collector.store import Store, load_derived, utcnow
+from collector.store import load_derived, utcnow
 from processors.click_models.base import ClickModel, RelevanceEstimate
 from processors.grades import (
     Agreement,
@@ -48,7 +48,7 @@ from processors.grades import (
 )
 from processors.sessions import SessionData, read_sessions
 from processors.stats import SessionPatterns
-from schemas.errors import InputFileError, StoreLocked, UbiError
+from schemas.errors import InputFileError, UbiError
 from schemas.judgments import Judgment, Qrel
 from schemas.settings import Settings
 from schemas.text import normalize_query
@@ -307,22 +307,10 @@ def make_judgments(data: SessionData | SessionPatterns, model_name: str, setting
 def store_judgments(db: Path | str, table: pa.Table, source: str) -> tuple[int, bool]:
     """Replace the stored rows of ``source`` with ``table``; returns (rows written, stale rows removed).
 
-    With the file free this is one transaction (delete the source's rows, insert the new ones). While a
-    collector holds the file the rows go through it (``collector.store.load_derived``), which can only
-    insert or replace: rows of pairs absent from this run then stay, and ``False`` says so.
+    One transaction, directly when the file is free or through the running collector that holds it
+    (``collector.store.load_derived`` with ``replace_source``): rows of pairs absent from this run go.
     """
-    cols = ", ".join(table.column_names)
-    try:
-        with Store(db, create=False) as store, store.transaction() as cur:
-            cur.execute("DELETE FROM judgments WHERE source = ?", [source])
-            cur.register("_judgments_new", table)
-            try:
-                cur.execute(f"INSERT INTO judgments ({cols}) SELECT {cols} FROM _judgments_new")
-            finally:
-                cur.unregister("_judgments_new")
-        return table.num_rows, True
-    except StoreLocked:
-        return load_derived(db, "judgments", table), False
+    return load_derived(db, "judgments", table, replace_source=source), True
 
 
 @dataclass(frozen=True)
