@@ -424,6 +424,25 @@ def open_reader(db: Path | str) -> duckdb.DuckDBPyConnection:
         raise StoreError(f"{snap}: cannot open the snapshot: {exc}") from exc
 
 
+@contextmanager
+def reading(db: Path | str) -> Iterator[duckdb.DuckDBPyConnection]:
+    """:func:`open_reader` for the length of a block; a snapshot it had to take is deleted afterwards.
+
+    While a collector holds the file every reader gets a fresh copy of the whole database; without this
+    each ``ubi process`` or ``ubi report`` would leave one behind.
+    """
+    con = open_reader(db)
+    try:
+        rows = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
+        opened = Path(rows[0][0]) if rows and rows[0][0] else None
+        yield con
+    finally:
+        con.close()
+    if opened is not None and opened.resolve() != Path(db).resolve() and ".snapshot-" in opened.name:
+        for leftover in (opened, opened.with_name(opened.name + ".wal")):
+            leftover.unlink(missing_ok=True)
+
+
 def collector_url(db: Path) -> str:
     """URL of the collector that holds ``db``, from its sidecar file."""
     side = sidecar_path(db)

@@ -11,9 +11,9 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from collector.store import reading
 from processors.judgments import JUDGMENT_MODELS, process
 from processors.review import export_candidates, import_review, read_query_set, resolve_source, write_review
-from processors.sessions import reading
 from schemas.errors import UbiError
 from schemas.settings import Settings
 

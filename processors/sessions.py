@@ -36,7 +36,6 @@ deduplicated pattern rank, never one per event.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from collector.store import open_reader
+from collector.store import reading
 from processors.stats import ClickCells, PairIndex, SessionPatterns, StatsError, UbmCells
 from schemas.errors import StoreError, UbiError
 from schemas.sessions import Session
@@ -553,25 +552,6 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
     except StatsError as exc:
         raise SessionError(f"session statistics are inconsistent (a bug): {exc}") from exc
     return SessionData(pairs, cells, ubm, patterns, quality, filters, k)
-
-
-@contextmanager
-def reading(db: Path | str) -> Iterator[duckdb.DuckDBPyConnection]:
-    """``collector.store.open_reader`` for the length of a block; a snapshot it had to take is deleted after.
-
-    (While a collector holds the file, every reader gets a fresh copy of the whole database; without this,
-    each ``ubi process`` would leave one behind.)
-    """
-    con = open_reader(db)
-    try:
-        rows = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
-        opened = Path(rows[0][0]) if rows and rows[0][0] else None
-        yield con
-    finally:
-        con.close()
-    if opened is not None and opened.resolve() != Path(db).resolve() and ".snapshot-" in opened.name:
-        for leftover in (opened, opened.with_name(opened.name + ".wal")):
-            leftover.unlink(missing_ok=True)
 
 
 def read_sessions(db: Path | str, settings: Settings | None = None, *, max_rank: int | None = None) -> SessionData:

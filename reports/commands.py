@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from collector.store import open_reader
+from collector.store import reading
 from reports.gates import Threshold, load_thresholds, parse_flag
 from reports.joint import ReportConfig, build_report, load_class_rules
 from reports.merge import DEFAULT_PRECEDENCE, LabelSet, labels_from_human, labels_from_store
@@ -222,8 +222,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             inputs["rating_map"] = rating_map.describe()
     if args.thresholds is not None:
         inputs["thresholds"] = str(args.thresholds)
-    con = open_reader(settings.db)
-    try:
+    with reading(settings.db) as con:
         labels.add(labels_from_store(con))
         if not len(labels):
             raise UbiError("no judgments at all: give human judgments with --qrels FILE, or run `ubi process` to "
@@ -233,8 +232,6 @@ def cmd_report(args: argparse.Namespace) -> int:
             task = bar.add_task("report", total=None)
             report = build_report(con, labels, config, thresholds=thresholds, propensity=propensity, inputs=inputs,
                                   progress=lambda name: bar.update(task, description=name))
-    finally:
-        con.close()
 
     if fmt == "text":
         if args.out is None:
@@ -261,11 +258,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_queryset(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    con = open_reader(settings.db)
-    try:
+    with reading(settings.db) as con:
         population = query_frequencies(con, application=args.application)
-    finally:
-        con.close()
     chosen = sample(population, args.strategy, args.size, seed=settings.seed)
     qs = to_queryset(chosen, strategy=args.strategy, seed=settings.seed, name=args.name)
     _write(args.out, format_queryset(qs, args.format))

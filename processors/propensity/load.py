@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from collector.store import open_reader
+from collector.store import reading
 from processors.propensity.common import PropensityError
 from processors.propensity.randomized import SwapSessions
 from processors.sessions import SessionData, iter_sessions, load_sessions
@@ -34,11 +34,8 @@ GROUP BY query_id
 
 def read_patterns(db: Path | str, settings: Settings, max_rank: int) -> SessionData:
     """Sessions of the store at ``db`` aggregated to patterns and cells (``processors.sessions``)."""
-    con = open_reader(db)
-    try:
+    with reading(db) as con:
         return load_sessions(con, settings, max_rank=max_rank)
-    finally:
-        con.close()
 
 
 def load_swaps(con: duckdb.DuckDBPyConnection, settings: Settings, max_rank: int) -> tuple[SwapSessions, int]:
@@ -80,8 +77,5 @@ def load_swaps(con: duckdb.DuckDBPyConnection, settings: Settings, max_rank: int
 
 def read_swaps(db: Path | str, settings: Settings, max_rank: int) -> tuple[SwapSessions, int]:
     """:func:`load_swaps` on the store at ``db`` (read-only, or a snapshot while a collector runs)."""
-    con = open_reader(db)
-    try:
+    with reading(db) as con:
         return load_swaps(con, settings, max_rank)
-    finally:
-        con.close()
