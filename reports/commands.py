@@ -25,7 +25,8 @@ from reports.qrels import (
     load_qrels,
 )
 from reports.queryset import STRATEGIES, query_frequencies, sample, to_queryset
-from reports.systems import DEFAULT_SPLIT_KEYS
+from reports.runs import load_run
+from reports.systems import DEFAULT_SPLIT_KEYS, run_system_name
 from schemas.errors import InputFileError, UbiError
 from schemas.settings import Settings
 
@@ -41,6 +42,17 @@ examples:
   ubi report --qrels esci_us_judgments.json --baseline shop/ranker=bm25 --html report.html
   ubi report --qrels qrels.jsonl --thresholds gates.toml --format md --out report.md   # the CI step
   ubi report --qrels qrels.jsonl --min ndcg@10=0.45 --min online/ctr@10=0.05 --max online/abandonment=0.6
+  ubi report --qrels qrels.jsonl --run bm25.trec --run ltr.trec=ltr-v2 --baseline bm25   # run files as systems
+
+run files (--run FILE[=NAME]): TREC runs ('query_id Q0 doc_id rank score tag', ordered as trec_eval does) or
+JSONL rankings ({"query_id": ..., "doc_ids": [...]}, detected by a leading '{'). Each is one more system, named
+NAME, else its run tag, else the file name without extension. Judgments are joined by normalised query text,
+so each run query id is mapped to a text: an id that is a query_id of the human judgments (--qrels first,
+then the store's human_judgments) stands for that query's text; any other id is taken as the query text itself
+(normalised), which is how Workbench judgments, implicit judgments and the logs name queries. A run is
+evaluated offline like a logged system (every source, coverage, per query, --baseline, gates); it has no
+online metrics ("no log"), takes no part in the offline-vs-online ordering, and an online gate applies to it
+only when the thresholds file names it.
 """
 
 
@@ -51,6 +63,20 @@ def _csv(text: str) -> tuple[str, ...]:
     return items
 
 
+def _run_arg(text: str) -> tuple[Path, str | None]:
+    """``FILE`` or ``FILE=NAME``: a path that exists as given is a FILE, else the split at the first ``=``
+    whose left part is an existing file (names like ``shop/ranker=x`` hold ``=`` too), else the first ``=``.
+    """
+    if Path(text).exists() or "=" not in text:
+        return Path(text), None
+    cuts = [i for i, ch in enumerate(text) if ch == "="]
+    cut = next((i for i in cuts if Path(text[:i]).is_file()), cuts[0])
+    path, name = text[:cut], text[cut + 1:].strip()
+    if not path or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FILE or FILE=NAME")
+    return Path(path), name
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "report",
@@ -58,7 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
              "agreement, comparison, gates",
         description=(
             "Evaluate the rankings each system showed (systems: the application of the query records, split by "
-            "query_attributes ranker / experiment) against the human judgments and against each implicit "
+            "query_attributes ranker / experiment, plus any --run files) against the human judgments and against "
+            "each implicit "
             "judgment source in the store, beside the online metrics of the same systems, the agreement of "
             "the implicit labels with the human ones, a paired comparison with a baseline, and quality gates. "
             "Every number says how many queries (or searches) it rests on; intervals are 95%."
@@ -75,6 +102,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--rating-map", default=None, metavar="MAP",
                    help="Workbench ratings to grades: esci (default: 0->0, 1->1, 10->2, 100->3), integer, or "
                         "pairs such as 0:0,1:1,10:2,100:3")
+    p.add_argument("--run", dest="runs", type=_run_arg, action="append", default=[], metavar="FILE[=NAME]",
+                   help="a TREC run file (or JSONL rankings) evaluated as one more system, named NAME, else its "
+                        "run tag, else the file stem (repeatable). A run query id that is a query_id of the human "
+                        "judgments stands for that query's text; any other id is the query text itself. No online "
+                        "metrics (shown as 'no log'). See below")
     p.add_argument("--k", type=int, default=10, help="cutoff of the default metrics, coverage and CTR@k (default 10)")
     p.add_argument("--metrics", type=_csv, metavar="LIST",
                    help="offline metrics (default: ndcg@K,recall@K,mrr,p@K,map,judged@K)")
@@ -93,7 +125,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cls.add_argument("--class-key", metavar="KEY", help="query class from this query_attributes key")
     cls.add_argument("--classes", type=Path, metavar="FILE",
                      help='query classes from a TOML file: [classes] name = "regex" (first match wins)')
-    p.add_argument("--baseline", metavar="SYSTEM", help="compare every other system with this one")
+    p.add_argument("--baseline", metavar="SYSTEM",
+                   help="compare every other system with this one (a logged system or a --run name)")
     p.add_argument("--thresholds", type=Path, metavar="FILE", help="quality gates (TOML: [min], [max], systems)")
     p.add_argument("--min", dest="min_flags", action="append", default=[], metavar="METRIC=VALUE",
                    help="a gate: METRIC must be >= VALUE (repeatable; METRIC like ndcg@10, implicit:ctr/mrr, "
@@ -222,6 +255,13 @@ def cmd_report(args: argparse.Namespace) -> int:
             inputs["rating_map"] = rating_map.describe()
     if args.thresholds is not None:
         inputs["thresholds"] = str(args.thresholds)
+    file_runs = []
+    for path, name in args.runs:
+        run = load_run(path)
+        system = run_system_name(run, name)
+        file_runs.append((system, run))
+        inputs.setdefault("runs", []).append(
+            f"{path} as {system} ({len(run)} queries, {run.n_docs()} ranked docs{', tag ' + run.tag if run.tag else ''})")
     with reading(settings.db) as con:
         labels.add(labels_from_store(con))
         if not len(labels):
@@ -231,7 +271,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                       transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("report", total=None)
             report = build_report(con, labels, config, thresholds=thresholds, propensity=propensity, inputs=inputs,
-                                  progress=lambda name: bar.update(task, description=name))
+                                  progress=lambda name: bar.update(task, description=name), file_runs=file_runs)
 
     if fmt == "text":
         if args.out is None:

@@ -1,4 +1,4 @@
-"""The joint report: every system in the logs, offline on each judgment source, online, agreement, comparison.
+"""The joint report: every system in the logs (and in run files), offline on each source, online, agreement, comparison.
 
 :func:`build_report` is the stage: a store connection (``collector.store.open_reader``) and a
 :class:`~reports.merge.LabelSet` in, one :class:`Report` out, which the renderers in ``reports.render`` turn
@@ -13,6 +13,12 @@ least one positive label, with a bootstrap interval (t above ``resample_limit`` 
 count; queries whose labels hold no positive (labelled negatives) are counted apart, and run queries without
 any label of the source are counted as unlabelled. Per query class when classes are configured (a
 ``query_attributes`` key, or regex rules).
+
+Run files given beside the logs are systems too (``file_runs``), evaluated offline exactly as the logged ones
+(every source, coverage, per query, comparison, gates); their query ids map to query texts by the rule of
+:mod:`reports.systems`. They have no online metrics: they are absent from ``Report.online`` (shown as "no
+log", never as zero), out of the offline-vs-online orderings, and an online gate applies to them only when it
+names them (and then fails, saying why).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import re
 import tomllib
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,17 +43,20 @@ from reports.intervals import RESAMPLE_LIMIT, Interval, mean_intervals
 from reports.merge import DEFAULT_PRECEDENCE, Coverage, LabelSet, coverage, label_kind
 from reports.metrics import MetricTable, compute
 from reports.online import DEFAULT_CLICK_ACTIONS, ONLINE_METRICS, OnlineMetrics, online_metrics
+from reports.runs import Run
 from reports.systems import (
     DEFAULT_IMPRESSION_ACTIONS,
     DEFAULT_SPLIT_KEYS,
     RankingMode,
     SystemRun,
+    file_run,
     load_searches,
     logged_runs,
 )
 from schemas.errors import InputFileError, UbiError
 
 OTHER_CLASS = "other"
+NO_LOG = "no log"  # what a run-file system shows where the logs would give a number
 
 
 class ReportError(UbiError):
@@ -132,17 +141,23 @@ class ReportConfig:
 
 @dataclass
 class SystemSummary:
-    """What the logs hold for one system."""
+    """What the logs hold for one system; a run-file system has no log, so its log counts are None."""
 
     name: str
-    searches: int
+    searches: int | None
     queries: int  # distinct queries with a known ranking
-    unranked_searches: int
-    zero_result_searches: int
-    searches_with_several_rankings: int
-    duplicate_hits: int
-    unstable_queries: int  # queries shown with more than one ranking (mode ``modal``)
+    unranked_searches: int | None
+    zero_result_searches: int | None
+    searches_with_several_rankings: int | None
+    duplicate_hits: int | None
+    unstable_queries: int | None  # queries shown with more than one ranking (mode ``modal``)
     mean_modal_share: float
+    kind: str = "logs"  # logs | run
+    origin: str | None = None  # the run file of a run system
+
+    @property
+    def from_run(self) -> bool:
+        return self.kind == "run"
 
 
 @dataclass
@@ -186,6 +201,11 @@ class Report:
     propensity: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     inputs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_systems(self) -> list[str]:
+        """Systems read from run files (no online metrics)."""
+        return [s.name for s in self.systems if s.from_run]
 
     def offline_for(self, system: str, source: str) -> OfflineResult | None:
         for r in self.offline:
@@ -295,6 +315,85 @@ def _summaries(searches: Any, runs: Mapping[str, SystemRun]) -> list[SystemSumma
     return out
 
 
+def _run_summaries(runs: Mapping[str, SystemRun]) -> list[SystemSummary]:
+    return [
+        SystemSummary(name=name, searches=None, queries=run.n_queries, unranked_searches=None,
+                      zero_result_searches=None, searches_with_several_rankings=None, duplicate_hits=None,
+                      unstable_queries=None, mean_modal_share=math.nan, kind="run", origin=run.origin)
+        for name, run in runs.items()
+    ]
+
+
+def query_id_texts(labels: LabelSet) -> dict[str, set[str]]:
+    """Normalised query text(s) of each human judgment ``query_id``: labels from a file before the store's.
+
+    A file given on the command line is what the user evaluates against now, so when it names a query id
+    the store's older texts for that id are ignored (the same preference :mod:`reports.merge` applies).
+    """
+    from_file: dict[str, set[str]] = defaultdict(set)
+    from_store: dict[str, set[str]] = defaultdict(set)
+    for labs in labels.by_pair.values():
+        for lab in labs:
+            if lab.query_id is not None and lab.kind == "human":
+                (from_file if lab.from_file else from_store)[lab.query_id].add(lab.query)
+    return {**from_store, **from_file}
+
+
+def _classes_by_text(searches: Any) -> dict[str, str | None]:
+    """The class the logs give each query text most often (ties: the smallest), for run systems."""
+    if searches.num_rows == 0:
+        return {}
+    cols = searches.select(["query", "query_class"]).to_pydict()
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for text, cls in zip(cols["query"], cols["query_class"], strict=True):
+        if cls is not None:
+            counts[text][cls] += 1
+    return {text: min(c, key=lambda k: (-c[k], k)) for text, c in counts.items()}
+
+
+def _file_systems(
+    file_runs: Sequence[tuple[str, Run]], logged: Mapping[str, SystemRun], labels: LabelSet,
+    class_of_text: Mapping[str, str | None],
+) -> dict[str, SystemRun]:
+    texts = query_id_texts(labels)
+    out: dict[str, SystemRun] = {}
+    for name, run in file_runs:
+        where = run.path or "a run"
+        if name in logged:
+            raise ReportError(f"{where}: system name {name!r} is already a system of the logs; name the run "
+                              f"another way with --run FILE=NAME")
+        if name in out:
+            raise ReportError(f"{where}: system name {name!r} is already used by {out[name].origin or 'another run'}; "
+                              f"name the runs apart with --run FILE=NAME")
+        out[name] = file_run(name, run, texts, class_of_text)
+    return out
+
+
+def _run_notes(systems: Mapping[str, SystemRun], labels: LabelSet) -> list[str]:
+    """Warn when a run's query ids mostly miss every judged query: a query-id mismatch, not a bad ranker."""
+    judged = {query for query, _doc in labels.by_pair}
+    notes = []
+    for name, run in systems.items():
+        missing = sum(1 for text in run.query_of.values() if text not in judged)
+        if missing:
+            hint = (" (none matched: a run query id must be a judgments query_id or the query text itself)"
+                    if missing == run.n_queries else "")
+            notes.append(f"run {name} ({run.origin}): {missing} of {run.n_queries} query ids match no judged "
+                         f"query{hint}")
+    return notes
+
+
+def _gate_thresholds(thresholds: Sequence[Threshold], logged: Sequence[str]) -> list[Threshold]:
+    """Online gates without a system list apply to the logged systems only: a run file has no log.
+
+    With no logged system at all the gate is left to fail on the run systems: a gate must be able to fail.
+    """
+    return [
+        replace(t, systems=tuple(logged)) if t.systems is None and t.metric.startswith("online/") and logged else t
+        for t in thresholds
+    ]
+
+
 def _label_counts(labels: LabelSet) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for source in labels.sources():
@@ -327,9 +426,11 @@ def build_report(
     propensity: dict[str, Any] | None = None,
     inputs: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
+    file_runs: Sequence[tuple[str, Run]] = (),
 ) -> Report:
     """Build the joint report from a store connection and the labels (see the module docstring).
 
+    ``file_runs`` are ``(system name, run)`` pairs evaluated beside the logged systems.
     ``progress`` is called with the name of each step as it starts (the CLI shows it).
     """
     step = progress or (lambda _name: None)
@@ -339,17 +440,21 @@ def build_report(
     step("systems and logged rankings")
     searches = load_searches(con, split_keys=cfg.split_keys, class_key=cfg.class_key,
                              impression_actions=cfg.impression_actions)
-    if searches.num_rows == 0:
-        raise ReportError("the store holds no query records, so no system to report on; ingest UBI queries first")
-    runs = logged_runs(searches, cfg.mode)
+    if searches.num_rows == 0 and not file_runs:
+        raise ReportError("the store holds no query records, so no system to report on; ingest UBI queries first "
+                          "(or give run files with --run)")
+    logged = logged_runs(searches, cfg.mode)
+    from_files = _file_systems(file_runs, logged, labels, _classes_by_text(searches))
+    # logged systems sorted by name, then run files in the order given: every table keeps this order
+    runs = {**dict(sorted(logged.items())), **from_files}
     step("offline metrics")
     sources = _evaluation_sources(labels, cfg.sources)
     qrels_by_source = {s: _qrels_for(labels, s, cfg.precedence) for s in sources}
     offline = [
         _offline(runs[system], source, qrels_by_source[source], cfg)
-        for system in sorted(runs) for source in sources
+        for system in runs for source in sources
     ]
-    cov = coverage({n: (r.run, r.query_of) for n, r in sorted(runs.items())}, qrels_by_source, cfg.k)
+    cov = coverage({n: (r.run, r.query_of) for n, r in runs.items()}, qrels_by_source, cfg.k)
     step("online metrics")
     online = online_metrics(
         con, k=cfg.k, position_base=cfg.position_base, position_base_by_application=cfg.position_base_by_application,
@@ -368,7 +473,8 @@ def build_report(
     if cfg.baseline is not None:
         step("comparison with the baseline")
         if cfg.baseline not in runs:
-            raise ReportError(f"baseline {cfg.baseline!r} is not a system of these logs; systems: {', '.join(sorted(runs))}")
+            raise ReportError(f"baseline {cfg.baseline!r} is not a system of these logs or run files; systems: "
+                              f"{', '.join(runs)}")
         per_query: dict[str, dict[tuple[str, str], tuple[list[str], np.ndarray]]] = defaultdict(dict)
         for r in offline:
             for m in r.metrics:
@@ -379,10 +485,10 @@ def build_report(
         comparisons = compare_systems(per_query, cfg.baseline, n_boot=cfg.n_boot, n_perm=cfg.n_perm, seed=cfg.seed)
 
     orderings = []
-    if len(runs) >= 2:
+    if len(logged) >= 2:  # run files have no online value, so they cannot take part
         main = next((m for m in cfg.metric_names if m.startswith("ndcg")), cfg.metric_names[0])
         for source in sources:
-            off = {r.system: r.aggregate[main].value for r in offline if r.source == source}
+            off = {r.system: r.aggregate[main].value for r in offline if r.source == source and r.system in logged}
             for name, higher in ONLINE_METRICS:
                 if name not in ("ctr@k", "rr_first_click"):
                     continue
@@ -392,11 +498,17 @@ def build_report(
                                           online_higher_is_better=higher))
 
     report = Report(
-        created_at=datetime.now(UTC).replace(microsecond=0), config=cfg, systems=_summaries(searches, runs),
+        created_at=datetime.now(UTC).replace(microsecond=0), config=cfg,
+        systems=_summaries(searches, logged) + _run_summaries(from_files),
         sources=sources, label_counts=_label_counts(labels), offline=offline, coverage=cov, online=online,
         agreement=agree, comparisons=comparisons, orderings=orderings, propensity=propensity,
-        notes=_orphan_notes(con), inputs=dict(inputs or {}),
+        notes=_orphan_notes(con) + _run_notes(from_files, labels), inputs=dict(inputs or {}),
     )
     if thresholds:
-        report.gates = check(thresholds, report.gate_values())
+        gates = check(_gate_thresholds(thresholds, sorted(logged)), report.gate_values())
+        report.gates = [
+            replace(g, reason=f"a run file has no online metrics ({NO_LOG})")
+            if g.system in from_files and g.metric.startswith("online/") else g
+            for g in gates
+        ]
     return report

@@ -1,4 +1,4 @@
-"""Systems found in the logs and the rankings they showed.
+"""Systems found in the logs and the rankings they showed, and systems given as run files.
 
 A *system* is the ``application`` of a query record, split further by the ``ranker`` and ``experiment`` keys
 of its ``query_attributes`` when present: ``shop``, ``shop/ranker=bm25``, ``shop/ranker=ltr/experiment=b``.
@@ -23,18 +23,26 @@ query is the ranking it showed most often (ties: the one shown most recently, th
 smallest); the share of searches that showed it is kept, so an unstable ranker is visible. Mode ``each``
 evaluates every search instance on its own (query id ``<query> #<instance>``), so frequent queries weigh
 more: a traffic-weighted view.
+
+**Run files** (:func:`file_run`) are systems too, evaluated offline like the logged ones. Judgments are keyed by
+normalised query text, so each run query id is mapped to a text by one rule: an id that is the ``query_id``
+of a human judgment (a qrels file or the ``human_judgments`` table) stands for that judgment's query text;
+any other id is taken as the query text itself, normalised (how Workbench judgments, implicit judgments and
+the logs name queries). Two run query ids that land on one text are an error, never merged.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import duckdb
 import pyarrow as pa
 
+from reports.runs import Run, RunError
 from schemas.errors import UbiError
 from schemas.text import normalize_query
 
@@ -185,6 +193,7 @@ class SystemRun:
     modal_share: dict[str, float] = field(default_factory=dict)
     query_class: dict[str, str | None] = field(default_factory=dict)
     unranked_searches: int = 0  # instances without a known ranking (left out)
+    origin: str | None = None  # the run file this system was read from; None: found in the logs
 
     @property
     def n_queries(self) -> int:
@@ -248,4 +257,50 @@ def logged_runs(searches: pa.Table, mode: RankingMode = "modal") -> dict[str, Sy
         sr.distinct_rankings[query] = int(distinct)
         sr.modal_share[query] = n / total
         sr.query_class[query] = cls
+    return out
+
+
+def run_system_name(run: Run, name: str | None = None) -> str:
+    """The name of a run-file system: ``name`` when given, else the run's tag, else the file's stem."""
+    if name is not None and name.strip():
+        return name.strip()
+    if run.tag:
+        return run.tag
+    if run.path:
+        return Path(run.path).stem
+    raise SystemsError("a run without a tag or a file needs a name")
+
+
+def file_run(
+    name: str,
+    run: Run,
+    query_texts: Mapping[str, Collection[str]],
+    query_class: Mapping[str, str | None] | None = None,
+) -> SystemRun:
+    """A run file as a system, each query id mapped to a normalised query text (module docstring).
+
+    ``query_texts[query_id]`` holds the normalised text(s) the judgments give that query id; more than one
+    is ambiguous and an error when the run uses that id. ``query_class[text]`` is the class the logs give
+    the text (``--class-key``), when known.
+    """
+    path = run.path or name
+    out = SystemRun(name, "run", origin=run.path)
+    first: dict[str, str] = {}
+    for qid, ranking in run.items():
+        texts = sorted(set(query_texts.get(qid, ())))
+        line = run.lines.get(qid)
+        if len(texts) > 1:
+            raise RunError(path, line, f"query id {qid!r} is the query_id of {len(texts)} judged queries "
+                                       f"({', '.join(map(repr, texts))}); make the judgments' query ids unique")
+        text = texts[0] if texts else normalize_query(qid)
+        if not text:
+            raise RunError(path, line, f"query id {qid!r} is blank once normalised; give a query id or text")
+        if text in first:
+            other = first[text]
+            raise RunError(path, line, f"query ids {other!r} (line {run.lines.get(other)}) and {qid!r} both stand "
+                                       f"for the query {text!r}; keep one ranking per query")
+        first[text] = qid
+        out.run[qid] = list(ranking)
+        out.query_of[qid] = text
+        out.query_class[qid] = (query_class or {}).get(text)
     return out

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterator
 
 from reports.intervals import Interval
-from reports.joint import Report
+from reports.joint import NO_LOG, Report
 
 Row = list[str]
 
@@ -39,6 +39,8 @@ def header_lines(report: Report) -> list[str]:
     for key in ("db", "qrels", "rating_map", "thresholds"):
         if report.inputs.get(key):
             lines.append(f"{key}: {report.inputs[key]}")
+    for run in report.inputs.get("runs") or ():
+        lines.append(f"run: {run}")
     lines.append(
         f"k={cfg.k}, gain={cfg.gain}, positive = grade >= {cfg.rel_threshold}, repeated searches: {cfg.mode} "
         f"({'most frequent ranking per query' if cfg.mode == 'modal' else 'every search on its own'}), "
@@ -47,18 +49,32 @@ def header_lines(report: Report) -> list[str]:
     return lines
 
 
+def systems_title(report: Report) -> str:
+    return "Systems in the logs and run files" if report.run_systems else "Systems in the logs"
+
+
+def coverage_title(report: Report) -> str:
+    return "Coverage of each system's top k" if report.run_systems else "Coverage of the logged top k"
+
+
+def _count(value: int | None) -> str:
+    return NO_LOG if value is None else str(value)
+
+
 def systems_table(report: Report) -> tuple[Row, list[Row]]:
     """A row per fact, a column per system (system names are long; facts are few)."""
     systems = report.systems
     facts = [
-        ("searches", lambda s: str(s.searches)),
+        ("searches", lambda s: _count(s.searches)),
         ("queries with a ranking", lambda s: str(s.queries)),
-        ("searches without ranking", lambda s: str(s.unranked_searches)),
-        ("zero-result searches", lambda s: str(s.zero_result_searches)),
-        ("searches with several rankings", lambda s: str(s.searches_with_several_rankings)),
-        ("queries shown several rankings", lambda s: str(s.unstable_queries)),
-        ("mean share of the modal ranking", lambda s: num(s.mean_modal_share, 2)),
+        ("searches without ranking", lambda s: _count(s.unranked_searches)),
+        ("zero-result searches", lambda s: _count(s.zero_result_searches)),
+        ("searches with several rankings", lambda s: _count(s.searches_with_several_rankings)),
+        ("queries shown several rankings", lambda s: _count(s.unstable_queries)),
+        ("mean share of the modal ranking", lambda s: NO_LOG if s.from_run else num(s.mean_modal_share, 2)),
     ]
+    if report.run_systems:
+        facts.insert(0, ("from", lambda s: f"run file {s.origin}" if s.from_run else "logs"))
     return ["", *[s.name for s in systems]], [[name, *[f(s) for s in systems]] for name, f in facts]
 
 
@@ -111,12 +127,23 @@ def class_tables(report: Report) -> Iterator[tuple[str, Row, list[Row]]]:
 
 
 def online_table(report: Report) -> tuple[Row, list[Row]]:
-    """A row per online metric, a column per system: value [CI] (n searches, results or clicks)."""
-    systems = list(report.online)
-    names = list(report.online[systems[0]].metrics) if systems else []
-    rows = [["searches", *[str(report.online[s].searches) for s in systems]]]
-    for n in names:
-        rows.append([n, *[f"{ci(report.online[s].metrics[n])} (n={report.online[s].metrics[n].n})" for s in systems]])
+    """A row per online metric, a column per system: value [CI] (n searches, results or clicks).
+
+    Run-file systems get a column of "no log": they were never shown to users, which is not a zero.
+    """
+    online = report.online
+    systems = [*online, *[s for s in report.run_systems if s not in online]]
+    first = next(iter(online.values()), None)
+    names = list(first.metrics) if first is not None else []
+
+    def cell(system: str, metric: str) -> str:
+        if system not in online:
+            return NO_LOG
+        iv = online[system].metrics[metric]
+        return f"{ci(iv)} (n={iv.n})"
+
+    rows = [["searches", *[str(online[s].searches) if s in online else NO_LOG for s in systems]]]
+    rows += [[n, *[cell(s, n) for s in systems]] for n in names]
     return ["", *systems], rows
 
 
@@ -155,7 +182,10 @@ def order_table(report: Report) -> tuple[Row, list[Row]]:
     for o in report.orderings:
         seen.setdefault(o.offline_metric, o.offline_order)
         seen.setdefault(o.online_metric, o.online_order)
-    return ["metric", "systems, best first"], [[m, " > ".join(order)] for m, order in seen.items()]
+    rows = [[m, " > ".join(order)] for m, order in seen.items()]
+    if report.run_systems:
+        rows.append([f"left out ({NO_LOG})", ", ".join(report.run_systems)])
+    return ["metric", "systems, best first"], rows
 
 
 def ordering_table(report: Report) -> tuple[Row, list[Row]]:
@@ -178,6 +208,8 @@ def gates_table(report: Report) -> tuple[Row, list[Row]]:
 
 def summary_line(report: Report) -> str:
     n_sys = len(report.systems)
+    n_run = len(report.run_systems)
+    runs = f" ({n_run} from run files)" if n_run else ""
     failed = report.failed_gates
     gate = "" if not report.gates else (f"; gates: {len(failed)} failed" if failed else "; gates: all passed")
-    return f"{n_sys} system(s), sources: {', '.join(report.sources) or 'none'}{gate}"
+    return f"{n_sys} system(s){runs}, sources: {', '.join(report.sources) or 'none'}{gate}"

@@ -4,7 +4,8 @@ The shape of ``sample_search_quality_evaluation_data.ndjson`` (user-behavior-ins
 ``_bulk`` body, an action line ``{"index": {"_index": ..., "_id": ...}}`` then a row
 ``{"datetime", "search_config", "query_set_id", "query", "metric", "value", "application", "evaluation_id"}``.
 Here ``search_config`` is the system, ``application`` its application, ``query_set_id`` names the judgment
-source (``logged:human``, ``logged:implicit:ctr``), ``evaluation_id`` is ``<system>_<report time>`` as in the
+source (``logged:human``, ``logged:implicit:ctr``; ``run:human`` for a system read from a run file, whose
+``application`` is null), ``evaluation_id`` is ``<system>_<report time>`` as in the
 sample, and ``_id`` is a UUID derived from the row's identity, so loading the same report twice overwrites.
 """
 
@@ -27,8 +28,11 @@ def dashboard_rows(report: Report) -> list[dict[str, Any]]:
     when = report.created_at.replace(tzinfo=None)
     stamp = when.strftime("%Y-%m-%d %H:%M:%S")
     rows = []
+    from_run = set(report.run_systems)
     for r in report.offline:
-        app = r.system.split("/", 1)[0]
+        # a run file's name is no application, and its queries come from the file, not the log
+        app = NO_APPLICATION if r.system in from_run else r.system.split("/", 1)[0]
+        query_set = f"{'run' if r.system in from_run else 'logged'}:{r.source}"
         evaluation = f"{r.system}_{stamp}"
         for i, query in enumerate(r.queries):
             for metric in r.metrics:
@@ -36,7 +40,7 @@ def dashboard_rows(report: Report) -> list[dict[str, Any]]:
                 rows.append({
                     "datetime": when.isoformat(),
                     "search_config": r.system,
-                    "query_set_id": f"logged:{r.source}",
+                    "query_set_id": query_set,
                     "query": query,
                     "metric": metric,
                     "value": value,

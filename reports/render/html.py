@@ -186,7 +186,7 @@ def render_html(report: Report) -> str:
         verdict = (f'<p class="fail">{len(failed)} gate(s) failed</p>' if failed
                    else '<p class="pass">all gates passed</p>')
         parts += ["<h2>Gates</h2>", verdict, _table(*common.gates_table(report), marks=True)]
-    parts += ["<h2>Systems in the logs</h2>", _table(*common.systems_table(report))]
+    parts += [f"<h2>{html.escape(common.systems_title(report))}</h2>", _table(*common.systems_table(report))]
     parts += ["<h2>Offline metrics</h2>", '<div class="plots">']
     parts += [_plot(metric_bars_svg(report, s)) for s in report.sources]
     parts.append("</div>")

@@ -69,7 +69,7 @@ def report_dict(report: Report) -> dict[str, Any]:
                 for i, (q, text, c) in enumerate(zip(r.query_ids, r.queries, r.classes, strict=True))
             ],
         })
-    online = {}
+    online: dict[str, Any] = {}
     for system, om in report.online.items():
         online[system] = {
             "searches": om.searches,
@@ -78,6 +78,8 @@ def report_dict(report: Report) -> dict[str, Any]:
             "ctr_by_rank": _clean(om.ctr_by_rank),
             "notes": om.notes,
         }
+    for system in report.run_systems:
+        online.setdefault(system, None)  # a run file was never shown to users: absent, not zero
     return {
         "created_at": report.created_at.isoformat(),
         "inputs": _clean(report.inputs),

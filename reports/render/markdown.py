@@ -21,9 +21,9 @@ def render_markdown(report: Report) -> str:
     """Every section of the report as Markdown."""
     out = ["# ubi report", ""]
     out += [f"- {line}" for line in common.header_lines(report)] + [""]
-    out += ["## Systems in the logs", "", _table(*common.systems_table(report))]
+    out += [f"## {common.systems_title(report)}", "", _table(*common.systems_table(report))]
     out += ["## Labels by source", "", _table(*common.labels_table(report))]
-    out += ["## Coverage of the logged top k", "", _table(*common.coverage_table(report))]
+    out += [f"## {common.coverage_title(report)}", "", _table(*common.coverage_table(report))]
     for source, head, rows in common.offline_tables(report):
         out += [f"## Offline metrics: {source} labels", "",
                 "Mean [CI] over the queries with at least one positive label; labelled negatives apart.", "",

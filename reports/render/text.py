@@ -26,9 +26,9 @@ def print_report(report: Report, console: Console) -> None:
     console.rule("[bold]ubi report")
     for line in common.header_lines(report):
         console.print(line, highlight=False)
-    console.print(_table("Systems in the logs", *common.systems_table(report)))
+    console.print(_table(common.systems_title(report), *common.systems_table(report)))
     console.print(_table("Labels by source", *common.labels_table(report)))
-    console.print(_table("Coverage of the logged top k", *common.coverage_table(report)))
+    console.print(_table(common.coverage_title(report), *common.coverage_table(report)))
     for source, head, rows in common.offline_tables(report):
         console.print(_table(f"Offline metrics against {source} labels (mean [CI], over queries with a positive)",
                              head, rows))
