@@ -34,7 +34,7 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer
 from kafka.errors import KafkaError as _KE
 from kafka.structs import OffsetAndMetadata
 
-from collector.kafka_client import consumer_config, ensure_topics
+from collector.kafka_client import consumer_config, ensure_topics, make_admin
 from collector.kafka_records import Decoded, InRecord, KafkaError, Topics, decode, failed_arrow, topics
 from collector.store import CONFLICT, DUPLICATE, INSERTED, Store, advertise, failed_row, sidecar_path, utcnow
 from schemas.errors import StoreError
@@ -112,10 +112,11 @@ class DuckDBLoader:
                 if fid in seen:
                     continue
                 seen.add(fid)
-                rec = batch.query_origin[pos]
+                origin = batch.query_origin[pos]
+                rec = origin.record
                 row = failed_row(
-                    source=rec.topic, kind="conflict", field="query_id", received_at=now, raw=rec.value,
-                    kafka=(rec.topic, rec.partition, rec.offset),
+                    source=rec.topic, kind="conflict", field="query_id", received_at=now, raw=origin.raw(),
+                    item_index=origin.line, kafka=(rec.topic, rec.partition, rec.offset),
                     reason=f"query_key {q_keys[pos]!r} is already stored with different content; first write "
                            "wins, this record is kept as a conflict")
                 row["failed_id"] = fid
@@ -147,20 +148,22 @@ class Progress:
     """The loader's running totals and current lag (what ``ubi consume`` prints)."""
 
     loaded: LoadResult = field(default_factory=LoadResult)
-    records: int = 0  # consumed records written (all topics)
+    records: int = 0  # Kafka records (messages) consumed and written, all topics
+    rows: int = 0  # rows they held (query and event rows, failed records, poison)
     batches: int = 0
     commits: int = 0
     commit_failures: int = 0
     lag: int | None = None  # records on the assigned partitions not consumed yet
     partitions: int = 0
     started: float = field(default_factory=time.monotonic)
+    first_record_at: float | None = None
     last_batch_at: float | None = None
 
     def public(self) -> dict[str, Any]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        return {"records": self.records, "batches": self.batches, "commits": self.commits,
+        return {"records": self.records, "rows": self.rows, "batches": self.batches, "commits": self.commits,
                 "commit_failures": self.commit_failures, "lag": self.lag, "partitions": self.partitions,
-                "records_per_s": round(self.records / elapsed, 1), **asdict(self.loaded)}
+                "rows_per_s": round(self.rows / elapsed, 1), **asdict(self.loaded)}
 
 
 class Consumer:
@@ -177,6 +180,10 @@ class Consumer:
         self._buffer_since: float | None = None
         self._consumer: Any = None
         self._lock = threading.Lock()
+        self._admin: Any = None
+        self._topic_ids: dict[str, str] | None = None  # the topics' incarnations we read from
+        self._on_written: Callable[[Progress], None] | None = None
+        self.recreated_topics = 0
 
     # ------------------------------------------------------------ set-up
 
@@ -194,6 +201,52 @@ class Consumer:
                 log.warning("waiting for the broker: %s", exc)
                 time.sleep(1.0)
         self._consumer.subscribe(list(self.topics), listener=_Rebalance(self))
+        self._topic_ids = self._current_topic_ids()
+
+    # ------------------------------------------------------------ topics deleted and created again
+
+    def _current_topic_ids(self) -> dict[str, str] | None:
+        """Topic name -> topic id (a new id means a new topic under the old name); None if unknown now."""
+        try:
+            if self._admin is None:
+                self._admin = make_admin(self.settings)
+            found = self._admin.describe_topics(list(self.topics))
+        except Exception as exc:  # broker away: nothing to compare this time
+            log.debug("describe_topics failed: %s", exc)
+            self._admin = None
+            return None
+        return {d["name"]: str(d.get("topic_id")) for d in found if d.get("error_code") == 0}
+
+    def _topics_recreated(self) -> bool:
+        """Whether the topics are not the ones we read (and committed offsets for) any more.
+
+        Offsets belong to one incarnation of a topic: after it is deleted and created again (or a broker
+        without durable storage, such as Tansu's memory store, restarts), positions and commits of the old
+        one would skip records of the new one, which starts again at offset 0.
+        """
+        ids = self._current_topic_ids()
+        if ids is None or self._topic_ids is None:
+            if self._topic_ids is None:
+                self._topic_ids = ids
+            return False
+        return ids != self._topic_ids
+
+    def _restart_on_new_topics(self) -> None:
+        """Drop the consumer (its positions belong to the old topics) and join again from the new ones' start."""
+        log.warning("topics %s were created again; reading them from the beginning", ", ".join(self.topics))
+        self.recreated_topics += 1
+        with self._lock:
+            if self._buffer:  # already consumed from the old topics: keep it, but commit nothing
+                decoded = decode(self._buffer, self.topics)
+                self.progress.loaded.add(self.loader.write(decoded))
+                self.progress.records += len(self._buffer)
+                self._buffer, self._next, self._buffer_since = [], {}, None
+        try:
+            self._consumer.close(autocommit=False)
+        except Exception:
+            log.debug("closing the old consumer failed", exc_info=True)
+        self._consumer = None
+        self.connect()
 
     # ------------------------------------------------------------ the loop
 
@@ -207,6 +260,7 @@ class Consumer:
         batch_seconds = self.settings.consumer_batch_seconds
         batch_records = self.settings.consumer_batch_records
         next_report = time.monotonic() + progress_every
+        next_check = time.monotonic() + 1.0
         idle_since: float | None = None
         self._on_written = on_written
         try:
@@ -222,9 +276,16 @@ class Consumer:
                 now = time.monotonic()
                 if got and self._buffer_since is None:
                     self._buffer_since = now
+                if got and self.progress.first_record_at is None:
+                    self.progress.first_record_at = now
                 if self._buffer and (len(self._buffer) >= batch_records
                                      or now - (self._buffer_since or now) >= batch_seconds):
                     self.flush()
+                if now >= next_check:
+                    next_check = now + 1.0
+                    if self._topics_recreated():
+                        self._restart_on_new_topics()
+                        continue
                 if now >= next_report or (exit_idle is not None and not got):
                     self.progress.lag = self._lag()
                     if now >= next_report:
@@ -255,10 +316,15 @@ class Consumer:
             p = self.progress
             p.loaded.add(result)
             p.records += len(batch)
+            p.rows += sum(t.num_rows for t in (decoded.queries, decoded.events) if t is not None) + len(decoded.failed)
             p.batches += 1
             p.last_batch_at = time.monotonic()
             if self._on_written is not None:
                 self._on_written(p)
+            if self._topics_recreated():
+                # The offsets are the old topics': committing them would skip records of the new ones.
+                self.progress.commit_failures += 1
+                return
             self._commit(offsets)
 
     def _commit(self, offsets: dict[Any, int]) -> None:
@@ -272,7 +338,7 @@ class Consumer:
             log.warning("offset commit failed (%s); the batch will be re-delivered and deduplicated", exc)
 
     def _lag(self) -> int | None:
-        """Records not consumed yet on the assigned partitions (high watermark minus position)."""
+        """Kafka records not written yet on the assigned partitions (high watermark minus position, plus buffer)."""
         assigned = list(self._consumer.assignment())
         self.progress.partitions = len(assigned)
         if not assigned:
@@ -303,6 +369,8 @@ class Consumer:
         finally:
             if self._consumer is not None:
                 self._consumer.close(autocommit=False)
+            if self._admin is not None:
+                self._admin.close()
             self.loader.close()
 
 

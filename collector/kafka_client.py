@@ -96,6 +96,7 @@ def consumer_config(settings: Settings, group: str) -> dict[str, Any]:
         "request_timeout_ms": max(30_000, poll_ms + 5000),
         "allow_auto_create_topics": False,
         "reconnect_backoff_max_ms": 1000,
+        "check_crcs": settings.consumer_check_crcs,
     }
 
 

@@ -47,6 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--max-poll-interval-ms", dest="consumer_max_poll_interval_ms", type=int, metavar="MS",
                    help="Kafka max.poll.interval.ms, also the rebalance timeout; a new group's first join "
                         "waits this long on Tansu (default 30000)")
+    p.add_argument("--no-check-crcs", dest="consumer_check_crcs", action="store_false", default=None,
+                   help="skip the CRC-32C check of fetched record batches (kafka-python computes it in pure "
+                        "Python, which costs about half the loader's throughput; a corrupted record then "
+                        "mostly shows up as poison instead of an error)")
     p.add_argument("--exit-idle", type=float, metavar="S",
                    help="stop once caught up (lag 0) for S seconds, instead of running until stopped")
     p.add_argument("--progress-every", type=float, default=1.0, metavar="S",
@@ -143,11 +147,11 @@ class _HumanOut:
     def _text(self, p: Any) -> str:
         d = p.public()
         lag = "?" if d["lag"] is None else f"{d['lag']:,}"
-        return (f"[bold]{d['records']:,}[/] records in {d['batches']:,} batches  "
+        return (f"[bold]{d['rows']:,}[/] rows ({d['records']:,} Kafka records) in {d['batches']:,} batches  "
                 f"queries {d['queries']:,}  events {d['events']:,}  duplicates "
                 f"{d['query_duplicates'] + d['event_duplicates']:,}  conflicts {d['conflicts']:,}  "
                 f"failed {d['failed']:,}  poison {d['poison']:,}  |  lag [bold]{lag}[/]  "
-                f"{d['records_per_s']:,.0f} rec/s  partitions {d['partitions']}")
+                f"{d['rows_per_s']:,.0f} rows/s  partitions {d['partitions']}")
 
     def progress(self, p: Any) -> None:
         self.live.update(self._text(p))

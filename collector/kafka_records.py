@@ -1,18 +1,27 @@
 """The record format on the Kafka topics: what ``ubi serve --sink kafka`` writes and ``ubi consume`` reads.
 
-Three topics per prefix: ``<prefix>.queries``, ``<prefix>.events`` and ``<prefix>.failed``. A message value
-is one row of the stored shape (``schemas.tables``: the columns of ``ubi_queries`` / ``ubi_events``) as a
-JSON object, timestamps as naive-UTC ISO strings. The collector validated the record and computed its
-dedup key (``query_key`` / ``event_key``) before producing it, so:
+Three topics per prefix: ``<prefix>.queries``, ``<prefix>.events`` and ``<prefix>.failed``. A message on
+``.queries`` / ``.events`` holds the rows of one search (one ``query_id``) from one request, one row per
+line (NDJSON); a row is the stored shape (``schemas.tables``: the columns of ``ubi_queries`` /
+``ubi_events``) as a JSON object, timestamps as naive-UTC ISO strings. Messages are keyed by that
+``query_id`` (rows without one are keyed, and sent, one by one under their own dedup key), so a search's
+query and events share a partition and stay in order, and copies of a row always meet in one partition.
 
-* re-delivery (a replayed spool, a consumer restarted before its commit) carries the same bytes, hence the
-  same key, and the store's dedup absorbs it;
+Why several rows per message: kafka-python spends tens of microseconds per message on each side
+(record building and parsing in Python), several times what a row costs us; a search's events arrive
+together anyway, and grouping them is what lets the collector and the loader move more events per second
+than kafka-python moves messages. Messages stay under 256 KiB (a big search is split).
+
+The collector validated each row and computed its dedup key (``query_key`` / ``event_key``) before
+producing it, so:
+
+* re-delivery (a replayed spool, a loader restarted before its commit) carries the same bytes, hence the
+  same keys, and the store's dedup absorbs it;
 * the loader re-validates cheaply: Arrow's JSON reader parses a whole batch against the stored schema in
-  C++, and only a batch that fails is taken apart record by record to find the poison.
+  C++, and only a batch that fails is taken apart, message by message and line by line, to find the poison.
 
-``<prefix>.failed`` carries ``failed_records`` rows (rejected items with their reason, ``raw`` base64).
-Messages are keyed by ``query_id`` so a search's query and events share a partition and stay in order;
-records without one are keyed by their own dedup key, so copies of a record always meet in one partition.
+``<prefix>.failed`` carries one ``failed_records`` row per message (rejected items with their reason,
+``raw`` base64).
 """
 
 from __future__ import annotations
@@ -112,6 +121,29 @@ class Encoded:
 _ROW_ERRORS = (orjson.JSONEncodeError, ValueError, OverflowError, TypeError)
 
 
+#: Largest message value built from rows (a search with more rows is split over several messages).
+MAX_VALUE_BYTES = 256 * 1024
+
+
+def _group(kind: TopicKind, rows: list[tuple[str, bytes]]) -> list[Message]:
+    """Rows (key, JSON) of one kind as messages: one per key in first-seen order, lines in row order."""
+    by_key: dict[str, list[bytes]] = {}
+    for key, line in rows:
+        by_key.setdefault(key, []).append(line)
+    out: list[Message] = []
+    for key, lines in by_key.items():
+        chunk: list[bytes] = []
+        size = 0
+        for line in lines:
+            if chunk and size + len(line) + 1 > MAX_VALUE_BYTES:
+                out.append(Message(kind, key.encode(), b"\n".join(chunk)))
+                chunk, size = [], 0
+            chunk.append(line)
+            size += len(line) + 1
+        out.append(Message(kind, key.encode(), b"\n".join(chunk)))
+    return out
+
+
 def encode(validated: Validated, *, source: str, received_at: datetime | None = None) -> Encoded:
     """The messages of one validated body: its stored rows, and its rejected items with their reasons.
 
@@ -119,32 +151,30 @@ def encode(validated: Validated, *, source: str, received_at: datetime | None = 
     but cannot be stored is rejected on its own, as :func:`collector.ingest.prepare` does.
     """
     now = received_at or utcnow()
-    msgs: list[Message] = []
     errors = list(validated.errors)
     late: list[ItemError] = []
-    nq = ne = 0
+    qrows: list[tuple[str, bytes]] = []
+    erows: list[tuple[str, bytes]] = []
     for index, q in validated.queries:
         try:
             row = query_row(q, now)
-            msgs.append(Message("queries", row["query_id"].encode(), orjson.dumps(row)))
-            nq += 1
+            qrows.append((row["query_id"], orjson.dumps(row)))
         except _ROW_ERRORS as exc:
             late.append(ItemError(index, None, f"cannot be stored: {exc}", "query", validated.raws.get(index, b"")))
     for index, e, bulk_id in validated.events:
         try:
             row = event_row(e, now, bulk_id)
-            key = row["query_id"] or row["event_key"]
-            msgs.append(Message("events", key.encode(), orjson.dumps(row)))
-            ne += 1
+            erows.append((row["query_id"] or row["event_key"], orjson.dumps(row)))
         except _ROW_ERRORS as exc:
             late.append(ItemError(index, None, f"cannot be stored: {exc}", "event", validated.raws.get(index, b"")))
     if late:
         errors = sorted([*errors, *late], key=lambda err: err.index)
+    msgs = _group("queries", qrows) + _group("events", erows)
     for err in errors:
         row = failed_row(source=source, kind=err.kind, reason=err.message, raw=err.raw, item_index=err.index,
                          field=err.field, received_at=now)
         msgs.append(Message("failed", None, failed_value(row)))
-    return Encoded(msgs, nq, ne, errors)
+    return Encoded(msgs, len(qrows), len(erows), errors)
 
 
 def body_message(body: bytes, *, source: str, reason: str, kind: str) -> Message:
@@ -164,6 +194,17 @@ class InRecord(NamedTuple):
     value: bytes | None
 
 
+class Origin(NamedTuple):
+    """Where one row came from: its message, and its line in the message (0-based)."""
+
+    record: InRecord
+    line: int
+
+    def raw(self) -> bytes:
+        """The row's own bytes (its line of the message)."""
+        return (self.record.value or b"").split(b"\n")[self.line]
+
+
 @dataclass
 class Decoded:
     """One consumed batch turned into stored-shape Arrow tables, plus the records that could not be."""
@@ -171,8 +212,8 @@ class Decoded:
     queries: pa.Table | None = None
     events: pa.Table | None = None
     #: where each row of ``queries`` / ``events`` came from (parallel to the tables' rows)
-    query_origin: list[InRecord] = field(default_factory=list)
-    event_origin: list[InRecord] = field(default_factory=list)
+    query_origin: list[Origin] = field(default_factory=list)
+    event_origin: list[Origin] = field(default_factory=list)
     #: ``failed_records`` rows: from the ``.failed`` topic, and poison records (kind ``poison``)
     failed: list[dict[str, Any]] = field(default_factory=list)
 
@@ -181,17 +222,19 @@ class Decoded:
         return sum(1 for f in self.failed if f["kind"] == "poison")
 
 
-def poison_id(rec: InRecord) -> str:
-    """Deterministic ``failed_id`` of a poison record, so a re-delivered one is kept once."""
-    h = hashlib.sha256(f"{rec.topic}\x1f{rec.partition}\x1f{rec.offset}\x1f".encode() + (rec.value or b""))
+def poison_id(rec: InRecord, line: int | None = None) -> str:
+    """Deterministic ``failed_id`` of a poison record (or of one bad line of it): re-delivered, kept once."""
+    h = hashlib.sha256(f"{rec.topic}\x1f{rec.partition}\x1f{rec.offset}\x1f{line}\x1f".encode() + (rec.value or b""))
     return "kafka:" + h.hexdigest()[:32]
 
 
-def poison_row(rec: InRecord, reason: str, *, received_at: datetime | None = None) -> dict[str, Any]:
-    """The ``failed_records`` row of a record the loader cannot read, with its topic, partition and offset."""
-    row = failed_row(source=rec.topic, kind="poison", reason=reason, raw=rec.value,
-                     received_at=received_at, kafka=(rec.topic, rec.partition, rec.offset))
-    row["failed_id"] = poison_id(rec)
+def poison_row(rec: InRecord, reason: str, *, line: int | None = None, raw: bytes | None = None,
+               received_at: datetime | None = None) -> dict[str, Any]:
+    """The ``failed_records`` row of a record (or a line of it) the loader cannot read, with topic, partition,
+    offset, and the line as ``item_index``."""
+    row = failed_row(source=rec.topic, kind="poison", reason=reason, raw=rec.value if raw is None else raw,
+                     item_index=line, received_at=received_at, kafka=(rec.topic, rec.partition, rec.offset))
+    row["failed_id"] = poison_id(rec, line)
     return row
 
 
@@ -218,26 +261,35 @@ def _read_rows(kind: Literal["queries", "events"], values: list[bytes]) -> pa.Ta
 
 
 def _decode_rows(kind: Literal["queries", "events"], recs: list[InRecord], out: Decoded, now: datetime) -> None:
-    good = [r for r in recs if r.value]
+    lines: list[bytes] = []
+    origin: list[Origin] = []
     for r in recs:
         if not r.value:
             out.failed.append(poison_row(r, "empty message value", received_at=now))
+            continue
+        for i, line in enumerate(r.value.split(b"\n")):
+            lines.append(line)
+            origin.append(Origin(r, i))
     table: pa.Table | None = None
-    origin: list[InRecord] = []
-    if good:
+    if lines:
         try:
-            table, origin = _read_rows(kind, [r.value for r in good if r.value]), good
+            table = _read_rows(kind, lines)
         except (pa.ArrowInvalid, ValueError):
-            # Somewhere in the batch is a poison record: take the batch apart to keep every good one.
+            # Somewhere in the batch is poison: parse line by line to keep every good row.
             pieces: list[pa.Table] = []
-            for r in good:
+            kept: list[Origin] = []
+            for line, o in zip(lines, origin, strict=True):
                 try:
-                    pieces.append(_read_rows(kind, [r.value or b""]))
-                    origin.append(r)
+                    pieces.append(_read_rows(kind, [line]))
+                    kept.append(o)
                 except (pa.ArrowInvalid, ValueError) as exc:
-                    out.failed.append(poison_row(r, f"not {_ARTICLE[kind]} record of the stored shape "
-                                                    f"({_explain(kind, r.value or b'', exc)})", received_at=now))
+                    where = f"line {o.line + 1}: " if (o.record.value or b"").count(b"\n") else ""
+                    out.failed.append(poison_row(
+                        o.record, f"{where}not {_ARTICLE[kind]} record of the stored shape "
+                                  f"({_explain(kind, line, exc)})",
+                        line=o.line, raw=line if where else None, received_at=now))
             table = pa.concat_tables(pieces) if pieces else None
+            origin = kept
     if kind == "queries":
         out.queries, out.query_origin = table, origin
     else:

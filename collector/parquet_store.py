@@ -31,13 +31,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from collector.kafka_records import Decoded, InRecord, failed_arrow
+from collector.kafka_records import Decoded, Origin, failed_arrow
 from schemas import tables
 from schemas.errors import StoreError
 
 TABLE_DIRS = ("ubi_queries", "ubi_events", "failed_records")
-#: Where a row came from; kept in the Parquet files of ubi_queries and ubi_events (not in the views).
-ORIGIN = pa.schema([("kafka_partition", pa.int32()), ("kafka_offset", pa.int64())])
+#: Where a row came from (partition, offset, line in the message); kept in the Parquet files of
+#: ubi_queries and ubi_events, not shown by the views.
+ORIGIN = pa.schema([("kafka_partition", pa.int32()), ("kafka_offset", pa.int64()), ("kafka_line", pa.int32())])
 
 
 def _fsync_dir(path: Path) -> None:
@@ -94,14 +95,14 @@ class ParquetLoader:
             self.writers[key] = PartitionWriter(self.root, topic, partition)
         return self.writers[key]
 
-    def _write_rows(self, table_dir: str, table: pa.Table | None, origin: list[InRecord]) -> int:
+    def _write_rows(self, table_dir: str, table: pa.Table | None, origin: list[Origin]) -> int:
         if table is None or not table.num_rows:
             return 0
-        parts = pa.array([r.partition for r in origin], pa.int32())
-        offsets = pa.array([r.offset for r in origin], pa.int64())
-        table = table.append_column(ORIGIN.field("kafka_partition"), parts).append_column(
-            ORIGIN.field("kafka_offset"), offsets)
-        topic = origin[0].topic
+        parts = pa.array([o.record.partition for o in origin], pa.int32())
+        table = (table.append_column(ORIGIN.field("kafka_partition"), parts)
+                 .append_column(ORIGIN.field("kafka_offset"), pa.array([o.record.offset for o in origin], pa.int64()))
+                 .append_column(ORIGIN.field("kafka_line"), pa.array([o.line for o in origin], pa.int32())))
+        topic = origin[0].record.topic
         for p in sorted(set(parts.to_pylist())):
             rows = table.filter(pc.equal(table.column("kafka_partition"), p))
             offs = rows.column("kafka_offset")
@@ -161,16 +162,16 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
         con.execute(f"""CREATE VIEW ubi_events AS
             SELECT {_cols(tables.EVENT_COLUMNS)} FROM {read.format(e_glob)}
             QUALIFY row_number() OVER (PARTITION BY event_key
-                                       ORDER BY received_at, kafka_partition, kafka_offset) = 1""")
+                                       ORDER BY received_at, kafka_partition, kafka_offset, kafka_line) = 1""")
     if q_glob is None:
         con.execute(tables.UBI_QUERIES)
         con.execute("CREATE VIEW _query_conflicts AS SELECT * FROM ubi_queries WHERE false")
     else:
         con.execute(f"""CREATE VIEW _query_versions AS
             SELECT *, row_number() OVER (PARTITION BY query_key
-                                         ORDER BY received_at, kafka_partition, kafka_offset) AS _rank,
+                                         ORDER BY received_at, kafka_partition, kafka_offset, kafka_line) AS _rank,
                    first_value(content_hash) OVER (PARTITION BY query_key
-                                         ORDER BY received_at, kafka_partition, kafka_offset) AS _winner
+                                         ORDER BY received_at, kafka_partition, kafka_offset, kafka_line) AS _winner
             FROM {read.format(q_glob)}""")
         con.execute(f"CREATE VIEW ubi_queries AS SELECT {_cols(tables.QUERY_COLUMNS)} FROM _query_versions "
                     "WHERE _rank = 1")
@@ -178,10 +179,10 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
         con.execute("""CREATE VIEW _query_conflicts AS
             SELECT * EXCLUDE (_rank, _winner) FROM _query_versions WHERE content_hash <> _winner
             QUALIFY row_number() OVER (PARTITION BY query_key, content_hash
-                                       ORDER BY received_at, kafka_partition, kafka_offset) = 1""")
+                                       ORDER BY received_at, kafka_partition, kafka_offset, kafka_line) = 1""")
     conflict_rows = f"""
         SELECT 'conflict:' || sha256(query_key || chr(31) || content_hash)[:32] AS failed_id, received_at,
-               kafka_topic_name AS source, 'conflict' AS kind, NULL::INTEGER AS item_index, 'query_id' AS field,
+               kafka_topic_name AS source, 'conflict' AS kind, kafka_line AS item_index, 'query_id' AS field,
                'query_key ' || query_key || ' is already stored with different content; first write wins, '
                || 'this record is kept as a conflict' AS reason,
                encode(to_json(c)::VARCHAR) AS raw, kafka_topic_name AS kafka_topic,

@@ -28,15 +28,17 @@ ROOT = Path(__file__).resolve().parents[3]
 POLL_INTERVAL_MS = "3000"
 
 
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
-    """Poll ``pred`` until it returns something truthy; fail with ``what`` after ``timeout`` seconds."""
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.2,
+             state: Callable[[], Any] | None = None) -> Any:
+    """Poll ``pred`` until it returns something truthy; fail with ``what`` (and ``state()``) after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            extra = f"; state: {state()}" if state is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
         time.sleep(every)
 
 
@@ -336,12 +338,18 @@ def read_topic(bootstrap: str, topic: str) -> list[tuple[int, int, bytes]]:
         c.close()
 
 
+def rows_of(records: list[tuple[int, int, bytes]]) -> list[tuple[int, int, dict[str, Any]]]:
+    """The rows in topic records (one per line of a message), as (partition, offset, row), in log order."""
+    return [(p, o, json.loads(line)) for p, o, value in sorted(records, key=lambda r: (r[0], r[1]))
+            for line in value.split(b"\n")]
+
+
 def first_occurrence_order(records: list[tuple[int, int, bytes]]) -> dict[str, list[int]]:
     """Per query id, event sequence numbers in the order their first copy appears in the topic."""
     seen: set[str] = set()
     order: dict[str, list[int]] = defaultdict(list)
-    for _, _, value in sorted(records, key=lambda r: (r[0], r[1])):
-        msg = json.loads(value)["message"]
+    for _, _, row in rows_of(records):
+        msg = row["message"]
         if msg in seen:
             continue
         seen.add(msg)

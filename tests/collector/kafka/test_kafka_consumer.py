@@ -62,14 +62,14 @@ def test_a_whole_redelivery_is_absorbed_by_the_dedup_keys(broker, prefix, tmp_pa
     _produce(settings, (SAMPLE_BULK.read_bytes(), "bulk"), (conflicting, "query"),
              (b'[{"action_name": "click"}]', "event"))
     db = tmp_path / "ubi.duckdb"
-    first = _load(settings, db, "g1")
+    first = _load(settings, db, f"{prefix}-g1")
     # 473 queries + 3,448 events (docs/ubi.md) + 1 conflicting query + 1 rejected event on .failed
-    assert first["records"] == 473 + 3448 + 1 + 1
+    assert first["rows"] == 473 + 3448 + 1 + 1
     assert (first["queries"], first["events"], first["conflicts"], first["failed"]) == (473, 3448, 1, 1)
     assert _counts(db) == (473, 3448, 2)
 
-    second = _load(settings, db, "g2")
-    assert second["records"] == first["records"]
+    second = _load(settings, db, f"{prefix}-g2")
+    assert (second["records"], second["rows"]) == (first["records"], first["rows"])
     assert (second["queries"], second["events"]) == (0, 0)
     assert (second["query_duplicates"], second["event_duplicates"]) == (473, 3448)
     assert second["failed"] == 0  # the kept reject was delivered again and recognised by its failed_id
@@ -92,7 +92,7 @@ def test_one_duckdb_loader_per_store_and_readers_use_its_snapshots(broker, prefi
     db = tmp_path / "ubi.duckdb"
     store = Store(db)
     admin = serve_admin(store, lambda: {"loader": "test"})
-    consumer = Consumer(settings, DuckDBLoader(store), group="g")
+    consumer = Consumer(settings, DuckDBLoader(store), group=f"{prefix}-g")
     try:
         consumer.run(exit_idle=0.5)
         second = subprocess.run([sys.executable, "-m", "ubi", "consume", "--bootstrap", broker.bootstrap,
@@ -112,7 +112,7 @@ def test_lag_is_reported_and_goes_to_zero(broker, prefix, tmp_path):
     body = [{"action_name": "click", "timestamp": "2024-05-16T12:00:00Z", "event_id": f"e{i}"} for i in range(300)]
     _produce(settings, (json.dumps(body).encode(), "event"))
     seen = []
-    consumer = Consumer(settings, DuckDBLoader(Store(tmp_path / "ubi.duckdb")), group="g")
+    consumer = Consumer(settings, DuckDBLoader(Store(tmp_path / "ubi.duckdb")), group=f"{prefix}-g")
     try:
         consumer.run(exit_idle=0.5, on_written=lambda p: seen.append(p.records), progress_every=0.05)
     finally:

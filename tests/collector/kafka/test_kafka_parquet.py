@@ -49,13 +49,13 @@ def test_parquet_views_equal_the_duckdb_store_and_absorb_redelivery(broker, pref
         sink.close()
 
     out = tmp_path / "parquet"
-    first = _load(settings, ParquetLoader(out), "p1")
-    second = _load(settings, ParquetLoader(out), "p2")  # the whole topic delivered again into the same folder
+    first = _load(settings, ParquetLoader(out), f"{prefix}-p1")
+    second = _load(settings, ParquetLoader(out), f"{prefix}-p2")  # the whole topic delivered again into the same folder
     db = tmp_path / "ubi.duckdb"
-    _load(settings, DuckDBLoader(Store(db)), "d1")
+    _load(settings, DuckDBLoader(Store(db)), f"{prefix}-d1")
 
     # 473 + 1 query records, 3,448 events (docs/ubi.md), 1 reject: each written twice as raw Parquet rows.
-    assert first["records"] == second["records"] == 473 + 1 + 3448 + 1
+    assert first["rows"] == second["rows"] == 473 + 1 + 3448 + 1
     raw = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/ubi_events/*/*.parquet')").fetchall()[0]
     assert raw == (2 * 3448,)
     assert is_parquet_store(out) and not list(out.glob("*/*/.*.tmp"))

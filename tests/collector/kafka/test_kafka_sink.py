@@ -9,7 +9,7 @@ import orjson
 import pytest
 from conftest import Broker
 from fastapi.testclient import TestClient
-from kafka_support import read_topic, wait_for
+from kafka_support import read_topic, rows_of, wait_for
 
 from collector.app import create_app
 from collector.errors import SinkUnavailable
@@ -41,18 +41,20 @@ def test_records_reach_their_topics_keyed_by_query_id_once_acknowledged(broker, 
         gauges = sink.gauges()
     finally:
         sink.close()
-    assert gauges["produced_records_total"] == 1 + 4 + 2 + 1 and gauges["spool_records"] == 0
+    # messages: 1 query, qa's events + 1 reject, qb's events, 1 kept body
+    assert gauges["produced_records_total"] == 1 + 2 + 1 + 1 and gauges["spool_records"] == 0
 
     queries = read_topic(broker.bootstrap, f"{prefix}.queries")
     events = read_topic(broker.bootstrap, f"{prefix}.events")
     failed = read_topic(broker.bootstrap, f"{prefix}.failed")
-    assert [orjson.loads(v)["query_key"] for _, _, v in queries] == ["qa\x1f"]
-    assert len(events) == 5 and len(failed) == 2
+    assert [row["query_key"] for _, _, row in rows_of(queries)] == ["qa\x1f"]
+    # One message per search per request: qa's 3 events in one, qb's 2 in another; rejects one each.
+    assert len(events) == 2 and len(rows_of(events)) == 5 and len(failed) == 2
     # Keyed by query_id: a search's query and events share a partition (same key, same partition count),
     # and its events keep their order there.
-    part = {orjson.loads(v)["query_id"]: p for p, _, v in events}
+    part = {row["query_id"]: p for p, _, row in rows_of(events)}
     assert part["qa"] == queries[0][0]
-    qa = [orjson.loads(v)["message"] for p, _, v in sorted(events) if p == part["qa"]]
+    qa = [row["message"] for p, _, row in rows_of(events) if p == part["qa"]]
     assert [m for m in qa if m.startswith("qa")] == ["qa#0", "qa#1", "qa#2"]
     reasons = sorted((orjson.loads(v)["kind"], orjson.loads(v)["reason"]) for _, _, v in failed)
     assert reasons[0] == ("body", "malformed JSON")
@@ -74,22 +76,23 @@ def test_broker_down_spools_then_replays_in_order_and_metrics_show_it(tansu, pre
                 assert r.status_code == 202 and r.json()["accepted"] == 3
             health = client.get("/healthz").json()
             assert health["mode"] == "spooling" and health["broker"] == "unreachable"
-            assert (health["spool"]["entries"], health["spool"]["records"]) == (3, 9)
+            # 3 spool entries (one per request), each one message of 3 rows (one search)
+            assert (health["spool"]["entries"], health["spool"]["records"]) == (3, 3)
             metrics = client.get("/metrics").text
-            assert re.search(r'ubi_sink_spool_records\{sink="kafka"\} 9(\.0)?$', metrics, re.M)
+            assert re.search(r'ubi_sink_spool_records\{sink="kafka"\} 3(\.0)?$', metrics, re.M)
 
             down.start()
             wait_for(lambda: client.get("/healthz").json()["mode"] == "direct", 60, "the spool to be replayed")
             r = client.post("/v1/events", content=_events("qs", range(9, 10)))
             assert r.status_code == 202
             metrics = client.get("/metrics").text
-            assert re.search(r'ubi_sink_spool_replayed_records_total\{sink="kafka"\} 9(\.0)?$', metrics, re.M)
+            assert re.search(r'ubi_sink_spool_replayed_records_total\{sink="kafka"\} 3(\.0)?$', metrics, re.M)
             assert re.search(r'ubi_sink_spool_records\{sink="kafka"\} 0(\.0)?$', metrics, re.M)
         events = read_topic(down.bootstrap, f"{prefix}.events")
     finally:
         sink.close()
         down.kill()
-    assert [orjson.loads(v)["message"] for _, _, v in sorted(events)] == [f"qs#{i}" for i in range(10)]
+    assert [row["message"] for _, _, row in rows_of(events)] == [f"qs#{i}" for i in range(10)]
 
 
 def test_a_full_spool_answers_503_with_retry_after(tansu, prefix, tmp_path):
@@ -104,7 +107,8 @@ def test_a_full_spool_answers_503_with_retry_after(tansu, prefix, tmp_path):
             r = client.post("/v1/events", content=_events("qf", range(2, 40)))
             assert r.status_code == 503 and r.headers["retry-after"] == "5"
             assert "spool is full" in r.json()["message"]
-            assert client.get("/healthz").json()["spool"]["records"] == 2  # nothing of the refused batch
+            spool = client.get("/healthz").json()["spool"]
+            assert (spool["entries"], spool["records"]) == (1, 1)  # the first request only, one message
         with pytest.raises(SpoolFull):
             sink.write(validate_items(parse_items(_events("qf", range(2, 40)), "event")), source="t")
     finally:
