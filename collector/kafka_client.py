@@ -112,7 +112,8 @@ def make_admin(settings: Settings) -> Any:
 
 
 def ensure_topics(settings: Settings, names: Iterable[str]) -> list[str]:
-    """Create the topics that do not exist yet (``kafka_partitions`` partitions each); return those created.
+    """Create the topics that do not exist yet (``kafka_partitions`` partitions, ``kafka_replication_factor``
+    replicas each); return those created.
 
     Topics are never auto-created by clients, so their partition count is ours: keys keep mapping to the
     same partition. Needed after a broker that keeps no data (Tansu's memory storage) restarts, too.
@@ -129,7 +130,7 @@ def ensure_topics(settings: Settings, names: Iterable[str]) -> list[str]:
             if name in existing:
                 continue
             try:
-                admin.create_topics([NewTopic(name, settings.kafka_partitions, 1)])
+                admin.create_topics([NewTopic(name, settings.kafka_partitions, settings.kafka_replication_factor)])
                 created.append(name)
             except TopicAlreadyExistsError:
                 pass  # another collector made it meanwhile

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, HOST:PORT[,HOST:PORT...]")
     kafka_topic_prefix: str = Field("ubi", description="topics are <prefix>.queries, <prefix>.events, <prefix>.failed")
     kafka_partitions: int = Field(6, ge=1, description="partitions of a topic when ubi creates a missing one")
+    kafka_replication_factor: int = Field(
+        1, ge=1, description="replicas of a topic when ubi creates a missing one (3 on a production cluster)"
+    )
     kafka_ack_timeout: float = Field(
         5.0, gt=0, description="seconds the collector waits for the broker's acknowledgement before spooling"
     )
