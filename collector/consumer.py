@@ -451,8 +451,8 @@ def serve_admin(store: Store, status: Callable[[], dict[str, Any]], host: str = 
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="ubi-loader-admin", daemon=True).start()
-    h, p = server.server_address[:2]
-    advertise(store.path, f"http://{h}:{p}")
+    port_bound = int(server.server_address[1])
+    advertise(store.path, f"http://{host}:{port_bound}")
     return server
 
 
