@@ -50,7 +50,9 @@ class Settings(BaseSettings):
     spool_max_bytes: int = Field(1024**3, ge=1024, description="spool size above which the collector answers 503")
     spool_segment_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="size of one spool segment file")
     consumer_group: str = Field("ubi-loader", description="consumer group of `ubi consume`")
-    consumer_batch_records: int = Field(20_000, ge=1, description="records per loaded batch (one commit each)")
+    consumer_batch_records: int = Field(
+        5_000, ge=1, description="Kafka records per loaded batch, one commit each (a record holds ~1-10 rows)"
+    )
     consumer_batch_seconds: float = Field(1.0, gt=0, description="longest wait to fill a batch before loading it")
     consumer_max_poll_interval_ms: int = Field(
         30_000, ge=1000,
