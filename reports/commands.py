@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from collector.store import reading
@@ -35,7 +39,8 @@ _FORMATS = ("text", "json", "md", "html")
 
 _EPILOG = """\
 exit codes: 0 report written (gates passed or none given), 1 a gate failed (each shortfall is named),
-2 bad input (the message names the file and line).
+2 bad input (the message names the file and line), 3 internal error (a bug: the traceback is printed; never
+mistaken for a failed gate).
 
 examples:
   ubi report --qrels judgments.jsonl
@@ -167,9 +172,39 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q.set_defaults(func=cmd_queryset)
 
 
+INTERNAL_ERROR = 3  # exit code of a crash: 1 is reserved for "a gate failed", which CI acts on
+
+
 def _settings(args: argparse.Namespace) -> Settings:
+    from pydantic import ValidationError
+
     flags = {k: v for k, v in vars(args).items() if v is not None and k in Settings.model_fields}
-    return Settings(**flags)
+    try:
+        return Settings(**flags)
+    except ValidationError as exc:  # a bad flag or UBI_* value is bad input (exit 2), not a crash
+        first = exc.errors(include_url=False)[0]
+        raise UbiError(f"setting {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from exc
+
+
+def crash_is_not_a_gate(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run a command whose exit code 1 means "a gate failed": an unexpected exception (a bug) prints its
+    traceback and exits :data:`INTERNAL_ERROR`, since Python's own exit code for it, 1, would read as a gate
+    failure to a CI job. Typed errors (exit 2) and Ctrl-C pass through to ``ubi.cli``."""
+
+    @functools.wraps(fn)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except (UbiError, KeyboardInterrupt):
+            raise
+        except Exception:
+            traceback.print_exc()
+            Console(stderr=True).print(
+                f"[bold red]internal error[/] (a bug, not a failed gate): exit code {INTERNAL_ERROR}; please report "
+                "the traceback above", highlight=False)
+            return INTERNAL_ERROR
+
+    return run
 
 
 def _thresholds(args: argparse.Namespace) -> list[Threshold]:
@@ -218,6 +253,7 @@ def _write(path: Path | None, data: str | bytes) -> None:
         raise UbiError(f"{path}: cannot write: {exc.strerror or exc}") from exc
 
 
+@crash_is_not_a_gate
 def cmd_report(args: argparse.Namespace) -> int:
     from reports.render.dashboard import render_dashboard
     from reports.render.html import render_html
@@ -291,7 +327,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     failed = report.failed_gates
     if failed:
         for g in failed:
-            err.print(f"[bold red]gate failed:[/] {g.describe()}", highlight=False)
+            err.print(f"[bold red]gate failed:[/] {escape(g.describe())}", highlight=False)
         return 1
     return 0
 
@@ -305,6 +341,6 @@ def cmd_queryset(args: argparse.Namespace) -> int:
     _write(args.out, format_queryset(qs, args.format))
     if args.out is not None:
         Console(stderr=True).print(
-            f"wrote {len(chosen)} of {len(population)} distinct queries ({args.strategy}) to {args.out}",
+            escape(f"wrote {len(chosen)} of {len(population)} distinct queries ({args.strategy}) to {args.out}"),
             highlight=False)
     return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -86,6 +86,19 @@ def _paired(
     return b[bi], s[sj]
 
 
+def _columns(ids: Sequence[str], values: NDArray, m: int, system: str) -> NDArray:
+    """Values as [n, m]: a 1-D array is one metric. A system with no evaluated query is [0, m], not an error
+    (numpy cannot infer the width of an empty array, so the width comes from the metric count)."""
+    v = np.asarray(values, float)
+    if v.ndim == 1 and m == 1:
+        v = v.reshape(-1, 1)
+    if v.ndim == 1 and v.size == 0:
+        v = v.reshape(0, m)
+    if v.ndim != 2 or v.shape != (len(ids), m):
+        raise CompareError(f"{system}: values of shape {v.shape} for {len(ids)} queries and {m} metric(s)")
+    return v
+
+
 def _t_pvalue(s: NDArray, b: NDArray) -> float:
     d = s - b
     if len(d) >= 2 and np.ptp(d) > 0:
@@ -115,10 +128,8 @@ def compare_block(
     The bootstrap resamples and the sign patterns are shared by the metrics (one draw, one matrix product),
     and each metric gets exactly what :func:`compare_pair` would give it alone.
     """
-    b, s = _paired(base[0], np.asarray(base[1], float).reshape(len(base[0]), -1),
-                   other[0], np.asarray(other[1], float).reshape(len(other[0]), -1))
-    if b.shape[1] != len(metrics) or s.shape[1] != len(metrics):
-        raise CompareError(f"values have {b.shape[1]} / {s.shape[1]} columns for {len(metrics)} metrics")
+    b, s = _paired(base[0], _columns(base[0], base[1], len(metrics), baseline),
+                   other[0], _columns(other[0], other[1], len(metrics), system))
     keep = ~(np.isnan(b).any(axis=1) | np.isnan(s).any(axis=1))
     b, s = b[keep], s[keep]
     d = s - b
@@ -202,7 +213,11 @@ def compare_systems(
 
 @dataclass(frozen=True)
 class Ordering:
-    """Systems ordered by an offline and by an online metric, and how well the two orders agree."""
+    """Systems ordered by an offline and by an online metric, and how well the two orders agree.
+
+    Each order holds every system that has a finite value of its metric (a system without logs is in the
+    offline order only); the correlations rest on ``common``, the systems in both (``systems`` of them).
+    """
 
     offline_metric: str
     online_metric: str
@@ -211,6 +226,7 @@ class Ordering:
     systems: int
     kendall: float
     spearman: float
+    common: list[str] = field(default_factory=list)
 
 
 def ordering(
@@ -221,15 +237,19 @@ def ordering(
     online_metric: str,
     online_higher_is_better: bool = True,
 ) -> Ordering:
-    """Best-first orders of the systems by both metrics and Kendall tau-b / Spearman between the two scores.
+    """Best-first orders of the systems by each metric and Kendall tau-b / Spearman between the two scores.
 
-    Only systems with a finite value on both sides count; with fewer than two the correlations are NaN,
-    and with two they can only be +1 or -1 (say so when reporting).
+    Each order ranks every system with a finite value of that metric, so a system missing on one side
+    still shows where it stands on the other. The correlations are computed on the systems with a finite
+    value on both sides only; with fewer than two they are NaN, and with two they can only be +1 or -1
+    (say so when reporting).
     """
-    common = sorted(s for s in offline if s in online and math.isfinite(offline[s]) and math.isfinite(online[s]))
     sign = 1.0 if online_higher_is_better else -1.0
-    off_order = sorted(common, key=lambda s: (-offline[s], s))
-    on_order = sorted(common, key=lambda s: (-sign * online[s], s))
+    off_ok = sorted(s for s, v in offline.items() if math.isfinite(v))
+    on_ok = sorted(s for s, v in online.items() if math.isfinite(v))
+    common = sorted(set(off_ok) & set(on_ok))
+    off_order = sorted(off_ok, key=lambda s: (-offline[s], s))
+    on_order = sorted(on_ok, key=lambda s: (-sign * online[s], s))
     if len(common) >= 2:
         x = np.array([offline[s] for s in common])
         y = sign * np.array([online[s] for s in common])
@@ -239,4 +259,4 @@ def ordering(
             rho = float(stats.spearmanr(x, y).statistic)
     else:
         tau = rho = float("nan")
-    return Ordering(offline_metric, online_metric, off_order, on_order, len(common), tau, rho)
+    return Ordering(offline_metric, online_metric, off_order, on_order, len(common), tau, rho, common)

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from reports.metrics import DEFAULT_METRICS, GAINS, KNOWN, MetricTable, compute, parse_metrics
@@ -74,10 +75,10 @@ def evaluate_files(args: argparse.Namespace) -> tuple[MetricTable, dict[str, Any
     specs = parse_metrics(args.metrics, gain=args.gain)
     corpus = load_corpus_ids(args.corpus) if args.corpus else None
     status = Console(stderr=True)
-    with status.status(f"loading {args.qrels}"):
+    with status.status(f"loading {escape(str(args.qrels))}"):
         qrels = load_qrels(args.qrels, format=args.qrels_format, corpus=corpus, require_positive=args.require_positive,
                            rel_threshold=args.rel_threshold, rating_map=rating_map)
-    with status.status(f"loading {args.run}"):
+    with status.status(f"loading {escape(str(args.run))}"):
         run = load_run(args.run, format=args.run_format)
     with status.status("evaluating"):
         table = compute(qrels, run, specs, gain=args.gain, rel_threshold=args.rel_threshold, complete=args.complete,
@@ -108,16 +109,16 @@ def print_table(console: Console, table: MetricTable, inputs: dict[str, Any]) ->
     """Aggregate table, then the queries that are not in it and why."""
     q, r = inputs["qrels"], inputs["run"]
     title = f"{r['path']} ({r['queries']} queries) vs {q['path']} ({q['format']}, {q['queries']} queries)"
-    out = Table(title=title, title_justify="left")
+    out = Table(title=escape(title), title_justify="left")
     out.add_column("metric")
     out.add_column("definition")
     out.add_column("mean", justify="right")
     out.add_column("queries", justify="right")
     for spec, (name, agg) in zip(table.specs, table.aggregate().items(), strict=True):
-        out.add_row(name, spec.describe(), _fmt(agg.mean), str(agg.n))
+        out.add_row(escape(name), escape(spec.describe()), _fmt(agg.mean), str(agg.n))
     console.print(out)
     if "rating_map" in q:
-        console.print(f"Workbench ratings mapped to grades by {q['rating_map']}")
+        console.print(f"Workbench ratings mapped to grades by {escape(q['rating_map'])}")
     console.print(f"positive = grade >= {table.rel_threshold}; means over {table.n_queries} queries with a positive")
     if table.condensed:
         console.print("condensed lists: unjudged docs were dropped from each ranking before scoring (not judged@k)")
@@ -148,7 +149,7 @@ def print_per_query(console: Console, table: MetricTable) -> None:
     for name in table.metrics:
         out.add_column(name, justify="right")
     for row in table.per_query():
-        out.add_row(str(row["query_id"]), *(_fmt(row[name]) for name in table.metrics))
+        out.add_row(escape(str(row["query_id"])), *(_fmt(row[name]) for name in table.metrics))
     console.print(out)
     if table.negative_query_ids:
         neg = Table(title="labelled negatives", title_justify="left")
@@ -157,6 +158,6 @@ def print_per_query(console: Console, table: MetricTable) -> None:
         for name in table.negative_values:
             neg.add_column(name, justify="right")
         for row in table.negatives_per_query():
-            neg.add_row(str(row["query_id"]), str(row["retrieved"]),
+            neg.add_row(escape(str(row["query_id"])), str(row["retrieved"]),
                         *(_fmt(row[name]) for name in table.negative_values))
         console.print(neg)

@@ -17,8 +17,8 @@ any label of the source are counted as unlabelled. Per query class when classes 
 Run files given beside the logs are systems too (``file_runs``), evaluated offline exactly as the logged ones
 (every source, coverage, per query, comparison, gates); their query ids map to query texts by the rule of
 :mod:`reports.systems`. They have no online metrics: they are absent from ``Report.online`` (shown as "no
-log", never as zero), out of the offline-vs-online orderings, and an online gate applies to them only when it
-names them (and then fails, saying why).
+log", never as zero), in the offline orders but not the online ones (so not in the rank correlations), and an
+online gate applies to them only when it names them (and then fails, saying why).
 """
 
 from __future__ import annotations
@@ -485,10 +485,12 @@ def build_report(
         comparisons = compare_systems(per_query, cfg.baseline, n_boot=cfg.n_boot, n_perm=cfg.n_perm, seed=cfg.seed)
 
     orderings = []
-    if len(logged) >= 2:  # run files have no online value, so they cannot take part
+    # each order holds every system with that metric (a run file is in the offline order only); the rank
+    # correlation rests on the systems in both, which needs a logged system at least
+    if logged and len(runs) >= 2:
         main = next((m for m in cfg.metric_names if m.startswith("ndcg")), cfg.metric_names[0])
         for source in sources:
-            off = {r.system: r.aggregate[main].value for r in offline if r.source == source and r.system in logged}
+            off = {r.system: r.aggregate[main].value for r in offline if r.source == source}
             for name, higher in ONLINE_METRICS:
                 if name not in ("ctr@k", "rr_first_click"):
                     continue

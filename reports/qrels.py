@@ -345,8 +345,28 @@ def sniff_qrels_format(path: str | Path, text: str | None = None) -> QrelsFormat
     try:
         obj = json.loads(first)
     except json.JSONDecodeError:
-        return "workbench"
+        return _sniff_unparsed_first_line(stripped)
     return "workbench" if isinstance(obj, dict) and "judgmentRatings" in obj else "jsonl"
+
+
+def _sniff_unparsed_first_line(stripped: str) -> QrelsFormat:
+    """The first line is not a whole JSON value: a Workbench document spread over lines, or a bad JSONL line.
+
+    Guessing "workbench" for a broken one-line file made the whole-document parser report the end of the
+    file (line 2, column 1) instead of the fault; the JSONL parser reads that line alone and points at it.
+    """
+    try:
+        json.loads(stripped)
+        return "workbench"  # a valid multi-line document (its shape is checked by the Workbench parser)
+    except json.JSONDecodeError:
+        pass
+    lines = [line for line in stripped.split("\n") if line.strip()]
+    if len(lines) <= 1:
+        return "jsonl"  # one line: the line-by-line parser gives the exact column
+    head = lines[0].strip()
+    if head in ("{", "[") or '"judgmentRatings"' in stripped:
+        return "workbench"
+    return "jsonl"
 
 
 def load_qrels(
@@ -376,6 +396,10 @@ def load_qrels(
         qrels = _parse_workbench(name, text, rating_map, corpus)
     else:
         raise QrelsError(name, None, f"unknown judgment format {format!r}; use one of auto, {', '.join(QRELS_FORMATS)}")
+    if not qrels.grades:  # evaluating against nothing would print means "over 0 queries" and exit 0
+        what = "the file is empty" if not text.strip() else f"no query in this {fmt} file"
+        raise QrelsError(name, None, f"no judgments: {what}; give a judgments file with at least one graded "
+                                     f"(query, doc)")
     _check_queries(qrels, require_positive=require_positive, require_text=require_text, rel_threshold=rel_threshold)
     return qrels
 

@@ -61,7 +61,15 @@ def load_trec_run(path: str | Path) -> Run:
     return _parse_trec_run(str(path), read_input_text(path, RunError))
 
 
+def _no_rankings(name: str) -> RunError:
+    # nothing to score: means "over 0 queries" must not pass for a real evaluation
+    return RunError(name, None, "no rankings: the file is empty; give at least one line "
+                                "'query_id Q0 doc_id rank score tag' (or one JSONL ranking)")
+
+
 def _parse_trec_run(name: str, text: str) -> Run:
+    if not text.strip():
+        raise _no_rankings(name)
     return _fast_trec_run(name, text) or _strict_trec_run(name, text)
 
 
@@ -164,6 +172,8 @@ def load_jsonl_run(path: str | Path) -> Run:
 
 
 def _parse_jsonl_run(name: str, text: str) -> Run:
+    if not text.strip():
+        raise _no_rankings(name)
     rankings: dict[str, list[str]] = {}
     lines: dict[str, int] = {}
     for number, line in numbered_lines(text):

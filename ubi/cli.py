@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from schemas.errors import UbiError
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UbiError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
         return 2
     except KeyboardInterrupt:
         return 130

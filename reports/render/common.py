@@ -9,6 +9,7 @@ from reports.intervals import Interval
 from reports.joint import NO_LOG, Report
 
 Row = list[str]
+NO_COMMON = "no common queries"
 
 
 def num(x: float | None, digits: int = 3) -> str:
@@ -31,6 +32,11 @@ def ci(iv: Interval | None, digits: int = 3) -> str:
     if not (math.isfinite(iv.low) and math.isfinite(iv.high)):
         return num(iv.value, digits)
     return f"{num(iv.value, digits)} [{num(iv.low, digits)}, {num(iv.high, digits)}]"
+
+
+def unit(report: Report) -> str:
+    """What one evaluated row of a system is: ``queries`` (mode modal) or ``searches`` (mode each)."""
+    return "searches" if report.config.mode == "each" else "queries"
 
 
 def header_lines(report: Report) -> list[str]:
@@ -89,12 +95,13 @@ def coverage_table(report: Report) -> tuple[Row, list[Row]]:
     systems = [s.name for s in report.systems]
     cells = {(c.system, c.source): c for c in report.coverage}
     sources = list(dict.fromkeys(c.source for c in report.coverage))
+    abbr = "s" if unit(report) == "searches" else "q"  # labelled / all rows of the run
     rows = []
     for source in sources:
         row = [source]
         for system in systems:
             c = cells.get((system, source))
-            row.append("–" if c is None else f"{num(c.judged_at_k)} ({c.queries_labelled}/{c.queries} q)")
+            row.append("–" if c is None else f"{num(c.judged_at_k)} ({c.queries_labelled}/{c.queries} {abbr})")
         rows.append(row)
     return [f"judged@{report.config.k}", *systems], rows
 
@@ -105,10 +112,14 @@ def offline_tables(report: Report) -> Iterator[tuple[str, Row, list[Row]]]:
     for source in report.sources:
         results = [r for r in report.offline if r.source == source]
         head = ["", *[r.system for r in results]]
-        rows = [["queries evaluated", *[str(r.n_queries) for r in results]]]
+        # mode each scores every search on its own, so these count searches, not distinct queries
+        each = unit(report) == "searches"
+        rows = [["searches evaluated" if each else "queries evaluated", *[str(r.n_queries) for r in results]]]
         rows += [[m, *[ci(r.aggregate.get(m)) for r in results]] for m in metrics]
-        rows.append(["labelled negatives", *[str(len(r.negatives)) for r in results]])
-        rows.append(["unlabelled run queries", *[str(r.unlabelled_queries) for r in results]])
+        rows.append(["labelled-negative searches" if each else "labelled negatives",
+                     *[str(len(r.negatives)) for r in results]])
+        rows.append(["unlabelled searches" if each else "unlabelled run queries",
+                     *[str(r.unlabelled_queries) for r in results]])
         yield source, head, rows
 
 
@@ -123,7 +134,7 @@ def class_tables(report: Report) -> Iterator[tuple[str, Row, list[Row]]]:
                 n = next(iter(vals.values()))[1] if vals else 0
                 rows.append([r.system, cls, str(n), *[num(vals[m][0]) for m in metrics if m in vals]])
         if rows:
-            yield source, ["system", "class", "queries", *metrics], rows
+            yield source, ["system", "class", unit(report), *metrics], rows
 
 
 def online_table(report: Report) -> tuple[Row, list[Row]]:
@@ -169,6 +180,9 @@ def comparison_tables(report: Report) -> Iterator[tuple[str, Row, list[Row]]]:
         for c in report.comparisons:
             if c.system != system:
                 continue
+            if c.queries == 0:  # the two systems share no evaluated query: nothing to pair, not a zero
+                rows.append([f"{c.source} · {c.metric}", "0", NO_COMMON, "–", "–", "–", "–"])
+                continue
             diff = f"{c.diff:+.3f} [{num(c.diff_low)}, {num(c.diff_high)}]" if math.isfinite(c.diff) else "–"
             mark = " *" if c.significant() else ""
             rows.append([f"{c.source} · {c.metric}", str(c.queries), diff, pval(c.t_p), pval(c.randomisation_p),
@@ -177,22 +191,30 @@ def comparison_tables(report: Report) -> Iterator[tuple[str, Row, list[Row]]]:
 
 
 def order_table(report: Report) -> tuple[Row, list[Row]]:
-    """Systems best first by each offline and online metric used in the orderings."""
+    """Systems best first by each offline and online metric used in the orderings (each over every system
+    that has the metric, so the orders may hold different systems)."""
     seen: dict[str, list[str]] = {}
     for o in report.orderings:
         seen.setdefault(o.offline_metric, o.offline_order)
         seen.setdefault(o.online_metric, o.online_order)
-    rows = [[m, " > ".join(order)] for m, order in seen.items()]
-    if report.run_systems:
-        rows.append([f"left out ({NO_LOG})", ", ".join(report.run_systems)])
+    rows = [[m, " > ".join(order) or "–"] for m, order in seen.items()]
+    runs = [s for s in report.run_systems if any(s in o.offline_order for o in report.orderings)]
+    if runs:
+        rows.append([f"not in the online orders ({NO_LOG})", ", ".join(runs)])
     return ["metric", "systems, best first"], rows
 
 
 def ordering_table(report: Report) -> tuple[Row, list[Row]]:
-    """Rank correlation between each offline and online ordering (with 2 systems it can only be ±1)."""
-    head = ["offline metric", "online metric", "systems", "Kendall", "Spearman"]
-    rows = [[o.offline_metric, o.online_metric, str(o.systems), num(o.kendall), num(o.spearman)]
-            for o in report.orderings]
+    """Rank correlation between each offline and online ordering, on the systems in both orders."""
+    head = ["offline metric", "online metric", "systems in both", "Kendall", "Spearman"]
+    rows = []
+    for o in report.orderings:
+        both = f"{o.systems} ({', '.join(o.common)})" if o.common else "0"
+        if o.systems < 2:
+            both += ": too few to correlate"
+        elif o.systems == 2:
+            both += ": can only be ±1"
+        rows.append([o.offline_metric, o.online_metric, both, num(o.kendall), num(o.spearman)])
     return head, rows
 
 

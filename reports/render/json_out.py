@@ -56,6 +56,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         offline.append({
             "system": r.system,
             "source": r.source,
+            "unit": "searches" if report.config.mode == "each" else "queries",  # what the counts count
             "queries_evaluated": r.n_queries,
             "run_queries": r.run_queries,
             "unlabelled_queries": r.unlabelled_queries,

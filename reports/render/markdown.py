@@ -26,7 +26,8 @@ def render_markdown(report: Report) -> str:
     out += [f"## {common.coverage_title(report)}", "", _table(*common.coverage_table(report))]
     for source, head, rows in common.offline_tables(report):
         out += [f"## Offline metrics: {source} labels", "",
-                "Mean [CI] over the queries with at least one positive label; labelled negatives apart.", "",
+                f"Mean [CI] over the {common.unit(report)} with at least one positive label; labelled negatives "
+                "apart.", "",
                 _table(head, rows)]
     for source, head, rows in common.class_tables(report):
         out += [f"### By query class ({source})", "", _table(head, rows)]

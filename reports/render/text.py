@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from reports.joint import Report
@@ -12,12 +13,14 @@ from reports.render import common
 
 
 def _table(title: str, head: common.Row, rows: list[common.Row]) -> Table:
-    t = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
+    # every string is escaped: system names, sources and queries are user text, and rich would take a
+    # "[min]" or "[ranker=a]" in them for markup and drop it
+    t = Table(title=escape(title), title_justify="left", show_lines=False, header_style="bold")
     for i, h in enumerate(head):
         numeric = i > 0 and all(not r[i] or r[i][0] in "0123456789+-–<" for r in rows)
-        t.add_column(h, justify="right" if numeric else "left", overflow="fold")
+        t.add_column(escape(h), justify="right" if numeric else "left", overflow="fold")
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*[escape(c) for c in r])
     return t
 
 
@@ -25,13 +28,13 @@ def print_report(report: Report, console: Console) -> None:
     """Print every section of the report to ``console``."""
     console.rule("[bold]ubi report")
     for line in common.header_lines(report):
-        console.print(line, highlight=False)
+        console.print(escape(line), highlight=False)
     console.print(_table(common.systems_title(report), *common.systems_table(report)))
     console.print(_table("Labels by source", *common.labels_table(report)))
     console.print(_table(common.coverage_title(report), *common.coverage_table(report)))
     for source, head, rows in common.offline_tables(report):
-        console.print(_table(f"Offline metrics against {source} labels (mean [CI], over queries with a positive)",
-                             head, rows))
+        console.print(_table(f"Offline metrics against {source} labels (mean [CI], over "
+                             f"{common.unit(report)} with a positive)", head, rows))
     for source, head, rows in common.class_tables(report):
         console.print(_table(f"By query class ({source})", head, rows))
     if report.online:
@@ -48,8 +51,8 @@ def print_report(report: Report, console: Console) -> None:
     if report.gates:
         console.print(_table("Gates", *common.gates_table(report)))
     for note in report.notes:
-        console.print(f"[dim]note: {note}[/]", highlight=False)
-    console.print(common.summary_line(report), highlight=False)
+        console.print(f"[dim]note: {escape(note)}[/]", highlight=False)
+    console.print(escape(common.summary_line(report)), highlight=False)
 
 
 def render_text(report: Report, *, width: int = 160, color: bool = False) -> str:

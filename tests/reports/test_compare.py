@@ -90,15 +90,56 @@ def test_ordering_of_systems():
     off = {"a": 0.5, "b": 0.6, "c": 0.4, "d": float("nan")}
     on = {"a": 0.10, "b": 0.12, "c": 0.11, "d": 0.5}
     o = ordering(off, on, offline_metric="human/ndcg@10", online_metric="online/ctr@10")
-    assert o.offline_order == ["b", "a", "c"] and o.online_order == ["b", "c", "a"]
-    assert o.systems == 3  # d has no offline value
-    # offline ranks b1 a2 c3 vs online b1 c2 a3: one discordant pair of three -> tau = (2 - 1) / 3
+    # each order holds every system with a finite value of its metric: d has no offline value, so it is in
+    # the online order only (and first there, 0.5 being the highest CTR)
+    assert o.offline_order == ["b", "a", "c"] and o.online_order == ["d", "b", "c", "a"]
+    assert o.systems == 3 and o.common == ["a", "b", "c"]  # the correlation rests on a, b, c
+    # offline ranks b1 a2 c3 vs online (common set) b1 c2 a3: one discordant pair of three -> tau = (2 - 1) / 3
     assert o.kendall == pytest.approx(1 / 3)
     assert o.spearman == pytest.approx(0.5)  # 1 - 6*(0 + 1 + 1)/(3*8)
     lower = ordering(off, on, offline_metric="m", online_metric="online/abandonment", online_higher_is_better=False)
-    assert lower.online_order == ["a", "c", "b"]
+    assert lower.online_order == ["a", "c", "b", "d"]
     single = ordering({"a": 1.0}, {"a": 1.0}, offline_metric="m", online_metric="n")
     assert np.isnan(single.kendall)
+
+
+def test_ordering_keeps_systems_missing_on_one_side():
+    # the ESCI shape: Chorus has no judged query (offline NaN) but the higher CTR@10 (0.126 vs 0.060);
+    # it must still head the online order, and the correlation rests on one system, so it is NaN
+    o = ordering({"Chorus": float("nan"), "esci_ubi_sample": 0.268}, {"Chorus": 0.126, "esci_ubi_sample": 0.060},
+                 offline_metric="human/ndcg@10", online_metric="online/ctr@10")
+    assert o.offline_order == ["esci_ubi_sample"]
+    assert o.online_order == ["Chorus", "esci_ubi_sample"]
+    assert (o.systems, o.common) == (1, ["esci_ubi_sample"])
+    assert np.isnan(o.kendall) and np.isnan(o.spearman)
+    # a run file (offline only) is ranked offline and absent online
+    r = ordering({"a": 0.5, "b": 0.6, "run": 0.9}, {"a": 0.2, "b": 0.1}, offline_metric="m", online_metric="n")
+    assert r.offline_order == ["run", "b", "a"] and r.online_order == ["a", "b"]
+    assert r.systems == 2 and r.kendall == pytest.approx(-1.0)  # b > a offline, a > b online
+
+
+def test_a_system_without_common_queries_is_n0_not_a_crash():
+    # Chorus on ESCI: no evaluated query for a source, so its per-query arrays are empty; numpy cannot
+    # reshape an empty array to (0, -1), which crashed `ubi report --baseline` before
+    base = (["q1", "q2"], np.array([[0.5, 1.0], [0.25, 0.0]]))
+    empty = ([], np.empty(0))
+    (c0, c1) = compare_block("Chorus", "esci", "human", ["ndcg@10", "mrr"], base, empty, n_boot=100, n_perm=100)
+    for c in (c0, c1):
+        assert c.queries == 0 and (c.wins, c.losses, c.ties) == (0, 0, 0)
+        assert all(np.isnan(x) for x in (c.diff, c.diff_low, c.diff_high, c.t_p, c.randomisation_p))
+    rev = compare_block("esci", "Chorus", "human", ["ndcg@10"], empty, (["q1"], np.array([0.5])))
+    assert rev[0].queries == 0
+    # through compare_systems (which column-stacks per metric), and Holm leaves the NaNs out of the family
+    per_query = {
+        "esci": {("human", "ndcg@10"): (["q1", "q2"], np.array([0.5, 0.25])),
+                 ("human", "mrr"): (["q1", "q2"], np.array([1.0, 0.0]))},
+        "Chorus": {("human", "ndcg@10"): ([], np.array([])), ("human", "mrr"): ([], np.array([]))},
+    }
+    out = compare_systems(per_query, "esci", n_boot=100, n_perm=100)
+    assert [(c.system, c.metric, c.queries) for c in out] == [("Chorus", "mrr", 0), ("Chorus", "ndcg@10", 0)]
+    assert all(np.isnan(c.randomisation_p_holm) for c in out)
+    with pytest.raises(CompareError, match="shape"):
+        compare_block("s", "b", "human", ["m0", "m1"], base, (["q1"], np.array([1.0, 2.0, 3.0])))
 
 
 def test_a_block_of_metrics_gives_each_metric_what_it_gets_alone():

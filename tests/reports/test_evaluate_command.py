@@ -136,6 +136,29 @@ def test_errors_name_file_and_line(files: tuple[Path, Path], tmp_path: Path) -> 
         assert fragment in str(info.value)
 
 
+def test_empty_files_are_errors_naming_the_file(files: tuple[Path, Path], tmp_path: Path) -> None:
+    # `: > empty.trec` used to give "means over 0 queries" and exit 0
+    qrels, run = files
+    empty = tmp_path / "empty.trec"
+    empty.write_text("")
+    for argv, fragment in (
+        (["--qrels", str(empty), "--run", str(run)], f"{empty}: no judgments: the file is empty"),
+        (["--qrels", str(qrels), "--run", str(empty)], f"{empty}: no rankings: the file is empty"),
+        (["--qrels", str(empty), "--qrels-format", "workbench", "--run", str(run)], f"{empty}:"),
+    ):
+        with pytest.raises(UbiError) as info:
+            main(["evaluate", *argv])
+        assert fragment in str(info.value)
+    no_ratings = tmp_path / "none.json"
+    no_ratings.write_text('{"judgmentRatings": []}')
+    with pytest.raises(UbiError, match=r"none\.json: no judgments: no query in this workbench file"):
+        main(["evaluate", "--qrels", str(no_ratings), "--run", str(run)])
+    empty_jsonl_run = tmp_path / "empty.jsonl"
+    empty_jsonl_run.write_text("")
+    with pytest.raises(UbiError, match="no rankings"):
+        main(["evaluate", "--qrels", str(qrels), "--run", str(empty_jsonl_run), "--run-format", "jsonl"])
+
+
 def test_help_explains(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["evaluate", "--help"])

@@ -304,6 +304,28 @@ def test_format_sniffing(tmp_path: Path) -> None:
     assert sniff_qrels_format(write(tmp_path, "c", json.dumps({"judgmentRatings": []}))) == "workbench"
 
 
+def test_a_malformed_jsonl_line_is_located_the_same_with_format_auto(tmp_path: Path) -> None:
+    # one line, the closing brace missing: the JSON decoder stops at column 56, just past the last character
+    # (len('{"query_id": "q1", "query": "a b", "relevant": {"d1": 1}') = 55). Format auto used to take it for a
+    # multi-line Workbench document and report the end of the file, line 2 column 1.
+    line = '{"query_id": "q1", "query": "a b", "relevant": {"d1": 1}'
+    path = write(tmp_path, "badjson.jsonl", line + "\n")
+    assert sniff_qrels_format(path) == "jsonl"
+    auto = expect_error(path, 1, f"malformed JSON at column {len(line) + 1}")
+    explicit = expect_error(path, 1, f"malformed JSON at column {len(line) + 1}", format="jsonl")
+    assert str(auto) == str(explicit)
+    # the bad line first of two: still line 1; the bad line second: line 2 (the first line sniffs as JSONL)
+    good = jl({"query_id": "q2", "relevant": {"d": 1}})
+    expect_error(write(tmp_path, "b1.jsonl", line + "\n" + good), 1, f"column {len(line) + 1}")
+    expect_error(write(tmp_path, "b2.jsonl", good + line + "\n"), 2, f"column {len(line) + 1}")
+    # a Workbench document over several lines, valid or broken, is still read as one document
+    multi = '{\n  "judgmentRatings": [\n    {"query": "a", "ratings": [{"docId": "d", "rating": "1"}]}\n  ]\n}\n'
+    assert sniff_qrels_format(write(tmp_path, "wb.json", multi)) == "workbench"
+    broken = multi.replace('"rating": "1"}', '"rating": "1"')  # line 3 misses a brace
+    assert sniff_qrels_format(write(tmp_path, "wb2.json", broken)) == "workbench"
+    expect_error(tmp_path / "wb2.json", 3, "malformed JSON")
+
+
 # ---------------------------------------------------------------------------------------- query sets
 
 

@@ -89,10 +89,18 @@ def test_run_files_are_systems_evaluated_by_hand(files):
     assert _pq(ctr, "red shoes")["ndcg@10"] == pytest.approx((3 / LOG2_3 + 1) / (3 + 2 / LOG2_3 + 0.5))
     assert _offline(doc, "bm25", "merged")["queries_evaluated"] == 2
 
-    # no online metrics: absent (null), never zero; the orderings hold the logged systems only
+    # no online metrics: absent (null), never zero. The runs have the offline metric, so they are in the
+    # offline orders; the online orders and the rank correlation hold the logged systems only
     assert doc["online"]["bm25"] is None and doc["online"]["mine"] is None
     assert doc["online"]["shop/ranker=a"]["searches"] == 5
-    assert all(set(o["offline_order"]) == {"shop/ranker=a", "shop/ranker=b"} for o in doc["orderings"])
+    rr = next(o for o in doc["orderings"] if o["offline_metric"] == "human/ndcg@10"
+              and o["online_metric"] == "online/rr_first_click")
+    # human nDCG@10: bm25 0.829501 = b 0.829501 (the same two per-query values; the tie goes by name),
+    # a 0.815465, mine 0.137706
+    assert rr["offline_order"] == ["bm25", "shop/ranker=b", "shop/ranker=a", "mine"]
+    assert rr["online_order"] == ["shop/ranker=b", "shop/ranker=a"]  # rr 0.5 > 0.366667
+    assert rr["common"] == ["shop/ranker=a", "shop/ranker=b"] and rr["systems"] == 2 and rr["kendall"] == 1.0
+    assert all(set(o["online_order"]) == {"shop/ranker=a", "shop/ranker=b"} for o in doc["orderings"])
     assert any("run mine" in n and "1 of 3 query ids match no judged query" in n for n in doc["notes"])
 
 
@@ -137,7 +145,8 @@ def test_run_as_baseline_with_gates_and_text_output(files, capsys):
     assert "| from | logs | logs | run file " in md
     assert re.search(r"\| searches \| 5 \| 4 \| no log \| no log \|", md)  # online: 5 and 4 logged searches
     assert "## Against the baseline bm25" in md and "### mine − bm25" in md
-    assert "left out (no log) | bm25, mine |" in md
+    assert "| not in the online orders (no log) | bm25, mine |" in md
+    assert "| human/ndcg@10 | bm25 > shop/ranker=b > shop/ranker=a > mine |" in md
 
 
 def test_bad_run_files_name_file_and_line(files, capsys):

@@ -86,6 +86,15 @@ def test_errors_name_file_and_line(tmp_path: Path, text: str, line: int, fragmen
     assert str(info.value).startswith(f"{path}:{line}: ")
 
 
+def test_an_empty_run_is_an_error(tmp_path: Path) -> None:
+    for loader, name in ((load_trec_run, "e.run"), (load_jsonl_run, "e.jsonl"), (load_run, "e2.run")):
+        path = write(tmp_path, "", name)
+        with pytest.raises(RunError) as info:
+            loader(path)
+        assert (info.value.path, info.value.line) == (str(path), None)
+        assert str(info.value).startswith(f"{path}: no rankings: the file is empty")
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="no such file"):
         load_trec_run(tmp_path / "absent.run")
