@@ -6,7 +6,8 @@ Extension points (used by the security and Kafka work, and by tests):
 * ``app.state.collector.record_filters``: :data:`~collector.ingest.RecordFilter` steps run on every validated
   batch before the sink.
 * Modules in :data:`EXTENSION_MODULES` that exist are loaded: ``record_filters(settings) -> list`` (also used
-  by ``ubi import``) and ``install(app, settings)`` (middleware, extra routes), called in that order.
+  by ``ubi import``), ``body_filters(settings) -> list`` (:data:`BodyFilter` steps run on a body refused as a
+  whole before it is kept) and ``install(app, settings)`` (middleware, extra routes), called in that order.
 * Typed errors: raise a :class:`~collector.errors.RequestError` subclass; its ``status_code``, ``headers`` and
   ``kind`` become the response and the ``failed_records`` row.
 """
@@ -18,7 +19,7 @@ import gc
 import importlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -28,6 +29,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from collector.errors import RequestError, TooLarge, Unprocessable
@@ -50,7 +52,10 @@ from schemas.ubi import UbiEvent, UbiQuery
 
 log = logging.getLogger("ubi.collector")
 
-#: Optional modules that extend the collector (each may define ``record_filters`` and/or ``install``).
+#: A step run on a body refused as a whole before ``failed_records`` keeps it (e.g. the privacy scrub).
+BodyFilter = Callable[[bytes], bytes]
+
+#: Optional modules that extend the collector (each may define ``record_filters``, ``body_filters``, ``install``).
 EXTENSION_MODULES: tuple[str, ...] = ("collector.security", "collector.browser")
 
 
@@ -101,6 +106,7 @@ class Collector:
     sink: Sink
     record_filters: list[RecordFilter] = field(default_factory=list)
     metrics: Metrics = field(default_factory=Metrics)
+    body_filters: list[BodyFilter] = field(default_factory=list)
 
     async def accept(
         self, body: bytes, *, kind: Kind | None, ndjson: bool, ctx: IngestContext
@@ -137,6 +143,12 @@ class Collector:
 
     async def keep_body(self, body: bytes, ctx: IngestContext, *, reason: str, kind: str) -> None:
         """Keep a refused body in ``failed_records``; a sink failure here is logged, not raised over the cause."""
+        for scrub in self.body_filters:
+            try:
+                body = await asyncio.to_thread(scrub, body)  # up to max_body_bytes of JSON: off the loop
+            except Exception:  # never keep a body a filter could not scrub: its length says it came
+                log.exception("could not scrub a refused body from %s", ctx.source)
+                body, reason = b"", f"{reason} (body not kept: scrubbing it failed, {len(body)} bytes)"
         try:
             await asyncio.wrap_future(
                 self.sink.keep_unparseable(body, source=ctx.source, reason=reason, kind=kind)
@@ -284,12 +296,14 @@ def create_app(
     app.state.settings = settings
     app.add_exception_handler(RequestError, _request_error)
     app.include_router(router)
-    routes = {r.path: r for r in router.routes if getattr(r, "path", None) in INGEST_ENDPOINTS}
+    routes = {r.path: r for r in router.routes if isinstance(r, APIRoute) and r.path in INGEST_ENDPOINTS}
     app.add_middleware(IngestFastLane, endpoints=INGEST_ENDPOINTS, routes=routes)  # first added: innermost
     if extensions:
         for module in extension_modules():
             if hasattr(module, "record_filters"):
                 collector.record_filters.extend(module.record_filters(settings))
+            if hasattr(module, "body_filters"):
+                collector.body_filters.extend(module.body_filters(settings))
             if hasattr(module, "install"):
                 module.install(app, settings)
     # Added last so it is outermost: it times everything, extension middleware included.

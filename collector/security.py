@@ -4,15 +4,16 @@ Two layers, both built from :class:`~schemas.settings.Settings` (section "securi
 
 * :class:`SecurityMiddleware` (ASGI, runs before any body is read) answers a request it refuses without
   touching the store: a browser ``Origin`` that is neither the collector's own nor allowed (403), a missing
-  or unknown API key (401), a client over its rate (429 with ``Retry-After``), an admin route asked for from
-  another host (403). None of these bodies is stored: storing what an anonymous or flooding sender posts
-  would hand them the disk. Browsers additionally get CORS headers from Starlette's ``CORSMiddleware``
-  (:func:`install`), so only allowed origins can read the collector's answers.
+  or unknown API key (401), a client over its rate (429 with ``Retry-After``; a client is an API key's
+  application and the client IP, or the IP alone), an admin route asked for from another host (403).
+  None of these bodies is stored: storing what an anonymous or flooding sender posts would hand them the
+  disk. Browsers additionally get CORS headers from Starlette's ``CORSMiddleware`` (:func:`install`), so
+  only allowed origins can read the collector's answers.
 * Record filters run on validated records before the sink: :class:`ApplicationCheck` refuses (403, body kept
   in ``failed_records`` as kind ``forbidden``) a request in which a record's ``application`` is not its API
-  key's, and
-  :class:`Privacy` replaces ``client_id``, ``user_id`` and ``session_id`` with a keyed hash and drops the
-  fields an operator does not want stored.
+  key's, and :class:`Privacy` replaces ``client_id``, ``user_id`` and ``session_id`` with a keyed hash and
+  drops the fields an operator does not want stored, in stored records and in what ``failed_records`` keeps
+  (:func:`body_filters` scrubs bodies refused as a whole the same way).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import dataclasses
 import hashlib
 import hmac
 import ipaddress
+import json
 import math
 import threading
 import time
@@ -33,7 +35,7 @@ import orjson
 from pydantic import ValidationError
 
 from collector.errors import RequestError
-from collector.ingest import IngestContext, RecordFilter, Validated
+from collector.ingest import IngestContext, ItemError, RecordFilter, Validated
 from schemas.errors import UbiError
 from schemas.settings import Settings
 from schemas.ubi import UbiEvent, UbiQuery
@@ -121,12 +123,20 @@ class ApiKeys:
 class RateLimiter:
     """Token buckets per client: ``burst`` tokens, refilled at ``rate`` per second, one token per request.
 
+    The middleware's client is (application of the API key, client IP) for a keyed request, else the IP.
+
     At most ``max_clients`` buckets are kept; the least recently seen are forgotten first (a forgotten client
     starts again with a full bucket, which only ever errs towards letting a request through).
     """
 
-    def __init__(self, rate: float, burst: float, *, max_clients: int = 100_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        rate: float,
+        burst: float,
+        *,
+        max_clients: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if rate < 0 or burst < 1:
             raise UbiError(f"rate limit needs rate >= 0 and burst >= 1, got rate={rate}, burst={burst}")
         self.rate, self.burst, self.max_clients, self.clock = rate, burst, max_clients, clock
@@ -227,10 +237,16 @@ class SecurityMiddleware:
             return None
         ip = client_ip(scope, self.trusted_proxies)
         if path.startswith(ADMIN_PREFIXES) and not self.admin_remote and not is_loopback(ip):
-            return Refused(f"{path} is only served to loopback clients; set UBI_ADMIN_REMOTE=true to change that")
+            return Refused(
+                f"{path} is only served to loopback clients; set UBI_ADMIN_REMOTE=true to change that"
+            )
         write = method not in ("GET", "HEAD")
         origin = _header(scope, b"origin")
-        if write and origin is not None and not origin_allowed(origin, _header(scope, b"host"), self.allowed_origins):
+        if (
+            write
+            and origin is not None
+            and not origin_allowed(origin, _header(scope, b"host"), self.allowed_origins)
+        ):
             return Refused(f"origin {origin!r} may not send records here; add it to UBI_CORS_ALLOW_ORIGINS")
         application = presented = None
         keyed = write and self.keys.enabled and not path.startswith(ADMIN_PREFIXES)
@@ -241,16 +257,21 @@ class SecurityMiddleware:
             if application is not None and header is None and presented is not None:
                 # A beacon's key came in the URL; the record filter (ApplicationCheck) reads the header.
                 scope["headers"] = [*scope.get("headers", ()), (API_KEY_HEADER.encode(), presented.encode())]
-        # Limit before answering 401, so guessing keys is as rate limited as anything else.
-        wait = self.limiter.take("key:" + application if application else "ip:" + ip)
+        # Limit before answering 401, so guessing keys is as rate limited as anything else. A key is shared by
+        # every visitor of its application's site, so its buckets are per (application, client IP).
+        wait = self.limiter.take(f"key:{application}\x1f{ip}" if application else "ip:" + ip)
         if wait > 0:
             seconds = max(1, math.ceil(wait))
-            return RateLimited(f"rate limit of {self.limiter.rate:g} requests/s exceeded; retry in {seconds} s",
-                               headers={"Retry-After": str(seconds)})
+            return RateLimited(
+                f"rate limit of {self.limiter.rate:g} requests/s exceeded; retry in {seconds} s",
+                headers={"Retry-After": str(seconds)},
+            )
         if keyed and application is None:
             what = "an unknown" if presented else "no"
-            return Unauthorized(f"{what} API key: send the application's key in X-API-Key "
-                                f"(or ?{API_KEY_PARAM}= from navigator.sendBeacon)")
+            return Unauthorized(
+                f"{what} API key: send the application's key in X-API-Key "
+                f"(or ?{API_KEY_PARAM}= from navigator.sendBeacon)"
+            )
         return None
 
 
@@ -315,8 +336,11 @@ class ApplicationCheck:
         batch.events = [(i, own(i, e), b) for i, e, b in batch.events]  # type: ignore[misc]
         if wrong:
             more = f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else ""
-            raise Forbidden(f"the API key belongs to application {application!r}; records claim another: "
-                            + "; ".join(wrong[:3]) + more)
+            raise Forbidden(
+                f"the API key belongs to application {application!r}; records claim another: "
+                + "; ".join(wrong[:3])
+                + more
+            )
         return batch
 
 
@@ -326,7 +350,7 @@ def pseudonym(value: str, key: bytes) -> str:
 
 
 class DropFailed(UbiError):
-    """Dropping the configured fields left a record invalid; it is rejected and kept as sent."""
+    """Dropping the configured fields left a record invalid; it is rejected and kept, scrubbed."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"field '{field}': {message}")
@@ -338,9 +362,11 @@ class Privacy:
 
     The same input and key always give the same pseudonym, so sessions and clients still link up, but the
     original value cannot be recovered without the key (keep it away from the database; rotating it changes
-    every pseudonym). Empty strings stay empty (``user_id`` may be ``""`` for anonymous users). Rejected
-    items kept in ``failed_records`` are scrubbed too when they are JSON objects; a body that is not JSON at
-    all is kept as received.
+    every pseudonym). Empty strings stay empty (``user_id`` may be ``""`` for anonymous users).
+
+    What is kept in ``failed_records`` is scrubbed too (:meth:`scrub`): rejected items, conflicting records,
+    and whole bodies refused as a whole (403, 413 for too many items, 415, 400, 422). Stored reasons do not
+    quote the values of these fields (:meth:`scrub_error`).
     """
 
     def __init__(self, key: bytes | None, fields: Sequence[str], drop: Sequence[str]) -> None:
@@ -379,6 +405,10 @@ class Privacy:
     def __call__(self, batch: Validated, ctx: IngestContext) -> Validated:
         if not self.enabled:
             return batch
+        # Items rejected so far carry their raw bytes and messages: scrub them once, here. Raw bytes of the
+        # valid items are scrubbed only if one is kept later (a conflict, or a record that cannot be stored).
+        batch.errors = [self.scrub_error(e) for e in batch.errors]
+        batch.raws = ScrubbedRaws(batch.raws, self.scrub)
         failed: list[tuple[int, DropFailed]] = []
 
         def apply(index: int, record: Record) -> Record | None:
@@ -392,32 +422,184 @@ class Privacy:
         events = [(i, apply(i, e), b) for i, e, b in batch.events]
         batch.queries = [(i, q) for i, q in queries if q is not None]  # type: ignore[misc]
         batch.events = [(i, e, b) for i, e, b in events if e is not None]  # type: ignore[misc]
-        for index, exc in failed:
+        for index, exc in failed:  # their raw bytes come from the scrubbed raws
             batch.reject(index, field=exc.field, message=exc.message, kind="privacy")
-        # Rejected items are kept with their raw bytes: scrub those that are JSON objects the same way.
-        batch.errors = [dataclasses.replace(e, raw=self.scrub(e.raw)) for e in batch.errors]
         return batch
 
-    def scrub(self, raw: bytes) -> bytes:
-        """Raw bytes of one rejected item with the same fields hashed and dropped (if it is a JSON object)."""
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return raw  # not JSON at all: kept as received (see the README, "What is stored")
+    # ------------------------------------------------------------ what failed_records keeps
+
+    def scrub_error(self, error: ItemError) -> ItemError:
+        """A rejected item with its raw bytes scrubbed and its message not quoting a scrubbed field's value."""
+        return dataclasses.replace(
+            error, raw=self.scrub(error.raw), message=self._quiet(error.message, error.raw)
+        )
+
+    def _quiet(self, message: str, raw: bytes) -> str:
+        # collector.ingest quotes an invalid field's input as "(got <repr(value)[:80]>)"; for a field that is
+        # pseudonymised or dropped that would store the very value the settings keep out of the database.
+        if "(got " not in message:
+            return message
+        data = _loads(raw)
         if not isinstance(data, dict):
+            return message
+        paths = [(n,) for n in (*self.fields, *self.drop_top)] + list(self.drop_nested)
+        for path in paths:
+            value = _get_path(data, path)
+            if value is None or value == "" or isinstance(value, dict | list):
+                continue
+            shown = [repr(value)[:80]]
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+                shown.append(repr(float(value))[:80])  # what orjson, the collector's parser, made of it
+            for text in shown:
+                message = message.replace(
+                    f"(got {text})", f"(value of '{'.'.join(path)}' not shown: privacy settings)"
+                )
+        return message
+
+    def scrub(self, raw: bytes) -> bytes:
+        """Bytes about to be kept in ``failed_records`` (one item or a whole body), scrubbed like records.
+
+        * JSON: every object, at the top level or as an array item, gets the configured fields hashed and
+          dropped, as stored records do; a string or number outside any object field (an item that is not
+          a record) is replaced by a redaction marker, since it may be the very id or text to hide.
+        * NDJSON and ``_bulk`` bodies: the same, line by line; ``_bulk`` action lines are kept as they are.
+        * Anything that is not JSON (a whole body, or one line of it): a redaction marker
+          ``{"ubi_redacted": why, "bytes": n, "hmac_sha256" (keyed by the pseudonymisation key) or
+          "sha256": digest}``. Personal data in it cannot be located, so it is not kept; the digest still
+          lets a sender match the body it sent.
+
+        Identity when no privacy setting is on: then the collector keeps every body as received.
+        """
+        if not self.enabled or not raw.strip():
             return raw
-        for name in self.fields:
-            value = data.get(name)
-            if isinstance(value, str) and value and self.key is not None:
-                data[name] = pseudonym(value, self.key)
+        try:
+            value = _loads(raw, strict=True)
+        except _NOT_JSON:
+            if b"\n" not in raw.strip():
+                return self._marker(raw, "not JSON")
+            return b"\n".join(self._scrub_line(line) for line in raw.split(b"\n"))
+        return self._dumps(self._scrub_value(value), raw)
+
+    def _scrub_line(self, line: bytes) -> bytes:
+        if not line.strip():
+            return line
+        try:
+            value = _loads(line, strict=True)
+        except _NOT_JSON:
+            return self._marker(line, "a line that is not JSON")
+        if _is_bulk_action(value):
+            return line
+        return self._dumps(self._scrub_value(value), line)
+
+    def _scrub_value(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return self._scrub_object(value)
+        if isinstance(value, list):
+            return [self._scrub_value(v) for v in value]
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            return self._marker_object(_json_text(value).encode(), "a value that is not a record")
+        return value  # null, true, false
+
+    def _scrub_object(self, data: dict[str, Any]) -> dict[str, Any]:
+        if self.key is not None:
+            for name in self.fields:
+                value = data.get(name)
+                if value is None or value == "":
+                    continue
+                data[name] = pseudonym(value if isinstance(value, str) else _json_text(value), self.key)
         for name in self.drop_top:
             data.pop(name, None)
         for path in self.drop_nested:
             _pop_path(data, path)
+        return data
+
+    def _marker_object(self, data: bytes, why: str) -> dict[str, Any]:
+        if self.key is not None:
+            digest = ("hmac_sha256", hmac.new(self.key, data, hashlib.sha256).hexdigest())
+        else:
+            digest = ("sha256", hashlib.sha256(data).hexdigest())
+        return {
+            "ubi_redacted": f"{why}: not kept because privacy settings are on",
+            "bytes": len(data),
+            digest[0]: digest[1],
+        }
+
+    def _marker(self, data: bytes, why: str) -> bytes:
+        return orjson.dumps(self._marker_object(data, why))
+
+    def _dumps(self, value: Any, original: bytes) -> bytes:
         try:
-            return orjson.dumps(data)
-        except TypeError:  # integers beyond 64 bits: leave the item as it came
-            return raw
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            try:
+                return text.encode()
+            except UnicodeEncodeError:  # a lone surrogate escape: keep the escapes
+                return json.dumps(value, separators=(",", ":")).encode()
+        except (ValueError, TypeError, RecursionError):
+            return self._marker(original, "JSON that cannot be written back")
+
+
+#: What the standard library's JSON parser raises for bytes that are not JSON (or nest past the stack).
+_NOT_JSON = (ValueError, RecursionError)
+
+
+def _loads(raw: bytes, *, strict: bool = False) -> Any:
+    """JSON by the standard library: unlike orjson it keeps integers beyond 64 bits exactly."""
+    try:
+        return json.loads(raw)
+    except _NOT_JSON:
+        if strict:
+            raise
+        return None
+
+
+def _json_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except (ValueError, TypeError, RecursionError):
+        return repr(value)
+
+
+def _is_bulk_action(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and len(value) == 1
+        and next(iter(value)) in ("index", "create", "delete", "update")
+        and isinstance(next(iter(value.values())), dict)
+    )
+
+
+def _get_path(data: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+class ScrubbedRaws(dict[int, bytes]):
+    """Raw item bytes scrubbed on first read: most are never read (only rejected items are kept)."""
+
+    def __init__(self, raws: Mapping[int, bytes], scrub: Callable[[bytes], bytes]) -> None:
+        super().__init__(raws)
+        self._scrub = scrub
+        self._done: set[int] = set()
+
+    def __getitem__(self, index: int) -> bytes:
+        raw = super().__getitem__(index)
+        if index not in self._done:
+            raw = self._scrub(raw)
+            super().__setitem__(index, raw)
+            self._done.add(index)
+        return raw
+
+    def get(self, index: int, default: Any = None) -> Any:  # type: ignore[override]
+        return self[index] if index in self else default
+
+    def values(self) -> Any:
+        return [self[i] for i in self]
+
+    def items(self) -> Any:
+        return [(i, self[i]) for i in self]
 
 
 def _rebuild_without(record: Record, top: Sequence[str], nested: Sequence[tuple[str, ...]]) -> Record:
@@ -431,8 +613,11 @@ def _rebuild_without(record: Record, top: Sequence[str], nested: Sequence[tuple[
         return type(record).model_validate(data)
     except ValidationError as exc:
         where = ", ".join(".".join(p) for p in nested)
-        raise DropFailed(where, "dropping the configured fields (UBI_DROP_FIELDS) leaves an invalid record: "
-                         f"{exc.errors(include_url=False)[0]['msg']}") from exc
+        raise DropFailed(
+            where,
+            "dropping the configured fields (UBI_DROP_FIELDS) leaves an invalid record: "
+            f"{exc.errors(include_url=False)[0]['msg']}",
+        ) from exc
 
 
 def _pop_path(data: dict[str, Any], path: tuple[str, ...]) -> None:
@@ -441,6 +626,12 @@ def _pop_path(data: dict[str, Any], path: tuple[str, ...]) -> None:
         node = node.get(part) if isinstance(node, dict) else None
     if isinstance(node, dict):
         node.pop(path[-1], None)
+
+
+def body_filters(settings: Settings) -> list[Callable[[bytes], bytes]]:
+    """What scrubs a body refused as a whole before ``failed_records`` keeps it (privacy, when it is on)."""
+    privacy = Privacy.from_settings(settings)
+    return [privacy.scrub] if privacy.enabled else []
 
 
 def record_filters(settings: Settings) -> list[RecordFilter]:
@@ -463,10 +654,25 @@ def describe_stored(settings: Settings) -> dict[str, Any]:
         "api_keys": sorted(settings.api_keys),
         "cors_allow_origins": list(settings.cors_allow_origins),
         "rate_limit_per_second": settings.rate_limit_per_second,
+        "failed_records": "scrubbed; bodies that are not JSON kept as length and digest"
+        if Privacy.from_settings(settings).enabled
+        else "as received",
     }
 
 
 __all__ = [
-    "ApiKeys", "ApplicationCheck", "Forbidden", "Privacy", "RateLimited", "RateLimiter", "Refused",
-    "SecurityMiddleware", "Unauthorized", "install", "pseudonym", "record_filters",
+    "ApiKeys",
+    "ApplicationCheck",
+    "Forbidden",
+    "Privacy",
+    "ScrubbedRaws",
+    "body_filters",
+    "RateLimited",
+    "RateLimiter",
+    "Refused",
+    "SecurityMiddleware",
+    "Unauthorized",
+    "install",
+    "pseudonym",
+    "record_filters",
 ]

@@ -116,7 +116,7 @@ class Settings(BaseSettings):
         "X-API-Key (or ?api_key= for beacons) and records must carry the key's application",
     )
     rate_limit_per_second: float = Field(
-        default=0.0, ge=0.0, description="requests per second per client (API key, else IP); 0 turns the limit off"
+        default=0.0, ge=0.0, description="requests per second per client (API key and client IP, else client IP); 0 turns the limit off"
     )
     rate_limit_burst: float = Field(default=60.0, ge=1.0, description="requests a client may send at once (bucket size)")
     trusted_proxies: int = Field(

@@ -74,7 +74,9 @@ def test_writes_need_the_applications_key_and_unauthorised_bodies_are_not_stored
         assert c.post("/v1/events", json=[make_event()]).status_code == 401
         r = c.post("/v1/events", json=[make_event()], headers={"X-API-Key": "k-guess"})
         assert r.status_code == 401 and "unknown API key" in r.json()["message"]
-        r = c.post("/v1/events", json=[make_event(), make_event(application=...)], headers={"X-API-Key": "k-shop"})
+        r = c.post(
+            "/v1/events", json=[make_event(), make_event(application=...)], headers={"X-API-Key": "k-shop"}
+        )
         assert r.status_code == 202 and r.json()["accepted"] == 2
         assert c.get("/healthz").status_code == 200  # reads need no key
     # A record without an application gets the key's; nothing from the refused requests was kept.
@@ -98,13 +100,17 @@ def test_records_of_another_application_are_refused_with_403_and_kept(
     assert b'"blog"' in kept[0][2]  # the body as sent
 
 
-def test_a_beacon_carries_its_key_in_the_url_and_plain_text_json(db: Path, make_event: Callable[..., Any]) -> None:
+def test_a_beacon_carries_its_key_in_the_url_and_plain_text_json(
+    db: Path, make_event: Callable[..., Any]
+) -> None:
     import orjson
 
     body = orjson.dumps([make_event(), make_event()])
     with collector(db, api_keys={"shop": "k-shop"}) as c:
         # navigator.sendBeacon cannot set headers; text/plain is what a CORS-safelisted beacon sends.
-        r = c.post("/v1/events?api_key=k-shop", content=body, headers={"content-type": "text/plain;charset=UTF-8"})
+        r = c.post(
+            "/v1/events?api_key=k-shop", content=body, headers={"content-type": "text/plain;charset=UTF-8"}
+        )
         assert r.status_code == 202 and r.json()["accepted"] == 2
         r = c.post("/v1/events?api_key=k-nope", content=body, headers={"content-type": "text/plain"})
         assert r.status_code == 401
@@ -147,7 +153,8 @@ def test_token_bucket_forgets_least_recent_clients_beyond_its_cap() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    rate=st.floats(0.5, 50), burst=st.integers(1, 20),
+    rate=st.floats(0.5, 50),
+    burst=st.integers(1, 20),
     gaps=st.lists(st.floats(0, 2, allow_nan=False), min_size=1, max_size=80),
 )
 def test_token_bucket_never_lets_more_through_than_burst_plus_rate_times_time(
@@ -166,14 +173,18 @@ def test_token_bucket_never_lets_more_through_than_burst_plus_rate_times_time(
 
 def test_over_the_rate_is_429_with_retry_after(db: Path, make_event: Callable[..., Any]) -> None:
     with collector(db, rate_limit_per_second=0.5, rate_limit_burst=2, api_keys={"shop": "k"}) as c:
-        ok = [c.post("/v1/events", json=make_event(), headers={"X-API-Key": "k"}).status_code for _ in range(2)]
+        ok = [
+            c.post("/v1/events", json=make_event(), headers={"X-API-Key": "k"}).status_code for _ in range(2)
+        ]
         r = c.post("/v1/events", json=make_event(), headers={"X-API-Key": "k"})
         assert ok == [202, 202] and r.status_code == 429
         # Empty bucket, 0.5 token/s: the next token comes in 2 s.
         assert r.headers["retry-after"] == "2"
         # Guessing keys is limited per IP like anything else (this IP's bucket is separate and full).
-        guesses = [c.post("/v1/events", json=make_event(), headers={"X-API-Key": f"g{i}"}).status_code
-                   for i in range(3)]
+        guesses = [
+            c.post("/v1/events", json=make_event(), headers={"X-API-Key": f"g{i}"}).status_code
+            for i in range(3)
+        ]
         assert guesses == [401, 401, 429]
         assert c.get("/healthz").status_code == 200  # health and metrics are never limited
     assert rows(db, "SELECT count(*) FROM ubi_events") == [(2,)]
@@ -191,16 +202,22 @@ def test_the_client_ip_behind_trusted_proxies() -> None:
 # ---------------------------------------------------------------- origins and admin routes
 
 
-def test_browsers_may_write_from_the_collectors_own_page_only_by_default(db: Path, make_event: Callable[..., Any]) -> None:
+def test_browsers_may_write_from_the_collectors_own_page_only_by_default(
+    db: Path, make_event: Callable[..., Any]
+) -> None:
     with collector(db) as c:
         r = c.post("/v1/events", json=make_event(), headers={"Origin": "https://evil.example"})
         assert r.status_code == 403 and "UBI_CORS_ALLOW_ORIGINS" in r.json()["message"]
         assert "access-control-allow-origin" not in r.headers
         # The test client's own origin is http://testserver: the collector's page may write.
-        assert c.post("/v1/events", json=make_event(), headers={"Origin": "http://testserver"}).status_code == 202
+        assert (
+            c.post("/v1/events", json=make_event(), headers={"Origin": "http://testserver"}).status_code
+            == 202
+        )
         assert c.post("/v1/events", json=make_event()).status_code == 202  # no Origin: not a browser page
-        pre = c.options("/v1/events", headers={"Origin": "https://evil.example",
-                                               "Access-Control-Request-Method": "POST"})
+        pre = c.options(
+            "/v1/events", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+        )
         assert pre.status_code == 400 and "access-control-allow-origin" not in pre.headers
     assert rows(db, "SELECT count(*) FROM ubi_events") == [(2,)]
     assert rows(db, "SELECT count(*) FROM failed_records") == [(0,)]  # a refused origin's body is not kept
@@ -209,8 +226,14 @@ def test_browsers_may_write_from_the_collectors_own_page_only_by_default(db: Pat
 def test_allowed_origins_get_cors_headers(db: Path, make_event: Callable[..., Any]) -> None:
     shop = "https://shop.example"
     with collector(db, cors_allow_origins=[shop], api_keys={"shop": "k"}) as c:
-        pre = c.options("/v1/events", headers={"Origin": shop, "Access-Control-Request-Method": "POST",
-                                               "Access-Control-Request-Headers": "content-type, x-api-key"})
+        pre = c.options(
+            "/v1/events",
+            headers={
+                "Origin": shop,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type, x-api-key",
+            },
+        )
         assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == shop
         assert "x-api-key" in pre.headers["access-control-allow-headers"].lower()
         r = c.post("/v1/events", json=make_event(), headers={"Origin": shop, "X-API-Key": "k"})
@@ -218,8 +241,12 @@ def test_allowed_origins_get_cors_headers(db: Path, make_event: Callable[..., An
         # Refusals carry CORS headers too, so the page's client can read the status and Retry-After.
         r = c.post("/v1/events", json=make_event(), headers={"Origin": shop})
         assert r.status_code == 401 and r.headers["access-control-allow-origin"] == shop
-        assert c.post("/v1/events", json=make_event(), headers={"Origin": "https://other.example",
-                                                                "X-API-Key": "k"}).status_code == 403
+        assert (
+            c.post(
+                "/v1/events", json=make_event(), headers={"Origin": "https://other.example", "X-API-Key": "k"}
+            ).status_code
+            == 403
+        )
 
 
 def test_admin_routes_are_for_loopback_clients(db: Path) -> None:
@@ -245,14 +272,18 @@ def _hmac(value: str, key: bytes = b"pepper") -> str:
 def test_identifiers_are_pseudonymised_with_a_keyed_hash(
     db: Path, make_event: Callable[..., Any], make_query: Callable[..., Any]
 ) -> None:
-    events = [make_event(client_id="alice-laptop", session_id="s-9", user_id="alice@example.com"),
-              make_event(client_id="alice-laptop", session_id="s-9", user_id="")]
+    events = [
+        make_event(client_id="alice-laptop", session_id="s-9", user_id="alice@example.com"),
+        make_event(client_id="alice-laptop", session_id="s-9", user_id=""),
+    ]
     with collector(db, pseudonymise_key="pepper") as c:
         assert c.post("/v1/events", json=events).json()["accepted"] == 2
         assert c.post("/v1/queries", json=make_query(client_id="alice-laptop")).json()["accepted"] == 1
     stored = rows(db, "SELECT client_id, session_id, user_id FROM ubi_events ORDER BY user_id DESC")
-    assert stored == [(_hmac("alice-laptop"), _hmac("s-9"), _hmac("alice@example.com")),
-                      (_hmac("alice-laptop"), _hmac("s-9"), "")]  # empty stays empty
+    assert stored == [
+        (_hmac("alice-laptop"), _hmac("s-9"), _hmac("alice@example.com")),
+        (_hmac("alice-laptop"), _hmac("s-9"), ""),
+    ]  # empty stays empty
     # Queries and events of one client still link up.
     assert rows(db, "SELECT client_id FROM ubi_queries") == [(_hmac("alice-laptop"),)]
     raw = b"".join(r[0].encode() for r in rows(db, "SELECT ubi_events::VARCHAR FROM ubi_events"))
@@ -298,3 +329,191 @@ def test_rejected_items_are_kept_scrubbed_too(db: Path, make_event: Callable[...
     kept = json.loads(raw)
     assert kept["client_id"] == _hmac("alice-laptop") and "message" not in kept
     assert kept["timestamp"] == "yesterday"  # the reason it was rejected is still there to see
+
+
+def test_each_client_ip_of_a_key_has_its_own_bucket(db: Path, make_event: Callable[..., Any]) -> None:
+    # One key serves every visitor of a shop's site: a bucket per key alone would let one visitor's burst
+    # refuse all the others. Behind one trusted proxy the client IP is the last X-Forwarded-For hop.
+    settings = dict(
+        rate_limit_per_second=0.001, rate_limit_burst=2, api_keys={"shop": "k"}, trusted_proxies=1
+    )
+
+    def post(c: TestClient, forwarded: str) -> int:
+        headers = {"X-API-Key": "k", "X-Forwarded-For": forwarded}
+        return c.post("/v1/events", json=make_event(), headers=headers).status_code
+
+    with collector(db, **settings) as c:
+        # Burst 2 and a refill of one token per 1000 s: each IP gets exactly two requests in this test.
+        assert [post(c, "198.51.100.1") for _ in range(3)] == [202, 202, 429]
+        assert [post(c, "198.51.100.2") for _ in range(3)] == [202, 202, 429]
+        # A client cannot mint itself a fresh bucket by prepending hops: only the proxy's hop is read.
+        assert post(c, "192.0.2.99, 198.51.100.1") == 429
+    with collector(db, **{**settings, "trusted_proxies": 0}) as c:
+        # No trusted proxy: X-Forwarded-For is the client's own claim and is ignored (same peer, one bucket).
+        assert [post(c, f"198.51.100.{i}") for i in range(3)] == [202, 202, 429]
+    assert rows(db, "SELECT count(*) FROM ubi_events") == [(6,)]
+
+
+# ---------------------------------------------------------------- what failed_records keeps under privacy settings
+
+# The auditor's case: two applications, pseudonymisation and a dropped field on. Clear text that must never
+# reach the database, and the pseudonyms that must stand in for it (HMAC computed by _hmac above).
+CLEAR = ("alice-client", "alice-user", "alice-session", "secret msg")
+PRIVATE = dict(
+    api_keys={"shop": ["k-shop"], "other": ["k-other"]},
+    pseudonymise_key="pepper",
+    drop_fields=["message"],
+    max_items=3,
+)
+
+
+def _alice(**overrides: Any) -> dict[str, Any]:
+    return {
+        "action_name": "click",
+        "timestamp": "2024-05-16T12:34:56Z",
+        "application": "shop",
+        "client_id": "alice-client",
+        "user_id": "alice-user",
+        "session_id": "alice-session",
+        "message": "secret msg",
+        **overrides,
+    }
+
+
+def _scrubbed_alice(record: dict[str, Any]) -> None:
+    assert record["client_id"] == _hmac("alice-client") and record["user_id"] == _hmac("alice-user")
+    assert record["session_id"] == _hmac("alice-session") and "message" not in record
+    assert record["action_name"] == "click"  # the rest is kept, to show why it was refused
+
+
+def _kept(db: Path) -> list[tuple[str, str, bytes]]:
+    return [(k, r, bytes(raw)) for k, r, raw in rows(db, "SELECT kind, reason, raw FROM failed_records")]
+
+
+def _no_clear_text(kept: list[tuple[str, str, bytes]]) -> None:
+    for kind, reason, raw in kept:
+        for secret in CLEAR:
+            assert secret not in reason and secret.encode() not in raw, (kind, reason, raw)
+
+
+BULK = b'{"index": {"_index": "ubi_events", "_id": "e1"}}\n' + json.dumps(_alice()).encode()
+NDJSON = json.dumps(_alice()).encode() + b"\n" + json.dumps(_alice(application="other")).encode()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "content_type", "key", "status"),
+    [
+        (
+            "/v1/events",
+            json.dumps(_alice()).encode(),
+            "application/json",
+            "k-other",
+            403,
+        ),  # another app's key
+        (
+            "/v1/events",
+            json.dumps([_alice()] * 4).encode(),
+            "application/json",
+            "k-shop",
+            413,
+        ),  # 4 > max_items
+        ("/v1/events", json.dumps(_alice()).encode(), "image/png", "k-shop", 415),
+        ("/v1/events", NDJSON, "application/x-ndjson", "k-shop", 403),  # line 2 claims another application
+        ("/v1/bulk", BULK, "application/x-ndjson", "k-other", 403),
+    ],
+    ids=["403-json", "413-items", "415-type", "403-ndjson", "403-bulk"],
+)
+def test_bodies_refused_as_a_whole_are_kept_scrubbed(
+    db: Path, path: str, body: bytes, content_type: str, key: str, status: int
+) -> None:
+    with collector(db, **PRIVATE) as c:
+        r = c.post(path, content=body, headers={"X-API-Key": key, "content-type": content_type})
+        assert r.status_code == status, r.text
+    ((kind, _, raw),) = kept = _kept(db)
+    _no_clear_text(kept)
+    # Still the same shape as sent, record by record, with the ids replaced and the message gone.
+    lines = [json.loads(line) for line in raw.splitlines()]
+    records = [
+        item
+        for line in lines
+        for item in (line if isinstance(line, list) else [line])
+        if "action_name" in item
+    ]
+    assert len(records) == {413: 4, 403: 2 if path == "/v1/events" and b"\n" in body else 1}.get(status, 1)
+    for record in records:
+        _scrubbed_alice(record)
+    if path == "/v1/bulk":  # the action line is kept as it was
+        assert lines[0] == {"index": {"_index": "ubi_events", "_id": "e1"}}
+
+
+def test_a_body_that_is_not_json_is_kept_as_its_length_and_keyed_digest(db: Path) -> None:
+    broken = json.dumps(_alice()).encode()[:-5]  # cut short: malformed JSON, 400
+    with collector(db, **PRIVATE) as c:
+        assert c.post("/v1/events", content=broken, headers={"X-API-Key": "k-shop"}).status_code == 400
+    ((kind, reason, raw),) = kept = _kept(db)
+    _no_clear_text(kept)
+    assert kind == "body" and "malformed JSON" in reason  # the reason stays
+    # Personal data in it cannot be located, so only its length and HMAC-SHA256 (under the pseudonymisation
+    # key, computed here independently) are kept: the sender can match the body, nobody can read it.
+    assert json.loads(raw) == {
+        "ubi_redacted": "not JSON: not kept because privacy settings are on",
+        "bytes": len(broken),
+        "hmac_sha256": hmac.new(b"pepper", broken, hashlib.sha256).hexdigest(),
+    }
+
+
+def test_without_privacy_settings_refused_bodies_are_kept_as_received(db: Path) -> None:
+    broken = json.dumps(_alice()).encode()[:-5]
+    with collector(db, api_keys=PRIVATE["api_keys"]) as c:
+        assert c.post("/v1/events", content=broken, headers={"X-API-Key": "k-shop"}).status_code == 400
+        whole = json.dumps(_alice()).encode()
+        assert c.post("/v1/events", content=whole, headers={"X-API-Key": "k-other"}).status_code == 403
+    assert sorted(raw for _, _, raw in _kept(db)) == sorted([broken, whole])
+
+
+def test_stored_reasons_do_not_quote_pseudonymised_or_dropped_values(db: Path) -> None:
+    # The collector's messages quote a bad value, "(got ...)": for these fields that would store it in clear.
+    bad = _alice(client_id="alice-client" * 10, message=4111111111111111)  # 120 characters; not a string
+    with collector(db, **PRIVATE) as c:
+        r = c.post("/v1/events", json=[bad], headers={"X-API-Key": "k-shop"})
+    assert r.json()["rejected"] == 1
+    ((_, reason, raw),) = kept = _kept(db)
+    _no_clear_text(kept)
+    assert "4111111111111111" not in reason and b"4111" not in raw
+    assert reason == (
+        "String should have at most 100 characters (value of 'client_id' not shown: privacy "
+        "settings); also 'message': Input should be a valid string (value of 'message' not "
+        "shown: privacy settings)"
+    )
+    assert json.loads(raw)["client_id"] == _hmac("alice-client" * 10)
+
+
+def test_conflicting_query_records_are_kept_scrubbed(db: Path, make_query: Callable[..., Any]) -> None:
+    query = make_query(query_id="q-1", client_id="alice-client")
+    with collector(db, **PRIVATE) as c:
+        assert c.post("/v1/queries", json=query, headers={"X-API-Key": "k-shop"}).json()["accepted"] == 1
+        again = c.post("/v1/queries", json={**query, "user_query": "other"}, headers={"X-API-Key": "k-shop"})
+        assert again.json()["rejected"] == 1
+    ((kind, _, raw),) = kept = _kept(db)
+    _no_clear_text(kept)
+    assert kind == "conflict" and json.loads(raw)["client_id"] == _hmac("alice-client")
+
+
+def test_scrub_finds_records_in_every_shape_and_redacts_what_is_not_one() -> None:
+    privacy = security.Privacy(b"pepper", ["client_id", "user_id", "session_id"], ["message"])
+    one = json.dumps(_alice()).encode()
+    # Arrays (nested too), NDJSON with a malformed line, a string or number where a record should be.
+    out = privacy.scrub(b"[" + one + b", [" + one + b'], "alice-user", 7, null]')
+    first, (second,), text, number, null = json.loads(out)
+    _scrubbed_alice(first)
+    _scrubbed_alice(second)
+    assert text["bytes"] == len(b'"alice-user"') - 2 and "hmac_sha256" in text and number["bytes"] == 1
+    assert null is None
+    good, bad = privacy.scrub(one + b"\n" + one[:-3]).split(b"\n")
+    _scrubbed_alice(json.loads(good))
+    assert json.loads(bad)["ubi_redacted"].startswith("a line that is not JSON")
+    # A non-string id is hashed as its JSON text; integers beyond 64 bits are kept exactly elsewhere.
+    odd = json.loads(privacy.scrub(b'{"client_id": 12345, "n": 123456789012345678901234567890}'))
+    assert odd == {"client_id": _hmac("12345"), "n": 123456789012345678901234567890}
+    # Without any privacy setting the bytes are kept as they came.
+    assert security.Privacy(None, ["client_id"], []).scrub(one[:-3]) == one[:-3]
