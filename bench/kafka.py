@@ -2,17 +2,20 @@
 
 Runs (figures printed as a table; nothing is asserted here):
 
-1. kafka-python baseline, one process: produce the collector's event messages with the collector's producer
-   settings, then consume them with a bare KafkaConsumer (no decoding): messages/s. The published figure
-   we compare with: kafka-python about 15,000 messages/s produced and 38,000 consumed from one process.
+1. kafka-python baseline, one process: produce the collector's event rows, one row per message, with the
+   collector's producer settings, then consume them with a bare KafkaConsumer (no decoding): messages/s.
+   The published figure we compare with: kafka-python about 15,000 messages/s produced and 38,000
+   consumed from one process.
 2. HTTP -> ``ubi serve --sink kafka`` -> Kafka with 1 and with 2 collector processes: events/s acknowledged
-   (500-event JSON arrays; the 202 comes after the broker's acks=all), p50/p99 request latency.
-3. Kafka -> DuckDB and Kafka -> Parquet: one loader (``collector.consumer.Consumer``, in this process) over
-   everything run 2 produced: records/s from its first record to its last durable write (group join
-   excluded), then a check that the store holds exactly the acknowledged events.
+   (500-event JSON arrays; the 202 comes after the broker's acks=all), p50/p99 request latency. The
+   collector puts one search's rows of a request in one message (``collector.kafka_records``).
+3. Kafka -> DuckDB and Kafka -> Parquet: one loader (``collector.consumer.Consumer``, in this process,
+   default batch size) over everything run 2 produced, with kafka-python's CRC check on (the default) and
+   off: rows/s from its first record to its last durable write (group join excluded), then a check that
+   each store holds exactly the acknowledged events.
 4. Lag: one collector and one DuckDB loader running together, HTTP load paced at half of the smaller of
-   the measured collector and loader capacities for ``--lag-seconds``; the loader's lag (records produced
-   but not yet written) sampled twice a second.
+   the measured 1-collector and default-loader capacities for ``--lag-seconds``; the loader's lag
+   (Kafka records produced but not yet written) sampled twice a second.
 
 The broker is Tansu (memory storage) started here on a free loopback port, unless ``--bootstrap`` names
 another. Load generators are separate processes writing pre-built requests on raw keep-alive connections.
@@ -354,9 +357,7 @@ def load_run(bootstrap: str, prefix: str, workdir: Path, target: str, check_crcs
     from collector.parquet_store import ParquetLoader
     from collector.store import Store
 
-    settings = settings_for(
-        bootstrap, prefix, workdir, consumer_batch_records=20_000, consumer_check_crcs=check_crcs
-    )
+    settings = settings_for(bootstrap, prefix, workdir, consumer_check_crcs=check_crcs)
     name = f"{target}-{'crc' if check_crcs else 'nocrc'}"
     loader: Any = (
         DuckDBLoader(Store(workdir / f"{name}.duckdb"))
@@ -377,7 +378,7 @@ def load_run(bootstrap: str, prefix: str, workdir: Path, target: str, check_crcs
         "seconds": seconds,
         "per_s": p.rows / seconds if seconds > 0 else 0.0,
         "name": name,
-        "note": f"{p.records:,} Kafka records in {p.batches} batches, commit after each durable write",
+        "note": f"{p.records:,} Kafka records in {p.batches} batches, commit after each durable write (default batch size)",
     }
 
 
