@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     out.add_argument("--db", type=Path, help="DuckDB store to load into (created when missing)")
     out.add_argument("--parquet", type=Path, metavar="DIR", help="Parquet folder to write (created when missing)")
     p.add_argument("--batch-records", dest="consumer_batch_records", type=int, metavar="N",
-                   help="records per written batch, one offset commit each (default 20000)")
+                   help="Kafka records per written batch, one offset commit each; a record holds one "
+                        "search's rows of one request (default 5000)")
     p.add_argument("--batch-seconds", dest="consumer_batch_seconds", type=float, metavar="S",
                    help="write a partial batch after this long (default 1)")
     p.add_argument("--max-poll-interval-ms", dest="consumer_max_poll_interval_ms", type=int, metavar="MS",
