@@ -136,6 +136,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if not args.serve and any(getattr(args, name) is not None for name in ("host", "port", "db")):
+        raise DemoError("--host, --port and --db are for `ubi demo --serve`; the batch demo uses a free "
+                        "loopback port and <--dir>/ubi.duckdb")
     if args.serve:
         from ubi.demo_serve import serve_demo
 
@@ -155,4 +158,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seed", type=int, default=7, help="simulation seed (default 7)")
     p.add_argument("--serve", action="store_true",
                    help="serve the instrumented demo search page and live report instead")
+    serve = p.add_argument_group("--serve options")
+    serve.add_argument("--host", help="address the demo page listens on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int,
+                       help="port of the demo page (default 8000; 0 picks a free one, printed at start)")
+    serve.add_argument("--db", type=Path, help="DuckDB file for what visitors do (default <--dir>/serve.duckdb)")
     p.set_defaults(func=cmd_demo)

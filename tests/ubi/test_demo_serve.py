@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -13,6 +19,8 @@ from fastapi.testclient import TestClient
 from processors.simulation.catalog import build_catalog
 from schemas.settings import Settings
 from ubi.demo_serve import build_demo_app, demo_catalog, demo_settings, report_available, write_qrels
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_demo_catalog_is_the_simulators_with_a_better_and_a_worse_ranker() -> None:
@@ -22,8 +30,10 @@ def test_the_demo_catalog_is_the_simulators_with_a_better_and_a_worse_ranker() -
     assert demo_catalog(seed=3).rankings == cat.rankings  # same seed, same rankings
     # ranker-a sorts grade + N(0, 0.5²), ranker-b grade + N(0, 2²): a's first result has a higher grade on
     # average over the 40 searches. For seed 3 they are 2.98 and 2.30 (seeds 0 and 7: 3.00/2.42, 2.95/2.15).
-    top = {name: np.mean([sim.grades[q, order[0]] for q, order in enumerate(per_query)])
-           for name, per_query in cat.rankings.items()}
+    top = {
+        name: np.mean([sim.grades[q, order[0]] for q, order in enumerate(per_query)])
+        for name, per_query in cat.rankings.items()
+    }
     assert top["ranker-a"] > top["ranker-b"] + 0.5, top
 
 
@@ -47,9 +57,57 @@ def test_the_live_report_renders_what_was_stored(tmp_path: Path) -> None:
         assert c.get("/demo/config").json()["report_url"] == "/report"
         assert c.get("/report").status_code == 503  # nothing stored yet: says so instead of failing
         out = c.get("/demo/search", params={"q": "red running shoes", "session_id": "s"}).json()
-        query = {"query_id": "q1", "user_query": "red running shoes", "application": "demo-search",
-                 "query_attributes": {"ranker": out["ranker"]},
-                 "query_response_hit_ids": [h["id"] for h in out["hits"]]}
+        query = {
+            "query_id": "q1",
+            "user_query": "red running shoes",
+            "application": "demo-search",
+            "query_attributes": {"ranker": out["ranker"]},
+            "query_response_hit_ids": [h["id"] for h in out["hits"]],
+        }
         assert c.post("/v1/queries", json=query).status_code == 202
         page = c.get("/report")
         assert page.status_code == 200 and f"demo-search/ranker={out['ranker']}" in page.text
+
+
+def _ubi_demo_serve(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ubi", "demo", "--serve", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_ubi_demo_serve_listens_where_told_and_says_where(tmp_path: Path) -> None:
+    db = tmp_path / "visitors.duckdb"
+    proc = _ubi_demo_serve("--host", "127.0.0.1", "--port", "0", "--db", str(db))
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/demo/", line)
+        assert match, f"no URL printed: {line!r} {proc.stderr.read() if proc.stderr else ''}"
+        assert int(match.group(1)) != 0  # port 0 asked the OS for a free port; the real one is printed
+        base = match.group(0).removesuffix("/demo/")
+        assert httpx.get(base + "/healthz", timeout=10).status_code == 200
+        assert "ubi-client.js" in httpx.get(base + "/demo/", timeout=10).text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0 and db.exists()  # stopped cleanly, storing into the --db file
+
+
+def test_ubi_demo_serve_on_a_taken_port_says_to_pick_another(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = _ubi_demo_serve("--port", str(port), "--db", str(tmp_path / "x.duckdb"))
+        _, err = proc.communicate(timeout=60)
+    err = " ".join(err.split())  # rich wraps the message at the terminal width
+    assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in err and "another --port" in err
+
+
+def test_serve_options_belong_to_serve() -> None:
+    from ubi.cli import main
+
+    assert main(["demo", "--port", "0"]) == 2  # the batch demo picks its own port: refused, not ignored
