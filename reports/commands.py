@@ -145,6 +145,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seed", type=int, help="seed of the bootstrap and randomisation test (default: $UBI_SEED or 0)")
     p.add_argument("--format", choices=_FORMATS, default="text", help="output format (default text)")
     p.add_argument("--json", action="store_true", help="same as --format json")
+    p.add_argument("--no-labels", dest="label_pairs", action="store_false",
+                   help="JSON: leave out the per-pair labels (labels.pairs: every labelled (query, doc), the label "
+                        "the precedence chose and all its labels with provenance); counts and merge summary stay")
     p.add_argument("--out", type=Path, metavar="FILE", help="write the report there instead of stdout")
     p.add_argument("--html", type=Path, metavar="FILE", help="also write the self-contained HTML report there")
     p.add_argument("--dashboard", type=Path, metavar="FILE",
@@ -315,7 +318,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         else:
             _write(args.out, render_text(report))
     elif fmt == "json":
-        _write(args.out, render_json(report))
+        _write(args.out, render_json(report, label_pairs=args.label_pairs))
     elif fmt == "md":
         _write(args.out, render_markdown(report))
     else:

@@ -8,7 +8,10 @@ Offline, per system and judgment source: the system's logged rankings (``reports
 ``reports.metrics.compute`` against the source's grades, joined on the normalised query text. Sources:
 ``human`` (every human label), ``reviewed`` (reviewed implicit labels, when present), each ``implicit:<model>``
 (graded rows only, so judged@k shows how sparse they are) and ``merged`` (the precedence view of
-``reports.merge``, when labels of more than one kind exist). Each aggregate is a mean over the queries with at
+``reports.merge``, when labels of more than one kind exist). The merged view itself travels with the report:
+every labelled (query, doc), the label the precedence chose and every label it has with its provenance
+(:func:`reports.merge.merge_view`), and a summary of where the chosen labels came from and where sources
+disagree. Each aggregate is a mean over the queries with at
 least one positive label, with a bootstrap interval (t above ``resample_limit`` queries) and its query
 count; queries whose labels hold no positive (labelled negatives) are counted apart, and run queries without
 any label of the source are counted as unlabelled. Per query class when classes are configured (a
@@ -40,7 +43,16 @@ from reports.agreement import Agreement, agreement_all
 from reports.compare import Comparison, Ordering, compare_systems, ordering
 from reports.gates import GateResult, Threshold, check
 from reports.intervals import RESAMPLE_LIMIT, Interval, mean_intervals
-from reports.merge import DEFAULT_PRECEDENCE, Coverage, LabelSet, coverage, label_kind
+from reports.merge import (
+    DEFAULT_PRECEDENCE,
+    Coverage,
+    LabelSet,
+    MergeSummary,
+    PairLabels,
+    coverage,
+    label_kind,
+    merge_view,
+)
 from reports.metrics import MetricTable, compute
 from reports.online import DEFAULT_CLICK_ACTIONS, ONLINE_METRICS, OnlineMetrics, online_metrics
 from reports.runs import Run
@@ -199,6 +211,9 @@ class Report:
     orderings: list[Ordering]
     gates: list[GateResult] = field(default_factory=list)
     propensity: dict[str, Any] | None = None
+    # the merged view with provenance: every labelled (query, doc), its chosen label and all its labels
+    label_pairs: list[PairLabels] = field(default_factory=list)
+    merge: MergeSummary | None = None
     notes: list[str] = field(default_factory=list)
     inputs: dict[str, Any] = field(default_factory=dict)
 
@@ -447,6 +462,8 @@ def build_report(
     from_files = _file_systems(file_runs, logged, labels, _classes_by_text(searches))
     # logged systems sorted by name, then run files in the order given: every table keeps this order
     runs = {**dict(sorted(logged.items())), **from_files}
+    step("merged view of the labels")
+    label_pairs, merge = merge_view(labels, cfg.precedence)
     step("offline metrics")
     sources = _evaluation_sources(labels, cfg.sources)
     qrels_by_source = {s: _qrels_for(labels, s, cfg.precedence) for s in sources}
@@ -504,6 +521,7 @@ def build_report(
         systems=_summaries(searches, logged) + _run_summaries(from_files),
         sources=sources, label_counts=_label_counts(labels), offline=offline, coverage=cov, online=online,
         agreement=agree, comparisons=comparisons, orderings=orderings, propensity=propensity,
+        label_pairs=label_pairs, merge=merge,
         notes=_orphan_notes(con) + _run_notes(from_files, labels), inputs=dict(inputs or {}),
     )
     if thresholds:

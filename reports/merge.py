@@ -174,6 +174,87 @@ class LabelSet:
         return out
 
 
+class PairLabels(NamedTuple):
+    """One (query, doc) in the merged view: the label the precedence chose (None when no label it names has
+    a grade) beside every label the pair has, and whether graded labels of the pair disagree."""
+
+    query: str
+    doc_id: str
+    chosen: Label | None
+    labels: tuple[Label, ...]
+    conflict: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: the chosen grade and source, then every label with its provenance."""
+        return {
+            "query": self.query,
+            "doc_id": self.doc_id,
+            "grade": None if self.chosen is None else self.chosen.grade,
+            "source": None if self.chosen is None else self.chosen.source,
+            "conflict": self.conflict,
+            "labels": [{**lab.provenance(), "grade": lab.grade} for lab in self.labels],
+        }
+
+
+@dataclass(frozen=True)
+class MergeSummary:
+    """What the precedence did over all pairs: where each chosen label came from, and where sources disagree.
+
+    A pair is a conflict when two of its graded labels differ, from two sources or from one source read
+    twice (a qrels file and the store); ``conflicts_by_sources`` counts each pair once per disagreeing
+    couple, named ``"A vs B"`` in :meth:`LabelSet.sources` order.
+    """
+
+    precedence: tuple[str, ...]
+    pairs: int
+    chosen_by_source: dict[str, int]
+    unresolved: int  # pairs with no graded label the precedence names: absent from the merged view
+    several_sources: int  # pairs with labels of more than one source
+    conflicts: int
+    conflicts_by_sources: dict[str, int]
+
+
+def _label_name(lab: Label, twice: bool) -> str:
+    return f"{lab.source} ({lab.origin or 'unknown origin'})" if twice else lab.source
+
+
+def merge_view(labels: LabelSet, precedence: Sequence[str] = DEFAULT_PRECEDENCE) -> tuple[list[PairLabels], MergeSummary]:
+    """Every pair with its chosen label and all its labels (sorted by query, doc), and the summary of the merge."""
+    prec = _check_precedence(precedence)
+    chosen = labels._choose(prec)
+    order = {s: i for i, s in enumerate(labels.sources())}
+    pairs: list[PairLabels] = []
+    by_source: dict[str, int] = defaultdict(int)
+    by_couple: dict[str, int] = defaultdict(int)
+    several = conflicts = 0
+    for pair in sorted(labels.by_pair):
+        labs = tuple(labels.by_pair[pair])
+        pick = chosen.get(pair)
+        if pick is not None:
+            by_source[pick.source] += 1
+        if len({lab.source for lab in labs}) > 1:
+            several += 1
+        graded = sorted((lab for lab in labs if lab.grade is not None),
+                        key=lambda lab: (order[lab.source], lab.origin or ""))
+        couples: set[str] = set()
+        for i, a in enumerate(graded):
+            for b in graded[i + 1:]:
+                if a.grade != b.grade:
+                    twice = a.source == b.source
+                    couples.add(f"{_label_name(a, twice)} vs {_label_name(b, twice)}")
+        for couple in couples:
+            by_couple[couple] += 1
+        conflicts += bool(couples)
+        pairs.append(PairLabels(pair[0], pair[1], pick, labs, bool(couples)))
+    summary = MergeSummary(
+        precedence=prec, pairs=len(pairs),
+        chosen_by_source={s: by_source[s] for s in sorted(by_source, key=lambda s: order[s])},
+        unresolved=len(pairs) - len(chosen), several_sources=several, conflicts=conflicts,
+        conflicts_by_sources=dict(sorted(by_couple.items(), key=lambda kv: (-kv[1], kv[0]))),
+    )
+    return pairs, summary
+
+
 def labels_from_human(records: Iterable[HumanJudgment]) -> list[Label]:
     """Labels from human judgment records (``reports.qrels.Qrels.human_judgments()``: keyed by query text)."""
     return [

@@ -85,9 +85,28 @@ def systems_table(report: Report) -> tuple[Row, list[Row]]:
 
 
 def labels_table(report: Report) -> tuple[Row, list[Row]]:
-    head = ["source", "labels", "graded", "queries"]
-    rows = [[s, str(c["labels"]), str(c["graded"]), str(c["queries"])] for s, c in report.label_counts.items()]
+    """Labels per source, and how many (query, doc) pairs the merged view takes from each."""
+    chosen = report.merge.chosen_by_source if report.merge is not None else {}
+    head = ["source", "labels", "graded", "queries", "pairs chosen by the merge"]
+    rows = [[s, str(c["labels"]), str(c["graded"]), str(c["queries"]), str(chosen.get(s, 0))]
+            for s, c in report.label_counts.items()]
     return head, rows
+
+
+def merge_table(report: Report) -> tuple[Row, list[Row]]:
+    """The merged view in numbers: precedence, pairs, conflicts (per disagreeing couple of sources)."""
+    m = report.merge
+    if m is None:
+        return ["merged view", ""], []
+    rows = [
+        ["precedence", " > ".join(m.precedence)],
+        ["labelled (query, doc) pairs", str(m.pairs)],
+        ["pairs with labels of several sources", str(m.several_sources)],
+        ["pairs whose graded labels disagree", str(m.conflicts)],
+    ]
+    rows += [[f"disagree: {couple}", str(n)] for couple, n in m.conflicts_by_sources.items()]
+    rows.append(["pairs without a graded label the precedence names (not in the merged view)", str(m.unresolved)])
+    return ["merged view", "pairs"], rows
 
 
 def coverage_table(report: Report) -> tuple[Row, list[Row]]:

@@ -194,8 +194,12 @@ def render_html(report: Report) -> str:
         parts += [f"<h3>{html.escape(source)} labels</h3>", _table(head, rows)]
     for source, head, rows in common.class_tables(report):
         parts += [f"<h3>By query class ({html.escape(source)})</h3>", _table(head, rows)]
-    parts += ["<h3>Labels and coverage</h3>", _table(*common.labels_table(report)),
-              _table(*common.coverage_table(report))]
+    parts += ["<h3>Labels and coverage</h3>", _table(*common.labels_table(report))]
+    if report.merge is not None:
+        parts += ['<p class="note">Merged view: every label is kept and the precedence picks one per pair; each '
+                  "pair with all its labels and their provenance is in the JSON report.</p>",
+                  _table(*common.merge_table(report))]
+    parts.append(_table(*common.coverage_table(report)))
     if report.online:
         parts += ["<h2>Online metrics</h2>", '<div class="plots">', _plot(ctr_by_rank_svg(report)),
                   _plot(propensity_svg(report.propensity)), "</div>", _table(*common.online_table(report))]

@@ -49,8 +49,21 @@ def _config(report: Report) -> dict[str, Any]:
     return _clean(cfg)
 
 
-def report_dict(report: Report) -> dict[str, Any]:
-    """Everything in the report, per query included, as plain JSON-ready data."""
+def _labels(report: Report, label_pairs: bool) -> dict[str, Any]:
+    """Label counts per source, the merge summary and (unless left out) every pair with all its labels."""
+    return {
+        "counts": report.label_counts,
+        "merge": _clean(report.merge),
+        "pairs": [_clean(p.as_dict()) for p in report.label_pairs] if label_pairs else None,
+        "pairs_omitted": not label_pairs,
+    }
+
+
+def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
+    """Everything in the report, per query and per labelled pair included, as plain JSON-ready data.
+
+    ``label_pairs=False`` leaves the per-pair labels out (``labels.pairs`` is null), for large label sets.
+    """
     offline = []
     for r in report.offline:
         offline.append({
@@ -87,7 +100,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         "config": _config(report),
         "systems": _clean(report.systems),
         "sources": report.sources,
-        "labels": report.label_counts,
+        "labels": _labels(report, label_pairs),
         "coverage": _clean(report.coverage),
         "offline": offline,
         "online": online,
@@ -104,6 +117,7 @@ def report_dict(report: Report) -> dict[str, Any]:
     }
 
 
-def render_json(report: Report) -> bytes:
-    """The report as indented JSON bytes."""
-    return orjson.dumps(report_dict(report), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+def render_json(report: Report, *, label_pairs: bool = True) -> bytes:
+    """The report as indented JSON bytes (see :func:`report_dict`)."""
+    return orjson.dumps(report_dict(report, label_pairs=label_pairs),
+                        option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"

@@ -23,6 +23,9 @@ def render_markdown(report: Report) -> str:
     out += [f"- {line}" for line in common.header_lines(report)] + [""]
     out += [f"## {common.systems_title(report)}", "", _table(*common.systems_table(report))]
     out += ["## Labels by source", "", _table(*common.labels_table(report))]
+    if report.merge is not None:
+        out += ["### Merged view", "", "Every label is kept; the precedence picks one per pair. Each pair with all "
+                "its labels and their provenance is in the JSON report.", "", _table(*common.merge_table(report))]
     out += [f"## {common.coverage_title(report)}", "", _table(*common.coverage_table(report))]
     for source, head, rows in common.offline_tables(report):
         out += [f"## Offline metrics: {source} labels", "",

@@ -31,6 +31,9 @@ def print_report(report: Report, console: Console) -> None:
         console.print(escape(line), highlight=False)
     console.print(_table(common.systems_title(report), *common.systems_table(report)))
     console.print(_table("Labels by source", *common.labels_table(report)))
+    if report.merge is not None:
+        console.print(_table("Merged view of the labels (every label kept; per pair in the JSON report)",
+                             *common.merge_table(report)))
     console.print(_table(common.coverage_title(report), *common.coverage_table(report)))
     for source, head, rows in common.offline_tables(report):
         console.print(_table(f"Offline metrics against {source} labels (mean [CI], over "

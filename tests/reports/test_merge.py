@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 from joint_fixtures import build_store, write_human
 
 from collector.store import open_reader
-from reports.merge import Label, LabelSet, MergeError, coverage, labels_from_human, labels_from_store
+from reports.merge import (
+    Label,
+    LabelSet,
+    MergeError,
+    coverage,
+    labels_from_human,
+    labels_from_store,
+    merge_view,
+)
 from reports.qrels import load_qrels
 
 
@@ -57,6 +65,56 @@ def test_merged_view_applies_precedence_without_overwriting(tmp_path):
     assert labels.merged_qrels()["red shoes"] == {"d1": 3, "d2": 1, "d3": 0, "d4": 1}
     # precedence naming only human: implicit labels are kept but never chosen
     assert ("red shoes", "d4") not in labels.merged(("human",))
+
+
+def test_merge_view_keeps_every_label_and_counts_what_the_precedence_did(tmp_path):
+    pairs, summary = merge_view(_labels(tmp_path))
+    # human: red shoes d1 3, d2 1, d3 0; blue hat h1 2, h2 0; green bag b1 0
+    # implicit:ctr: red shoes d1 3, d2 2, d4 1; blue hat h1 1, h2 0; green bag b2 (no grade)
+    # -> 8 pairs, sorted by (query, doc): blue hat h1 h2, green bag b1 b2, red shoes d1 d2 d3 d4
+    assert [(p.query, p.doc_id) for p in pairs] == [
+        ("blue hat", "h1"), ("blue hat", "h2"), ("green bag", "b1"), ("green bag", "b2"),
+        ("red shoes", "d1"), ("red shoes", "d2"), ("red shoes", "d3"), ("red shoes", "d4")]
+    assert summary.pairs == 8 and summary.precedence == ("human", "reviewed", "implicit")
+    # human chosen for d1 d2 d3 h1 h2 b1 (6), implicit only fills d4 (1); b2 has no grade at all (1)
+    assert summary.chosen_by_source == {"human": 6, "implicit:ctr": 1} and summary.unresolved == 1
+    # both sources label d1 d2 h1 h2 (4); they disagree on d2 (1 vs 2) and h1 (2 vs 1), agree on d1 (3) and h2 (0)
+    assert summary.several_sources == 4
+    assert summary.conflicts == 2 and summary.conflicts_by_sources == {"human vs implicit:ctr": 2}
+    by = {(p.query, p.doc_id): p for p in pairs}
+    assert [k for k, p in by.items() if p.conflict] == [("blue hat", "h1"), ("red shoes", "d2")]
+    b2 = by[("green bag", "b2")]
+    assert b2.chosen is None and b2.as_dict()["grade"] is None and b2.as_dict()["labels"][0]["grade"] is None
+    # the JSON form of one pair: the chosen label, then every label with its provenance, none overwritten
+    d2 = by[("red shoes", "d2")].as_dict()
+    assert (d2["grade"], d2["source"], d2["conflict"]) == (1, "human", True)
+    human, implicit = sorted(d2["labels"], key=lambda lab: lab["source"])
+    assert human == {"grade": 1, "source": "human", "kind": "human", "query_id": "q1", "assessor": "ann",
+                     "origin": str(tmp_path / "h.jsonl")}
+    assert implicit == {
+        "grade": 2, "source": "implicit:ctr", "kind": "implicit", "origin": "store", "model_version": "1",
+        "score": 0.5, "ci_low": 0.1, "ci_high": 0.9, "impressions": 20, "clicks": 10, "sessions": 20,
+        "judged_at": "2025-01-02T00:00:00",
+        "parameters": {"model": {"name": "ctr"}, "grade_mapping": {"calibrated": True}},
+    }
+    # implicit first: the same pairs and conflicts, the other side chosen
+    _, flipped = merge_view(_labels(tmp_path), ("implicit", "human"))
+    # implicit chosen wherever it has a grade (d1 d2 d4 h1 h2: 5), human for d3 and b1 (2)
+    assert flipped.chosen_by_source == {"human": 2, "implicit:ctr": 5} and flipped.conflicts == 2
+
+
+def test_merge_view_names_one_source_read_twice():
+    labels = LabelSet().add([
+        Label("q", "d", 1, "human", origin="store"),
+        Label("q", "d", 2, "human", origin="new.jsonl"),
+        Label("q", "e", 2, "human", origin="store"),
+        Label("q", "e", 2, "human", origin="new.jsonl"),
+    ])
+    pairs, summary = merge_view(labels)
+    # q/d: the file (2) and the store (1) disagree; q/e agree. The file wins the tie rule.
+    assert summary.conflicts == 1 and summary.several_sources == 0
+    assert summary.conflicts_by_sources == {"human (new.jsonl) vs human (store)": 1}
+    assert pairs[0].chosen is not None and pairs[0].chosen.grade == 2
 
 
 def test_ties_prefer_the_file_then_the_newest():

@@ -81,7 +81,46 @@ def test_offline_on_implicit_and_merged_labels_by_hand(world):
     cov = {(c["system"], c["source"]): c for c in doc["coverage"]}
     # ranker b, implicit:ctr: red 3/3 judged, blue 2/2, green bag [b2] ungraded -> 0, purple socks empty -> 0
     assert cov[("shop/ranker=b", "implicit:ctr")]["judged_at_k"] == pytest.approx((1 + 1 + 0 + 0) / 4)
-    assert doc["labels"]["implicit:ctr"] == {"labels": 6, "graded": 5, "queries": 3}
+    assert doc["labels"]["counts"]["implicit:ctr"] == {"labels": 6, "graded": 5, "queries": 3}
+
+
+def test_labels_with_provenance_in_every_output(world):
+    doc, tmp = world
+    labels = doc["labels"]
+    # the merged view by hand (test_merge): 8 labelled pairs; human chosen 6 times, implicit:ctr once (d4),
+    # b2 has no graded label; d2 (human 1, ctr 2) and h1 (human 2, ctr 1) disagree
+    assert labels["merge"] == {
+        "precedence": ["human", "reviewed", "implicit"], "pairs": 8, "chosen_by_source": {"human": 6, "implicit:ctr": 1},
+        "unresolved": 1, "several_sources": 4, "conflicts": 2, "conflicts_by_sources": {"human vs implicit:ctr": 2},
+    }
+    assert len(labels["pairs"]) == 8 and labels["pairs_omitted"] is False
+    d4 = next(p for p in labels["pairs"] if (p["query"], p["doc_id"]) == ("red shoes", "d4"))
+    assert (d4["grade"], d4["source"], d4["conflict"]) == (1, "implicit:ctr", False)
+    assert [(lab["source"], lab["model_version"], lab["impressions"]) for lab in d4["labels"]] == [("implicit:ctr", "1", 20)]
+    d1 = next(p for p in labels["pairs"] if (p["query"], p["doc_id"]) == ("red shoes", "d1"))
+    assert sorted((lab["source"], lab["grade"], lab.get("assessor")) for lab in d1["labels"]) == [
+        ("human", 3, "ann"), ("implicit:ctr", 3, None)]
+    # the summary in the human formats
+    qrels = tmp / "human.jsonl"
+    md = tmp / "r.md"
+    db = tmp / "ubi.duckdb"
+    assert ubi(["report", "--db", str(db), "--qrels", str(qrels), "--format", "md", "--out", str(md)]) == 0
+    text = md.read_text()
+    assert "| human | 6 | 6 | 3 | 6 |" in text and "| implicit:ctr | 6 | 5 | 3 | 1 |" in text
+    assert "| pairs whose graded labels disagree | 2 |" in text
+    assert "| disagree: human vs implicit:ctr | 2 |" in text
+    assert "| pairs without a graded label the precedence names (not in the merged view) | 1 |" in text
+    txt = tmp / "r.txt"
+    assert ubi(["report", "--db", str(db), "--qrels", str(qrels), "--out", str(txt)]) == 0
+    assert "human > reviewed > implicit" in txt.read_text() and "disagree: human vs implicit:ctr" in txt.read_text()
+    html = tmp / "r.html"
+    assert ubi(["report", "--db", str(db), "--qrels", str(qrels), "--format", "html", "--out", str(html)]) == 0
+    assert "<td>disagree: human vs implicit:ctr</td><td>2</td>" in html.read_text()
+    # --no-labels keeps counts and summary, drops the pairs
+    out = tmp / "small.json"
+    assert ubi(["report", "--db", str(db), "--qrels", str(qrels), "--json", "--no-labels", "--out", str(out)]) == 0
+    small = json.loads(out.read_text())["labels"]
+    assert small["pairs"] is None and small["pairs_omitted"] is True and small["merge"] == labels["merge"]
 
 
 def test_online_agreement_comparison_ordering(world):
