@@ -10,6 +10,13 @@
  *
  * Every record carries its own id (query_id, event_id), so a record sent twice (a retry, a beacon and a
  * later fetch of the same queue) is stored once: the collector deduplicates on them.
+ *
+ * Records follow the UBI 1.3.0 JSON Schemas: a field that is not known is left out, never sent as null, and
+ * event_attributes, whose schema requires a position, carries the one given or else the object's place in
+ * the hits of its search, and is left out when there is nothing to put in it. The one exception: an object
+ * (or attributes) with no known position, say add_to_cart on a product page, is sent without a position,
+ * because dropping the caller's data would be worse; pass position (a 0-based ordinal or {x, y} on the
+ * page) to stay within the schema.
  */
 (function (root) {
   "use strict";
@@ -30,6 +37,7 @@
   };
   var PATHS = { queries: "/v1/queries", events: "/v1/events" };
   var BEACON_BYTES = 60000;  // browsers cap in-flight beacon data at 64 KiB
+  var MAX_SEARCHES = 50;     // searches remembered for events that name an earlier query_id
 
   function uuid() {
     var c = root.crypto;
@@ -66,7 +74,8 @@
     this.key = o.storagePrefix + "queue:" + uuid();  // this page's queue in localStorage
     this.queue = [];    // entries {k: "queries"|"events", r: record, b: 1 once handed to a beacon}
     this.seen = {};     // impressions already recorded: query_id + "\u001f" + object_id
-    this.last = null;   // the latest search: {query_id, user_query}
+    this.last = null;   // the latest search: {query_id, user_query, hits}
+    this.searches = {}; // recent searches by query_id (at most MAX_SEARCHES), for events that name one
     this.failures = 0;
     this.timer = null;
     this.timerAt = 0;
@@ -95,27 +104,59 @@
       user_query: String(userQuery), query_attributes: attributes || {}, object_id_field: this.o.objectIdField,
       query_response_hit_ids: (hitIds || []).map(String)
     };
-    this.last = { query_id: q.query_id, user_query: q.user_query };
+    this.last = { query_id: q.query_id, user_query: q.user_query, hits: q.query_response_hit_ids };
+    this.remember(this.last);
     this.add("queries", q);
     return q.query_id;
   };
 
-  /** Record any event (click, impression, add_to_cart, ...) about an object at a 0-based position. */
+  Client.prototype.remember = function (search) {
+    var ids = Object.keys(this.searches);
+    if (ids.length >= MAX_SEARCHES) delete this.searches[ids[0]];  // insertion order: the oldest goes
+    this.searches[search.query_id] = search;
+  };
+
+  // A position as UBI 1.3.0 has it: {ordinal: n} (0-based) or {xy: {x, y}}; null when there is none.
+  function position(given, objectId, search) {
+    if (typeof given === "number" || typeof given === "string") {
+      var n = Number(given);
+      if (given !== "" && Number.isInteger(n) && n >= 0) return { ordinal: n };
+    } else if (given && typeof given.x === "number" && typeof given.y === "number" && isFinite(given.x) &&
+               isFinite(given.y)) {
+      return { xy: { x: given.x, y: given.y } };
+    }
+    var at = objectId != null && search && search.hits ? search.hits.indexOf(String(objectId)) : -1;
+    return at >= 0 ? { ordinal: at } : null;
+  }
+
+  /** Record any event (click, impression, add_to_cart, ...) about an object at a 0-based position.
+   *  details: {objectId, position (0-based ordinal or {x, y}), queryId, userQuery, message, messageType,
+   *  attributes}. Fields that are not known are left out (the UBI schemas have no nulls). */
   Client.prototype.event = function (actionName, details) {
-    var d = details || {}, q = this.last || {};
+    var d = details || {};
+    var search = d.queryId ? this.searches[d.queryId] : this.last;
     var e = {
-      action_name: actionName, event_id: uuid(), query_id: d.queryId || q.query_id || null,
-      session_id: this.sessionId, client_id: this.clientId, application: this.o.application,
-      timestamp: this.now(), user_query: d.userQuery || q.user_query || null
+      action_name: String(actionName), event_id: uuid(), session_id: this.sessionId, client_id: this.clientId,
+      application: this.o.application, timestamp: this.now()
     };
+    var queryId = d.queryId || (search && search.query_id);
+    if (queryId) e.query_id = String(queryId);
+    var userQuery = d.userQuery != null ? d.userQuery : search && search.user_query;
+    if (userQuery != null) e.user_query = String(userQuery);
     if (this.o.userId != null) e.user_id = String(this.o.userId);
-    if (d.messageType) e.message_type = d.messageType;
-    if (d.message) e.message = d.message;
-    var attrs = {}, a;
-    if (d.objectId != null) attrs.object = { object_id: String(d.objectId), object_id_field: this.o.objectIdField };
-    if (d.position != null) attrs.position = { ordinal: Number(d.position) };
-    for (a in d.attributes || {}) attrs[a] = d.attributes[a];
-    e.event_attributes = attrs;
+    if (d.messageType) e.message_type = String(d.messageType);
+    if (d.message) e.message = String(d.message);
+    var attrs = {}, any = false, a;
+    for (a in d.attributes || {}) { attrs[a] = d.attributes[a]; any = true; }
+    if (d.objectId != null) {
+      attrs.object = { object_id: String(d.objectId), object_id_field: this.o.objectIdField };
+      any = true;
+    }
+    var pos = position(d.position, d.objectId, search);
+    if (pos) { attrs.position = pos; any = true; }
+    // Nothing to say: no event_attributes at all (UBI 1.3.0 requires a position in it). An object or
+    // attributes without a known position still go (see the header): the caller's data outweighs the schema.
+    if (any) e.event_attributes = attrs;
     this.add("events", e);
     return e.event_id;
   };

@@ -6,6 +6,8 @@ the browser tests are skipped, saying why.
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import re
 import signal
@@ -14,16 +16,26 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
+SPEC = ROOT.parent / "shared" / "ubi-spec" / "1.3.0"
 
 
 @dataclass
@@ -45,7 +57,9 @@ class DemoServer:
                 self.proc.wait()
                 raise AssertionError("the demo server did not stop within 20 s of SIGTERM") from None
         if self.proc.returncode != 0:
-            raise AssertionError(f"the demo server exited with {self.proc.returncode}: {self.proc.stderr.read()}")
+            raise AssertionError(
+                f"the demo server exited with {self.proc.returncode}: {self.proc.stderr.read()}"
+            )
 
 
 def start_demo_server(db: Path, port: int = 0, env: dict[str, str] | None = None) -> DemoServer:
@@ -55,13 +69,19 @@ def start_demo_server(db: Path, port: int = 0, env: dict[str, str] | None = None
     """
     proc = subprocess.Popen(
         [sys.executable, "-m", "ubi.demo_serve", "--db", str(db), "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     line = proc.stdout.readline() if proc.stdout else ""
     match = re.search(r"http://127\.0\.0\.1:\d+", line)
     if not match:
         proc.kill()
-        raise AssertionError(f"demo server did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}")
+        raise AssertionError(
+            f"demo server did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}"
+        )
     url = match.group(0)
     deadline = time.monotonic() + 20
     while True:
@@ -117,3 +137,85 @@ def browser() -> Iterator[object]:
             yield chromium
         finally:
             chromium.close()
+
+
+# ---------------------------------------------------------------- the UBI 1.3.0 JSON Schemas
+
+
+def enum_one_of_as_any_of(schema: Any) -> Any:
+    """A copy of ``schema`` in which ``oneOf: [{..., enum}, {...}]`` (a branch and itself with an enum of
+    common values) reads ``anyOf``.
+
+    The spec writes ``action_name`` and ``object_id_type`` so: the first branch lists well-known values, the
+    second allows any string up to 100 characters. Under JSON Schema's ``oneOf`` a well-known value such as
+    ``"click"`` matches both branches and is therefore invalid, the opposite of what the spec means ("we have
+    a set of common defaults, however you can pass in whatever you want"). ``anyOf`` says what it means.
+    Every other ``oneOf`` (the position's ordinal / xy) is kept as written.
+    """
+    if isinstance(schema, list):
+        return [enum_one_of_as_any_of(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: enum_one_of_as_any_of(v) for k, v in schema.items()}
+    branches = out.get("oneOf")
+    if (
+        isinstance(branches, list)
+        and len(branches) == 2
+        and all(isinstance(b, dict) for b in branches)
+        and "enum" in branches[0]
+        and {k: v for k, v in branches[0].items() if k != "enum"} == branches[1]
+    ):
+        out["anyOf"] = out.pop("oneOf")
+    return out
+
+
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def is_rfc3339(value: object) -> bool:
+    """JSON Schema's ``date-time`` (RFC 3339: a time zone is required), which jsonschema only checks when the
+    optional rfc3339-validator is installed; written out here so the check cannot silently be skipped."""
+    if not isinstance(value, str):
+        return True  # formats apply to strings only; the type keyword rules out the rest
+    if not _RFC3339.fullmatch(value):
+        return False
+    try:
+        datetime.fromisoformat(value.replace("z", "Z"))
+    except ValueError:
+        return False
+    return True
+
+
+class UbiSpec:
+    """Validators of the UBI 1.3.0 event and query-request JSON Schemas (``../shared/ubi-spec/1.3.0``)."""
+
+    FILES = {"event": "event.schema.json", "query": "query.request.schema.json"}
+
+    def __init__(self, folder: Path = SPEC) -> None:
+        from jsonschema import Draft202012Validator, FormatChecker
+
+        checker = FormatChecker(formats=())
+        checker.checks("date-time")(is_rfc3339)
+        self.schemas = {kind: json.loads((folder / name).read_text()) for kind, name in self.FILES.items()}
+        self.validators = {
+            kind: Draft202012Validator(enum_one_of_as_any_of(copy.deepcopy(schema)), format_checker=checker)
+            for kind, schema in self.schemas.items()
+        }
+        self.as_written = {
+            kind: Draft202012Validator(schema, format_checker=checker)
+            for kind, schema in self.schemas.items()
+        }
+
+    def errors(self, kind: str, record: Any) -> list[str]:
+        """Why ``record`` is not a valid UBI 1.3.0 ``kind`` ("event" or "query"): one line per error."""
+        return sorted(
+            f"{'/'.join(map(str, e.absolute_path)) or '(record)'}: {e.message}"
+            for e in self.validators[kind].iter_errors(record)
+        )
+
+
+@pytest.fixture(scope="session")
+def ubi_spec() -> UbiSpec:
+    if not SPEC.is_dir():
+        pytest.skip(f"the UBI 1.3.0 schemas are not at {SPEC}")
+    return UbiSpec()

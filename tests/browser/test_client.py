@@ -32,6 +32,53 @@ VISIBLE_SHARES = """() => Array.from(document.querySelectorAll('#results li')).m
 })"""
 
 
+# Every body the client hands to fetch or navigator.sendBeacon, noted in localStorage as it is sent: beacons
+# leave while the page unloads, where neither Playwright's request events nor its routes see them, and
+# localStorage is written synchronously and outlives the page (read it back from the next page of the origin).
+# A beacon's body is a Blob, unreadable synchronously, so Blob remembers the text it was made from.
+RECORD_SENT = """(() => {
+  const KEY = "ubi_test_sent";
+  const note = (url, body) => {
+    url = String(url);
+    if (!/\\/v1\\/(queries|events)/.test(url)) return;
+    const sent = JSON.parse(localStorage.getItem(KEY) || "[]");
+    sent.push({url: url, body: String(body)});
+    localStorage.setItem(KEY, JSON.stringify(sent));
+  };
+  const NativeBlob = window.Blob;
+  window.Blob = function (parts, options) {
+    const blob = new NativeBlob(parts, options);
+    blob.ubiText = (parts || []).map(String).join("");
+    return blob;
+  };
+  window.Blob.prototype = NativeBlob.prototype;
+  const beacon = navigator.sendBeacon.bind(navigator);
+  navigator.sendBeacon = (url, data) => { note(url, data && data.ubiText !== undefined ? data.ubiText : data);
+                                          return beacon(url, data); };
+  const nativeFetch = window.fetch.bind(window);
+  window.fetch = (input, init) => {
+    if (init && init.method === "POST") note(typeof input === "string" ? input : input.url, init.body);
+    return nativeFetch(input, init);
+  };
+})();"""
+
+
+def _sent(page: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, record) of every record the client has sent from this page's origin (see RECORD_SENT)."""
+    out = []
+    for send in page.evaluate("JSON.parse(localStorage.getItem('ubi_test_sent') || '[]')"):
+        kind = "query" if "/v1/queries" in send["url"] else "event"
+        out.extend((kind, record) for record in json.loads(send["body"]))
+    return out
+
+
+def _assert_ubi_1_3_0(ubi_spec: Any, sent: list[tuple[str, dict[str, Any]]]) -> None:
+    """Every record sent is valid under the UBI 1.3.0 JSON Schemas (read as conftest.UbiSpec explains)."""
+    assert sent, "the client sent nothing"
+    invalid = [(kind, record, ubi_spec.errors(kind, record)) for kind, record in sent]
+    assert [bad for bad in invalid if bad[2]] == []
+
+
 def _visible(page: Any) -> dict[str, int]:
     """Results at least half on screen now, id -> position; refuses a layout too close to the threshold."""
     shares = page.evaluate(VISIBLE_SHARES)
@@ -62,7 +109,9 @@ def _wait_accepted(server: Any, queries: int, events: int, timeout: float = 10.0
     """Wait until the collector has committed this many records (beacons arrive after the page is gone)."""
     deadline = time.monotonic() + timeout
     while (got := _accepted(server)) != {"query": queries, "event": events}:
-        assert time.monotonic() < deadline, f"collector committed {got}, expected {queries} queries, {events} events"
+        assert time.monotonic() < deadline, (
+            f"collector committed {got}, expected {queries} queries, {events} events"
+        )
         time.sleep(0.1)
 
 
@@ -74,15 +123,20 @@ def _search(page: Any, server: Any, text: str) -> list[str]:
     return page.eval_on_selector_all("#results li", "els => els.map(e => e.getAttribute('data-ubi-id'))")
 
 
-def test_search_scroll_click_and_leave_stores_exactly_what_happened(browser: Any, demo_server: Any, artifacts: Path) -> None:
+def test_search_scroll_click_and_leave_stores_exactly_what_happened(
+    browser: Any, demo_server: Any, artifacts: Path, ubi_spec: Any
+) -> None:
     context = browser.new_context(viewport=VIEWPORT)
     # Nothing leaves the page by the timer or batch size: every record must travel in the beacon sent when
     # the visitor navigates away. That is the "nothing lost on navigation" claim under test.
     context.add_init_script("window.UBI_DEMO_OPTIONS = {flushInterval: 600000, batchSize: 10000};")
+    context.add_init_script(RECORD_SENT)
     page = context.new_page()
     posts: list[tuple[str, str, str]] = []
-    page.on("request", lambda r: posts.append((r.url, r.resource_type, r.post_data or ""))
-            if r.method == "POST" else None)
+    page.on(
+        "request",
+        lambda r: posts.append((r.url, r.resource_type, r.post_data or "")) if r.method == "POST" else None,
+    )
 
     hits = _search(page, demo_server, "red running shoes")
     ranker = page.text_content("#ranker") or ""
@@ -104,28 +158,38 @@ def test_search_scroll_click_and_leave_stores_exactly_what_happened(browser: Any
     clicked = hits[6]
     page.click("#results li[data-ubi-position='6'] a")  # navigates to the (uninstrumented) product page
     page.wait_for_url(f"**/demo/doc/{clicked}")
+    sent = _sent(page)  # the product page shares the search page's origin, so its localStorage
     page.goto("about:blank")
     _wait_accepted(demo_server, queries=1, events=10)  # the beacon outlives the page, not the browser
     context.close()
     demo_server.stop()
 
     db = demo_server.db
-    queries = _rows(db, "SELECT query_id, user_query, application, query_response_hit_ids, query_attributes, "
-                        "client_id FROM ubi_queries")
+    queries = _rows(
+        db,
+        "SELECT query_id, user_query, application, query_response_hit_ids, query_attributes, "
+        "client_id FROM ubi_queries",
+    )
     assert len(queries) == 1
     query_id, user_query, application, hit_ids, attributes, client_id = queries[0]
     assert (user_query, application) == ("red running shoes", "demo-search")
     assert hit_ids == hits  # the ranking as shown, in order
     assert json.loads(attributes)["ranker"] == ranker.rsplit(": ", 1)[1]
 
-    events = _rows(db, "SELECT action_name, object_id, position_ordinal, query_id, event_id, session_id, client_id "
-                       "FROM ubi_events ORDER BY timestamp, position_ordinal")
+    events = _rows(
+        db,
+        "SELECT action_name, object_id, position_ordinal, query_id, event_id, session_id, client_id "
+        "FROM ubi_events ORDER BY timestamp, position_ordinal",
+    )
     impressions = {(e[1], e[2]) for e in events if e[0] == "impression"}
     assert impressions == {(doc, pos) for doc, pos in seen.items()}  # results 0-8, never 9-19
     assert len([e for e in events if e[0] == "impression"]) == 9  # each once
     clicks = [e for e in events if e[0] == "click"]
     assert [(c[1], c[2]) for c in clicks] == [(clicked, 6)]  # 0-based ordinal, as OpenSearch counts
     assert len(events) == 10
+    # What the beacon carried: exactly these 11 records, each a valid UBI 1.3.0 record.
+    assert sorted(kind for kind, _ in sent) == ["event"] * 10 + ["query"]
+    _assert_ubi_1_3_0(ubi_spec, sent)
     assert {e[3] for e in events} == {query_id}
     assert len({e[4] for e in events}) == 10  # one event_id per action, none reused
     assert len({e[5] for e in events}) == 1 and {e[6] for e in events} == {client_id}
@@ -135,10 +199,12 @@ def test_search_scroll_click_and_leave_stores_exactly_what_happened(browser: Any
     assert [url for url, _, _ in posts if "/v1/" in url] == []
 
 
-def test_failed_sends_retry_with_backoff_and_survive_in_local_storage(browser: Any, demo_server: Any) -> None:
+def test_failed_sends_retry_with_backoff_and_survive_in_local_storage(
+    browser: Any, demo_server: Any, ubi_spec: Any
+) -> None:
     context = browser.new_context(viewport=VIEWPORT)
-    context.add_init_script(
-        "window.UBI_DEMO_OPTIONS = {flushInterval: 100, retryBase: 200, retryMax: 400};")
+    context.add_init_script("window.UBI_DEMO_OPTIONS = {flushInterval: 100, retryBase: 200, retryMax: 400};")
+    context.add_init_script(RECORD_SENT)
     page = context.new_page()
     attempts: list[int] = []
 
@@ -146,8 +212,11 @@ def test_failed_sends_retry_with_backoff_and_survive_in_local_storage(browser: A
         # The collector refuses the first three requests (503, 429, 503) and then answers.
         attempts.append(1)
         if len(attempts) <= 3:
-            route.fulfill(status=503 if len(attempts) != 2 else 429, body="{}",
-                          headers={"content-type": "application/json"})
+            route.fulfill(
+                status=503 if len(attempts) != 2 else 429,
+                body="{}",
+                headers={"content-type": "application/json"},
+            )
         else:
             route.continue_()
 
@@ -163,20 +232,27 @@ def test_failed_sends_retry_with_backoff_and_survive_in_local_storage(browser: A
     assert len(attempts) > 3 and stats["retries"] >= 2
     left = page.evaluate("Object.keys(localStorage).filter(k => k.startsWith('ubi_queue:')).length")
     assert left == 0  # acknowledged records leave localStorage
+    _assert_ubi_1_3_0(ubi_spec, _sent(page))  # the retried copies included
     context.close()
     demo_server.stop()
     stored = _rows(demo_server.db, "SELECT query_response_hit_ids FROM ubi_queries")
     assert stored == [(hits,)]
-    (impressions,) = _rows(demo_server.db, "SELECT count(*) FROM ubi_events WHERE action_name = 'impression'")[0]
+    (impressions,) = _rows(
+        demo_server.db, "SELECT count(*) FROM ubi_events WHERE action_name = 'impression'"
+    )[0]
     assert impressions == stats["sent"] - 1  # everything sent was stored once: the query and its impressions
 
 
-def test_offline_queue_is_capped_and_sent_by_the_next_page(browser: Any, start_server: Any, tmp_path: Path) -> None:
+def test_offline_queue_is_capped_and_sent_by_the_next_page(
+    browser: Any, start_server: Any, tmp_path: Path, ubi_spec: Any
+) -> None:
     db = tmp_path / "offline.duckdb"
     server = start_server(db)
     context = browser.new_context(viewport=VIEWPORT)
-    context.add_init_script("window.UBI_DEMO_OPTIONS = {flushInterval: 100, retryBase: 100, retryMax: 200, "
-                            "maxQueue: 4};")
+    context.add_init_script(
+        "window.UBI_DEMO_OPTIONS = {flushInterval: 100, retryBase: 100, retryMax: 200, maxQueue: 4};"
+    )
+    context.add_init_script(RECORD_SENT)
     page = context.new_page()
     page.route("**/v1/**", lambda route: route.abort("internetdisconnected"))  # every fetch fails
     hits = _search(page, server, "yoga mat")
@@ -198,6 +274,7 @@ def test_offline_queue_is_capped_and_sent_by_the_next_page(browser: Any, start_s
     later.wait_for_function("window.ubi && window.ubi.stats.sent === 4", timeout=15000)
     assert later.evaluate("window.ubi.stats.duplicates") == 0  # nothing had got through before
     assert later.evaluate("Object.keys(localStorage).filter(k => k.startsWith('ubi_queue:')).length") == 0
+    _assert_ubi_1_3_0(ubi_spec, _sent(later))  # the failed attempts, the beacon and the later page's send
     context.close()
     server.stop()
     rows = _rows(db, "SELECT object_id, position_ordinal FROM ubi_events ORDER BY position_ordinal")
@@ -256,28 +333,43 @@ def shop_site(pages: dict[str, str]) -> Iterator[str]:
 
 
 def test_a_page_on_another_origin_sends_through_cors_with_its_api_key(
-    browser: Any, start_server: Any, tmp_path: Path
+    browser: Any, start_server: Any, tmp_path: Path, ubi_spec: Any
 ) -> None:
     # Both sites are on loopback like the collector (Chrome refuses public pages access to loopback), on
     # their own ports, so they are other origins. Only the shop's is allowed.
     pages: dict[str, str] = {}
     with shop_site(pages) as shop, shop_site(pages) as evil:
-        server = start_server(tmp_path / "shop.duckdb", env={
-            "UBI_CORS_ALLOW_ORIGINS": json.dumps([shop]), "UBI_API_KEYS": json.dumps({"shop": "k-shop"})})
+        server = start_server(
+            tmp_path / "shop.duckdb",
+            env={
+                "UBI_CORS_ALLOW_ORIGINS": json.dumps([shop]),
+                "UBI_API_KEYS": json.dumps({"shop": "k-shop"}),
+            },
+        )
         pages["search"] = SHOP_PAGE.replace("COLLECTOR", server.url)
-        _cross_origin_visits(browser, server, shop, evil)
+        sent = _cross_origin_visits(browser, server, shop, evil)
     server.stop()
+    _assert_ubi_1_3_0(ubi_spec, sent)
 
-    events = _rows(server.db, "SELECT action_name, object_id, position_ordinal, application FROM ubi_events "
-                              "ORDER BY action_name, position_ordinal")
-    assert events == [("click", "boot-2", 1, "shop"), ("impression", "boot-1", 0, "shop"),
-                      ("impression", "boot-2", 1, "shop"), ("impression", "boot-3", 2, "shop")]
+    events = _rows(
+        server.db,
+        "SELECT action_name, object_id, position_ordinal, application FROM ubi_events "
+        "ORDER BY action_name, position_ordinal",
+    )
+    assert events == [
+        ("click", "boot-2", 1, "shop"),
+        ("impression", "boot-1", 0, "shop"),
+        ("impression", "boot-2", 1, "shop"),
+        ("impression", "boot-3", 2, "shop"),
+    ]
     assert _rows(server.db, "SELECT user_query, application FROM ubi_queries") == [("hiking boots", "shop")]
     assert _rows(server.db, "SELECT count(*) FROM failed_records") == [(0,)]  # refused origins are not stored
 
 
-def _cross_origin_visits(browser: Any, server: Any, shop: str, evil: str) -> None:
+def _cross_origin_visits(browser: Any, server: Any, shop: str, evil: str) -> list[tuple[str, dict[str, Any]]]:
+    """Visit the shop (allowed) and the other site (refused); return what the client sent from both."""
     context = browser.new_context(viewport=VIEWPORT)
+    context.add_init_script(RECORD_SENT)
     page = context.new_page()
     page.goto(shop + "/search")
     # Fetch with JSON and X-API-Key: a preflighted cross-origin request the collector allows for this origin.
@@ -285,14 +377,62 @@ def _cross_origin_visits(browser: Any, server: Any, shop: str, evil: str) -> Non
     page.click("li[data-ubi-id='boot-2'] a")  # the click leaves in a text/plain beacon with ?api_key=
     page.wait_for_url(f"{shop}/p/boot-2")
     _wait_accepted(server, queries=1, events=4)
+    sent = _sent(page)
 
     refused_before = _requests_with_status(server, "403")
     other = context.new_page()
     other.goto(evil + "/search")  # same key, origin not allowed: preflights fail, the beacon is refused
     other.wait_for_function("window.ubi.stats.retries >= 1")
+    sent += _sent(other)
     other.close()
     deadline = time.monotonic() + 10
     while _requests_with_status(server, "403") == refused_before:
         assert time.monotonic() < deadline, "the other origin's beacon never reached the collector"
         time.sleep(0.1)
     context.close()
+    return sent
+
+
+# Each way of calling the client, on the demo page's origin (a client of its own, nothing sent: its queue is
+# what it would send). Before any search; a search; an object found in the search's hits without a
+# position; a click; an impression; coordinates; an action with nothing else; an object never shown.
+CLIENT_CALLS = """() => {
+  const c = UbiClient.init({application: "shop", storagePrefix: "spec_", flushInterval: 1e9, batchSize: 1e9});
+  c.event("page_view");
+  const q = c.search("hiking boots", ["boot-1", "boot-2", "boot-3"], {ranker: "bm25"});
+  c.event("add_to_cart", {objectId: "boot-3"});
+  c.click("boot-2", 1, q);
+  c.impression("boot-1", 0, q);
+  c.event("hover", {position: {x: 12, y: 340.5}, message: "tooltip", messageType: "UI"});
+  c.event("scroll");
+  c.event("add_to_cart", {objectId: "sock-9"});
+  return c.queue.map(e => e.r);
+}"""
+
+
+def test_every_record_the_client_builds_is_a_ubi_1_3_0_record(
+    browser: Any, demo_server: Any, ubi_spec: Any
+) -> None:
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    page.goto(demo_server.url + "/demo/")
+    page.wait_for_function("window.UbiClient !== undefined")
+    view, query, cart, click, impression, hover, scroll, unplaced = page.evaluate(CLIENT_CALLS)
+    context.close()
+
+    # Nothing is null: before the first search there is no query_id or user_query to send, and no
+    # event_attributes (its schema requires a position) when the event has nothing to put in it.
+    assert not {"query_id", "user_query", "event_attributes"} & view.keys()
+    assert "event_attributes" not in scroll  # after the search: its query_id and text, still no attributes
+    assert scroll["query_id"] == query["query_id"] and scroll["user_query"] == "hiking boots"
+    # The position comes from the caller, else from the object's place in its search's hits (0-based).
+    assert cart["event_attributes"]["position"] == {"ordinal": 2}
+    assert click["event_attributes"]["position"] == {"ordinal": 1}
+    assert impression["event_attributes"]["position"] == {"ordinal": 0}
+    assert hover["event_attributes"] == {"position": {"xy": {"x": 12, "y": 340.5}}}
+    records = [view, cart, click, impression, hover, scroll]
+    _assert_ubi_1_3_0(ubi_spec, [("query", query), *(("event", r) for r in records)])
+    # The documented exception (client header): an object never shown has no position to give, and its id
+    # is kept rather than the record made schema-valid by dropping it. Its one error is exactly that.
+    assert unplaced["event_attributes"] == {"object": {"object_id": "sock-9", "object_id_field": "_id"}}
+    assert ubi_spec.errors("event", unplaced) == ["event_attributes: 'position' is a required property"]
