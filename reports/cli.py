@@ -8,6 +8,7 @@ import importlib
 COMMAND_MODULES: tuple[str, ...] = (
     "reports.evaluate_commands",  # evaluate (helper: offline metrics)
     "reports.commands",  # report, queryset (helper: joint report)
+    "reports.judgment_commands",  # judgments export / import
 )
 
 

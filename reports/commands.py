@@ -101,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--db", type=Path, help=_DB_HELP)
     p.add_argument("--qrels", type=Path, metavar="FILE",
                    help="human judgments (JSONL, TREC qrels or Workbench JSON); optional when the store already "
-                        "holds human_judgments")
+                        "holds human_judgments (`ubi judgments import FILE` puts them there)")
     p.add_argument("--qrels-format", default="auto", choices=("auto", *QRELS_FORMATS),
                    help="format of --qrels (default: detected)")
     p.add_argument("--rating-map", default=None, metavar="MAP",

@@ -142,6 +142,10 @@ class LabelSet:
             for pair, lab in chosen.items()
         }
 
+    def choose(self, precedence: Sequence[str] = DEFAULT_PRECEDENCE) -> dict[tuple[str, str], Label]:
+        """Per pair, the graded label itself (provenance and all) ranking first under ``precedence``."""
+        return self._choose(_check_precedence(precedence))
+
     def merged_qrels(self, precedence: Sequence[str] = DEFAULT_PRECEDENCE) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = defaultdict(dict)
         for (query, doc), lab in self._choose(_check_precedence(precedence)).items():
@@ -221,7 +225,7 @@ def _label_name(lab: Label, twice: bool) -> str:
 def merge_view(labels: LabelSet, precedence: Sequence[str] = DEFAULT_PRECEDENCE) -> tuple[list[PairLabels], MergeSummary]:
     """Every pair with its chosen label and all its labels (sorted by query, doc), and the summary of the merge."""
     prec = _check_precedence(precedence)
-    chosen = labels._choose(prec)
+    chosen = labels.choose(prec)
     order = {s: i for i, s in enumerate(labels.sources())}
     pairs: list[PairLabels] = []
     by_source: dict[str, int] = defaultdict(int)
