@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -65,8 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "Load UBI query records and events from files through the collector's own parsing and "
             "validation: NDJSON (one record per line), a JSON array or object, or an OpenSearch _bulk export "
             "(detected from the first line). Records already stored count as duplicates; rejected ones are "
-            "kept in failed_records and listed with their line. If a running `ubi serve` holds the database, "
-            "records are sent to it over HTTP (/v1/bulk, in chunks) instead of opening the file."
+            "kept in failed_records and listed with their item index (0-based position in the file) and "
+            "line. If a running `ubi serve` holds the database, records are sent to it over HTTP (/v1/bulk, "
+            "in chunks) instead of opening the file."
         ),
     )
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")
@@ -96,8 +98,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "schema",
         help="print the JSON Schemas of the records the collector accepts",
-        description="Print the JSON Schema (draft 2020-12) of UBI query records and events as the collector "
-        "accepts them, leniencies included; for client authors and validators.",
+        description="Print the JSON Schema (draft 2020-12, with $schema and $id) of UBI query records and "
+        "events as the collector accepts them, leniencies included (naive and +0000 timestamps, epoch "
+        "milliseconds, integer ids, legacy positions, extra keys); for client authors and validators. "
+        'Without --kind it prints {"query": SCHEMA, "event": SCHEMA}.',
     )
     p.add_argument("--kind", choices=["query", "event"], help="only this record kind (default: both)")
     p.set_defaults(func=cmd_schema)
@@ -270,10 +274,12 @@ def cmd_import(args: argparse.Namespace) -> int:
         table.add_row("total", *(f"{total[k]:,}" for k in ("queries", "events", "duplicates", "rejected")))
     out.print(table)
     for r in reports:
-        for line, fld, message in r.errors:
+        for index, line, fld, message in r.errors:
             where = f"{r.path}:{line}" if line is not None else r.path
             out.print(
-                f"[red]rejected[/] {where}" + (f" field {fld}" if fld else "") + f": {message}",
+                f"[red]rejected[/] {escape(where)} item {index}"
+                + (f" field {escape(fld)}" if fld else "")
+                + f": {escape(message)}",
                 highlight=False,
                 markup=True,
             )
@@ -350,13 +356,15 @@ def cmd_failed(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from schemas.ubi import UbiEvent, UbiQuery
+    from schemas.ubi import UbiEvent, UbiQuery, json_schema
 
     models: dict[str, type[UbiQuery] | type[UbiEvent]] = {"query": UbiQuery, "event": UbiEvent}
+    schema: dict[str, Any]
     if args.kind:
-        schema = models[args.kind].model_json_schema()
+        schema = json_schema(models[args.kind])
     else:
-        schema = {kind: model.model_json_schema() for kind, model in models.items()}
+        # Each member is a whole schema with its own $schema and $id: validate records against out["event"].
+        schema = {kind: json_schema(model) for kind, model in models.items()}
     json.dump(schema, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

@@ -38,24 +38,29 @@ CHUNK_BYTES = 4 * 1024 * 1024
 
 @dataclass
 class FileReport:
-    """What importing one file did; ``errors`` are ``(line, field, message)`` of rejected records."""
+    """What importing one file did; ``errors`` are ``(index, line, field, message)`` of rejected records.
+
+    ``index`` is the record's 0-based position in the file (array item, NDJSON record, ``_bulk`` pair) and
+    ``line`` the 1-based line of its document, None in a JSON array (one value over many lines).
+    """
 
     path: str
     queries: int = 0
     events: int = 0
     duplicates: int = 0
     rejected: int = 0
-    errors: list[tuple[int | None, str | None, str]] = field(default_factory=list)
+    errors: list[tuple[int, int | None, str | None, str]] = field(default_factory=list)
 
-    def add(self, result: IngestResult, lines: Sequence[int | None], max_errors: int) -> None:
+    def add(self, result: IngestResult, chunk: Sequence[RawItem], max_errors: int) -> None:
+        """Count one written chunk (items numbered by their position in the file, as its errors are)."""
+        lines = {it.index: it.line for it in chunk}
         self.queries += result.queries
         self.events += result.events
         self.duplicates += result.duplicates
         self.rejected += result.rejected
         for err in result.errors:
             if len(self.errors) < max_errors:
-                line = lines[err.index] if 0 <= err.index < len(lines) else None
-                self.errors.append((line, err.field, err.message))
+                self.errors.append((err.index, lines.get(err.index), err.field, err.message))
 
     def public(self) -> dict[str, Any]:
         return {
@@ -65,7 +70,7 @@ class FileReport:
             "accepted": self.queries + self.events,
             "duplicates": self.duplicates,
             "rejected": self.rejected,
-            "errors": [{"line": ln, "field": f, "message": m} for ln, f, m in self.errors],
+            "errors": [{"index": i, "line": ln, "field": f, "message": m} for i, ln, f, m in self.errors],
         }
 
 
@@ -116,6 +121,8 @@ def _read(path: Path) -> bytes:
 def read_items(path: Path, kind: Kind | None = None) -> tuple[list[RawItem], int]:
     """Every item of a file with its line number, and the file's size. ``kind`` None: per item, by its keys."""
     body = _read(path)
+    if body.startswith(_BOM):  # Windows tools write one; it is not JSON, and not worth rejecting a file for
+        body = body[len(_BOM) :]
     text = body.lstrip()
     if not text.strip():
         return [], len(body)
@@ -135,6 +142,9 @@ def read_items(path: Path, kind: Kind | None = None) -> tuple[list[RawItem], int
             RawItem(i, kind or guess_kind(v, default), v, orjson.dumps(v)) for i, v in enumerate(values)
         ], len(body)
     return _ndjson_items(body, kind), len(body)
+
+
+_BOM = b"\xef\xbb\xbf"
 
 
 def _parses(line: bytes) -> bool:
@@ -335,9 +345,9 @@ def import_files(
             if on_progress:
                 on_progress(str(path), 0, len(items))
             for chunk in chunks(items):
-                chunk = _renumber(chunk)
+                # Items keep their position in the file: it is the item_index failed_records keeps for them.
                 result = write(chunk, str(path))
-                report.add(result, [it.line for it in chunk], max_errors)
+                report.add(result, chunk, max_errors)
                 done += len(chunk)
                 if on_progress:
                     on_progress(str(path), done, len(items))

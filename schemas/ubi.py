@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
@@ -22,6 +23,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     StrictInt,
     WithJsonSchema,
     field_validator,
@@ -33,49 +35,104 @@ STANDARD_ACTIONS = ("add_to_cart", "click", "watch", "view", "purchase", "impres
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _INT32 = 2**31 - 1
+#: Epoch milliseconds that name an instant Python (and so the store) can hold: 0001-01-01 to 9999-12-31 UTC.
+EPOCH_MS_MIN = -62_135_596_800_000
+EPOCH_MS_MAX = 253_402_300_799_999
+
+#: The ISO 8601 spellings producers use, and all that is accepted: a date, optionally a time after ``T`` or a
+#: space (hours, minutes, seconds, a fraction after ``.`` or ``,``), optionally ``Z`` or an offset written
+#: ``+hh``, ``+hh:mm`` or ``+hhmm``. The same pattern is in the exported JSON Schema, so a client checking
+#: with it and the collector agree on the form; the collector also checks that the date exists.
+TIMESTAMP_PATTERN = (
+    r"^\s*\d{4}-\d{2}-\d{2}"
+    r"([Tt ]\d{2}(:\d{2}(:\d{2}([.,]\d+)?)?)?([Zz]|[+-]\d{2}(:?\d{2}(:?\d{2}([.,]\d+)?)?)?)?)?\s*$"
+)
+_TIMESTAMP_RE = re.compile(TIMESTAMP_PATTERN)
+
+
+def _to_utc(parsed: datetime, shown: object) -> datetime:
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    if parsed.utcoffset() == timedelta(0):
+        return parsed if parsed.tzinfo is UTC else parsed.replace(tzinfo=UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError as exc:
+        # 0001-01-01T00:00+05:00 is in year 0 in UTC, 9999-12-31T23:00-05:00 in year 10000: neither exists.
+        raise ValueError(
+            f"timestamp {str(shown)[:60]!r} falls outside 0001-01-01..9999-12-31 once converted to UTC"
+        ) from exc
 
 
 def parse_timestamp(value: Any) -> datetime:
     """Parse a UBI timestamp to an aware UTC datetime.
 
-    Accepts ISO 8601 strings (``Z``, ``+00:00``, ``+0000`` or naive, naive taken as UTC) and integers as
-    epoch milliseconds (the ``ubi-demo`` producer). Booleans, floats and anything unparseable are rejected.
+    Accepts ISO 8601 strings of :data:`TIMESTAMP_PATTERN` (``Z``, ``+00:00``, ``+0000`` or naive, naive taken
+    as UTC) and integers as epoch milliseconds (the ``ubi-demo`` producer). Booleans, floats, anything
+    unparseable and instants outside years 1..9999 in UTC raise ``ValueError`` (never ``OverflowError``).
     """
     if isinstance(value, bool):
         raise ValueError("expected an ISO 8601 string or epoch milliseconds, got a boolean")
     if isinstance(value, int):
-        try:
-            return _EPOCH + timedelta(milliseconds=value)
-        except OverflowError as exc:
-            raise ValueError(f"epoch milliseconds {value} are out of range") from exc
+        if not EPOCH_MS_MIN <= value <= EPOCH_MS_MAX:
+            raise ValueError(
+                f"epoch milliseconds {value} are out of range: expected {EPOCH_MS_MIN} (0001-01-01) "
+                f"to {EPOCH_MS_MAX} (9999-12-31)"
+            )
+        return _EPOCH + timedelta(milliseconds=value)
     if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
+        return _to_utc(value, value.isoformat())
+    if isinstance(value, float):
+        raise ValueError(
+            f"expected an ISO 8601 string or integer epoch milliseconds, got the number {value!r}"
+            + (
+                " (an integer above 64 bits? those lose their digits in JSON parsers)"
+                if value.is_integer()
+                else ""
+            )
+        )
     if not isinstance(value, str):
         raise ValueError(f"expected an ISO 8601 string or epoch milliseconds, got {type(value).__name__}")
-    # Python >= 3.11 reads every ISO 8601 form producers use (Z, +0000, naive, space separator).
-    text = value.strip()
-    if text[-1:] == "z":
-        text = text[:-1] + "Z"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError as exc:
+    if _TIMESTAMP_RE.match(value):
+        text = value.strip()
+        if text[-1:] == "z":
+            text = text[:-1] + "Z"
+        try:
+            parsed: datetime | None = datetime.fromisoformat(text)
+        except ValueError:
+            parsed = None  # shaped right, but no such date or time (2024-02-30, 25:00)
+    else:
+        parsed = None
+    if parsed is None:
         raise ValueError(
             f"unparseable timestamp {value[:60]!r}: expected ISO 8601 such as "
-            "2024-05-16T12:34:56Z, or epoch milliseconds"
-        ) from exc
-    if parsed.tzinfo is None:
-        return parsed.replace(tzinfo=UTC)
-    if parsed.utcoffset() == timedelta(0):
-        return parsed if parsed.tzinfo is UTC else parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
+            "2024-05-16T12:34:56Z (offset optional, naive is UTC), or epoch milliseconds"
+        )
+    return _to_utc(parsed, value)
+
+
+#: Integer ids are accepted from -2**63 to 2**64 - 1: what JSON parsers (orjson here) read as exact integers.
+ID_INT_MIN, ID_INT_MAX = -(2**63), 2**64 - 1
 
 
 def _id_to_str(value: Any) -> Any:
-    """Object ids may be strings or integers (schema ``anyOf``); store both as strings."""
+    """Object ids may be strings or integers (schema ``anyOf``); store both as strings.
+
+    An integer outside 64 bits reaches us as a float whose digits are already gone (orjson, like most JSON
+    parsers, reads it as a double), so it is rejected with a message asking for a string, never stored
+    rounded.
+    """
     if isinstance(value, bool):
         return value  # let the str check reject it
     if isinstance(value, int):
+        if not ID_INT_MIN <= value <= ID_INT_MAX:
+            raise ValueError(f"integer id {value} is outside 64 bits; send ids this long as strings")
         return str(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 2**63:
+        raise ValueError(
+            f"integer id of about {value:.6g} is outside 64 bits and lost its digits in JSON parsing; "
+            "send ids this long as strings"
+        )
     return value
 
 
@@ -89,25 +146,67 @@ _TIMESTAMP_SCHEMA = {
     "anyOf": [
         {
             "type": "string",
-            "format": "date-time",
-            "description": "ISO 8601; Z, +00:00 and +0000 offsets; without an offset it is taken as UTC",
+            "pattern": TIMESTAMP_PATTERN,
+            "description": "ISO 8601 date and time, T or space between them; Z, +hh:mm, +hhmm or +hh offsets; "
+            "without an offset it is taken as UTC. Not JSON Schema's strict date-time format: naive and "
+            "+0000 forms are accepted on purpose. The date must exist and, in UTC, fall in years 1 to 9999.",
         },
-        {"type": "integer", "description": "milliseconds since 1970-01-01T00:00:00Z"},
+        {
+            "type": "integer",
+            "minimum": EPOCH_MS_MIN,
+            "maximum": EPOCH_MS_MAX,
+            "description": "milliseconds since 1970-01-01T00:00:00Z",
+        },
     ],
     "examples": [
         "2024-05-16T12:34:56.789Z",
-        "2024-05-16T12:34:56+0000",
+        "2025-01-24T07:31:30.699+0000",
         "2024-05-16T12:34:56",
+        "2024-05-16 12:34:56.5",
         1715862896789,
     ],
 }
-_ID_SCHEMA = {"anyOf": [{"type": "string", "maxLength": 256}, {"type": "integer"}]}
+_ID_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "maxLength": 256},
+        {
+            "type": "integer",
+            "minimum": ID_INT_MIN,
+            "maximum": ID_INT_MAX,
+            "description": "stored as its decimal string; larger ids must be sent as strings",
+        },
+    ]
+}
+_ORDINAL_SCHEMA = {
+    "anyOf": [
+        {"type": "integer", "minimum": -_INT32 - 1, "maximum": _INT32},
+        {
+            "type": "object",
+            "description": "UBI <= 1.2.0 shape",
+            "properties": {"index": {"type": "integer", "minimum": -_INT32 - 1, "maximum": _INT32}},
+            "required": ["index"],
+        },
+        {"type": "null"},
+    ],
+}
+_XY_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+            "required": ["x", "y"],
+        },
+        {"type": "null"},
+    ],
+    "description": "Screen position as an object (the OpenSearch plugin mapping); stored as x and y.",
+}
 
 Timestamp = Annotated[datetime, BeforeValidator(parse_timestamp), WithJsonSchema(_TIMESTAMP_SCHEMA)]
 Str100 = Annotated[str, Field(max_length=100)]
 ObjectId = Annotated[str, BeforeValidator(_id_to_str), Field(max_length=256), WithJsonSchema(_ID_SCHEMA)]
 HitId = Annotated[str, BeforeValidator(_id_to_str), Field(max_length=256), WithJsonSchema(_ID_SCHEMA)]
-Coordinate = Annotated[float, BeforeValidator(_finite), Field(allow_inf_nan=False)]
+#: Strict: numbers only (an int is fine), as the schema says; lax pydantic would also take "10.5" strings.
+Coordinate = Annotated[float, BeforeValidator(_finite), Strict(), Field(allow_inf_nan=False)]
 
 
 class Position(BaseModel):
@@ -118,9 +217,14 @@ class Position(BaseModel):
     are kept.
     """
 
-    model_config = ConfigDict(extra="allow", frozen=True, title="Position")
+    model_config = ConfigDict(
+        extra="allow",
+        frozen=True,
+        title="Position",
+        json_schema_extra=lambda schema: schema["properties"].update(xy=_XY_SCHEMA),  # type: ignore[union-attr]
+    )
 
-    ordinal: StrictInt | None = Field(
+    ordinal: Annotated[StrictInt | None, WithJsonSchema(_ORDINAL_SCHEMA)] = Field(
         None,
         ge=-_INT32 - 1,
         le=_INT32,
@@ -322,3 +426,21 @@ def query_key(query: UbiQuery) -> str:
     """
     qid = query.query_id or ("h:" + content_hash(query))
     return qid + "\x1f" + (query.query_response_id or "")
+
+
+#: The JSON Schema dialect of :func:`json_schema` (pydantic writes draft 2020-12).
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def json_schema(model: type[UbiQuery] | type[UbiEvent]) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of what the collector accepts for ``model``, leniencies included.
+
+    The pydantic models stay the validators; this is their description for client authors. Its own ``$id``
+    makes every ``#/$defs/..`` reference resolve inside it, even when printed inside a larger document.
+    """
+    kind = "event" if model is UbiEvent else "query"
+    return {
+        "$schema": JSON_SCHEMA_DIALECT,
+        "$id": f"urn:ubi-pipeline:schema:ubi-{kind}",
+        **model.model_json_schema(),
+    }

@@ -47,12 +47,21 @@ def test_import_formats_and_rejections_name_file_and_line(db, tmp_path, make_eve
     files = {f["path"]: f for f in out["files"]}
     # events.ndjson: line 1 event ok, line 3 bad timestamp, line 4 not JSON, line 5 a query record (by its keys)
     assert (files[str(nd)]["events"], files[str(nd)]["queries"], files[str(nd)]["rejected"]) == (1, 1, 2)
-    assert [(e["line"], e["field"]) for e in files[str(nd)]["errors"]] == [(3, "timestamp"), (4, None)]
+    # index: position among the file's records (blank line 2 is none); line: where the record is
+    assert [(e["index"], e["line"], e["field"]) for e in files[str(nd)]["errors"]] == [
+        (1, 3, "timestamp"),
+        (2, 4, None),
+    ]
     assert files[str(nd)]["errors"][1]["message"].startswith("line 4, column 2: malformed JSON")
     # queries.json: the array's second record has no user_query; with no action_name either it counts as a
     # query record (the file's dominant kind) and is rejected for the missing user_query
     assert (files[str(arr)]["queries"], files[str(arr)]["rejected"]) == (1, 1)
-    assert files[str(arr)]["errors"][0]["field"] == "user_query"
+    # a JSON array has no line per item: the item's index says which one
+    assert {k: files[str(arr)]["errors"][0][k] for k in ("index", "line", "field")} == {
+        "index": 1,
+        "line": None,
+        "field": "user_query",
+    }
     assert files[str(spec)]["events"] == 1
     assert count(db, "SELECT count(*) FROM failed_records") == 3
 
@@ -82,8 +91,89 @@ def test_failed_lists_newest_first(db, tmp_path, make_event, capsys):
 def test_schema_prints_both_models(capsys):
     assert run_ubi(["schema"]) == 0
     both = json.loads(capsys.readouterr().out)
+    assert (
+        both["event"]["$schema"] == both["query"]["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    )
     assert both["event"]["required"] == ["action_name", "timestamp"]
     assert both["query"]["required"] == ["user_query"]
     assert run_ubi(["schema", "--kind", "event"]) == 0
     event = json.loads(capsys.readouterr().out)
     assert event["title"] == "UbiEvent" and "event_id" in event["properties"]
+
+
+def test_import_names_the_item_of_an_array_and_keeps_its_file_position(db, tmp_path, make_event, capsys):
+    """Rejected items of a JSON array are named by index in both outputs; past the first 5,000-record
+    chunk the index is still the file's (and is what failed_records keeps)."""
+    from collector.importer import CHUNK_ITEMS
+
+    events = [make_event() for _ in range(CHUNK_ITEMS + 3)]
+    events[2]["action_name"] = ""
+    events[CHUNK_ITEMS + 1]["timestamp"] = "0001-01-01T00:00:00+05:00"  # year 0 in UTC: used to crash import
+    f = tmp_path / "events.json"
+    f.write_bytes(orjson.dumps(events, option=orjson.OPT_INDENT_2))
+    assert run_ubi(["import", str(f), "--db", str(db), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["files"][0]
+    assert (out["events"], out["rejected"]) == (CHUNK_ITEMS + 1, 2)
+    assert [(e["index"], e["line"], e["field"]) for e in out["errors"]] == [
+        (2, None, "action_name"),
+        (CHUNK_ITEMS + 1, None, "timestamp"),
+    ]
+    assert "outside 0001-01-01..9999-12-31" in out["errors"][1]["message"]
+    assert count(db, "SELECT list(item_index ORDER BY item_index) FROM failed_records") == [
+        2,
+        CHUNK_ITEMS + 1,
+    ]
+
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(orjson.dumps([make_event(), make_event(action_name=...)]))
+    assert run_ubi(["import", str(bad), "--db", str(db)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"rejected {bad} item 1 field action_name: 'action_name' is required" in text
+
+
+def test_import_accepts_a_leading_byte_order_mark(db, tmp_path, make_event, make_query):
+    """Windows tools start UTF-8 files with EF BB BF; orjson calls that malformed JSON."""
+    bom = b"\xef\xbb\xbf"
+    arr, nd, bulk = tmp_path / "a.json", tmp_path / "b.ndjson", tmp_path / "c.ndjson"
+    arr.write_bytes(bom + orjson.dumps([make_event(), make_event()]))
+    nd.write_bytes(bom + orjson.dumps(make_query()) + b"\n" + orjson.dumps(make_query()) + b"\n")
+    bulk.write_bytes(
+        bom + b'{"index": {"_index": "ubi_events", "_id": "b1"}}\n' + orjson.dumps(make_event()) + b"\n"
+    )
+    assert run_ubi(["import", str(arr), str(nd), str(bulk), "--db", str(db), "--json"]) == 0
+    assert count(db, "SELECT count(*) FROM ubi_events") == 3
+    assert count(db, "SELECT count(*) FROM ubi_queries") == 2
+    assert count(db, "SELECT count(*) FROM failed_records") == 0
+
+
+def _validator(schema: dict):
+    from jsonschema import Draft202012Validator
+
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def test_schema_output_accepts_every_sample_record_and_rejects_malformed_ones(capsys):
+    """`ubi schema` describes what the collector accepts: every record of the real sample validates against
+    it (473 queries, 3,448 events: counted in tests_collector_support), with a JSON Schema validator."""
+    assert run_ubi(["schema"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    validators = {"ubi_queries": _validator(both["query"]), "ubi_events": _validator(both["event"])}
+    lines = [line for line in SAMPLE_BULK.read_bytes().splitlines() if line.strip()]
+    seen = {"ubi_queries": 0, "ubi_events": 0}
+    for action, doc in zip(lines[::2], lines[1::2], strict=True):
+        index = orjson.loads(action)["index"]["_index"]
+        errors = [e.message for e in validators[index].iter_errors(orjson.loads(doc))]
+        assert errors == [], (index, doc[:200])
+        seen[index] += 1
+    assert (seen["ubi_queries"], seen["ubi_events"]) == (SAMPLE_QUERIES, SAMPLE_EVENTS)
+    spec_sample = json.loads((SAMPLES / "event-opensearch.json").read_text())  # position {}, no object_id
+    assert validators["ubi_events"].is_valid(spec_sample)
+    for bad in (
+        {"action_name": "click"},  # no timestamp
+        {"action_name": "click", "timestamp": "later"},
+        {"action_name": "click", "timestamp": 1, "event_attributes": {"position": {"ordinal": "3"}}},
+        {"action_name": "click", "timestamp": 1, "event_attributes": {"object": {"object_id": "o" * 257}}},
+    ):
+        assert not validators["ubi_events"].is_valid(bad), bad
+    assert not validators["ubi_queries"].is_valid({"query_id": "q"})  # no user_query

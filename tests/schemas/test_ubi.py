@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
-from schemas.ubi import UbiEvent, UbiQuery, content_hash, event_key, parse_timestamp, query_key
+from schemas.ubi import (
+    EPOCH_MS_MAX,
+    EPOCH_MS_MIN,
+    UbiEvent,
+    UbiQuery,
+    content_hash,
+    event_key,
+    json_schema,
+    parse_timestamp,
+    query_key,
+)
 
 SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubi-samples"
 
@@ -175,6 +187,63 @@ def test_query_rejections_name_the_field(make_query, overrides, field):
     assert field_of(exc).startswith(field)
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "0001-01-01T00:00:00+05:00",  # 0000-12-31T19:00Z: year 0 does not exist in Python (or the store)
+        "9999-12-31T23:00:00-05:00",  # 10000-01-01T04:00Z
+        EPOCH_MS_MIN - 1,
+        EPOCH_MS_MAX + 1,
+        -(10**20),
+    ],
+)
+def test_timestamps_outside_years_1_to_9999_in_utc_are_a_field_error(make_event, value):
+    """An offset pushing the instant past year 1 or 9999 used to raise OverflowError, which pydantic does not
+    catch: the whole batch failed (422) and `ubi import` crashed. Now it is a ValueError on the field."""
+    with pytest.raises(ValidationError) as exc:
+        UbiEvent.model_validate(make_event(timestamp=value))
+    assert field_of(exc) == "timestamp"
+    assert "outside 0001-01-01..9999-12-31" in str(exc.value) or "out of range" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0001-01-01T00:00:00-05:00", datetime(1, 1, 1, 5, tzinfo=UTC)),
+        ("9999-12-31T18:59:59+05:00", datetime(9999, 12, 31, 13, 59, 59, tzinfo=UTC)),
+        # -62,135,596,800,000 ms = -62,135,596,800 s: 719,162 days (0001-01-01 to 1970-01-01) x 86,400 s
+        (EPOCH_MS_MIN, datetime(1, 1, 1, tzinfo=UTC)),
+        # 253,402,300,799,999 ms: 2,932,897 days (1970-01-01 to 10000-01-01) x 86,400 s less 1 ms
+        (EPOCH_MS_MAX, datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)),
+        (
+            datetime(2024, 5, 16, 14, 34, 56, tzinfo=timezone(timedelta(hours=2))),
+            datetime(2024, 5, 16, 12, 34, 56, tzinfo=UTC),
+        ),
+    ],
+)
+def test_timestamps_at_the_edges_of_the_range(value, expected):
+    ts = parse_timestamp(value)
+    assert ts == expected and ts.tzinfo is UTC
+
+
+def test_ids_above_64_bits_are_refused_with_a_fix(make_event, make_query):
+    """orjson reads integers up to 2**64 - 1 exactly and larger ones as floats whose digits are gone
+    (12345678901234567890123 -> 1.2345678901234568e+22): refused, asking for a string, never stored rounded."""
+    body = b'{"action_name": "click", "timestamp": 1, "event_attributes": {"object": {"object_id": 12345678901234567890123}}}'
+    with pytest.raises(ValidationError) as exc:
+        UbiEvent.model_validate(orjson.loads(body))
+    assert field_of(exc) == "event_attributes.object.object_id"
+    assert "outside 64 bits" in str(exc.value) and "as strings" in str(exc.value)
+    biggest = orjson.loads(
+        b'{"action_name": "c", "timestamp": 1, "event_attributes": {"object": {"object_id": 18446744073709551615}}}'
+    )
+    assert UbiEvent.model_validate(biggest).event_attributes.object.object_id == "18446744073709551615"
+    with pytest.raises(ValidationError, match="outside 64 bits"):
+        UbiQuery.model_validate(orjson.loads(b'{"user_query": "q", "query_response_hit_ids": [1, 1e30]}'))
+    with pytest.raises(ValidationError, match="outside 64 bits"):
+        UbiQuery.model_validate({"user_query": "q", "query_response_hit_ids": [2**64]})  # from Python, exact
+
+
 def test_parse_timestamp_messages_say_how_to_fix():
     with pytest.raises(ValueError, match="ISO 8601 such as 2024-05-16T12:34:56Z"):
         parse_timestamp("16/05/2024")
@@ -245,11 +314,92 @@ def test_event_key_is_a_function_of_content_not_of_key_order(extras):
 
 
 def test_json_schema_documents_the_leniencies():
-    schema = UbiEvent.model_json_schema()
+    schema = json_schema(UbiEvent)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["required"] == ["action_name", "timestamp"]
     ts = schema["properties"]["timestamp"]
-    assert {"type": "integer", "description": "milliseconds since 1970-01-01T00:00:00Z"} in ts["anyOf"]
+    assert [alt["type"] for alt in ts["anyOf"]] == ["string", "integer"]
+    assert "format" not in ts["anyOf"][0]  # date-time would refuse the naive and +0000 forms we accept
     assert schema["additionalProperties"] is True
     assert schema["properties"]["client_id"]["anyOf"][0]["maxLength"] == 100
     assert "event_id" in schema["properties"] and schema["properties"]["event_id"]["description"]
     assert UbiQuery.model_json_schema()["required"] == ["user_query"]
+
+
+# ---------------------------------------------------------------- the exported JSON Schema agrees
+
+
+def _schema_accepts(kind: str, record: object) -> bool:
+    model = UbiEvent if kind == "event" else UbiQuery
+    validator = Draft202012Validator(json_schema(model), format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return validator.is_valid(record)
+
+
+def _model_accepts(kind: str, record: object) -> bool:
+    try:
+        (UbiEvent if kind == "event" else UbiQuery).model_validate(record)
+    except ValidationError:
+        return False
+    return True
+
+
+_EV = {"action_name": "click", "timestamp": "2024-05-16T12:34:56Z"}
+
+
+@pytest.mark.parametrize(
+    ("record", "accepted"),
+    [
+        # leniencies of docs/ubi.md: both accept
+        (dict(_EV, timestamp="2025-01-24T07:31:30.699+0000"), True),  # Chorus' offset spelling
+        (dict(_EV, timestamp="2024-05-16T12:34:56"), True),  # naive: UTC
+        (dict(_EV, timestamp="2024-05-16 12:34:56.5"), True),  # space separator
+        (dict(_EV, timestamp="2024-05-16T12:34:56+02"), True),
+        (dict(_EV, timestamp=1715862896789), True),  # epoch ms
+        (dict(_EV, timestamp=EPOCH_MS_MAX), True),
+        (dict(_EV, event_attributes={"position": {"ordinal": {"index": 2}}}), True),  # UBI <= 1.2.0
+        (dict(_EV, event_attributes={"position": {"xy": {"x": 1, "y": 2.5}}}), True),
+        (dict(_EV, event_attributes={"position": {"x": 1, "y": 2.5, "page_depth": 3}}), True),
+        (dict(_EV, event_attributes={"position": {}}), True),
+        (dict(_EV, event_attributes=None, message=None, message_type=None), True),
+        (dict(_EV, event_attributes={"object": {"object_id": 123, "internal_id": 2**64 - 1}}), True),
+        (dict(_EV, action_name="product_hover", page_id="/x"), True),  # custom action, extra key
+        # malformations: both reject
+        (dict(_EV, timestamp="yesterday"), False),
+        (dict(_EV, timestamp="2024-05-16X12:34:56"), False),  # fromisoformat would take any separator
+        (dict(_EV, timestamp="2024-W20-4"), False),
+        (dict(_EV, timestamp=1715862896.5), False),
+        (dict(_EV, timestamp=True), False),
+        (dict(_EV, timestamp=EPOCH_MS_MAX + 1), False),
+        (dict(_EV, timestamp=None), False),
+        ({"timestamp": 1}, False),
+        (dict(_EV, action_name=""), False),
+        (dict(_EV, client_id="c" * 101), False),
+        (dict(_EV, event_attributes={"position": {"ordinal": "3"}}), False),
+        (dict(_EV, event_attributes={"position": {"ordinal": 2**40}}), False),
+        (dict(_EV, event_attributes={"position": {"ordinal": {"idx": 1}}}), False),
+        (dict(_EV, event_attributes={"position": {"xy": {"x": 1}}}), False),
+        (dict(_EV, event_attributes={"position": {"x": "10", "y": 1}}), False),
+        (dict(_EV, event_attributes={"object": {"object_id": 2**64}}), False),
+        (dict(_EV, event_attributes={"object": {"object_id": True}}), False),
+        (dict(_EV, event_attributes="x"), False),
+    ],
+)
+def test_json_schema_and_model_agree_on_events(record, accepted):
+    assert (_model_accepts("event", record), _schema_accepts("event", record)) == (accepted, accepted)
+
+
+@pytest.mark.parametrize(
+    ("record", "accepted"),
+    [
+        ({"user_query": "toner"}, True),
+        ({"user_query": "t", "timestamp": "2024-05-16T12:34:56", "query_response_hit_ids": [1, "b"]}, True),
+        ({"user_query": "t", "query_attributes": None, "timestamp": None}, True),
+        ({"query_id": "q"}, False),
+        ({"user_query": None}, False),
+        ({"user_query": "t", "query_attributes": ["a"]}, False),
+        ({"user_query": "t", "query_response_hit_ids": "doc-1"}, False),
+        ({"user_query": "t", "timestamp": "soon"}, False),
+    ],
+)
+def test_json_schema_and_model_agree_on_queries(record, accepted):
+    assert (_model_accepts("query", record), _schema_accepts("query", record)) == (accepted, accepted)
