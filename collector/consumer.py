@@ -36,7 +36,17 @@ from kafka.structs import OffsetAndMetadata
 
 from collector.kafka_client import consumer_config, ensure_topics, make_admin
 from collector.kafka_records import Decoded, InRecord, KafkaError, Topics, decode, failed_arrow, topics
-from collector.store import CONFLICT, DUPLICATE, INSERTED, Store, advertise, failed_row, sidecar_path, utcnow
+from collector.store import (
+    CONFLICT,
+    DUPLICATE,
+    INSERTED,
+    Store,
+    advertise,
+    event_content_hash,
+    failed_row,
+    sidecar_path,
+    utcnow,
+)
 from schemas.errors import StoreError
 from schemas.settings import Settings
 
@@ -49,7 +59,7 @@ class LoadResult:
 
     queries: int = 0
     query_duplicates: int = 0
-    conflicts: int = 0
+    conflicts: int = 0  # query records and events re-using a stored key with different content
     events: int = 0
     event_duplicates: int = 0
     failed: int = 0  # rejected items from the .failed topic
@@ -71,9 +81,10 @@ class Loader(Protocol):
 # ---------------------------------------------------------------- DuckDB
 
 
-def conflict_id(query_key: str, content_hash: str) -> str:
-    """Deterministic ``failed_id`` of a conflicting query record: one row however often it is delivered."""
-    return "conflict:" + hashlib.sha256(f"{query_key}\x1f{content_hash}".encode()).hexdigest()[:32]
+def conflict_id(key: str, content_hash: str) -> str:
+    """Deterministic ``failed_id`` of a conflicting query record (``query_key``) or event (``event_key``):
+    one row however often it is delivered."""
+    return "conflict:" + hashlib.sha256(f"{key}\x1f{content_hash}".encode()).hexdigest()[:32]
 
 
 class DuckDBLoader:
@@ -123,15 +134,36 @@ class DuckDBLoader:
                 rows.append(row)
             return failed_arrow(rows) if rows else None
 
+        def keep_event_conflicts(positions: Any) -> pa.Table | None:
+            if events is None:
+                return None
+            rows = []
+            taken = events.take(pa.array(positions, pa.int64())).to_pylist()
+            for pos, row in zip(positions, taken, strict=True):
+                fid = conflict_id(row["event_key"], event_content_hash(row))
+                if fid in seen:  # a second copy in this batch (a copy kept before: the store ignores it)
+                    continue
+                seen.add(fid)
+                origin = batch.event_origin[pos]
+                rec = origin.record
+                kept = failed_row(
+                    source=rec.topic, kind="conflict", field="event_id", received_at=now, raw=origin.raw(),
+                    item_index=origin.line, kafka=(rec.topic, rec.partition, rec.offset),
+                    reason=f"event_id {row['event_id']!r} is already stored for an event with different "
+                           "content; first write wins, this event is kept as a conflict")
+                kept["failed_id"] = fid
+                rows.append(kept)
+            return failed_arrow(rows) if rows else None
+
         outcome = self.store.write_rows(queries, events, failed_arrow(failed) if failed else None,
-                                        conflicts=keep_conflicts)
-        qs = outcome.query_status
+                                        conflicts=keep_conflicts, event_conflicts=keep_event_conflicts)
+        qs, es = outcome.query_status, outcome.event_status
         return LoadResult(
             queries=sum(1 for s in qs if s == INSERTED),
             query_duplicates=sum(1 for s in qs if s == DUPLICATE),
-            conflicts=sum(1 for s in qs if s == CONFLICT),
-            events=sum(outcome.event_inserted),
-            event_duplicates=len(outcome.event_inserted) - sum(outcome.event_inserted),
+            conflicts=sum(1 for s in qs if s == CONFLICT) + sum(1 for s in es if s == CONFLICT),
+            events=sum(1 for s in es if s == INSERTED),
+            event_duplicates=sum(1 for s in es if s == DUPLICATE),
             failed=sum(1 for f in failed if f["kind"] != "poison"),
             poison=sum(1 for f in failed if f["kind"] == "poison"),
         )

@@ -140,6 +140,11 @@ def _decode_error(exc: orjson.JSONDecodeError, *, line_offset: int = 0) -> BodyE
     return BodyError(f"malformed JSON: {exc.msg}", line=exc.lineno + line_offset, column=exc.colno)
 
 
+def strip_bom(body: bytes) -> bytes:
+    """``body`` without a leading UTF-8 byte order mark (Windows tools write one; orjson refuses it)."""
+    return body[3:] if body.startswith(b"\xef\xbb\xbf") else body
+
+
 def _lines(body: bytes) -> Iterator[tuple[int, bytes]]:
     for number, line in enumerate(body.split(b"\n"), start=1):
         stripped = line.strip()
@@ -151,8 +156,10 @@ def parse_items(body: bytes, kind: Kind, *, ndjson: bool = False) -> list[RawIte
     """Split a body of ``kind`` records into items: one object, a JSON array, or NDJSON (one per line).
 
     A JSON array or single object that does not parse raises :class:`BodyError` naming line and column.
-    In NDJSON each line is its own item, so a bad line rejects that item only.
+    In NDJSON each line is its own item, so a bad line rejects that item only. A leading UTF-8 byte order
+    mark is dropped.
     """
+    body = strip_bom(body)
     text = body.strip()
     if not text:
         raise BodyError("empty body: expected a JSON object, a JSON array or NDJSON", line=1, column=1)
@@ -218,7 +225,7 @@ def parse_bulk(body: bytes) -> list[RawItem]:
     ``ubi_events``) and an event's ``_id`` becomes its ``event_id``, so replaying an export deduplicates.
     A bad pair rejects that record only; items are numbered by record, and messages name the line.
     """
-    lines = list(_lines(body))
+    lines = list(_lines(strip_bom(body)))
     if not lines:
         raise BodyError(
             "empty body: expected an OpenSearch _bulk body (action line, then document)", line=1, column=1
@@ -645,12 +652,23 @@ def _conflict_error(p: Prepared, pos: int) -> ItemError:
     return ItemError(index, "query_id", message, "conflict", p.validated.raws.get(index, b""))
 
 
+def _event_conflict_error(p: Prepared, pos: int) -> ItemError:
+    index, e, bulk_id = p.validated.events[pos]
+    sent = f"event_id {e.event_id!r}" if e.event_id else f"_bulk _id {bulk_id!r}"
+    message = (
+        f"{sent} is already stored for an event with different content; first write wins, this event is "
+        "kept as a conflict (give each event its own id)"
+    )
+    return ItemError(index, "event_id", message, "conflict", p.validated.raws.get(index, b""))
+
+
 def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
     """Write several prepared bodies in ONE committed transaction (group commit); one result per body.
 
     Deduplication runs across the whole group in order, so two requests carrying the same event count it
     once (the first accepted, the second a duplicate), exactly as if they had been written one by one.
-    Conflicting query records are kept in ``failed_records`` in the same transaction.
+    Conflicting query records and events (a taken key, different content) are kept in ``failed_records``
+    in the same transaction.
     """
     q_offsets, e_offsets = [], []
     nq = ne = 0
@@ -661,15 +679,20 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
         ne += p.n_events
     conflict_errors: dict[int, list[ItemError]] = {}
 
-    def keep_conflicts(positions: Sequence[int]) -> pa.Table:
+    def keep_conflicts(positions: Sequence[int], *, events: bool = False) -> pa.Table:
+        offsets, size, error = (
+            (e_offsets, "n_events", _event_conflict_error)
+            if events
+            else (q_offsets, "n_queries", _conflict_error)
+        )
         rows = []
         for pos in positions:
-            b = bisect.bisect_right(q_offsets, pos) - 1
-            # skip bodies with no queries that share the offset
-            while batches[b].n_queries == 0:
+            b = bisect.bisect_right(offsets, pos) - 1
+            # skip bodies with no rows of this kind that share the offset
+            while getattr(batches[b], size) == 0:
                 b -= 1
             p = batches[b]
-            err = _conflict_error(p, pos - q_offsets[b])
+            err = error(p, pos - offsets[b])
             conflict_errors.setdefault(b, []).append(err)
             rows.append(
                 failed_row(
@@ -689,14 +712,16 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
         _table([r for p in batches for r in p.event_rows], EVENT_SCHEMA),
         failed_table(failed) if (failed := [r for p in batches for r in p.failed_rows]) else None,
         conflicts=keep_conflicts,
+        event_conflicts=lambda positions: keep_conflicts(positions, events=True),
     )
     results = []
     for b, p in enumerate(batches):
         qs = outcome.query_status[q_offsets[b] : q_offsets[b] + p.n_queries]
-        es = outcome.event_inserted[e_offsets[b] : e_offsets[b] + p.n_events]
+        es = outcome.event_status[e_offsets[b] : e_offsets[b] + p.n_events]
         q_ins = sum(1 for s in qs if s == INSERTED)
         q_dup = sum(1 for s in qs if s == DUPLICATE)
-        e_ins = sum(es)
+        e_ins = sum(1 for s in es if s == INSERTED)
+        e_dup = sum(1 for s in es if s == DUPLICATE)
         errors = list(p.validated.errors)
         if b in conflict_errors:
             errors.extend(conflict_errors[b])
@@ -704,13 +729,13 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
         results.append(
             IngestResult(
                 accepted=q_ins + e_ins,
-                duplicates=q_dup + (p.n_events - e_ins),
+                duplicates=q_dup + e_dup,
                 rejected=len(errors),
                 errors=tuple(errors),
                 queries=q_ins,
                 events=e_ins,
                 query_duplicates=q_dup,
-                event_duplicates=p.n_events - e_ins,
+                event_duplicates=e_dup,
             )
         )
     return results

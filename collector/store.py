@@ -17,11 +17,12 @@ The design (README, "One writer, many readers"):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 import pyarrow as pa
 
 from schemas import tables
@@ -62,32 +64,60 @@ class WriteResult:
     events_inserted: int = 0
     events_duplicate: int = 0
     failed_inserted: int = 0
+    event_conflicts: tuple[int, ...] = ()  # batch positions of conflicting events
 
 
-#: Per-row outcome codes of a query record in :class:`RowOutcome`.
+#: Per-row outcome codes of a query record or an event in :class:`RowOutcome`.
 INSERTED, DUPLICATE, CONFLICT = 0, 1, 2
 
 
 @dataclass(frozen=True)
 class RowOutcome:
-    """What one committed write did to every row: query status codes and whether each event was new."""
+    """What one committed write did to every row: INSERTED, DUPLICATE or CONFLICT per query and event row."""
 
-    query_status: tuple[int, ...] = ()  # INSERTED | DUPLICATE | CONFLICT, one per query row
-    event_inserted: tuple[bool, ...] = ()  # one per event row
+    query_status: tuple[int, ...] = ()  # one per query row
+    event_status: tuple[int, ...] = ()  # one per event row
     failed_inserted: int = 0
+
+    @property
+    def event_inserted(self) -> tuple[bool, ...]:
+        """Whether each event row was new."""
+        return tuple(s == INSERTED for s in self.event_status)
 
     def summary(self) -> WriteResult:
         q_ins = sum(1 for s in self.query_status if s == INSERTED)
         conflicts = tuple(i for i, s in enumerate(self.query_status) if s == CONFLICT)
-        e_ins = sum(self.event_inserted)
+        e_ins = sum(1 for s in self.event_status if s == INSERTED)
+        e_conflicts = tuple(i for i, s in enumerate(self.event_status) if s == CONFLICT)
         return WriteResult(
             queries_inserted=q_ins,
             queries_duplicate=len(self.query_status) - q_ins - len(conflicts),
             query_conflicts=conflicts,
             events_inserted=e_ins,
-            events_duplicate=len(self.event_inserted) - e_ins,
+            events_duplicate=len(self.event_status) - e_ins - len(e_conflicts),
             failed_inserted=self.failed_inserted,
+            event_conflicts=e_conflicts,
         )
+
+
+#: Columns of an event that are its content: all but the dedup key and the server's arrival time.
+_EVENT_CONTENT = tuple(c for c in tables.EVENT_COLUMNS if c not in ("event_key", "received_at"))
+_EVENT_JSON = frozenset({"event_attributes", "extra"})
+
+
+def event_content_hash(row: Mapping[str, Any]) -> str:
+    """SHA-256 (first 32 hex) of a stored event row's content, the same whatever its JSON key order.
+
+    Compared only for rows whose ``event_key`` is already taken, to tell a retry (same content) from a
+    different event re-using an ``event_id`` (a conflict). The JSON columns are parsed so that
+    ``{"a": 1, "b": 2}`` and ``{"b": 2, "a": 1}`` count as the same content.
+    """
+    values = [
+        orjson.loads(row[c]) if c in _EVENT_JSON and row[c] is not None else row[c] for c in _EVENT_CONTENT
+    ]
+    return hashlib.sha256(
+        orjson.dumps(values, option=orjson.OPT_SORT_KEYS | orjson.OPT_NAIVE_UTC)
+    ).hexdigest()[:32]
 
 
 class Store:
@@ -154,9 +184,10 @@ class Store:
     ) -> WriteResult:
         """Insert whole Arrow batches in one committed transaction, deduplicating on the table keys.
 
-        Events already stored (same ``event_key``) count as duplicates. A query whose ``query_key`` is
-        stored with the same ``content_hash`` is a duplicate; with a different hash it is a conflict: it
-        is not stored and its batch position is returned so the caller can keep it as a failed record.
+        A query whose ``query_key`` is stored with the same ``content_hash`` is a duplicate; with a different
+        hash it is a conflict: it is not stored and its batch position is returned so the caller can keep it
+        as a failed record. Events alike: same ``event_key`` and same content (:func:`event_content_hash`)
+        is a duplicate, different content a conflict.
         """
         out = self.write_rows(queries, events, failed)
         return out.summary()
@@ -168,20 +199,22 @@ class Store:
         failed: pa.Table | None = None,
         *,
         conflicts: Callable[[Sequence[int]], pa.Table | None] | None = None,
+        event_conflicts: Callable[[Sequence[int]], pa.Table | None] | None = None,
     ) -> RowOutcome:
         """Like :meth:`write`, but report the outcome of every row, and keep conflicts in the same transaction.
 
-        ``conflicts`` receives the batch positions of conflicting query records and returns the
-        ``failed_records`` rows to insert for them, in the same transaction as everything else.
-        Within a batch the first occurrence of a key wins; later ones are duplicates (or conflicts).
+        ``conflicts`` (``event_conflicts``) receives the batch positions of conflicting query records
+        (events) and returns the ``failed_records`` rows to insert for them, in the same transaction as
+        everything else. Within a batch the first occurrence of a key wins; later ones are duplicates (or
+        conflicts).
         """
         # Fast path first: plain INSERTs, which cost half of INSERT OR IGNORE ... RETURNING (measured in
         # bench/ingest.py). Any key already stored makes DuckDB raise a constraint error; then the whole
         # transaction is rolled back and written again the careful way, row by row outcome.
         try:
-            return self._write_once(queries, events, failed, conflicts, careful=False)
+            return self._write_once(queries, events, failed, conflicts, event_conflicts, careful=False)
         except duckdb.ConstraintException:
-            return self._write_once(queries, events, failed, conflicts, careful=True)
+            return self._write_once(queries, events, failed, conflicts, event_conflicts, careful=True)
 
     def _write_once(
         self,
@@ -189,27 +222,41 @@ class Store:
         events: pa.Table | None,
         failed: pa.Table | None,
         conflicts: Callable[[Sequence[int]], pa.Table | None] | None,
+        event_conflicts: Callable[[Sequence[int]], pa.Table | None] | None,
         *,
         careful: bool,
     ) -> RowOutcome:
         q_status: list[int] = []
-        e_inserted: list[bool] = []
+        e_status: list[int] = []
         f_ins = 0
         with self.transaction() as cur:
             if queries is not None and queries.num_rows:
                 q_status = self._insert_queries(cur, queries, careful=careful)
-                conflict_pos = [i for i, s in enumerate(q_status) if s == CONFLICT]
-                if conflict_pos and conflicts is not None:
-                    extra = conflicts(conflict_pos)
-                    if extra is not None and extra.num_rows:
-                        self._insert_failed(cur, extra)
-                        f_ins += extra.num_rows
             if events is not None and events.num_rows:
-                e_inserted = self._insert_events(cur, events, careful=careful)
+                e_status = self._insert_events(cur, events, careful=careful)
             if failed is not None and failed.num_rows:
                 self._insert_failed(cur, failed)
                 f_ins += failed.num_rows
-        return RowOutcome(tuple(q_status), tuple(e_inserted), f_ins)
+            # Last: a constraint error above makes write_rows try again, and the callbacks must run once.
+            f_ins += self._keep_conflicts(cur, q_status, conflicts)
+            f_ins += self._keep_conflicts(cur, e_status, event_conflicts)
+        return RowOutcome(tuple(q_status), tuple(e_status), f_ins)
+
+    def _keep_conflicts(
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        status: list[int],
+        keep: Callable[[Sequence[int]], pa.Table | None] | None,
+    ) -> int:
+        positions = [i for i, s in enumerate(status) if s == CONFLICT]
+        if not positions or keep is None:
+            return 0
+        rows = keep(positions)
+        if rows is None or not rows.num_rows:
+            return 0
+        # OR IGNORE: a loader re-delivering a batch keeps a conflict under the same deterministic failed_id.
+        self._insert_failed(cur, rows, or_ignore=True)
+        return int(rows.num_rows)
 
     @staticmethod
     def _first_occurrences(keys: list[str]) -> list[int]:
@@ -221,9 +268,7 @@ class Store:
                 keep.append(pos)
         return keep
 
-    def _insert_events(
-        self, cur: duckdb.DuckDBPyConnection, events: pa.Table, *, careful: bool
-    ) -> list[bool]:
+    def _insert_events(self, cur: duckdb.DuckDBPyConnection, events: pa.Table, *, careful: bool) -> list[int]:
         # Careful: INSERT OR IGNORE probes the primary-key index (a join against the table would scan all of
         # it) and RETURNING tells which rows were new. Fast: a plain INSERT, all new or a constraint error.
         keys = events.column("event_key").to_pylist()
@@ -245,11 +290,29 @@ class Store:
         finally:
             with contextlib.suppress(duckdb.Error):  # fails once the statement aborted the transaction
                 cur.unregister("_ebatch")
-        inserted = [False] * len(keys)
+        status = [DUPLICATE] * len(keys)
         for pos in keep:
             if keys[pos] in new:
-                inserted[pos] = True
-        return inserted
+                status[pos] = INSERTED
+        # A taken key is a retry only if the content is the same. Hash keys ("h:") are the content already;
+        # client event_ids ("id:") are compared with the row stored under them (this batch's first occurrence
+        # included: the transaction sees it). Only taken keys pay for this, so the fast path stays fast.
+        suspects = [pos for pos, st in enumerate(status) if st == DUPLICATE and keys[pos].startswith("id:")]
+        if suspects:
+            cols = ", ".join(tables.EVENT_COLUMNS)
+            stored = {
+                row[0]: event_content_hash(dict(zip(tables.EVENT_COLUMNS, row, strict=True)))
+                for row in cur.execute(
+                    f"SELECT {cols} FROM ubi_events WHERE event_key IN (SELECT unnest(?))",
+                    [sorted({keys[p] for p in suspects})],
+                ).fetchall()
+            }
+            taken = events.select(list(tables.EVENT_COLUMNS)).take(pa.array(suspects, pa.int64()))
+            incoming = taken.to_pylist()
+            for pos, row in zip(suspects, incoming, strict=True):
+                if stored.get(keys[pos]) != event_content_hash(row):
+                    status[pos] = CONFLICT
+        return status
 
     def _insert_queries(
         self, cur: duckdb.DuckDBPyConnection, queries: pa.Table, *, careful: bool
@@ -296,10 +359,11 @@ class Store:
         return status
 
     @staticmethod
-    def _insert_failed(cur: duckdb.DuckDBPyConnection, failed: pa.Table) -> None:
+    def _insert_failed(cur: duckdb.DuckDBPyConnection, failed: pa.Table, *, or_ignore: bool = False) -> None:
         cur.register("_fbatch", failed)
+        verb = "INSERT OR IGNORE" if or_ignore else "INSERT"
         try:
-            cur.execute(f"INSERT INTO failed_records SELECT {', '.join(tables.FAILED_COLUMNS)} FROM _fbatch")
+            cur.execute(f"{verb} INTO failed_records SELECT {', '.join(tables.FAILED_COLUMNS)} FROM _fbatch")
         finally:
             cur.unregister("_fbatch")
 

@@ -95,3 +95,58 @@ def test_ingest_is_idempotent(records):
         assert (first.accepted, first.duplicates) == (distinct, len(events) - distinct)
         assert (second.accepted, second.duplicates) == (0, len(events))
         assert store.read("SELECT count(*) FROM ubi_events") == [(distinct,)]
+
+
+def test_a_reused_event_id_is_rejected_as_a_conflict_naming_item_and_field(tmp_path, make_event):
+    """Before, a different event under a taken event_id counted as a duplicate: it was lost without a trace."""
+    first = make_event(event_id="e1")
+    with Store(tmp_path / "c.duckdb") as store:
+        ingest(store, validate_items(parse_items(orjson.dumps(first), "event")), source="a")
+        body = orjson.dumps([make_event(), first, dict(first, action_name="purchase")])
+        r = ingest(store, validate_items(parse_items(body, "event")), source="b")
+        # item 0 new, item 1 a retry of the stored e1, item 2 another event under e1
+        assert (r.accepted, r.duplicates, r.rejected) == (1, 1, 1)
+        (err,) = r.errors
+        assert (err.index, err.field, err.kind) == (2, "event_id", "conflict")
+        assert "event_id 'e1' is already stored" in err.message
+        rows = store.read("SELECT source, kind, item_index, field, raw FROM failed_records")
+        assert [(s, k, i, f) for s, k, i, f, _ in rows] == [("b", "conflict", 2, "event_id")]
+        assert orjson.loads(rows[0][4])["action_name"] == "purchase"  # the conflicting event, kept whole
+
+
+def test_bulk_ids_reused_across_requests_and_documents(tmp_path, make_event):
+    """A replayed _bulk export is all duplicates; another document under a replayed _id is a conflict."""
+    doc = make_event()
+    pair = b'{"index": {"_index": "ubi_events", "_id": "x1"}}\n' + orjson.dumps(doc) + b"\n"
+    other = (
+        b'{"index": {"_index": "ubi_events", "_id": "x1"}}\n'
+        + orjson.dumps(dict(doc, action_name="view"))
+        + b"\n"
+    )
+    with Store(tmp_path / "b.duckdb") as store:
+        a = ingest(store, validate_items(parse_bulk(pair)), source="s")
+        b = ingest(store, validate_items(parse_bulk(pair + other)), source="s")
+        assert [(x.accepted, x.duplicates, x.rejected) for x in (a, b)] == [(1, 0, 0), (0, 1, 1)]
+        assert "_bulk _id 'x1'" in b.errors[0].message and b.errors[0].index == 1
+
+
+def test_a_leading_byte_order_mark_is_dropped(make_event):
+    e = make_event()
+    bom = b"\xef\xbb\xbf"
+    assert [i.value for i in parse_items(bom + orjson.dumps([e]), "event")] == [e]
+    assert [i.value for i in parse_items(bom + orjson.dumps(e) + b"\n", "event", ndjson=True)] == [e]
+    bulk = bom + b'{"index": {"_index": "ubi_events"}}\n' + orjson.dumps(e) + b"\n"
+    assert [(i.kind, i.value, i.error) for i in parse_bulk(bulk)] == [("event", e, None)]
+    with pytest.raises(BodyError, match="malformed JSON"):
+        parse_items(b"\xef\xbb", "event")  # a broken mark is still malformed
+
+
+def test_a_timestamp_out_of_range_rejects_its_item_only(tmp_path):
+    body = orjson.dumps(
+        [
+            {"action_name": "good1", "timestamp": "2024-01-01T00:00:00Z"},
+            {"action_name": "click", "timestamp": "0001-01-01T00:00:00+05:00"},
+        ]
+    )
+    v = validate_items(parse_items(body, "event"))
+    assert (len(v.events), [(e.index, e.field) for e in v.errors]) == (1, [(1, "timestamp")])

@@ -144,3 +144,60 @@ def test_serve_help_explains(flag, capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "A 202 is sent only once the records are committed" in text
     assert "keep working while it runs" in text
+
+
+def test_bad_items_are_rejected_one_by_one_over_http(db):
+    """Inputs that used to fail a whole request (422) or be refused as malformed JSON (400)."""
+    server = start_server(db)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            # The second item's offset takes it to year 0 in UTC (an OverflowError in Python's datetime)
+            r = c.post(
+                "/v1/events",
+                json=[
+                    {"action_name": "good1", "timestamp": "2024-01-01T00:00:00Z"},
+                    {"action_name": "click", "timestamp": "0001-01-01T00:00:00+05:00"},
+                ],
+            )
+            assert r.status_code == 202
+            body = r.json()
+            assert (body["accepted"], body["rejected"]) == (1, 1)
+            assert (body["errors"][0]["index"], body["errors"][0]["field"]) == (1, "timestamp")
+            # orjson reads 12345678901234567890123 as 1.2345678901234568e+22: refused, asking for a string
+            r = c.post(
+                "/v1/events",
+                content=b'[{"action_name": "good2", "timestamp": 1}, {"action_name": "c", "timestamp": 1, '
+                b'"event_attributes": {"object": {"object_id": 12345678901234567890123}}}]',
+                headers={"content-type": "application/json"},
+            )
+            assert r.status_code == 202
+            (err,) = r.json()["errors"]
+            assert (err["index"], err["field"]) == (1, "event_attributes.object.object_id")
+            assert "send ids this long as strings" in err["message"]
+            # A UTF-8 byte order mark before JSON, NDJSON and _bulk bodies
+            bom = b"\xef\xbb\xbf"
+            ev = orjson.dumps({"action_name": "good3", "timestamp": 2})
+            for path, content, ctype in (
+                ("/v1/events", bom + b"[" + ev + b"]", "application/json"),
+                ("/v1/events", bom + ev + b"\n", "application/x-ndjson"),
+                (
+                    "/v1/bulk",
+                    bom + b'{"index": {"_index": "ubi_events", "_id": "b"}}\n' + ev + b"\n",
+                    "application/x-ndjson",
+                ),
+            ):
+                r = c.post(path, content=content, headers={"content-type": ctype})
+                assert (r.status_code, r.json()["rejected"]) == (202, 0), (path, r.text)
+    finally:
+        assert server.stop() == 0
+    # good1, good2, good3 (the first two good3 bodies are the same event: one hash key) and bulk id b
+    assert stored_ids(db, "ubi_events", "action_name") == {"good1", "good2", "good3"}
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM ubi_events").fetchone() == (4,)
+        assert con.execute("SELECT field FROM failed_records ORDER BY field").fetchall() == [
+            ("event_attributes.object.object_id",),
+            ("timestamp",),
+        ]
+    finally:
+        con.close()

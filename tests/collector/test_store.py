@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from collector.ingest import QUERY_SCHEMA, event_row, query_row
+from collector.ingest import EVENT_SCHEMA, QUERY_SCHEMA, event_row, query_row
 from collector.store import (
     CONFLICT,
     DUPLICATE,
@@ -59,13 +59,65 @@ def test_query_outcomes_and_conflicts_kept_in_the_same_transaction(tmp_path, mak
         )
 
 
-def test_event_outcomes(tmp_path, make_event):
+def events(*records, bulk_ids=None) -> pa.Table:
     now = utcnow()
-    e1, e2 = (UbiEvent.model_validate(make_event()) for _ in range(2))
-    rows = pa.Table.from_pylist([event_row(e, now) for e in (e1, e2, e1)])
+    ids = bulk_ids or [None] * len(records)
+    return pa.Table.from_pylist(
+        [event_row(UbiEvent.model_validate(r), now, b) for r, b in zip(records, ids, strict=True)],
+        schema=EVENT_SCHEMA,
+    )
+
+
+def test_event_outcomes(tmp_path, make_event):
+    e1, e2 = make_event(), make_event()
+    rows = events(e1, e2, e1)
     with Store(tmp_path / "s.duckdb") as store:
         assert store.write_rows(events=rows).event_inserted == (True, True, False)
         assert store.write_rows(events=rows).event_inserted == (False, False, False)
+
+
+def test_an_event_id_reused_for_other_content_is_a_conflict_kept_once(tmp_path, make_event):
+    """A retry (same content, however its keys are ordered or its timestamp spelt) is a duplicate; another
+    event under a taken event_id is a conflict, in the batch that stored it first or in a later one."""
+    a = make_event(event_id="e1", page="p", extra_obj={"x": 1, "y": 2})
+    a_again = dict(reversed(list(a.items())))
+    a_again["extra_obj"] = {"y": 2, "x": 1}
+    a_again["timestamp"] = "2024-05-16T14:34:56.789+02:00"  # the instant of a's 12:34:56.789Z
+    other = dict(a, action_name="purchase")
+    b = make_event(event_id="e2")
+    kept: list[list[int]] = []
+
+    def keep(positions):
+        kept.append(list(positions))
+        return failed_table(
+            [failed_row(source="t", kind="conflict", reason="r", raw=b"", item_index=p) for p in positions]
+        )
+
+    with Store(tmp_path / "s.duckdb") as store:
+        # fast path: all keys new; in-batch repeats are compared with the batch's first occurrence
+        out = store.write_rows(events=events(a, a_again, other, b), event_conflicts=keep)
+        assert out.event_status == (INSERTED, DUPLICATE, CONFLICT, INSERTED)
+        assert kept == [[2]]
+        # careful path (stored keys make the plain INSERT fail, the write is tried again): the callback runs
+        # once, for the attempt that commits
+        out = store.write_rows(events=events(make_event(), other, a_again), event_conflicts=keep)
+        assert out.event_status == (INSERTED, CONFLICT, DUPLICATE)
+        assert kept == [[2], [1]]
+        summary = out.summary()
+        assert (summary.events_inserted, summary.events_duplicate, summary.event_conflicts) == (1, 1, (1,))
+        assert store.read("SELECT count(*) FROM failed_records") == [(2,)]
+        assert store.read("SELECT action_name FROM ubi_events WHERE event_id = 'e1'") == [("click",)]
+
+
+def test_a_bulk_id_counts_like_an_event_id(tmp_path, make_event):
+    """A _bulk _id stores as event_id: the same document under it is a duplicate whichever way it came."""
+    e = make_event()
+    with Store(tmp_path / "s.duckdb") as store:
+        store.write_rows(events=events(e, bulk_ids=["b1"]))
+        same = store.write_rows(events=events(dict(e, event_id="b1")))
+        assert same.event_status == (DUPLICATE,)
+        other = store.write_rows(events=events(dict(e, action_name="view"), bulk_ids=["b1"]))
+        assert other.event_status == (CONFLICT,)
 
 
 def test_reader_opens_a_free_file_and_explains_a_missing_collector(tmp_path):
@@ -77,3 +129,21 @@ def test_reader_opens_a_free_file_and_explains_a_missing_collector(tmp_path):
     con.close()
     with pytest.raises(StoreLocked, match="no running collector advertises it"):
         collector_url(path)
+
+
+def test_conflict_callbacks_run_once_when_the_fast_path_is_retried(tmp_path, make_query, make_event):
+    """An in-batch query conflict is found on the fast path; a stored event key then fails the plain INSERT
+    and the write is done again the careful way. The conflict must be kept once, not once per attempt."""
+    q, e = make_query(query_id="q"), make_event(event_id="e")
+    calls: list[list[int]] = []
+
+    def keep(positions):
+        calls.append(list(positions))
+        return failed_table([failed_row(source="t", kind="conflict", reason="r", raw=b"") for _ in positions])
+
+    with Store(tmp_path / "s.duckdb") as store:
+        store.write_rows(events=events(e))
+        out = store.write_rows(queries(q, dict(q, user_query="other")), events(e), conflicts=keep)
+        assert (out.query_status, out.event_status) == ((INSERTED, CONFLICT), (DUPLICATE,))
+        assert calls == [[1]]
+        assert store.read("SELECT count(*) FROM failed_records") == [(1,)]

@@ -59,21 +59,25 @@ def test_a_whole_redelivery_is_absorbed_by_the_dedup_keys(broker, prefix, tmp_pa
     duplicate, the store does not change, and kept rejects and conflicts are not kept twice."""
     settings = _settings(broker, prefix, tmp_path)
     conflicting = b'{"query_id": "33198ee9-5912-453c-9173-3f92fd3cb1be", "user_query": "something else"}'
+    # The first sample event's _id on another event: a conflict, not a duplicate
+    reused_id = (b'{"index": {"_index": "ubi_events", "_id": "adbef2c4-1223-4580-92d1-61b3718874d0"}}\n'
+                 b'{"action_name": "click", "timestamp": "2024-12-10T00:01:30Z"}\n')
     _produce(settings, (SAMPLE_BULK.read_bytes(), "bulk"), (conflicting, "query"),
-             (b'[{"action_name": "click"}]', "event"))
+             (b'[{"action_name": "click"}]', "event"), (reused_id, "bulk"))
     db = tmp_path / "ubi.duckdb"
     first = _load(settings, db, f"{prefix}-g1")
     # 473 queries + 3,448 events (docs/ubi.md) + 1 conflicting query + 1 rejected event on .failed
-    assert first["rows"] == 473 + 3448 + 1 + 1
-    assert (first["queries"], first["events"], first["conflicts"], first["failed"]) == (473, 3448, 1, 1)
-    assert _counts(db) == (473, 3448, 2)
+    # + 1 conflicting event
+    assert first["rows"] == 473 + 3448 + 1 + 1 + 1
+    assert (first["queries"], first["events"], first["conflicts"], first["failed"]) == (473, 3448, 2, 1)
+    assert _counts(db) == (473, 3448, 3)
 
     second = _load(settings, db, f"{prefix}-g2")
     assert (second["records"], second["rows"]) == (first["records"], first["rows"])
     assert (second["queries"], second["events"]) == (0, 0)
     assert (second["query_duplicates"], second["event_duplicates"]) == (473, 3448)
     assert second["failed"] == 0  # the kept reject was delivered again and recognised by its failed_id
-    assert _counts(db) == (473, 3448, 2)
+    assert _counts(db) == (473, 3448, 3)  # conflicts keep deterministic failed_ids: not kept twice
 
     con = duckdb.connect(str(db), read_only=True)
     ((fid, topic, stored_text),) = con.execute(
