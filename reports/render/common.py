@@ -106,7 +106,7 @@ def merge_table(report: Report) -> tuple[Row, list[Row]]:
     ]
     rows += [[f"disagree: {couple}", str(n)] for couple, n in m.conflicts_by_sources.items()]
     rows.append(["pairs without a graded label the precedence names (not in the merged view)", str(m.unresolved)])
-    return ["merged view", "pairs"], rows
+    return ["merged view", ""], rows
 
 
 def coverage_table(report: Report) -> tuple[Row, list[Row]]:
