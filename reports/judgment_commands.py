@@ -92,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     i = js.add_parser(
         "import", help="load a human judgments file (jsonl, trec, workbench) into the store",
-        description="Validate a human judgments file and store it in human_judgments as source human, with its "
+        description="Validate a human judgments file and store it in human_judgments as source human, with its\n"
                     "provenance (assessor, date, rubric, the file).",
         epilog=_IMPORT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
