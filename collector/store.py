@@ -9,8 +9,8 @@ The design (README, "One writer, many readers"):
 * A running collector advertises itself in a sidecar file next to the database (``<db>.collector.json``).
 * Readers (``ubi process``, ``ubi report``) call :func:`open_reader`: when the file is free they open it
   read-only; when a collector holds it, they ask the collector for a consistent snapshot
-  (``POST /v1/admin/snapshot``: a checkpoint and a copy of the database taken between two write
-  transactions) and read that. Derived tables they produce go back through the collector
+  (``POST /v1/admin/snapshot``: a copy of the database as of one commit, made in a read transaction while
+  the writer keeps committing) and read that. Derived tables they produce go back through the collector
   (``POST /v1/admin/load/{table}``), so the one writer stays the one writer.
 """
 
@@ -121,7 +121,8 @@ def event_content_hash(row: Mapping[str, Any]) -> str:
 
 
 class Store:
-    """A DuckDB database file opened for writing by this process. Thread-safe (one lock)."""
+    """A DuckDB database file opened for writing by this process. Thread-safe: one lock for writes, none
+    held during a snapshot's copy."""
 
     def __init__(self, path: Path | str, *, create: bool = True, threads: int | None = 1) -> None:
         self.path = Path(path)
@@ -137,6 +138,10 @@ class Store:
                 ) from exc
             raise StoreError(f"{self.path}: cannot open: {exc}") from exc
         self.lock = threading.Lock()
+        # Snapshots copy outside the lock; close() waits for them (notified under the same lock).
+        self._idle = threading.Condition(self.lock)
+        self._copies = 0
+        self._closed = False
         if threads is not None:
             # The writer's transactions are inserts of one request group or file chunk: DuckDB's worker threads
             # cost CPU there without speeding anything up (bench/ingest.py: a 31-request group commit 5.5 ->
@@ -146,7 +151,9 @@ class Store:
         ensure_tables(self.con)
 
     def close(self) -> None:
-        with self.lock:
+        with self._idle:
+            self._closed = True
+            self._idle.wait_for(lambda: self._copies == 0)
             self.con.close()
 
     def __enter__(self) -> Store:
@@ -385,18 +392,41 @@ class Store:
         return data.num_rows
 
     def snapshot(self, dest: Path | None = None) -> Path:
-        """Copy the whole database, between two write transactions, to a new file opened by nobody."""
+        """Copy the whole database, as of one committed state, to a new file opened by nobody.
+
+        Writers are not paused: the copy runs in a read transaction on its own cursor, outside the store
+        lock, and DuckDB's MVCC gives that transaction the state of the last commit before it began while
+        the writer keeps committing on its cursor. The transaction writes only the attached destination,
+        which DuckDB allows (one written database per transaction). Every table therefore holds every row
+        of a committed write or none of it (tests/collector/test_store.py; bench/snapshot.py measures the
+        longest request during a snapshot).
+        """
         dest = dest or self.path.with_name(f"{self.path.name}.snapshot-{uuid.uuid4().hex[:12]}")
-        with self.lock:
+        alias = f"_snap_{uuid.uuid4().hex[:12]}"  # snapshots may run side by side
+        with self._idle:
+            if self._closed:
+                raise StoreError(f"{self.path}: the store is closed")
             cur = self.con.cursor()
+            self._copies += 1
+        try:
+            cur.execute(f"ATTACH '{_sql_str(dest)}' AS {alias}")
             try:
-                cur.execute("CHECKPOINT")
-                cur.execute(f"ATTACH '{_sql_str(dest)}' AS _snap")
-                (src,) = cur.execute("SELECT current_database()").fetchone() or ("",)
-                cur.execute(f'COPY FROM DATABASE "{src}" TO _snap')
-                cur.execute("DETACH _snap")
+                cur.execute("BEGIN TRANSACTION")
+                try:
+                    (src,) = cur.execute("SELECT current_database()").fetchone() or ("",)
+                    cur.execute(f'COPY FROM DATABASE "{src}" TO {alias}')
+                    cur.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(duckdb.Error):
+                        cur.execute("ROLLBACK")
+                    raise
             finally:
-                cur.close()
+                cur.execute(f"DETACH {alias}")
+        finally:
+            cur.close()
+            with self._idle:
+                self._copies -= 1
+                self._idle.notify_all()
         return dest
 
     def read(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
