@@ -499,6 +499,18 @@ def test_conflicting_query_records_are_kept_scrubbed(db: Path, make_query: Calla
     assert kind == "conflict" and json.loads(raw)["client_id"] == _hmac("alice-client")
 
 
+def test_conflicting_events_are_kept_scrubbed(db: Path) -> None:
+    event = _alice(event_id="e-1")
+    with collector(db, **PRIVATE) as c:
+        assert c.post("/v1/events", json=event, headers={"X-API-Key": "k-shop"}).json()["accepted"] == 1
+        again = c.post("/v1/events", json={**event, "action_name": "view"}, headers={"X-API-Key": "k-shop"})
+        assert again.json()["rejected"] == 1  # the same event_id with other content
+    ((kind, _, raw),) = kept = _kept(db)
+    _no_clear_text(kept)
+    assert kind == "conflict"
+    _scrubbed_alice({**json.loads(raw), "action_name": "click"})
+
+
 def test_scrub_finds_records_in_every_shape_and_redacts_what_is_not_one() -> None:
     privacy = security.Privacy(b"pepper", ["client_id", "user_id", "session_id"], ["message"])
     one = json.dumps(_alice()).encode()
