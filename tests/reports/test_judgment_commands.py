@@ -46,7 +46,7 @@ def test_esci_workbench_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture
     # grades by the stated map: 0.000 -> 0, 1.000 -> 1, 10.000 -> 2, 100.000 -> 3, counted as in the file
     assert rows(db, "SELECT grade, count(*) FROM human_judgments GROUP BY 1 ORDER BY 1") == [
         (0, 1086), (1, 305), (2, 1898), (3, 3389)]
-    assert rows(db, "SELECT DISTINCT source, origin FROM human_judgments") == [("human", str(SAMPLE_JUDGMENTS))]
+    assert rows(db, "SELECT DISTINCT source, origin FROM human_judgments") == [("human", str(SAMPLE_JUDGMENTS.resolve()))]
 
     out = tmp_path / "export.json"
     assert main(["judgments", "export", "--db", str(db), "--format", "workbench", "--out", str(out)]) == 0
