@@ -6,17 +6,11 @@ import argparse
 import importlib
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "collector.commands",  # serve, import, failed, schema (helper: collector)
-    "collector.kafka_commands",  # consume (helper: kafka)
+    "collector.commands",  # serve, import, failed, schema
+    "collector.kafka_commands",  # consume
 )
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # TODO(integration): make strict once every module has landed
-            if exc.name == name:
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)

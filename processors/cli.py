@@ -6,17 +6,11 @@ import argparse
 import importlib
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "processors.commands",  # process, review (helper: processors core)
-    "processors.simulation_commands",  # simulate, propensity (helper: simulator)
+    "processors.commands",  # process, review
+    "processors.simulation_commands",  # simulate, propensity
 )
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # TODO(integration): make strict once every module has landed
-            if exc.name == name:
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)

@@ -6,18 +6,12 @@ import argparse
 import importlib
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "reports.evaluate_commands",  # evaluate (helper: offline metrics)
-    "reports.commands",  # report, queryset (helper: joint report)
+    "reports.evaluate_commands",  # evaluate
+    "reports.commands",  # report, queryset
     "reports.judgment_commands",  # judgments export / import
 )
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # TODO(integration): make strict once every module has landed
-            if exc.name == name:
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)

@@ -27,11 +27,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(5 * 1024 * 1024, description="largest request body accepted (413 above)")
     max_items: int = Field(10_000, description="most records in one request (413 above)")
     failed_list_limit: int = 100
-    # (collector helper) which sink validated records go to, and the body limit of the admin load route
+    # which sink validated records go to, and the body limit of the admin load route
     sink: str = Field("duckdb", description="where validated records go: duckdb (embedded store) or kafka")
     max_load_bytes: int = Field(1024 * 1024 * 1024, description="largest Arrow body for /v1/admin/load (413 above)")
 
-    # --- kafka transport (helper: kafka): `ubi serve --sink kafka`, `ubi consume` ---
+    # --- kafka transport: `ubi serve --sink kafka`, `ubi consume` ---
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, HOST:PORT[,HOST:PORT...]")
     kafka_topic_prefix: str = Field("ubi", description="topics are <prefix>.queries, <prefix>.events, <prefix>.failed")
     kafka_partitions: int = Field(6, ge=1, description="partitions of a topic when ubi creates a missing one")
@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     )
     seed: int = 0
 
-    # --- reports (helper: joint report; reports/joint.py, `ubi report`) ---
+    # --- reports (reports/joint.py, `ubi report`) ---
     reformulation_window_s: float = Field(
         60.0, gt=0, description="a search followed within this many seconds, in the same session, by a search of "
         "another query counts as reformulated",
@@ -104,7 +104,7 @@ class Settings(BaseSettings):
         10_000, ge=100, description="sign flips of the randomisation test in `ubi report --baseline`"
     )
 
-    # --- security (helper: browser client; collector/security.py, README "Safe to expose") ---
+    # --- security (collector/security.py, README "Safe to expose") ---
     cors_allow_origins: list[str] = Field(
         default_factory=list,
         description='origins allowed to send records from a browser, e.g. ["https://shop.example"] (JSON in '

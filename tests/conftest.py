@@ -1,4 +1,4 @@
-"""Fixtures shared by every test package. Record factories for UBI queries and events (collector helper)."""
+"""Fixtures shared by every test package. Record factories for UBI queries and events."""
 
 from __future__ import annotations
 

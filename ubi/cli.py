@@ -2,14 +2,18 @@
 
 Each stage package has a ``cli`` module with ``register(subparsers)``, which adds its subcommands; every
 subcommand sets ``func`` (taking the parsed namespace, returning an exit code). Typed errors from the
-package become a one-line message on stderr and exit code 2; anything else is a bug and shows a traceback.
+package become a one-line message on stderr and exit code 2; anything else is a bug: it shows a traceback
+and exits 3, so that it can never be mistaken for a failed quality gate (``ubi report`` exits 1 for that).
+Exit codes: 0 done, 1 a gate fell short, 2 bad input or usage, 3 a bug, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 
 from rich.console import Console
 from rich.markup import escape
@@ -32,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in STAGES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # a stage not written yet
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
@@ -55,6 +53,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `ubi schema | head`: the reader left; point stdout at /dev/null so the exit flush stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception:  # a bug, not bad input: show where, and exit with the code reserved for it
+        traceback.print_exc()
+        Console(stderr=True).print("[bold red]internal error[/]: this is a bug in ubi-pipeline; please report it "
+                                   "with the traceback above", highlight=False)
+        return 3
 
 
 if __name__ == "__main__":
