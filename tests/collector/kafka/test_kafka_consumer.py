@@ -11,9 +11,9 @@ import duckdb
 import pytest
 
 from collector.consumer import Consumer, DuckDBLoader, conflict_id, serve_admin, stop_admin
-from collector.ingest import parse_bulk, parse_items, query_row, validate_items
+from collector.ingest import event_row, parse_bulk, parse_items, query_row, validate_items
 from collector.sinks.kafka import KafkaSink
-from collector.store import Store, request_snapshot
+from collector.store import Store, event_content_hash, request_snapshot
 from schemas.settings import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
@@ -82,12 +82,21 @@ def test_a_whole_redelivery_is_absorbed_by_the_dedup_keys(broker, prefix, tmp_pa
     con = duckdb.connect(str(db), read_only=True)
     ((fid, topic, stored_text),) = con.execute(
         "SELECT f.failed_id, f.kafka_topic, q.user_query FROM failed_records f, ubi_queries q "
-        "WHERE f.kind = 'conflict' AND q.query_id = '33198ee9-5912-453c-9173-3f92fd3cb1be'").fetchall()
+        "WHERE f.kind = 'conflict' AND f.field = 'query_id' "
+        "AND q.query_id = '33198ee9-5912-453c-9173-3f92fd3cb1be'").fetchall()
+    ((efid, etopic, stored_action),) = con.execute(
+        "SELECT f.failed_id, f.kafka_topic, e.action_name FROM failed_records f, ubi_events e "
+        "WHERE f.kind = 'conflict' AND f.field = 'event_id' "
+        "AND e.event_id = 'adbef2c4-1223-4580-92d1-61b3718874d0'").fetchall()
     con.close()
     (_, record), = validate_items(parse_items(conflicting, "query")).queries
     row = query_row(record, received_at=None)  # type: ignore[arg-type]
     assert topic == f"{prefix}.queries" and fid == conflict_id(row["query_key"], row["content_hash"])
     assert stored_text != "something else"  # first write wins
+    (_, event, bulk_id), = validate_items(parse_bulk(reused_id)).events
+    erow = event_row(event, received_at=None, bulk_id=bulk_id)  # type: ignore[arg-type]
+    assert etopic == f"{prefix}.events" and efid == conflict_id(erow["event_key"], event_content_hash(erow))
+    assert stored_action == "impression"  # the sample's event stays; the click under its _id is the conflict
 
 
 def test_one_duckdb_loader_per_store_and_readers_use_its_snapshots(broker, prefix, tmp_path):
