@@ -410,6 +410,8 @@ class Store:
         """
         dest = dest or self.path.with_name(f"{self.path.name}.snapshot-{uuid.uuid4().hex[:12]}")
         alias = f"_snap_{uuid.uuid4().hex[:12]}"  # snapshots may run side by side
+        if dest.exists():
+            raise StoreError(f"{dest} exists; a snapshot goes to a new file")
         with self._idle:
             if self._closed:
                 raise StoreError(f"{self.path}: the store is closed")
@@ -429,6 +431,12 @@ class Store:
                     raise
             finally:
                 cur.execute(f"DETACH {alias}")
+        except BaseException as exc:
+            for partial in (dest, dest.with_name(dest.name + ".wal")):  # no half copy left for a reader
+                partial.unlink(missing_ok=True)
+            if isinstance(exc, duckdb.Error):
+                raise StoreError(f"{self.path}: could not copy a snapshot to {dest}: {exc}") from exc
+            raise
         finally:
             cur.close()
             with self._idle:

@@ -18,7 +18,7 @@ from collector.store import (
     open_reader,
     utcnow,
 )
-from schemas.errors import StoreLocked
+from schemas.errors import StoreError, StoreLocked
 from schemas.ubi import UbiEvent, UbiQuery
 
 
@@ -222,3 +222,16 @@ def test_a_snapshot_holds_whole_commits_and_does_not_pause_writers(tmp_path):
     assert per_batch == {f"e{k}": 20 for k in range(n)}
     # at least every batch committed before the snapshot began, at most those committed before it ended
     assert start <= n <= end - 1
+
+
+def test_a_snapshot_never_overwrites_a_file_and_leaves_no_half_copy(tmp_path):
+    with Store(tmp_path / "s.duckdb") as store:
+        taken = tmp_path / "taken"
+        taken.write_text("not a database")
+        with pytest.raises(StoreError, match="exists"):
+            store.snapshot(taken)
+        assert taken.read_text() == "not a database"
+        with pytest.raises(StoreError, match="could not copy a snapshot"):
+            store.snapshot(tmp_path / "no-such-dir" / "snap.duckdb")
+        snap = store.snapshot()
+    assert snap.exists() and ".snapshot-" in snap.name
