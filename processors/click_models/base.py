@@ -17,6 +17,11 @@ class RelevanceEstimate:
 
     Arrays are aligned with ``pairs``; ``ci_low``/``ci_high`` are NaN where the model gives no interval.
     ``score`` is on the model's own scale (CTR, attractiveness, satisfaction-based relevance, COEC ratio).
+    ``impressions``, ``clicks`` and ``sessions`` count what was displayed; ``observations`` is the support
+    the score itself rests on, in the model's own terms: impressions the cascade family counts as examined
+    (at or above the first/last click), expected examinations for the EM models (Σ impressions · P(E)),
+    every impression for CTR and COEC. A pair never examined under the model scores the prior with no
+    interval and 0 observations. ``None`` (a model that does not say) means every impression was observed.
     """
 
     pairs: PairIndex
@@ -27,6 +32,12 @@ class RelevanceEstimate:
     clicks: NDArray[np.int64]
     sessions: NDArray[np.int64]
     parameters: dict[str, Any] = field(default_factory=dict)  # model-level parameters worth recording
+    observations: NDArray[np.float64] | None = None  # the model's own support per pair (see above)
+
+    def support(self) -> NDArray[np.float64]:
+        """``observations``, or the displayed impressions when the model did not report them."""
+        src = self.impressions if self.observations is None else self.observations
+        return np.asarray(src, dtype=np.float64)
 
 
 @runtime_checkable

@@ -135,7 +135,7 @@ class Cascade:
         return cascade_family_probs(a, np.zeros_like(a), np.ones_like(a), sessions.clicks)
 
     def relevance(self) -> RelevanceEstimate:
-        """Score = α_qd with its Wilson interval over (first clicks, examinations)."""
+        """Score = α_qd with its Wilson interval over (first clicks, examinations); observations = examinations."""
         self._require_fit()
         lo, hi = wilson_interval(self.first_clicks, self.examinations)
         score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
@@ -148,6 +148,7 @@ class Cascade:
             clicks=self.clicks,
             sessions=self.sessions,
             parameters=self.parameters(),
+            observations=self.examinations,
         )
 
     def parameters(self) -> dict[str, Any]:

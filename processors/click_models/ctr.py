@@ -88,6 +88,7 @@ class _CountingModel:
             clicks=self.clicks,
             sessions=self.sessions,
             parameters={"model": self.name, "version": self.version, **params},
+            observations=self.impressions.astype(np.float64),  # every impression is a trial of a CTR
         )
 
 

@@ -321,7 +321,10 @@ class DBN:
         return dbn_click_probs(a, s, self.gamma, sessions.clicks)
 
     def relevance(self) -> RelevanceEstimate:
-        """Score = α·σ; interval = product of the Jeffreys bounds of α (on expected examinations) and σ."""
+        """Score = α·σ; interval = product of the Jeffreys bounds of α (on expected examinations) and σ.
+
+        Observations: the expected examinations Σ P(E = 1 | clicks) of the pair.
+        """
         self._require_fit()
         a = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
         s = np.where(np.isnan(self.sigma), self.prior_sigma, self.sigma)
@@ -338,6 +341,7 @@ class DBN:
             clicks=self.clicks,
             sessions=self.sessions,
             parameters=self.parameters(),
+            observations=self.expected_examinations,
         )
 
     def parameters(self) -> dict[str, Any]:

@@ -113,7 +113,7 @@ class DCM:
         return cascade_family_probs(a, lam, np.ones_like(a), sessions.clicks)
 
     def relevance(self) -> RelevanceEstimate:
-        """Score = α_qd with its Wilson interval over (clicks, examined impressions)."""
+        """Score = α_qd, Wilson interval over (clicks, examined impressions); observations = examined impressions."""
         self._require_fit()
         lo, hi = wilson_interval(self.examined_clicks, self.examinations)
         score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
@@ -126,6 +126,7 @@ class DCM:
             clicks=self.clicks,
             sessions=self.sessions,
             parameters=self.parameters(),
+            observations=self.examinations,
         )
 
     def parameters(self) -> dict[str, Any]:

@@ -224,13 +224,15 @@ class PBM:
     def relevance(self) -> RelevanceEstimate:
         """Score = α·θ_1 (click probability at rank 1) with a Jeffreys interval on Fisher-matched counts.
 
-        See :func:`effective_trials`; the uncertainty of θ (shared by all pairs) is ignored.
+        See :func:`effective_trials`; the uncertainty of θ (shared by all pairs) is ignored. Observations: the
+        expected examinations Σ_impressions min(θ_k/θ_1, 1).
         """
         self._require_fit()
         t1 = float(self.theta[0]) if self.theta[0] > 0 else 1.0
         score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha) * t1
         cell_pair, exam_id, imps = self._cells
-        n_eff = effective_trials(score, cell_pair, np.minimum(self.theta / t1, 1.0)[exam_id], imps)
+        exam = np.minimum(self.theta / t1, 1.0)[exam_id]
+        n_eff = effective_trials(score, cell_pair, exam, imps)
         lo, hi = beta_interval(score * n_eff, n_eff)
         return RelevanceEstimate(
             pairs=self.pairs,
@@ -241,6 +243,7 @@ class PBM:
             clicks=self.clicks,
             sessions=self.sessions,
             parameters=self.parameters(),
+            observations=weighted_count(cell_pair, imps * exam, len(self.pairs)),  # expected examinations
         )
 
     def parameters(self) -> dict[str, Any]:

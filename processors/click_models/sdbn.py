@@ -83,7 +83,10 @@ class SDBN:
         return dbn_click_probs(a, s, 1.0, sessions.clicks)
 
     def relevance(self) -> RelevanceEstimate:
-        """Score = α·σ; interval = product of the Wilson bounds of α and σ (σ unbounded without clicks)."""
+        """Score = α·σ; interval = product of the Wilson bounds of α and σ (σ unbounded without clicks).
+
+        Observations: the examined impressions α is counted on (at or above the last click).
+        """
         self._require_fit()
         a = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
         s = np.where(np.isnan(self.sigma), self.prior_sigma, self.sigma)
@@ -102,6 +105,7 @@ class SDBN:
             clicks=self.clicks,
             sessions=self.sessions,
             parameters=self.parameters(),
+            observations=self.examinations,
         )
 
     def parameters(self) -> dict[str, Any]:

@@ -171,12 +171,16 @@ class UBM:
         return alpha * self.gamma[np.arange(k)[None, :], prev]
 
     def relevance(self) -> RelevanceEstimate:
-        """Score = α·γ_{1,0} (click probability at rank 1) with a Jeffreys interval on Fisher-matched counts."""
+        """Score = α·γ_{1,0} (click probability at rank 1) with a Jeffreys interval on Fisher-matched counts.
+
+        Observations: the expected examinations Σ_impressions min(γ_{k,k'}/γ_{1,0}, 1).
+        """
         self._require_fit()
         g10 = float(self.gamma[0, 0]) if self.gamma[0, 0] > 0 else 1.0
         score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha) * g10
         cell_pair, exam_id, imps = self._cells
-        n_eff = effective_trials(score, cell_pair, np.minimum(self.gamma.ravel() / g10, 1.0)[exam_id], imps)
+        exam = np.minimum(self.gamma.ravel() / g10, 1.0)[exam_id]
+        n_eff = effective_trials(score, cell_pair, exam, imps)
         lo, hi = beta_interval(score * n_eff, n_eff)
         return RelevanceEstimate(
             pairs=self.pairs,
@@ -187,6 +191,7 @@ class UBM:
             clicks=self.clicks,
             sessions=self.sessions,
             parameters=self.parameters(),
+            observations=weighted_count(cell_pair, imps * exam, len(self.pairs)),  # expected examinations
         )
 
     def parameters(self) -> dict[str, Any]:

@@ -42,6 +42,13 @@ def test_contract(name: str) -> None:
     assert (rel.ci_low[has_ci] <= rel.score[has_ci] + 1e-12).all()
     assert (rel.score[has_ci] <= rel.ci_high[has_ci] + 1e-12).all()
     assert rel.impressions.sum() == (TRAIN.weight[:, None] * (TRAIN.docs >= 0)).sum()
+    # every model says how many of the displayed impressions it observed (examined, or expected to be)
+    assert rel.observations is not None and rel.observations.shape == (n,)
+    assert (rel.observations >= 0).all() and (rel.observations <= rel.impressions + 1e-9).all()
+    # a pair the model never observed has no interval of its own (its score is the prior); gctr and rctr
+    # give every pair the global / per-rank interval and make no judgments
+    if name not in ("gctr", "rctr"):
+        assert np.isnan(rel.ci_low[rel.observations == 0]).all()
     assert rel.parameters["model"] == name
     json.dumps(rel.parameters)  # recorded with every judgment, so it must be plain JSON
     ev = evaluate(m, TEST)
