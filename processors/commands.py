@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,14 @@ from rich.table import Table
 
 from collector.store import reading
 from processors.judgments import JUDGMENT_MODELS, process
-from processors.review import export_candidates, import_review, read_query_set, resolve_source, write_review
+from processors.review import (
+    export_candidates,
+    import_review,
+    parse_date,
+    read_query_set,
+    resolve_source,
+    write_review,
+)
 from schemas.errors import UbiError
 from schemas.settings import Settings
 
@@ -24,10 +32,48 @@ score, interval, support and a grade on the human scale (0..UBI_GRADE_MAX) where
 The judgments replace the stored rows of the same source (implicit:<model>); --out also writes a file.
 
 Models: ctr (clicks/impressions), coec (clicks over expected clicks), pbm, ubm (EM, position-debiased),
-cascade, dcm, sdbn, dbn (cascade family). Default grades invert the simulation curve of
-docs/position-bias.md; --calibrate fits the thresholds on half of the pairs that have human grades and
-reports agreement (quadratic-weighted kappa, Spearman) on the other half.
+cascade, dcm, sdbn, dbn (cascade family).
+
+Which pairs get a grade: every pair gets a score, but a grade only when it has a confidence interval no
+wider than --max-ci-width AND at least --min-support observations counted the model's way: impressions
+the model treats as examined (cascade: at or above the first click; dcm, sdbn: at or above the last click;
+every rank of a search without clicks), expected examinations (pbm, ubm, dbn), every impression (ctr,
+coec). A result that was displayed but never examined under the model scores the model's prior, has no
+interval and gets no grade. Rows keep the displayed impressions; parameters.observations holds the count
+the rule used.
+
+Default grades invert the simulation curve of docs/position-bias.md (attractiveness-based scores), or its
+attractiveness x satisfaction product (sdbn, dbn); --calibrate fits the thresholds on half of the pairs
+that have human grades and reports agreement (quadratic-weighted kappa, Spearman) on the other half.
 """
+
+
+_EXPORT_HELP = """\
+Write the candidate judgments of one implicit source (see `ubi process`) for assessors, as CSV or JSONL (by
+the extension of --out). Queries: those listed in --queries (one per line, or a Search Relevance Workbench
+query set JSON), else the --top N with the most sessions; per query the --per-query best-scored docs.
+Each row carries the evidence (score, interval, impressions, clicks, sessions, suggested grade) and empty
+grade, assessor, judged_at, rubric and notes columns to fill in. --blind leaves out the evidence, the
+suggested grade and the source, so assessors grade from scratch. Load the graded file with
+`ubi review import`.
+"""
+
+_IMPORT_HELP = """\
+Load a review file graded by assessors (CSV or JSONL, as `ubi review export` writes it) into the
+human_judgments table. Rows with an empty grade were not reviewed and are skipped (counted). A row whose
+source names an implicit source becomes source reviewed:<that source>; a row without one (blind sheets)
+becomes source human. Per row: assessor and rubric from its columns, else --assessor / --rubric; the
+judging date from its judged_at (or date) column, else --date, else the import time (ISO 8601; an offset
+is converted to UTC). Grades must lie in 0..UBI_GRADE_MAX. Importing the same rows again replaces them.
+"""
+
+
+def _date(text: str) -> datetime:
+    """argparse type for --date: naive UTC, errors in argparse's own words."""
+    try:
+        return parse_date(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
@@ -60,7 +106,7 @@ def cmd_process(args: argparse.Namespace) -> int:
     con = Console()
     f, q = data.filters, data.quality
     con.print(f"[bold]{run.source}[/]: {run.table.num_rows:,} pairs, {run.graded:,} graded "
-              f"(min support {run.min_support} impressions, max CI width {run.max_ci_width})")
+              f"(min support {run.min_support} observations under the model, max CI width {run.max_ci_width})")
     con.print(f"sessions fitted: {f.sessions:,} (of {q.searches:,} searches; {f.impressions:,} impressions, "
               f"{f.clicks:,} clicks within rank {data.max_rank})")
     con.print(f"filtered: {f.bot_searches:,} searches of {f.bot_clients:,} bot clients, {f.click_all_searches:,} "
@@ -111,7 +157,8 @@ def cmd_review_export(args: argparse.Namespace) -> int:
 
 def cmd_review_import(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    result = import_review(settings.db, args.file, assessor=args.assessor, rubric=args.rubric, settings=settings)
+    result = import_review(settings.db, args.file, assessor=args.assessor, rubric=args.rubric, judged_at=args.date,
+                           settings=settings)
     summary = {"file": str(args.file), "db": str(settings.db), "rows": result.rows, "imported": result.table.num_rows,
                "reviewed": result.reviewed, "human": result.human, "skipped_ungraded": result.skipped_ungraded}
     if args.json:
@@ -131,13 +178,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help=f"click model, one of {', '.join(JUDGMENT_MODELS)} (default: pbm; --source is an alias)")
     p.add_argument("--out", type=Path, help="also write the judgments to this file")
     p.add_argument("--format", choices=("jsonl", "trec"),
-                   help="file format of --out: jsonl (every row) or trec (qrels of graded rows); default by extension "
-                        "(.trec/.qrels/.txt: trec, else jsonl)")
+                   help="file format of --out (needs --out): jsonl (every row) or trec (qrels of graded rows); "
+                        "default by extension (.trec/.qrels/.txt: trec, else jsonl)")
     p.add_argument("--calibrate", type=Path, metavar="QRELS",
                    help="human grades (JSONL of docs/metrics.md or TREC qrels) to fit the grade thresholds on")
-    p.add_argument("--min-support", type=int, help="impressions a pair needs to get a grade (default 10)")
-    p.add_argument("--max-ci-width", type=float,
-                   help="widest interval that still gets a grade, on the attractiveness scale (default 0.5)")
+    p.add_argument("--min-support", type=int, metavar="N",
+                   help="observations under the model (examined impressions, not merely displayed) a pair needs "
+                        "to get a grade, >= 0 (default 10)")
+    p.add_argument("--max-ci-width", type=float, metavar="W",
+                   help="widest interval that still gets a grade, on the attractiveness scale, > 0 (default 0.5); "
+                        "pairs without an interval never get one")
     p.add_argument("--max-rank", type=int, help="deepest rank kept (default 10)")
     p.add_argument("--no-store", action="store_true", help="do not write the judgments into the store")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON) instead")
@@ -148,7 +198,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                    "JSONL with empty grade columns; `import` loads the graded file into "
                                    "human_judgments (source reviewed:<implicit source>, or human for blind sheets).")
     rs = r.add_subparsers(dest="review_command", metavar="{export,import}")
-    e = rs.add_parser("export", help="write candidates of a query set for assessors")
+    e = rs.add_parser("export", help="write candidates of a query set for assessors", description=_EXPORT_HELP,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("--db", type=Path, help="DuckDB store (default: UBI_DB or ./ubi.duckdb)")
     e.add_argument("--source", help="implicit source to export (pbm or implicit:pbm); default: the only one stored")
     group = e.add_mutually_exclusive_group()
@@ -161,11 +212,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="leave out scores, support, suggested grade and source: assessors grade from scratch")
     e.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON)")
     e.set_defaults(func=_guard(cmd_review_export))
-    i = rs.add_parser("import", help="load a graded review file into human_judgments")
+    i = rs.add_parser("import", help="load a graded review file into human_judgments", description=_IMPORT_HELP,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("file", type=Path, help="the reviewed CSV or JSONL file")
     i.add_argument("--db", type=Path, help="DuckDB store (default: UBI_DB or ./ubi.duckdb)")
     i.add_argument("--assessor", required=True, help="who graded (used where a row's assessor column is empty)")
     i.add_argument("--rubric", help="the grading instructions, or where to find them")
+    i.add_argument("--date", type=_date, metavar="DATE",
+                   help="when the rows were graded, ISO 8601 (2025-03-01 or 2025-03-01T14:30:00+01:00), for rows "
+                        "whose judged_at/date column is empty (default: the import time)")
     i.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON)")
     i.set_defaults(func=_guard(cmd_review_import))
     r.set_defaults(func=lambda args: (r.print_help(), 2)[1])

@@ -5,9 +5,15 @@ t_1 get 0 and scores at or above t_G get G (the top grade). Pure numpy (scipy fo
 
 Default thresholds, per kind of score (``docs/position-bias.md``, "A standard simulation protocol"):
 
-* ``probability`` (attractiveness or satisfaction-based relevance of PBM, UBM, cascade, DCM, SDBN, DBN):
-  invert the simulation's grade -> click curve a(g) = ε⁻ + (ε⁺ − ε⁻)(2^g − 1)/(2^G − 1) with ε⁻ = 0.1,
-  ε⁺ = 1, rounding in grade space: t_g = a(g − 1/2). For G = 3: 0.1533, 0.3350, 0.6988.
+* ``probability`` (attractiveness of PBM, UBM, cascade, DCM): invert the simulation's grade -> click curve
+  a(g) = ε⁻ + (ε⁺ − ε⁻)(2^g − 1)/(2^G − 1) with ε⁻ = 0.1, ε⁺ = 1, rounding in grade space:
+  t_g = a(g − 1/2). For G = 3: 0.1533, 0.3350, 0.6988.
+* ``satisfaction`` (α·σ of DBN and SDBN, the chance that an examined result satisfies): the simulator's DBN
+  draws attractiveness a(g) as above and satisfaction s(g) = (2^g − 1)/(2^G − 1) (the same gain without
+  the click noise: grade 0 never satisfies), so grade g produces α·σ = a(g)·s(g): 0, 0.0327, 0.2082, 1 for
+  G = 3. Rounding in grade space as above, t_g = a(g − 1/2)·s(g − 1/2). For G = 3: 0.1533 x 0.0592 =
+  0.0091, 0.3351 x 0.2612 = 0.0875, 0.6987 x 0.6653 = 0.4649. (Attractiveness thresholds on an α·σ score
+  put almost every pair at grade 0 or 1: σ < 1 shrinks every score.)
 * ``ctr`` (raw per-pair CTR = examination x attractiveness): the probability thresholds times the mean
   examination of ranks 1..10 under θ_k = 1/k (η = 1), H_10/10 = 0.2929. For G = 3: 0.0449, 0.0981, 0.2047.
 * ``ratio`` (COEC = clicks / expected clicks ≈ α / ᾱ): the probability thresholds divided by the mean
@@ -34,7 +40,7 @@ EPS_MINUS = 0.1
 EPS_PLUS = 1.0
 #: mean examination of ranks 1..10 when θ_k = 1/k: H_10 / 10
 MEAN_EXAMINATION_TOP10 = float(np.sum(1.0 / np.arange(1, 11)) / 10)
-SCORE_KINDS = ("probability", "ctr", "ratio")
+SCORE_KINDS = ("probability", "satisfaction", "ctr", "ratio")
 
 
 class GradeError(UbiError):
@@ -70,12 +76,19 @@ def simulation_curve(grade: NDArray[Any] | float, grade_max: int,
     return eps_minus + (eps_plus - eps_minus) * (np.exp2(g) - 1.0) / (2.0**grade_max - 1.0)
 
 
+def satisfaction_curve(grade: NDArray[Any] | float, grade_max: int) -> NDArray[np.float64]:
+    """α·σ the simulator's DBN gives grade g: a(g)·(2^g − 1)/(2^G − 1) (see the module docstring)."""
+    g = np.asarray(grade, dtype=np.float64)
+    return simulation_curve(g, grade_max) * (np.exp2(g) - 1.0) / (2.0**grade_max - 1.0)
+
+
 def scale_factor(kind: str, grade_max: int = 3) -> float:
     """How much a score of this kind stretches the attractiveness scale (1 for probabilities).
 
     Used to state limits once, on the attractiveness scale, for every kind (e.g. the widest interval).
+    α·σ is a probability on [0, 1] spanning 0..1 over the grades as attractiveness spans 0.1..1: factor 1.
     """
-    if kind == "probability":
+    if kind in ("probability", "satisfaction"):
         return 1.0
     if kind == "ctr":
         return MEAN_EXAMINATION_TOP10
@@ -88,7 +101,11 @@ def default_mapping(kind: str, grade_max: int = 3) -> GradeMapping:
     """The documented default thresholds for a kind of score (see the module docstring)."""
     if grade_max < 1:
         raise GradeError(f"grade_max must be at least 1, got {grade_max}")
-    t = simulation_curve(np.arange(grade_max) + 0.5, grade_max) * scale_factor(kind, grade_max)
+    midpoints = np.arange(grade_max) + 0.5
+    if kind == "satisfaction":
+        t = satisfaction_curve(midpoints, grade_max)
+    else:
+        t = simulation_curve(midpoints, grade_max) * scale_factor(kind, grade_max)
     return GradeMapping(kind, tuple(float(x) for x in t))
 
 

@@ -1,10 +1,22 @@
 """Candidate judgments: a click model's relevance estimates as graded rows with their evidence.
 
 One row per (normalised query, doc): ``source`` ``implicit:<model>``, model version and parameters, score,
-interval, support (impressions, clicks, sessions) and a grade on the human scale, or none when the pair has
-fewer than ``min_support`` impressions or an interval wider than ``max_ci_width``. ``max_ci_width`` is stated
-on the attractiveness scale and converted for CTR and COEC scores by the factor their default thresholds
-use (``processors.grades.scale_factor``), so one setting means the same for every model.
+interval, support (displayed impressions, clicks, sessions; and, in ``parameters.observations``, the
+model's own observations of the pair) and a grade on the human scale, or none.
+
+The grading rule (:func:`eligible`): a pair gets a grade only when **all** hold
+
+* it has an interval (a pair never observed under the model scores the model's prior and has none), and the
+  interval is at most ``max_ci_width`` wide;
+* the model observed it at least ``min_support`` times, counted the model's way
+  (:attr:`RelevanceEstimate.observations`): for cascade, DCM and SDBN the impressions the model counts as
+  examined (at or above the first / last click; every rank of a session without clicks), for DBN, PBM and
+  UBM the expected number of examinations, for CTR and COEC every impression. A result displayed 70 times but always below the last click was never observed by DCM
+  and gets no grade, whatever its prior score.
+
+``max_ci_width`` is stated on the attractiveness scale and converted for CTR and COEC scores by the factor
+their default thresholds use (``processors.grades.scale_factor``), so one setting means the same for every
+model.
 
 Grades come from :func:`processors.grades.default_mapping`, or, with human grades, from thresholds fitted on
 the pairs of the calibration split (:func:`processors.grades.in_calibration_split`) and measured on the
@@ -59,7 +71,7 @@ JUDGMENT_MODELS = ("ctr", "coec", "pbm", "ubm", "cascade", "dcm", "sdbn", "dbn")
 #: registry names shown to users under another name (the registry's ``dctr`` is "the CTR of a result")
 _SOURCE_NAMES = {"dctr": "ctr"}
 #: what each model's relevance score measures, for the default grade mapping (others: probability)
-SCORE_KIND = {"ctr": "ctr", "coec": "ratio"}
+SCORE_KIND = {"ctr": "ctr", "coec": "ratio", "sdbn": "satisfaction", "dbn": "satisfaction"}
 
 JUDGMENT_SCHEMA = pa.schema([
     ("query", pa.string()), ("doc_id", pa.string()), ("source", pa.string()), ("model_version", pa.string()),
@@ -80,9 +92,11 @@ def resolve_model(name: str) -> tuple[str, ClickModel]:
     """``(source name, new unfitted model)`` for a model name; errors say which models exist and which are missing."""
     key = name.strip().lower()
     registry = importlib.import_module("processors.click_models.registry")
+    if key in ("gctr", "rctr"):
+        raise JudgmentError(f"model {name!r} cannot make judgments: it gives no per-pair relevance (one score "
+                            f"for every pair, or per rank only); choose one of {', '.join(JUDGMENT_MODELS)}")
     if key not in JUDGMENT_MODELS and _SOURCE_NAMES.get(key) not in JUDGMENT_MODELS:
-        raise JudgmentError(f"model {name!r} cannot make judgments; choose one of {', '.join(JUDGMENT_MODELS)}"
-                            + (" (gctr and rctr give no per-pair relevance)" if key in ("gctr", "rctr") else ""))
+        raise JudgmentError(f"unknown model {name!r}; choose one of {', '.join(JUDGMENT_MODELS)}")
     try:
         model: ClickModel = registry.get_model(key)
     except ModuleNotFoundError as exc:
@@ -116,20 +130,34 @@ def score_kind(source_name: str, model: object | None = None) -> str:
 # ----------------------------------------------------------------------------- grading
 
 
-def eligible(estimate: RelevanceEstimate, *, min_support: int, max_ci_width: float | None,
+def eligible(estimate: RelevanceEstimate, *, min_support: float, max_ci_width: float | None,
              kind: str = "probability", grade_max: int = 3) -> np.ndarray:
-    """Pairs that may get a grade: a finite score, ``impressions >= min_support`` and a narrow enough interval.
+    """Pairs that may get a grade: a finite score, an interval, and enough observations under the model.
 
-    A pair without an interval (NaN bounds) is judged on support alone. ``max_ci_width`` is on the
-    attractiveness scale, converted by :func:`processors.grades.scale_factor` for ``kind``.
+    All three must hold: the interval exists (finite bounds) and is at most ``max_ci_width`` wide (on the
+    attractiveness scale, converted by :func:`processors.grades.scale_factor` for ``kind``; ``None``: any
+    width), and the model's own observations of the pair (:meth:`RelevanceEstimate.support`: examined
+    impressions, not merely displayed ones) reach ``min_support``. A pair without an interval is never
+    graded: its score is a prior or rests on nothing the model observed.
     """
     score = np.asarray(estimate.score, dtype=np.float64)
-    ok = np.isfinite(score) & (np.asarray(estimate.impressions) >= min_support)
+    lo = np.asarray(estimate.ci_low, dtype=np.float64)
+    hi = np.asarray(estimate.ci_high, dtype=np.float64)
+    ok = np.isfinite(score) & np.isfinite(lo) & np.isfinite(hi) & (estimate.support() >= min_support)
     if max_ci_width is not None:
-        width = np.asarray(estimate.ci_high, dtype=np.float64) - np.asarray(estimate.ci_low, dtype=np.float64)
-        limit = max_ci_width * scale_factor(kind, grade_max)
-        ok &= ~(width > limit)  # NaN width (no interval) passes
+        ok &= (hi - lo) <= max_ci_width * scale_factor(kind, grade_max)
     return np.asarray(ok, dtype=bool)
+
+
+def check_limits(min_support: float, max_ci_width: float | None) -> tuple[int, float | None]:
+    """Validated (min_support, max_ci_width); raises :class:`JudgmentError` saying what is allowed."""
+    if isinstance(min_support, bool) or not float(min_support).is_integer() or min_support < 0:
+        raise JudgmentError(f"minimum support must be a whole number of observations >= 0 (--min-support / "
+                            f"UBI_MIN_SUPPORT), got {min_support!r}")
+    if max_ci_width is not None and not (np.isfinite(max_ci_width) and max_ci_width > 0):
+        raise JudgmentError(f"maximum interval width must be a number > 0 on the attractiveness scale (--max-ci-width"
+                            f" / UBI_MAX_CI_WIDTH; 1 lets every interval through), got {max_ci_width!r}")
+    return int(min_support), None if max_ci_width is None else float(max_ci_width)
 
 
 @dataclass(frozen=True)
@@ -202,6 +230,12 @@ def calibrate(estimate: RelevanceEstimate, ok: np.ndarray, human: Mapping[tuple[
 # ----------------------------------------------------------------------------- rows
 
 
+def _json_number(x: float) -> str:
+    if not np.isfinite(x):
+        return "null"
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
 def _nan_to_null(a: np.ndarray) -> pa.Array:
     a = np.asarray(a, dtype=np.float64)
     return pa.array(a, pa.float64(), mask=~np.isfinite(a))
@@ -218,10 +252,12 @@ def build_judgments(estimate: RelevanceEstimate, *, source: str, model_version: 
     base = {"model": estimate.parameters, "grade_mapping": mapping.as_dict(), **(parameters or {})}
     if split is None:
         split = np.full(n, "", dtype=object)
-    # only three distinct parameter documents: build each once, pick per row
+    # three distinct documents but for the per-row support: serialise each once, splice the number in
     docs = {s: orjson.dumps({**base, "calibration_split": s} if s else base, option=orjson.OPT_SERIALIZE_NUMPY
-                            | orjson.OPT_NON_STR_KEYS).decode() for s in ("", "fit", "holdout")}
-    params = pa.array([docs[s] for s in split], pa.string()) if n else pa.array([], pa.string())
+                            | orjson.OPT_NON_STR_KEYS).decode()[:-1] for s in ("", "fit", "holdout")}
+    obs = np.round(estimate.support(), 3)
+    params = pa.array([f'{docs[s]},"observations":{_json_number(o)}}}' for s, o in zip(split, obs, strict=True)],
+                      pa.string()) if n else pa.array([], pa.string())
     now = created_at or utcnow()
     return pa.table({
         "query": pa.array(estimate.pairs.queries.tolist(), pa.string()),
@@ -280,12 +316,12 @@ def make_judgments(data: SessionData | SessionPatterns, model_name: str, setting
     """Fit ``model_name`` on the sessions, grade its relevance estimates, and calibrate when ``human`` is given."""
     settings = settings or Settings()
     patterns = data.patterns if isinstance(data, SessionData) else data
+    support, width = check_limits(settings.min_support if min_support is None else min_support,
+                                  settings.max_ci_width if max_ci_width is None else max_ci_width)
     source_name, model = resolve_model(model_name)
     model.fit(patterns)
     estimate = model.relevance()
     kind = score_kind(source_name, model)
-    support = settings.min_support if min_support is None else int(min_support)
-    width = settings.max_ci_width if max_ci_width is None else float(max_ci_width)
     ok = eligible(estimate, min_support=support, max_ci_width=width, kind=kind, grade_max=settings.grade_max)
     report = None
     split = None
@@ -345,6 +381,13 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
     """
     settings = settings or Settings()
     say = progress or (lambda _: None)
+    if out_format is not None and out is None:
+        raise JudgmentError(f"--format {out_format} says how to write the --out file, but no --out FILE was given")
+    if out_format is not None and out_format not in ("jsonl", "trec"):
+        raise JudgmentError(f"unknown output format {out_format!r}; expected jsonl or trec")
+    check_limits(settings.min_support if min_support is None else min_support,
+                 settings.max_ci_width if max_ci_width is None else max_ci_width)
+    resolve_model(model_name)  # fail on a bad name before reading the store
     human = load_human_grades(calibrate_with) if calibrate_with else None
     say(f"building sessions from {db}")
     data = read_sessions(db, settings, max_rank=max_rank)

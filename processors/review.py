@@ -1,15 +1,17 @@
 """The review round trip: candidate judgments out to assessors as CSV/JSONL, their grades back as human judgments.
 
 Export writes, per query of a query set, the candidates of one implicit source with their evidence (score,
-interval, support) and suggested grade, and empty ``grade``, ``assessor``, ``rubric`` and ``notes``
-columns. A ``blind`` export leaves out the evidence, the suggested grade and the source, so assessors grade
+interval, support) and suggested grade, and empty ``grade``, ``assessor``, ``judged_at``, ``rubric`` and
+``notes`` columns. A ``blind`` export leaves out the evidence, the suggested grade and the source, so assessors grade
 from scratch.
 
 Import reads the file back. Rows with an empty ``grade`` were not reviewed and are skipped (counted). A row
 whose ``source`` names an implicit source becomes a human judgment with source ``reviewed:<that source>``
 (e.g. ``reviewed:implicit:pbm``: a person checked a candidate); a row without a source (a blind export, or a
 sheet the assessors filled in themselves) becomes source ``human``. Assessor and rubric come from the row when
-filled in, else from the command line; ``judged_at`` is the import time.
+filled in, else from the command line. The judging date comes from the row's ``judged_at`` (or ``date``)
+column when filled in (ISO 8601 date or date-time; an offset is converted, naive is UTC; stored as naive
+UTC), else from ``--date``, else it is the import time.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import csv
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,13 @@ from processors.judgments import SOURCE_PREFIX, trec_query_id
 from schemas.errors import InputFileError, StoreError, UbiError
 from schemas.settings import Settings
 from schemas.text import normalize_query
+from schemas.ubi import parse_timestamp
 
 REVIEW_COLUMNS = ("query_id", "query", "doc_id", "source", "score", "ci_low", "ci_high", "impressions", "clicks",
-                  "sessions", "suggested_grade", "grade", "assessor", "rubric", "notes")
-BLIND_COLUMNS = ("query_id", "query", "doc_id", "source", "grade", "assessor", "rubric", "notes")
+                  "sessions", "suggested_grade", "grade", "assessor", "judged_at", "rubric", "notes")
+BLIND_COLUMNS = ("query_id", "query", "doc_id", "source", "grade", "assessor", "judged_at", "rubric", "notes")
+#: columns a reviewed file may give the judging date in (the first filled in wins)
+DATE_COLUMNS = ("judged_at", "date")
 
 HUMAN_SCHEMA = pa.schema([
     ("query_id", pa.string()), ("query", pa.string()), ("doc_id", pa.string()), ("grade", pa.int32()),
@@ -144,7 +149,7 @@ def write_review(rows: Iterable[dict[str, Any]], path: Path | str, *, blind: boo
     out_rows = []
     for r in rows:
         row = {c: r.get(c) for c in columns}
-        for c in ("grade", "assessor", "rubric", "notes"):
+        for c in ("grade", "assessor", "judged_at", "rubric", "notes"):
             row[c] = None
         if blind:
             row["source"] = None
@@ -209,15 +214,43 @@ def _text(value: Any, path: Path, line: int, name: str) -> str:
     return value.strip()
 
 
+def parse_date(value: Any) -> datetime:
+    """A judging date as naive UTC: ISO 8601 date (midnight UTC) or date-time (offset converted, naive = UTC)."""
+    expected = f"expected an ISO 8601 date such as 2025-03-01 or 2025-03-01T14:30:00Z, got {str(value)[:60]!r}"
+    if not isinstance(value, datetime | str):
+        raise ValueError(expected)
+    try:
+        aware = parse_timestamp(value.strip() if isinstance(value, str) else value)
+    except ValueError as exc:
+        raise ValueError(expected) from exc
+    return aware.astimezone(UTC).replace(tzinfo=None)
+
+
+def _row_date(rec: dict[str, Any], path: Path, line: int) -> datetime | None:
+    for name in DATE_COLUMNS:
+        value = rec.get(name)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            continue
+        try:
+            return parse_date(value)
+        except ValueError as exc:
+            raise InputFileError(str(path), line, f"'{name}': {exc}") from exc
+    return None
+
+
 def read_review(path: Path | str, *, assessor: str, rubric: str | None = None, grade_max: int = 3,
-                now: datetime | None = None) -> ReviewImport:
-    """Validate a reviewed file into ``human_judgments`` rows; the first bad row raises naming file and line."""
+                now: datetime | None = None, judged_at: datetime | None = None) -> ReviewImport:
+    """Validate a reviewed file into ``human_judgments`` rows; the first bad row raises naming file and line.
+
+    Judging date per row: its ``judged_at``/``date`` column, else ``judged_at`` (``--date``), else ``now``
+    (default: the import time).
+    """
     p = Path(path)
     if not p.exists():
         raise InputFileError(str(p), None, "no such file")
     if not assessor or not assessor.strip():
         raise ReviewError("--assessor is required: who graded these rows")
-    judged = now or utcnow()
+    judged = judged_at if judged_at is not None else (now or utcnow())
     out: list[dict[str, Any]] = []
     seen: dict[tuple[str, str, str], int] = {}
     n = skipped = 0
@@ -253,7 +286,7 @@ def read_review(path: Path | str, *, assessor: str, rubric: str | None = None, g
         out.append({
             "query_id": trec_query_id(query), "query": query, "doc_id": doc_id, "grade": grade, "source": source,
             "assessor": _text(rec.get("assessor"), p, line, "assessor") or assessor.strip(),
-            "judged_at": judged,
+            "judged_at": _row_date(rec, p, line) or judged,
             "rubric": _text(rec.get("rubric"), p, line, "rubric") or rubric or None,
             "origin": str(p),
         })
@@ -263,10 +296,10 @@ def read_review(path: Path | str, *, assessor: str, rubric: str | None = None, g
 
 
 def import_review(db: Path | str, path: Path | str, *, assessor: str, rubric: str | None = None,
-                  settings: Settings | None = None) -> ReviewImport:
+                  judged_at: datetime | None = None, settings: Settings | None = None) -> ReviewImport:
     """Validate a reviewed file and load it into ``human_judgments`` (re-importing replaces the same rows)."""
     settings = settings or Settings()
-    result = read_review(path, assessor=assessor, rubric=rubric, grade_max=settings.grade_max)
+    result = read_review(path, assessor=assessor, rubric=rubric, grade_max=settings.grade_max, judged_at=judged_at)
     if result.table.num_rows:
         try:
             load_derived(db, "human_judgments", result.table)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 import duckdb
@@ -78,6 +79,16 @@ def test_process_errors_are_one_line(db: Path, tmp_path: Path, capsys: pytest.Ca
     assert "no per-pair relevance" in err(capsys)
     assert main(["process", "--db", str(tmp_path / "missing.duckdb"), "--model", "ctr"]) == 2
     assert "no such database" in err(capsys)
+    assert main(["process", "--db", str(db), "--model", "nosuch"]) == 2
+    assert "unknown model 'nosuch'; choose one of ctr, coec, pbm, ubm, cascade, dcm, sdbn, dbn" in err(capsys)
+    assert main(["process", "--db", str(db), "--min-support", "-1"]) == 2
+    assert "minimum support must be a whole number of observations >= 0" in err(capsys)
+    assert main(["process", "--db", str(db), "--max-ci-width", "-1"]) == 2
+    assert "maximum interval width must be a number > 0" in err(capsys)
+    assert main(["process", "--db", str(db), "--format", "trec"]) == 2
+    assert "--format trec says how to write the --out file, but no --out FILE was given" in err(capsys)
+    # none of the refused runs touched the store
+    assert query(db, "SELECT count(*) FROM judgments") == [(0,)]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"query_id": "a", "query": "x", "relevant": {"d": "high"}}\n')
     assert main(["process", "--db", str(db), "--model", "ctr", "--calibrate", str(bad)]) == 2
@@ -120,13 +131,19 @@ def test_review_round_trip(db: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     for i, row in enumerate(table[:-1]):
         row["grade"] = str(i % 4)
     table[1]["assessor"] = "bob"
+    assert "judged_at" in table[0]  # the export leaves a column for the date
+    table[2]["judged_at"] = "2025-03-01T14:30:00+01:00"  # stored as naive UTC: 13:30
     with open(sheet, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(table[0]))
         w.writeheader()
         w.writerows(table)
     imp = run_json(capsys, "review", "import", str(sheet), "--db", str(db), "--assessor", "alice", "--rubric", "r1",
-                   "--json")
+                   "--date", "2025-02-10", "--json")
     assert (imp["rows"], imp["imported"], imp["reviewed"], imp["human"], imp["skipped_ungraded"]) == (12, 11, 11, 0, 1)
+    # the row's own date wins; every other row takes --date (midnight UTC), not the import time
+    dates = dict(((q, d), t) for q, d, t in query(db, "SELECT query, doc_id, judged_at FROM human_judgments"))
+    assert dates.pop((table[2]["query"], table[2]["doc_id"])) == datetime(2025, 3, 1, 13, 30)
+    assert set(dates.values()) == {datetime(2025, 2, 10)}
     got = query(db, "SELECT query, doc_id, grade, source, assessor, rubric FROM human_judgments ORDER BY judged_at, "
                     "query, doc_id")
     want = {(r["query"], r["doc_id"], int(r["grade"]), "reviewed:implicit:ctr", r["assessor"] or "alice", "r1")
@@ -150,14 +167,37 @@ def test_blind_review_becomes_human_and_bad_rows_name_the_line(db: Path, tmp_pat
     assert rows and all(r["source"] is None and "score" not in r and r["query"] == "gaming chair" for r in rows)
     for r in rows:
         r["grade"] = 1
+        r["date"] = "2024-12-24"  # a `date` column works as well as `judged_at`
     sheet.write_text("".join(orjson.dumps(r).decode() + "\n" for r in rows))
     imp = run_json(capsys, "review", "import", str(sheet), "--db", str(db), "--assessor", "carol", "--json")
     assert (imp["human"], imp["reviewed"]) == (len(rows), 0)
-    assert query(db, "SELECT DISTINCT source, assessor FROM human_judgments") == [("human", "carol")]
+    assert query(db, "SELECT DISTINCT source, assessor, judged_at FROM human_judgments") == [
+        ("human", "carol", datetime(2024, 12, 24))]
+    rows[0]["date"] = "Christmas Eve"
+    sheet.write_text("".join(orjson.dumps(r).decode() + "\n" for r in rows))
+    assert main(["review", "import", str(sheet), "--db", str(db), "--assessor", "carol"]) == 2
+    assert "blind.jsonl:1: 'date': expected an ISO 8601 date such as 2025-03-01" in err(capsys)
+    rows[0]["date"] = None
     rows[1]["grade"] = 7
     sheet.write_text("".join(orjson.dumps(r).decode() + "\n" for r in rows))
     assert main(["review", "import", str(sheet), "--db", str(db), "--assessor", "carol"]) == 2
     assert "blind.jsonl:2: grade 7 is above the top grade 3" in err(capsys)
+
+
+def test_help_texts_explain(capsys: pytest.CaptureFixture[str]) -> None:
+    def help_of(*argv: str) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, "--help"])
+        assert exit_.value.code == 0
+        return " ".join(capsys.readouterr().out.split())
+
+    text = help_of("process")
+    assert "a grade only when it has a confidence interval no wider than --max-ci-width AND at least --min-support " \
+           "observations counted the model's way" in text
+    assert "scores the model's prior, has no interval and gets no grade" in text
+    assert "Write the candidate judgments of one implicit source" in help_of("review", "export")
+    text = help_of("review", "import")
+    assert "Load a review file graded by assessors" in text and "judged_at (or date) column, else --date" in text
 
 
 def test_process_while_a_collector_holds_the_store(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
