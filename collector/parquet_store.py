@@ -14,9 +14,10 @@ restarted loader) only ever see whole files.
 
 Files are an append-only log: a record delivered twice (a batch re-delivered after a crash, a spool replayed
 after a timeout) is in two files. The views of :func:`open_parquet_reader` apply the store's dedup keys,
-so what processors read is exactly-once: one row per ``event_key``; per ``query_key`` the first one
-(earliest ``received_at``, then partition and offset), the others with a different ``content_hash`` shown
-as ``conflict`` rows in ``failed_records``, as the DuckDB store keeps them.
+so what processors read is exactly-once: per ``query_key`` and per ``event_key`` the first one (earliest
+``received_at``, then partition and offset), the others with different content (a different
+``content_hash``; for events :func:`collector.store.event_content_hash`) shown as ``conflict`` rows in
+``failed_records``, as the DuckDB store keeps them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from collector.kafka_records import Decoded, Origin, failed_arrow
+from collector.store import EVENT_CONTENT_COLUMNS, event_content_digest
 from schemas import tables
 from schemas.errors import StoreError
 
@@ -158,11 +160,31 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
     read = "read_parquet('{}', union_by_name = true)"
     if e_glob is None:
         con.execute(tables.UBI_EVENTS)
+        con.execute("CREATE VIEW _event_conflicts AS SELECT *, NULL::VARCHAR AS _digest, NULL::INTEGER AS kafka_line, "
+                    "NULL::INTEGER AS kafka_partition, NULL::BIGINT AS kafka_offset FROM ubi_events WHERE false")
     else:
+        order = "ORDER BY received_at, kafka_partition, kafka_offset, kafka_line"
         con.execute(f"""CREATE VIEW ubi_events AS
             SELECT {_cols(tables.EVENT_COLUMNS)} FROM {read.format(e_glob)}
-            QUALIFY row_number() OVER (PARTITION BY event_key
-                                       ORDER BY received_at, kafka_partition, kafka_offset, kafka_line) = 1""")
+            QUALIFY row_number() OVER (PARTITION BY event_key {order}) = 1""")
+        # Another event under a taken event_key, as the DuckDB store judges it (collector.store): rows whose
+        # content differs from the first one's, compared key-order free by the store's own digest (a Python
+        # function, called only on rows whose values differ), one conflict row per distinct content.
+        content = _cols(EVENT_CONTENT_COLUMNS)
+        _register_event_digest(con)
+        con.execute(f"""CREATE VIEW _event_conflicts AS
+            WITH versions AS (
+                SELECT *, row_number() OVER w AS _rank,
+                       struct_pack({content}) AS _content, first_value(struct_pack({content})) OVER w AS _winner
+                FROM {read.format(e_glob)}
+                WINDOW w AS (PARTITION BY event_key {order})
+            ), differing AS (
+                SELECT *, ubi_event_digest(_content) AS _digest, ubi_event_digest(_winner) AS _winner_digest
+                FROM versions WHERE _rank > 1 AND _content IS DISTINCT FROM _winner
+            )
+            SELECT * EXCLUDE (_rank, _content, _winner, _winner_digest) FROM differing
+            WHERE _digest <> _winner_digest
+            QUALIFY row_number() OVER (PARTITION BY event_key, _digest {order}) = 1""")
     if q_glob is None:
         con.execute(tables.UBI_QUERIES)
         con.execute("CREATE VIEW _query_conflicts AS SELECT * FROM ubi_queries WHERE false")
@@ -190,6 +212,16 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
         FROM (SELECT *, '{_topic_of(path)}' AS kafka_topic_name FROM _query_conflicts) c"""
     if q_glob is None:
         conflict_rows = f"SELECT {_cols(tables.FAILED_COLUMNS)} FROM failed_records_kept WHERE false"
+    conflict_rows += f"""
+        UNION ALL
+        SELECT 'conflict:' || sha256(event_key || chr(31) || _digest)[:32] AS failed_id, received_at,
+               '{_topic_of(path, "ubi_events")}' AS source, 'conflict' AS kind, kafka_line AS item_index,
+               'event_id' AS field,
+               'event_id ' || event_id || ' is already stored for an event with different content; first write '
+               || 'wins, this event is kept as a conflict' AS reason,
+               encode(to_json(c)::VARCHAR) AS raw, '{_topic_of(path, "ubi_events")}' AS kafka_topic,
+               kafka_partition, kafka_offset
+        FROM _event_conflicts c"""
     if f_glob is None:
         con.execute(tables.FAILED_RECORDS.replace("failed_records", "failed_records_kept", 1))
     else:
@@ -202,9 +234,23 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _topic_of(root: Path) -> str:
-    """The queries topic a Parquet store was loaded from (its sub-folder names say it)."""
-    for p in sorted((root / "ubi_queries").glob("*")):
+def _register_event_digest(con: duckdb.DuckDBPyConnection) -> None:
+    """``ubi_event_digest(struct_pack(<EVENT_CONTENT_COLUMNS>))``: the DuckDB store's content digest in SQL."""
+    from duckdb import sqltypes
+
+    types = {"timestamp": sqltypes.TIMESTAMP, "position_ordinal": sqltypes.INTEGER,
+             "position_x": sqltypes.DOUBLE, "position_y": sqltypes.DOUBLE}
+    row_type = duckdb.struct_type({c: types.get(c, sqltypes.VARCHAR) for c in EVENT_CONTENT_COLUMNS})
+
+    def digest(row: dict[str, Any]) -> str:
+        return event_content_digest([row[c] for c in EVENT_CONTENT_COLUMNS])
+
+    con.create_function("ubi_event_digest", digest, [row_type], sqltypes.VARCHAR, side_effects=False)
+
+
+def _topic_of(root: Path, table_dir: str = "ubi_queries") -> str:
+    """The topic a Parquet store's table was loaded from (its sub-folder names say it)."""
+    for p in sorted((root / table_dir).glob("*")):
         if p.is_dir():
             return p.name.rsplit(".", 1)[0].replace("'", "''")
     return ""

@@ -101,7 +101,8 @@ class RowOutcome:
 
 
 #: Columns of an event that are its content: all but the dedup key and the server's arrival time.
-_EVENT_CONTENT = tuple(c for c in tables.EVENT_COLUMNS if c not in ("event_key", "received_at"))
+EVENT_CONTENT_COLUMNS = tuple(c for c in tables.EVENT_COLUMNS if c not in ("event_key", "received_at"))
+_EVENT_CONTENT = EVENT_CONTENT_COLUMNS
 _EVENT_JSON = frozenset({"event_attributes", "extra"})
 
 
@@ -112,11 +113,11 @@ def event_content_hash(row: Mapping[str, Any]) -> str:
     different event re-using an ``event_id`` (a conflict). The JSON columns are parsed so that
     ``{"a": 1, "b": 2}`` and ``{"b": 2, "a": 1}`` count as the same content.
     """
-    return _content_digest([row[c] for c in _EVENT_CONTENT])
+    return event_content_digest([row[c] for c in _EVENT_CONTENT])
 
 
-def _content_digest(values: Sequence[Any]) -> str:
-    """:func:`event_content_hash` of the values of ``_EVENT_CONTENT``, in that order."""
+def event_content_digest(values: Sequence[Any]) -> str:
+    """:func:`event_content_hash` of the values of :data:`EVENT_CONTENT_COLUMNS`, in that order."""
     parsed = [
         orjson.loads(v) if c in _EVENT_JSON and v is not None else v
         for c, v in zip(_EVENT_CONTENT, values, strict=True)
@@ -324,7 +325,7 @@ class Store:
             for pos, row in zip(suspects, zip(*taken.values(), strict=True), strict=True):
                 old = stored.get(keys[pos])
                 # Equal values (a replay of the same bytes) need no hashing; else compare JSON key-order free.
-                if old is None or (old != row and _content_digest(old) != _content_digest(row)):
+                if old is None or (old != row and event_content_digest(old) != event_content_digest(row)):
                     status[pos] = CONFLICT
         return status
 

@@ -10,6 +10,7 @@ import pytest
 
 from collector.consumer import Consumer, DuckDBLoader
 from collector.ingest import parse_bulk, parse_items, validate_items
+from collector.kafka_records import InRecord, decode, encode, topics
 from collector.parquet_store import ParquetLoader, is_parquet_store, open_parquet_reader
 from collector.sinks.kafka import KafkaSink
 from collector.store import Store
@@ -21,6 +22,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 
 SAMPLE_BULK = Path(__file__).resolve().parents[4] / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
 CONFLICTING = b'{"query_id": "33198ee9-5912-453c-9173-3f92fd3cb1be", "user_query": "something else"}'
+#: Another event under the first sample event's _id: a conflict in both stores
+REUSED_ID = (b'{"index": {"_index": "ubi_events", "_id": "adbef2c4-1223-4580-92d1-61b3718874d0"}}\n'
+             b'{"action_name": "click", "timestamp": "2024-12-10T00:01:30Z"}\n')
 
 
 def _load(settings: Settings, loader, group: str) -> dict:
@@ -45,6 +49,7 @@ def test_parquet_views_equal_the_duckdb_store_and_absorb_redelivery(broker, pref
         sink.write(validate_items(parse_bulk(SAMPLE_BULK.read_bytes())), source="/v1/bulk")
         sink.write(validate_items(parse_items(CONFLICTING, "query")), source="/v1/queries")
         sink.write(validate_items(parse_items(b'[{"action_name": "click"}]', "event")), source="/v1/events")
+        sink.write(validate_items(parse_bulk(REUSED_ID)), source="/v1/bulk")
     finally:
         sink.close()
 
@@ -54,10 +59,11 @@ def test_parquet_views_equal_the_duckdb_store_and_absorb_redelivery(broker, pref
     db = tmp_path / "ubi.duckdb"
     _load(settings, DuckDBLoader(Store(db)), f"{prefix}-d1")
 
-    # 473 + 1 query records, 3,448 events (docs/ubi.md), 1 reject: each written twice as raw Parquet rows.
-    assert first["rows"] == second["rows"] == 473 + 1 + 3448 + 1
+    # 473 + 1 query records, 3,448 + 1 events (docs/ubi.md; the 1 re-uses a sample _id), 1 reject: each
+    # written twice as raw Parquet rows.
+    assert first["rows"] == second["rows"] == 473 + 1 + 3448 + 1 + 1
     raw = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/ubi_events/*/*.parquet')").fetchall()[0]
-    assert raw == (2 * 3448,)
+    assert raw == (2 * 3449,)
     assert is_parquet_store(out) and not list(out.glob("*/*/.*.tmp"))
     # one folder per topic partition; file names carry the offset range they hold
     folders = {p.name for p in (out / "ubi_events").iterdir()}
@@ -75,8 +81,8 @@ def test_parquet_views_equal_the_duckdb_store_and_absorb_redelivery(broker, pref
         failed_cols = ("failed_id", "kind", "field", "kafka_topic")
         assert _rows(pq_con, "failed_records", failed_cols, "failed_id") == \
             _rows(db_con, "failed_records", failed_cols, "failed_id")
-        kinds = sorted(k for (k,) in pq_con.execute("SELECT kind FROM failed_records").fetchall())
-        assert kinds == ["conflict", "event"]
+        kinds = sorted(pq_con.execute("SELECT kind, field FROM failed_records").fetchall(), key=str)
+        assert kinds == [("conflict", "event_id"), ("conflict", "query_id"), ("event", "timestamp")]
     finally:
         pq_con.close()
         db_con.close()
@@ -103,3 +109,37 @@ def test_files_left_half_written_by_a_killed_loader_are_ignored_and_cleaned(tmp_
     assert con.execute("SELECT count(*) FROM ubi_events").fetchone() == (0,)
     loader = ParquetLoader(tmp_path / "p")  # a restarted loader removes it
     assert not tmp.exists() and loader.root == tmp_path / "p"
+
+
+def test_event_conflicts_in_the_views_match_the_duckdb_loader(tmp_path):
+    """Without a broker: rows encoded as the collector produces them, loaded into both stores. An event
+    re-sent with its extra keys in another order is a duplicate; another event under the same _id is one
+    conflict row, with the same failed_id as the DuckDB loader's, however often it is delivered."""
+    names = topics("ubi")
+    body = (
+        b'{"index": {"_index": "ubi_events", "_id": "x1"}}\n'
+        b'{"action_name": "click", "timestamp": 1, "extra": {"a": 1, "b": 2}}\n'
+        b'{"index": {"_index": "ubi_events", "_id": "x1"}}\n{"action_name": "view", "timestamp": 1}\n'
+        b'{"index": {"_index": "ubi_events", "_id": "x1"}}\n'
+        b'{"timestamp": 1, "action_name": "click", "extra": {"b": 2, "a": 1}}\n'
+        b'{"index": {"_index": "ubi_events", "_id": "x2"}}\n{"action_name": "view", "timestamp": 1}\n'
+    )
+    records = []
+    for item in parse_bulk(body):  # one request per record: one message each, offsets in order
+        for msg in encode(validate_items([item]), source="t").msgs:
+            records.append(InRecord(names.of(msg.kind), 0, len(records), msg.value))
+    ParquetLoader(tmp_path / "pq").write(decode(records, names))
+    ParquetLoader(tmp_path / "pq").write(decode(records, names))  # delivered again
+    loader = DuckDBLoader(Store(tmp_path / "s.duckdb"))
+    result = loader.write(decode(records, names))
+    assert (result.events, result.event_duplicates, result.conflicts) == (2, 1, 1)
+    from_duckdb = loader.store.read("SELECT failed_id, kind, field, item_index FROM failed_records")
+    loader.close()
+    con = open_parquet_reader(tmp_path / "pq")
+    try:
+        assert con.execute("SELECT event_key, action_name FROM ubi_events ORDER BY 1").fetchall() == [
+            ("id:x1", "click"), ("id:x2", "view")]
+        assert con.execute("SELECT failed_id, kind, field, item_index FROM failed_records").fetchall() == from_duckdb
+        assert len(from_duckdb) == 1
+    finally:
+        con.close()
