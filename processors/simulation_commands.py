@@ -169,11 +169,12 @@ def _print_simulation(console: Console, s: dict[str, Any]) -> None:
                   f"{s['queries']} queries: {s['impressions']:,} impressions, {s['clicks']:,} clicks"
                   + (f", {s['randomized_searches']:,} in the swap experiment" if s["randomized_searches"] else ""))
     table = Table(title="rankers")
-    for col in ("ranker", "noise σ", "searches", "clicks", "searches with a click"):
+    for col in ("ranker", "noise σ", "searches", "clicks", "CTR (clicks / impressions)", "searches with a click"):
         table.add_column(col, justify="right" if col != "ranker" else "left")
     for r in s["rankers"]:
         table.add_row(r["ranker"], f"{r['noise']:.2f}", f"{r['searches']:,}", f"{r['clicks']:,}",
-                      "-" if r["ctr"] is None else f"{r['ctr']:.1%}")
+                      "-" if r["ctr"] is None else f"{r['ctr']:.1%}",
+                      "-" if r["searches_with_click"] is None else f"{r['searches_with_click']:.1%}")
     console.print(table)
     console.print("CTR by rank: " + "  ".join(f"{k + 1}:{v:.3f}" for k, v in enumerate(s["ctr_at_rank"])))
     if "written" in s:

@@ -416,15 +416,21 @@ class SimulatedTraffic:
         return total
 
     def summary(self) -> dict[str, Any]:
-        """Counts worth printing: searches, impressions, clicks, CTR per rank, per ranker."""
+        """Counts worth printing: searches, impressions, clicks, CTR per rank, per ranker.
+
+        Per ranker, ``ctr`` is clicks / impressions (every search displays ``max_rank`` results) and
+        ``searches_with_click`` the share of its searches with at least one click.
+        """
         k = self.config.max_rank
         per_ranker = []
         for r, name in enumerate(self.truth.ranker_names):
             sel = self.ranker == r
             n = int(sel.sum())
+            clicks = int(self.clicks[sel].sum())
             per_ranker.append({"ranker": name, "noise": self.truth.ranker_noise[r], "searches": n,
-                               "clicks": int(self.clicks[sel].sum()),
-                               "ctr": float(self.clicks[sel].any(axis=1).mean()) if n else None})
+                               "impressions": n * k, "clicks": clicks,
+                               "ctr": clicks / (n * k) if n else None,
+                               "searches_with_click": float(self.clicks[sel].any(axis=1).mean()) if n else None})
         return {
             "sessions": self.n_sessions,
             "queries": self.truth.catalog.n_queries,

@@ -62,6 +62,19 @@ def test_cli_same_seed_same_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert sha(tmp_path / "x.json") == sha(tmp_path / "y.json")
 
 
+def test_summary_per_ranker_ctr_is_clicks_over_impressions(small: object) -> None:
+    """CTR = clicks / impressions (10 per search); the share of searches with a click is reported apart."""
+    rankers = small.summary()["rankers"]
+    assert sum(r["searches"] for r in rankers) == N
+    for i, r in enumerate(rankers):
+        sel = small.ranker == i
+        assert r["impressions"] == int(sel.sum()) * K
+        assert r["clicks"] == int(small.clicks[sel].sum())
+        assert r["ctr"] == pytest.approx(r["clicks"] / r["impressions"])
+        assert r["searches_with_click"] == pytest.approx(float(small.clicks[sel].any(axis=1).mean()))
+        assert r["ctr"] < r["searches_with_click"]  # ~1.8 clicks over 10 results, most searches have one
+
+
 # ---------------------------------------------------------------- records
 
 
