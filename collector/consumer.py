@@ -214,6 +214,7 @@ class Consumer:
         self._lock = threading.Lock()
         self._admin: Any = None
         self._topic_ids: dict[str, str] | None = None  # the topics' incarnations we read from
+        self._rejoined_at: float | None = None  # when we last joined again after the topics were re-created
         self._on_written: Callable[[Progress], None] | None = None
         self.recreated_topics = 0
 
@@ -263,10 +264,29 @@ class Consumer:
             return False
         return ids != self._topic_ids
 
+    def _rejoin_stuck(self, now: float) -> bool:
+        """After a restart on new topics, whether the new member has waited too long for partitions.
+
+        Seen once with Tansu after a broker restart: the new member's join never completed. A member that
+        legitimately has no partitions (more loaders than partitions) is not affected: this only watches
+        the first join after :meth:`_restart_on_new_topics`.
+        """
+        if self._rejoined_at is None:
+            return False
+        if self._consumer.assignment():
+            self._rejoined_at = None
+            return False
+        patience = max(15.0, 3 * self.settings.consumer_max_poll_interval_ms / 1000)
+        if now - self._rejoined_at < patience:
+            return False
+        log.warning("no partitions %.0f s after joining the group again; joining once more", now - self._rejoined_at)
+        return True
+
     def _restart_on_new_topics(self) -> None:
         """Drop the consumer (its positions belong to the old topics) and join again from the new ones' start."""
         log.warning("topics %s were created again; reading them from the beginning", ", ".join(self.topics))
         self.recreated_topics += 1
+        self._rejoined_at = time.monotonic()
         with self._lock:
             if self._buffer:  # already consumed from the old topics: keep it, but commit nothing
                 decoded = decode(self._buffer, self.topics)
@@ -315,7 +335,7 @@ class Consumer:
                     self.flush()
                 if now >= next_check:
                     next_check = now + 1.0
-                    if self._topics_recreated():
+                    if self._topics_recreated() or self._rejoin_stuck(now):
                         self._restart_on_new_topics()
                         continue
                 if now >= next_report or (exit_idle is not None and not got):
@@ -370,7 +390,15 @@ class Consumer:
             log.warning("offset commit failed (%s); the batch will be re-delivered and deduplicated", exc)
 
     def _lag(self) -> int | None:
-        """Kafka records not written yet on the assigned partitions (high watermark minus position, plus buffer)."""
+        """Kafka records not written yet on the assigned partitions (high watermark minus position, plus buffer);
+        None when it cannot be known now (no partitions, broker not answering)."""
+        try:
+            return self._lag_now()
+        except Exception as exc:  # positions unknown and the broker away: no figure this round
+            log.debug("lag unknown: %s", exc)
+            return None
+
+    def _lag_now(self) -> int | None:
         assigned = list(self._consumer.assignment())
         self.progress.partitions = len(assigned)
         if not assigned:
