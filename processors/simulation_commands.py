@@ -75,7 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "harvest = intervention harvesting, AllPairs (Agarwal et al. 2019; the same (query, doc) shown at "
             "different ranks by different rankers or at different times); randomized = searches of a swap "
             "experiment marked in query_attributes.randomized (Joachims et al. 2017); all = every method the "
-            "data allow. Intervals: percentile bootstrap resampling whole sessions. Writes a PNG of the curve."
+            "data allow. em and harvest refuse a log in which no (query, doc) was shown at two different ranks "
+            "(nothing separates position from relevance there) and name ranks linked by few such pairs. "
+            "Intervals: bootstrap resampling whole sessions; percentile intervals, except for em, whose "
+            "estimate runs a few percent high on small logs: its interval is the basic bootstrap interval of "
+            "log θ, reflected around the estimate, and the notes say how large the bias looks. Writes a PNG "
+            "of the curve."
         ),
     )
     p.add_argument("--db", type=Path, help=_DB_HELP)

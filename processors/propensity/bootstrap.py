@@ -2,8 +2,15 @@
 
 Resampling N sessions with replacement from a log whose distinct patterns have counts w_1..w_n is a
 multinomial draw: w* ~ Multinomial(N, w/N) (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993).
-This is the exact session bootstrap, done in O(patterns) per replicate instead of O(sessions). The interval
-is the percentile interval of the replicates at the requested level.
+This is the exact session bootstrap, done in O(patterns) per replicate instead of O(sessions).
+
+Intervals: :func:`bootstrap` gives the percentile interval [q_{a/2}, q_{1−a/2}] of the replicates. For an
+estimator that is biased at the log's size the replicates carry the bias again (they centre near θ̂ + b,
+not θ̂), so the percentile interval sits near θ + 2b and can even exclude θ̂ itself. :func:`basic_log_interval`
+reflects the replicates around the estimate instead, on the log scale of a ratio:
+[θ̂²/q_{1−a/2}, θ̂²/q_{a/2}] (the basic bootstrap interval of log θ; Davison & Hinkley, *Bootstrap Methods
+and their Application*, 1997, §5.2), which removes a bias the replicates share to first order.
+:func:`bias_and_se` gives the bootstrap estimate of bias, mean(θ*) − θ̂, and the standard error.
 
 :class:`CellMap` makes the replicates cheap for the cell-based estimators: the (pair, rank) cell of every
 shown position of every pattern is found once, so each replicate's cells are two ``bincount``s.
@@ -88,6 +95,27 @@ def bootstrap(
         low = np.where(enough, np.nanpercentile(np.where(enough, samples, 0.0), tail, axis=0), np.nan)
         high = np.where(enough, np.nanpercentile(np.where(enough, samples, 0.0), 100.0 - tail, axis=0), np.nan)
     return BootstrapResult(low, high, samples, failed, level)
+
+
+def basic_log_interval(estimate: NDArray[np.float64], boot: BootstrapResult
+                       ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Basic bootstrap interval of log θ, exponentiated: [θ̂²/q_{1−a/2}, θ̂²/q_{a/2}] (percentile where q_{a/2} <= 0)."""
+    est = np.asarray(estimate, dtype=np.float64)
+    usable = (est > 0) & (boot.low > 0) & (boot.high > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        low = np.where(usable, est * est / np.where(usable, boot.high, 1.0), boot.low)
+        high = np.where(usable, est * est / np.where(usable, boot.low, 1.0), boot.high)
+    return low, high
+
+
+def bias_and_se(estimate: NDArray[np.float64], boot: BootstrapResult) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Bootstrap estimate of bias, mean(θ*) − θ̂, and standard error, std(θ*), per rank (NaN with < 2 replicates)."""
+    s = boot.samples
+    ok = np.isfinite(s).sum(axis=0) >= 2
+    with np.errstate(all="ignore"):
+        mean = np.where(ok, np.nanmean(np.where(ok, s, 0.0), axis=0), np.nan)
+        se = np.where(ok, np.nanstd(np.where(ok, s, 0.0), axis=0, ddof=1), np.nan)
+    return mean - np.asarray(estimate, dtype=np.float64), se
 
 
 class CellMap:
