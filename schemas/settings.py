@@ -65,7 +65,7 @@ class Settings(BaseSettings):
 
     # --- processors ---
     position_base: int = Field(0, description="base of event_attributes.position.ordinal (0 as OpenSearch tooling counts)")
-    min_support: int = Field(10, description="impressions a (query, doc) needs before it gets a grade")
+    min_support: int = Field(10, description="observations under the model (e.g. examined impressions) a (query, doc) needs before it gets a grade")
     max_ci_width: float = Field(0.5, description="widest confidence interval that still gets a grade")
     max_client_queries_per_minute: float = Field(60.0, description="clients above this query rate are filtered as bots")
     filter_click_all: bool = Field(True, description="drop searches with a click on every displayed result")
