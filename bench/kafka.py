@@ -109,7 +109,11 @@ def start_tansu(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
         stderr=subprocess.STDOUT,
     )
     bootstrap = f"127.0.0.1:{port}"
-    from kafka import KafkaAdminClient
+    try:
+        from kafka import KafkaAdminClient
+    except ImportError:
+        proc.kill()
+        raise
 
     for _ in range(100):
         try:
@@ -117,6 +121,7 @@ def start_tansu(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
             return proc, bootstrap
         except Exception:
             time.sleep(0.1)
+    proc.kill()
     raise SystemExit("tansu did not start")
 
 

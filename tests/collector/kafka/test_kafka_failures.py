@@ -210,8 +210,10 @@ def test_consumer_killed_between_write_and_commit_loses_and_doubles_nothing(brok
         with open(f"/proc/{pid}/wchan") as fh:
             return "pipe_write" in fh.read()
 
-    wait_for(blocked_on_pipe, 60, "the loader to block printing a written batch")
-    first.kill()
+    try:
+        wait_for(blocked_on_pipe, 60, "the loader to block printing a written batch")
+    finally:
+        first.kill()  # also when the wait failed: a loader blocked on a pipe nobody reads never ends
     with os.fdopen(r, "rb") as fh:
         lines = [json.loads(x) for x in fh.read().splitlines() if x.strip()]
     written = [x for x in lines if x["event"] == "written"]
@@ -220,8 +222,10 @@ def test_consumer_killed_between_write_and_commit_loses_and_doubles_nothing(brok
 
     second = Consume(broker.bootstrap, prefix, f"{prefix}-loader", tmp_path, db=db, extra=("--exit-idle", "2"))
     second.start()
-    second.proc.wait(timeout=120)
-    summary = second.stop()
+    try:
+        second.proc.wait(timeout=120)
+    finally:
+        summary = second.stop()
     # It re-read everything after the last commit, including the batch written before the kill.
     assert summary["records"] == total - committed_records
     duplicates = summary["query_duplicates"] + summary["event_duplicates"]
@@ -297,8 +301,10 @@ def test_poison_records_go_to_failed_records_and_the_loader_keeps_going(broker, 
 
     db = tmp_path / "ubi.duckdb"
     consume = Consume(broker.bootstrap, prefix, f"{prefix}-loader", tmp_path, db=db, extra=("--exit-idle", "2")).start()
-    assert consume.proc.wait(timeout=90) == 0
-    summary = consume.stop()
+    try:
+        assert consume.proc.wait(timeout=90) == 0
+    finally:
+        summary = consume.stop()
     assert summary["poison"] == 4 and summary["events"] == 2
     import duckdb
 
