@@ -59,9 +59,10 @@ def test_a_whole_redelivery_is_absorbed_by_the_dedup_keys(broker, prefix, tmp_pa
     duplicate, the store does not change, and kept rejects and conflicts are not kept twice."""
     settings = _settings(broker, prefix, tmp_path)
     conflicting = b'{"query_id": "33198ee9-5912-453c-9173-3f92fd3cb1be", "user_query": "something else"}'
-    # The first sample event's _id on another event: a conflict, not a duplicate
+    # The first sample event's _id on another event: a conflict, not a duplicate. Same query_id, hence the same
+    # Kafka key and partition as the sample event: it is loaded after it.
     reused_id = (b'{"index": {"_index": "ubi_events", "_id": "adbef2c4-1223-4580-92d1-61b3718874d0"}}\n'
-                 b'{"action_name": "click", "timestamp": "2024-12-10T00:01:30Z"}\n')
+                 b'{"action_name": "click", "timestamp": "2024-12-10T00:01:30Z", "query_id": "33198ee9-5912-453c-9173-3f92fd3cb1be"}\n')
     _produce(settings, (SAMPLE_BULK.read_bytes(), "bulk"), (conflicting, "query"),
              (b'[{"action_name": "click"}]', "event"), (reused_id, "bulk"))
     db = tmp_path / "ubi.duckdb"

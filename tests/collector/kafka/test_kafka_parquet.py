@@ -22,9 +22,10 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 
 SAMPLE_BULK = Path(__file__).resolve().parents[4] / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
 CONFLICTING = b'{"query_id": "33198ee9-5912-453c-9173-3f92fd3cb1be", "user_query": "something else"}'
-#: Another event under the first sample event's _id: a conflict in both stores
+#: Another event under the first sample event's _id: a conflict in both stores. Its query_id is the sample
+#: event's, hence its Kafka key and partition: it is loaded after it, so both stores keep the same first write.
 REUSED_ID = (b'{"index": {"_index": "ubi_events", "_id": "adbef2c4-1223-4580-92d1-61b3718874d0"}}\n'
-             b'{"action_name": "click", "timestamp": "2024-12-10T00:01:30Z"}\n')
+             b'{"action_name": "click", "timestamp": "2024-12-10T00:01:30Z", "query_id": "33198ee9-5912-453c-9173-3f92fd3cb1be"}\n')
 
 
 def _load(settings: Settings, loader, group: str) -> dict:
