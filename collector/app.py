@@ -165,7 +165,10 @@ class Collector:
         m.inc("ubi_records_duplicate_total", result.query_duplicates, kind="query", route=route)
         m.inc("ubi_records_duplicate_total", result.event_duplicates, kind="event", route=route)
         for err in result.errors:
-            kind = {"conflict": "query"}.get(err.kind, err.kind)
+            if err.kind == "conflict":  # a re-used key: event_id for events, query_id for query records
+                kind = "event" if err.field == "event_id" else "query"
+            else:
+                kind = err.kind
             m.inc("ubi_records_rejected_total", 1, kind=kind, route=route)
 
 

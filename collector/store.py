@@ -517,9 +517,15 @@ def failed_table(rows: list[dict[str, Any]]) -> pa.Table:
 def open_reader(db: Path | str) -> duckdb.DuckDBPyConnection:
     """A read-only connection to the store, or to a fresh snapshot of it when a collector holds the file.
 
-    Raises :class:`StoreError` when the file does not exist, or is locked and no collector answers.
+    ``db`` may also be a Parquet folder written by ``ubi consume --parquet``: its tables are then views with the
+    same dedup rules. Raises :class:`StoreError` when the file does not exist, or is locked and no collector
+    answers.
     """
     path = Path(db)
+    from collector.parquet_store import is_parquet_store, open_parquet_reader  # it imports this module
+
+    if is_parquet_store(path):
+        return open_parquet_reader(path)
     if not path.exists():
         raise StoreError(f"{path}: no such database; ingest something first (`ubi serve`, `ubi import`)")
     try:

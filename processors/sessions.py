@@ -167,7 +167,7 @@ DROP TABLE _ubi_search0;
 # Clicks and impressions with everything later stages need; ord_rank is NULL for a missing or sub-base ordinal.
 _EVENTS = """
 CREATE OR REPLACE TEMP TABLE _ubi_ev AS
-SELECT e.rowid AS eid, s.sid, e.action_name = $imp AS is_imp, nullif(e.object_id, '') AS object_id,
+SELECT e.event_key AS eid, s.sid, e.action_name = $imp AS is_imp, nullif(e.object_id, '') AS object_id,
        e."timestamp" AS ts, e.position_ordinal AS ordinal,
        CASE WHEN e.position_ordinal - coalesce(b.base, $base) >= 0
             THEN e.position_ordinal - coalesce(b.base, $base) + 1 END AS ord_rank,
@@ -352,7 +352,8 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict
     Returns the raw counts the quality summary is made of, gathered before each intermediate table is dropped.
     """
     for table in ("ubi_queries", "ubi_events"):
-        if not _ints(con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [table])[0]:
+        # tables of a DuckDB store, or views over a Parquet folder (collector.parquet_store)
+        if not _ints(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table])[0]:
             raise SessionError(f"the store has no {table} table; ingest UBI records first (`ubi import`, `ubi serve`)")
     pbase = pa.table({
         "application": pa.array(list(settings.position_base_by_application), pa.string()),

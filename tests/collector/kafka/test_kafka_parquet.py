@@ -88,6 +88,14 @@ def test_parquet_views_equal_the_duckdb_store_and_absorb_redelivery(broker, pref
         pq_con.close()
         db_con.close()
 
+    # The processors read the Parquet folder as they read the DuckDB store (collector.store.open_reader).
+    from processors.sessions import read_sessions
+
+    from_parquet, from_duckdb = read_sessions(out), read_sessions(db)
+    assert from_parquet.quality == from_duckdb.quality and from_parquet.filters == from_duckdb.filters
+    assert list(from_parquet.cells.impressions) == list(from_duckdb.cells.impressions)
+    assert from_parquet.patterns.n_sessions == from_duckdb.patterns.n_sessions > 0
+
 
 def test_a_folder_that_is_not_a_parquet_store_is_refused(tmp_path):
     with pytest.raises(StoreError, match="not a Parquet store"):
