@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
+import json
 import shutil
 import socket
 import subprocess
@@ -18,9 +20,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+from rich import box
 from rich.console import Console
+from rich.table import Table
 
 from processors.simulation import SimConfig, simulate
 from schemas.errors import UbiError
@@ -119,8 +124,27 @@ def run_demo(args: argparse.Namespace) -> int:
             raise DemoError(f"the collector rejected {posted.rejected} simulated records; see `ubi failed --db {db}`")
 
         _step(console, "Candidate judgments, derived while the collector keeps running")
+        table = Table("source", "pairs", "graded", "grades 0/1/2/3", "grade mapping", box=box.SIMPLE_HEAD)
+        first: dict[str, Any] | None = None
         for model in DEMO_MODELS:
-            _run(["process", "--db", str(db), "--model", model])
+            summary_json = io.StringIO()
+            with contextlib.redirect_stdout(summary_json):
+                _run(["process", "--db", str(db), "--model", model, "--json"])
+            done = json.loads(summary_json.getvalue())
+            first = first or done
+            counts = done["grade_counts"]
+            table.add_row(done["source"], f"{done['pairs']:,}", f"{done['graded']:,}",
+                          "/".join(str(counts.get(str(g), 0)) for g in range(4)),
+                          f"{done['mapping']['kind']}: " + ", ".join(f"{t:.3g}" for t in done["mapping"]["thresholds"]))
+        if first is not None:
+            f, q = first["sessions"], first["quality"]
+            console.print(f"Sessions: {f['sessions']:,} fitted ({f['impressions']:,} impressions, {f['clicks']:,} clicks "
+                          f"within rank 10); filtered {f['bot_searches']:,} bot searches, {f['click_all_searches']:,} "
+                          f"click-on-everything searches; {q['click_rank_disagreements']:,} of "
+                          f"{q['click_rank_checked']:,} click ordinals disagree with the ranking.")
+        console.print(table)
+        console.print(f"A pair gets a grade only with at least {first['min_support'] if first else 10} observations "
+                      "under its model and a 95% interval no wider than 0.5; every row keeps score, interval and support.")
 
         _step(console, "Position bias: θ_k/θ_1 from PBM EM, with bootstrap intervals, against the simulated truth")
         _run(["propensity", "--db", str(db), "--method", "em", "--bootstrap", "100", "--truth", str(truth_file),
