@@ -282,28 +282,40 @@ class Store:
                 keep.append(pos)
         return keep
 
-    def _insert_events(self, cur: duckdb.DuckDBPyConnection, events: pa.Table, *, careful: bool) -> list[int]:
-        # Careful: INSERT OR IGNORE probes the primary-key index (a join against the table would scan all of
-        # it) and RETURNING tells which rows were new. Fast: a plain INSERT, all new or a constraint error.
-        keys = events.column("event_key").to_pylist()
-        keep = self._first_occurrences(keys)
-        batch = events if len(keep) == len(keys) else events.take(pa.array(keep, pa.int64()))
-        cols = ", ".join(tables.EVENT_COLUMNS)
-        cur.register("_ebatch", batch)
+    @staticmethod
+    def _insert_new(
+        cur: duckdb.DuckDBPyConnection,
+        table: str,
+        key: str,
+        columns: Sequence[str],
+        rows: pa.Table,
+        keys: list[str],
+        keep: list[int],
+        careful: bool,
+    ) -> set[str]:
+        """Insert the rows at ``keep`` (first occurrences); return the keys that were new.
+
+        Careful: INSERT OR IGNORE probes the primary-key index (a join against the table would scan all of
+        it) and RETURNING tells which rows were new. Fast: a plain INSERT, all new or a constraint error.
+        """
+        batch = rows if len(keep) == len(keys) else rows.take(pa.array(keep, pa.int64()))
+        cols = ", ".join(columns)
+        view = f"_{table}_batch"
+        cur.register(view, batch)
         try:
             if not careful:
-                cur.execute(f"INSERT INTO ubi_events SELECT {cols} FROM _ebatch")
-                new = set(keys)
-            else:
-                new = {
-                    k
-                    for (k,) in cur.execute(
-                        f"INSERT OR IGNORE INTO ubi_events SELECT {cols} FROM _ebatch RETURNING event_key"
-                    ).fetchall()
-                }
+                cur.execute(f"INSERT INTO {table} SELECT {cols} FROM {view}")
+                return set(keys)
+            inserted = cur.execute(f"INSERT OR IGNORE INTO {table} SELECT {cols} FROM {view} RETURNING {key}")
+            return {k for (k,) in inserted.fetchall()}
         finally:
             with contextlib.suppress(duckdb.Error):  # fails once the statement aborted the transaction
-                cur.unregister("_ebatch")
+                cur.unregister(view)
+
+    def _insert_events(self, cur: duckdb.DuckDBPyConnection, events: pa.Table, *, careful: bool) -> list[int]:
+        keys = events.column("event_key").to_pylist()
+        keep = self._first_occurrences(keys)
+        new = self._insert_new(cur, "ubi_events", "event_key", tables.EVENT_COLUMNS, events, keys, keep, careful)
         status = [DUPLICATE] * len(keys)
         for pos in keep:
             if keys[pos] in new:
@@ -335,23 +347,7 @@ class Store:
         keys = queries.column("query_key").to_pylist()
         hashes = queries.column("content_hash").to_pylist()
         keep = self._first_occurrences(keys)
-        batch = queries if len(keep) == len(keys) else queries.take(pa.array(keep, pa.int64()))
-        cols = ", ".join(tables.QUERY_COLUMNS)
-        cur.register("_qbatch", batch)
-        try:
-            if not careful:
-                cur.execute(f"INSERT INTO ubi_queries SELECT {cols} FROM _qbatch")
-                new = set(keys)
-            else:
-                new = {
-                    k
-                    for (k,) in cur.execute(
-                        f"INSERT OR IGNORE INTO ubi_queries SELECT {cols} FROM _qbatch RETURNING query_key"
-                    ).fetchall()
-                }
-        finally:
-            with contextlib.suppress(duckdb.Error):  # fails once the statement aborted the transaction
-                cur.unregister("_qbatch")
+        new = self._insert_new(cur, "ubi_queries", "query_key", tables.QUERY_COLUMNS, queries, keys, keep, careful)
         # Keys not inserted were stored before (or earlier in this batch): compare content hashes.
         old_keys = sorted({k for k in keys if k not in new})
         stored: dict[str, str] = {}
