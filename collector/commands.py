@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
-import socket
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +109,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from collector.app import create_app, tune_gc
+    from collector.server import bind_socket, make_server
     from collector.sinks import create_sink
     from collector.store import advertise
 
     settings = settings_from(args)
-    sock = _bind(settings.host, settings.port)
+    sock = bind_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     try:
@@ -145,7 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"{', db ' + str(sink.store.path) if sink.store else ''})",
             flush=True,
         )
-        _Server(config).run(sockets=[sock])
+        make_server(config).run(sockets=[sock])
     finally:
         if side is not None:
             side.unlink(missing_ok=True)
@@ -154,45 +150,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _server_class() -> type:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, minus re-raising SIGTERM/SIGINT after shutdown (it would kill us before cleanup)."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            signals = (signal.SIGINT, signal.SIGTERM)
-            original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
-            try:
-                yield
-            finally:
-                for sig, handler in original.items():
-                    signal.signal(sig, handler)
-
-    return Server
-
-
-def _Server(config: Any) -> Any:  # noqa: N802  (reads like the class it builds)
-    return _server_class()(config)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise UbiError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port") from exc
-    # Listening before advertising: a reader that finds the sidecar early waits in the backlog, never refused.
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def _fast_loop() -> dict[str, Any]:

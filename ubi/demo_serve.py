@@ -13,14 +13,10 @@ when the reports stage is installed; otherwise the page shows no report link.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import html
 import importlib
-import signal
-import socket
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +25,7 @@ import numpy as np
 import orjson
 
 from collector.demo_site import DemoCatalog, DemoDoc, demo_router
+from collector.server import bind_socket, make_server
 from collector.store import Store
 from schemas.errors import UbiError
 from schemas.settings import Settings
@@ -140,19 +137,6 @@ def _add_report_route(app: Any, store: Store, qrels: Path, settings: Settings) -
         return HTMLResponse(page)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise UbiError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port") from exc
-    sock.listen(512)
-    return sock
-
-
 def _print_ready(url: str) -> None:
     print(f"demo search page on {url}/demo/ (collector at {url}, Ctrl-C stops)", flush=True)
 
@@ -184,7 +168,7 @@ def serve_demo(settings: Settings | argparse.Namespace, *,
 
     if not isinstance(settings, Settings):
         settings = demo_settings(settings)
-    sock = _bind(settings.host, settings.port)
+    sock = bind_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     sink = create_sink(settings)
@@ -195,7 +179,7 @@ def serve_demo(settings: Settings | argparse.Namespace, *,
             side = advertise(sink.store.path, url)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=5)
-        server = _server(config)
+        server = make_server(config)
         if ready is not None:
             ready(url)
         server.run(sockets=[sock])
@@ -205,26 +189,6 @@ def serve_demo(settings: Settings | argparse.Namespace, *,
         sink.close()
         sock.close()
     return 0
-
-
-def _server(config: Any) -> Any:
-    """uvicorn's server, without re-raising SIGTERM after shutdown (that would skip closing the store)."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in original.items():
-                    signal.signal(sig, handler)
-
-    return Server(config)
 
 
 def main(argv: list[str] | None = None) -> int:
