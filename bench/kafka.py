@@ -33,7 +33,6 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import random
 import re
 import shutil
 import signal
@@ -58,32 +57,16 @@ sys.path[:] = [str(ROOT)] + [
 ]
 logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
+# The events of bench/ingest.py, so both benches load the same traffic (loaded by path: bench/ is off sys.path).
+_ingest_spec = importlib.util.spec_from_file_location("bench_ingest", Path(__file__).with_name("ingest.py"))
+if _ingest_spec is None or _ingest_spec.loader is None:
+    raise SystemExit("bench/ingest.py is missing")
+_bench_ingest = importlib.util.module_from_spec(_ingest_spec)
+_ingest_spec.loader.exec_module(_bench_ingest)
+make_events = _bench_ingest.make_events
+
 BATCH = 500
 PARTITIONS = 6
-
-
-def make_events(n: int, tag: str, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` distinct events of 10-result searches (impressions, some clicks), 10 per query id."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        q = i // 10
-        out.append(
-            {
-                "action_name": "click" if rng.random() < 0.1 else "impression",
-                "query_id": f"{tag}-q{q}",
-                "session_id": f"{tag}-s{q // 5}",
-                "client_id": f"{tag}-c{q // 5}",
-                "application": "bench",
-                "user_query": rng.choice(["running shoes", "laptop", "usb c cable"]),
-                "timestamp": f"2024-05-{1 + i % 28:02d}T{i // 3600 % 24:02d}:{i // 60 % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z",
-                "event_attributes": {
-                    "object": {"object_id": f"doc-{rng.randrange(50_000)}", "object_id_field": "sku"},
-                    "position": {"ordinal": i % 10},
-                },
-            }
-        )
-    return out
 
 
 # ---------------------------------------------------------------- broker
