@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     # which sink validated records go to, and the body limit of the admin load route
     sink: str = Field("duckdb", description="where validated records go: duckdb (embedded store) or kafka")
     max_load_bytes: int = Field(1024 * 1024 * 1024, description="largest Arrow body for /v1/admin/load (413 above)")
+    commit_delay_ms: float = Field(
+        1.0, ge=0, le=100,
+        description="group commit: when the last commit carried several requests (a loaded collector), the writer "
+        "waits this long for more before committing; a lone request is never delayed; 0 turns it off",
+    )
 
     # --- kafka transport: `ubi serve --sink kafka`, `ubi consume` ---
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, HOST:PORT[,HOST:PORT...]")

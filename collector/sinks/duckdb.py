@@ -4,6 +4,13 @@ Group commit: requests hand their prepared rows to one writer thread, which take
 writes it in ONE transaction and then resolves each request's future with that request's own result. A
 lone request is written at once; under load many requests share a commit (and its WAL fsync), which is
 how single-event requests reach thousands per second. A request's future resolves only after COMMIT.
+
+Commit delay (PostgreSQL's ``commit_delay``/``commit_siblings`` idea): when the previous commit carried
+more than one request, the collector is loaded, and the writer waits ``commit_delay`` seconds before
+taking the group, so more requests share the commit. A commit's cost is nearly all fixed (DuckDB plans and
+commits an insert of 16 or 64 rows in about the same 2 ms), and a commit that runs while the event loop is
+busy is slowed further by handing the GIL back and forth; measured in ``bench/ingest.py`` at 32
+connections, 1 ms doubled the requests per commit (16 -> 31) and cut the writer's CPU by 40%.
 """
 
 from __future__ import annotations
@@ -39,8 +46,17 @@ class DuckDBSink(Sink):
 
     name = "duckdb"
 
-    def __init__(self, store: Store, *, max_group_rows: int = 50_000, max_pending: int = 10_000) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_group_rows: int = 50_000,
+        max_pending: int = 10_000,
+        commit_delay: float = 0.0,
+    ) -> None:
         self.store = store
+        self.commit_delay = commit_delay
+        self._last_group = 0
         self.max_pending = max_pending
         self._db: Store = store  # the same store, typed as present
         self.max_group_rows = max_group_rows
@@ -60,7 +76,7 @@ class DuckDBSink(Sink):
     @classmethod
     def from_settings(cls, settings: Settings) -> DuckDBSink:
         """Open (or create) the store at ``settings.db`` for writing."""
-        return cls(Store(settings.db))
+        return cls(Store(settings.db), commit_delay=settings.commit_delay_ms / 1000)
 
     # ------------------------------------------------------------ the two verbs
 
@@ -130,6 +146,7 @@ class DuckDBSink(Sink):
             "pending_requests": float(self._queue.qsize()),
             "commits_total": float(self.commits),
             "grouped_requests_total": float(self.grouped_requests),
+            "commit_delay_seconds": self.commit_delay,
             "failed_writes_total": float(self.failed_writes),
         }
 
@@ -143,6 +160,8 @@ class DuckDBSink(Sink):
                 break
             jobs: list[_Job] = [job]
             rows = job.prepared.n_queries + job.prepared.n_events
+            if self.commit_delay and self._last_group > 1:
+                time.sleep(self.commit_delay)  # loaded: let more requests join this commit
             # Take whatever else is already waiting: those requests share this commit.
             while rows < self.max_group_rows:
                 try:
@@ -154,6 +173,7 @@ class DuckDBSink(Sink):
                     break
                 jobs.append(nxt)
                 rows += nxt.prepared.n_queries + nxt.prepared.n_events
+            self._last_group = len(jobs)
             self._write(jobs)
 
     def _write(self, jobs: list[_Job]) -> None:

@@ -110,3 +110,31 @@ def test_overload_is_refused_not_queued_without_bound(tmp_path, make_event):
     wait(futures, timeout=30)
     assert sum(1 for f in futures if f.exception() is None) == 5 - len(refused)
     s.close()
+
+
+def test_commit_delay_never_holds_back_a_lone_request(tmp_path, make_event):
+    # A 30 s delay would time the waits out: requests that come one at a time are written at once.
+    s = DuckDBSink(Store(tmp_path / "d.duckdb"), commit_delay=30.0)
+    try:
+        for _ in range(3):
+            assert s.submit(batch(make_event()), source="t").result(timeout=10).accepted == 1
+        assert s.commits == 3
+    finally:
+        s.close()
+
+
+def test_commit_delay_lets_a_loaded_writer_gather_a_bigger_group(tmp_path, make_event):
+    s = DuckDBSink(Store(tmp_path / "g.duckdb"), commit_delay=1.0)
+    try:
+        with s.store.lock:  # four requests queue up: the writer's last group will have had more than one
+            held = [s.submit(batch(make_event()), source="t") for _ in range(4)]
+        wait(held, timeout=30)
+        before = s.commits
+        first = s.submit(batch(make_event()), source="t")  # the writer now waits 1 s before taking its group
+        threading.Event().wait(0.2)
+        assert not first.done()
+        second = s.submit(batch(make_event()), source="t")
+        assert first.result(timeout=30).accepted == 1 and second.result(timeout=30).accepted == 1
+        assert s.commits == before + 1  # both in one commit: without the delay, two
+    finally:
+        s.close()
