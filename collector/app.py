@@ -130,7 +130,7 @@ class Collector:
             await self.keep_body(body, ctx, reason=reason, kind="unprocessable")
             raise Unprocessable(reason + " (kept in failed_records)") from exc
         try:
-            result = await asyncio.wrap_future(self.sink.submit(validated, source=ctx.source))
+            result = await self.sink.submit_async(validated, source=ctx.source)
         except RequestError:
             raise
         except Exception as exc:  # not SinkUnavailable: something in this input broke the sink's row building

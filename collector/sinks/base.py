@@ -13,6 +13,7 @@ for sinks without one; those routes then answer 501.
 from __future__ import annotations
 
 import abc
+import asyncio
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -36,6 +37,13 @@ class Sink(abc.ABC):
     def write(self, batch: Validated, *, source: str) -> IngestResult:
         """Submit one batch and wait until it is durable."""
         return self.submit(batch, source=source).result()
+
+    async def submit_async(self, batch: Validated, *, source: str) -> IngestResult:
+        """:meth:`submit` from an event loop: wait (without blocking the loop) until the batch is durable.
+
+        What the collector's routes call. Sinks may override it to answer many requests at once.
+        """
+        return await asyncio.wrap_future(self.submit(batch, source=source))
 
     @abc.abstractmethod
     def keep_unparseable(self, body: bytes, *, source: str, reason: str, kind: str = "body") -> Future[None]:

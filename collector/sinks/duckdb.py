@@ -15,6 +15,7 @@ connections, 1 ms doubled the requests per commit (16 -> 31) and cut the writer'
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -35,7 +36,20 @@ log = logging.getLogger("ubi.collector.sink")
 @dataclass(frozen=True)
 class _Job:
     prepared: Prepared
-    future: Future[IngestResult]
+    #: A concurrent future (``submit``), or an asyncio future of ``loop`` (``submit_async``).
+    future: Future[IngestResult] | asyncio.Future[IngestResult]
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+def _settle_on_loop(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    """Resolve the asyncio futures of one commit, on their loop (one callback for the whole group)."""
+    for fut, result, exc in outcomes:
+        if fut.cancelled():  # the request went away; its rows are committed all the same
+            continue
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
 
 
 _STOP = object()
@@ -82,24 +96,36 @@ class DuckDBSink(Sink):
 
     def submit(self, batch: Validated, *, source: str) -> Future[IngestResult]:
         fut: Future[IngestResult] = Future()
+        try:
+            self._enqueue(batch, source, fut, None)
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+    async def submit_async(self, batch: Validated, *, source: str) -> IngestResult:
+        # The writer resolves a whole commit's requests with one call into the loop, instead of one
+        # thread-safe callback (and a concurrent future chained to an asyncio one) per request.
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[IngestResult] = loop.create_future()
+        self._enqueue(batch, source, fut, loop)
+        return await fut
+
+    def _enqueue(
+        self,
+        batch: Validated,
+        source: str,
+        fut: Future[IngestResult] | asyncio.Future[IngestResult],
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> None:
         if self._closed:
-            fut.set_exception(SinkUnavailable("the collector is shutting down; retry against a running one"))
-            return fut
+            raise SinkUnavailable("the collector is shutting down; retry against a running one")
         if self._queue.qsize() >= self.max_pending:
             # Better a quick 503 the client retries than an unbounded queue of bodies in memory.
-            fut.set_exception(
-                SinkUnavailable(
-                    f"{self.max_pending} requests are waiting for the store; retry shortly", retry_after=1
-                )
+            raise SinkUnavailable(
+                f"{self.max_pending} requests are waiting for the store; retry shortly", retry_after=1
             )
-            return fut
-        try:
-            prepared = prepare(batch, source=source)
-        except Exception as exc:  # a row the store's shape cannot hold: reject loudly, acknowledge nothing
-            fut.set_exception(exc)
-            return fut
-        self._queue.put(_Job(prepared, fut))
-        return fut
+        # A row the store's shape cannot hold raises here: rejected loudly, nothing acknowledged.
+        self._queue.put(_Job(prepare(batch, source=source), fut, loop))
 
     def keep_unparseable(self, body: bytes, *, source: str, reason: str, kind: str = "body") -> Future[None]:
         row = failed_row(source=source, kind=kind, reason=reason, raw=body)
@@ -191,14 +217,30 @@ class DuckDBSink(Sink):
             log.exception("write to %s failed; nothing acknowledged", self._db.path)
             err = SinkUnavailable(f"the store could not commit this batch: {type(exc).__name__}: {exc}")
             err.__cause__ = exc
-            jobs[0].future.set_exception(err)
+            self._settle([(jobs[0], None, err)])
             return
         self.last_error = None
         self.commits += 1
         self.grouped_requests += len(jobs)
         log.debug("committed %d requests in %.1f ms", len(jobs), 1000 * (time.perf_counter() - started))
-        for j, r in zip(jobs, results, strict=True):
-            j.future.set_result(r)
+        self._settle([(j, r, None) for j, r in zip(jobs, results, strict=True)])
+
+    @staticmethod
+    def _settle(outcomes: list[tuple[_Job, Any, BaseException | None]]) -> None:
+        """Resolve the jobs' futures: concurrent ones here, asyncio ones in one callback per event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]] = {}
+        for job, result, exc in outcomes:
+            if job.loop is not None:
+                by_loop.setdefault(job.loop, []).append((job.future, result, exc))  # type: ignore[arg-type]
+            elif exc is not None:
+                job.future.set_exception(exc)
+            else:
+                job.future.set_result(result)
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle_on_loop, items)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                log.debug("event loop closed before %d requests could be answered", len(items))
 
 
 def create(settings: Settings) -> DuckDBSink:

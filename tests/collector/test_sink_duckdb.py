@@ -6,6 +6,7 @@ shadowing the real one.)
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from concurrent.futures import wait
 
@@ -138,3 +139,23 @@ def test_commit_delay_lets_a_loaded_writer_gather_a_bigger_group(tmp_path, make_
         assert s.commits == before + 1  # both in one commit: without the delay, two
     finally:
         s.close()
+
+
+def test_requests_from_an_event_loop_are_answered_by_the_commit_even_if_one_gave_up(sink, make_event):
+    async def main() -> list:
+        sink.store.lock.acquire()  # hold the writer back so that the requests queue up
+        try:
+            tasks = [asyncio.ensure_future(sink.submit_async(batch(make_event()), source="t")) for _ in range(5)]
+            await asyncio.sleep(0)  # each task runs up to its await: five requests are queued
+            tasks[1].cancel()  # a client that went away
+        finally:
+            sink.store.lock.release()
+        out = await asyncio.gather(*tasks, return_exceptions=True)
+        out.append(await sink.submit_async(batch(make_event()), source="t"))  # the writer carries on
+        return out
+
+    results = asyncio.run(main())
+    assert isinstance(results[1], asyncio.CancelledError)
+    assert [r.accepted for i, r in enumerate(results) if i != 1] == [1, 1, 1, 1, 1]
+    # the cancelled request's event was committed all the same (202 was simply never sent for it)
+    assert sink.store.read("SELECT count(*) FROM ubi_events") == [(6,)]
