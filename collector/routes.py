@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from enum import Enum
 from typing import Annotated, Any
 
+import orjson
 import pyarrow as pa
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, Field
+from starlette.datastructures import Headers
+from starlette.types import Receive, Scope
 
-from collector.app import Collector, ORJSONResponse, get_collector
+from collector.app import Collector, ORJSONResponse, error_answer, get_collector
 from collector.errors import NotSupported, RequestError, TooLarge
 from collector.ingest import IngestContext, Kind
 from collector.metrics import Labels
@@ -26,29 +29,10 @@ from schemas.errors import StoreError
 
 router = APIRouter()
 
-#: Path -> endpoint of every ingest route (POST), for :class:`collector.app.IngestFastLane`.
-INGEST_ENDPOINTS: dict[str, Callable[[Request], Awaitable[Response]]] = {}
+#: Path -> record kind (None: ``_bulk``) of every ingest route (POST), for the fast paths in :mod:`collector.app`.
+INGEST_ROUTES: dict[str, Kind | None] = {}
 
 # ---------------------------------------------------------------- dependencies
-
-
-async def read_limited(request: Request, limit: int) -> bytes:
-    """The request body, refusing (413) as soon as it is known to exceed ``limit`` bytes.
-
-    Content-Length is checked first, and bytes are counted while streaming, so a body that lies about its
-    length or is sent chunked cannot get past the limit.
-    """
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise TooLarge(f"body of {declared} bytes is over the limit of {limit} bytes: split it into batches")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge(f"body is over the limit of {limit} bytes: split it into batches")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def get_store(collector: Annotated[Collector, Depends(get_collector)]) -> Store:
@@ -104,8 +88,8 @@ class UnsupportedType(RequestError):
     status_code = 415
 
 
-def _ndjson(request: Request) -> bool:
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+def _ndjson(headers: Mapping[str, str]) -> bool:
+    media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media in _NDJSON_TYPES:
         return True
     if media in _JSON_TYPES or media.endswith("+json"):
@@ -113,15 +97,6 @@ def _ndjson(request: Request) -> bool:
     raise UnsupportedType(
         f"content type {media!r} is not supported: send application/json (one object or an "
         "array) or application/x-ndjson (one object per line)"
-    )
-
-
-def _ctx(request: Request) -> IngestContext:
-    route = request.scope.get("route")
-    return IngestContext(
-        source=getattr(route, "path", request.url.path),
-        headers=request.headers,
-        client=request.client.host if request.client else None,
     )
 
 
@@ -168,24 +143,77 @@ _INGEST_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def _ingest(collector: Collector, request: Request, body: bytes, kind: Kind | None) -> Response:
-    ctx = _ctx(request)
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The request body straight from the ASGI ``receive``, refusing (413) as soon as it exceeds ``limit``.
+
+    Content-Length is checked first, and bytes are counted while streaming, so a body that lies about its
+    length or is sent chunked cannot get past the limit.
+    """
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            if value.isdigit() and int(value) > limit:
+                raise TooLarge(
+                    f"body of {value.decode()} bytes is over the limit of {limit} bytes: split it into batches"
+                )
+            break
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone("the client closed the connection before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"body is over the limit of {limit} bytes: split it into batches")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class ClientGone(RequestError):
+    """The client disconnected mid-body; nothing was read, so nothing is kept (499, never sent)."""
+
+    status_code = 499
+    keep = False
+
+
+async def ingest(
+    collector: Collector, scope: Scope, receive: Receive, kind: Kind | None, route: str
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Serve one ingest request: (status, headers, body) of the answer, typed errors included.
+
+    Every way into an ingest route ends here: FastAPI's router (documented in OpenAPI), the fast lane
+    inside the middleware and the front door outside it (:mod:`collector.app`).
+    """
+    ctx = IngestContext(
+        source=route, headers=Headers(scope=scope), client=(scope.get("client") or (None,))[0]
+    )
     try:
-        ndjson = _ndjson(request) if kind is not None else True
+        body = await read_body(scope, receive, collector.settings.max_body_bytes)
+        try:
+            ndjson = _ndjson(ctx.headers) if kind is not None else True
+        except RequestError as exc:
+            await collector.keep_body(body, ctx, reason=exc.message, kind=exc.kind)
+            raise
+        result = await collector.accept(body, kind=kind, ndjson=ndjson, ctx=ctx)
     except RequestError as exc:
-        await collector.keep_body(body, ctx, reason=exc.message, kind=exc.kind)
-        raise
-    result = await collector.accept(body, kind=kind, ndjson=ndjson, ctx=ctx)
-    return ORJSONResponse(result.public(), status_code=202)
+        return error_answer(exc)
+    payload = orjson.dumps(result.public())
+    return 202, [_JSON, (b"content-length", str(len(payload)).encode())], payload
+
+
+_JSON = (b"content-type", b"application/json")
 
 
 def _ingest_route(path: str, kind: Kind | None, doc: str) -> None:
-    # The hot path takes the bare Request: resolving the Annotated dependencies (body, collector) cost about
-    # a third of the CPU of a single-event request in bench/ingest.py. The same functions are called inline.
+    # What FastAPI dispatches (and documents). In practice the fast lane and the front door serve these
+    # paths before the router is reached; all three call the same :func:`ingest`.
     async def endpoint(request: Request) -> Response:
-        collector: Collector = request.app.state.collector
-        body = await read_limited(request, collector.settings.max_body_bytes)
-        return await _ingest(collector, request, body, kind)
+        status, headers, payload = await ingest(
+            request.app.state.collector, request.scope, request.receive, kind, path
+        )
+        return Response(payload, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
     endpoint.__doc__ = doc
     endpoint.__name__ = "post" + path.replace("/", "_")
@@ -199,7 +227,7 @@ def _ingest_route(path: str, kind: Kind | None, doc: str) -> None:
         response_class=ORJSONResponse,
         tags=["ingest"],
     )
-    INGEST_ENDPOINTS[path] = endpoint
+    INGEST_ROUTES[path] = kind
 
 
 _ingest_route("/v1/queries", "query", "Store UBI query records: one object, a JSON array, or NDJSON.")
@@ -358,7 +386,7 @@ async def admin_load(
     replace_source: Annotated[str | None, Query(max_length=200)] = None,
 ) -> dict[str, Any]:
     """Insert or replace rows of a derived table from an Arrow IPC stream; ``replace_source`` first deletes that source's rows."""
-    body = await read_limited(request, collector.settings.max_load_bytes)
+    body = await read_body(request.scope, request.receive, collector.settings.max_load_bytes)
     try:
         data = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
     except (pa.ArrowException, ValueError, OSError) as exc:

@@ -208,26 +208,19 @@ def origin_allowed(origin: str, host_header: str | None, allowed: Iterable[str])
 # ---------------------------------------------------------------- the middleware
 
 
-class SecurityMiddleware:
-    """Pure ASGI middleware refusing requests before their body is read (see the module docstring)."""
+class Gate:
+    """The checks made before a request's body is read: origin, API key, rate, admin routes.
 
-    def __init__(self, app: Any, settings: Settings) -> None:
-        self.app = app
+    One per app: :class:`SecurityMiddleware` and the collector's ingest front door
+    (``Collector.request_checks``) share it, so they share the rate limiter's buckets.
+    """
+
+    def __init__(self, settings: Settings) -> None:
         self.keys = ApiKeys.from_settings(settings)
         self.limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
         self.allowed_origins = list(settings.cors_allow_origins)
         self.trusted_proxies = settings.trusted_proxies
         self.admin_remote = settings.admin_remote
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        refusal = self.check(scope)
-        if refusal is not None:
-            await _send_error(send, refusal)
-            return
-        await self.app(scope, receive, send)
 
     def check(self, scope: dict[str, Any]) -> RequestError | None:
         """The refusal for this request, or ``None`` to let it through."""
@@ -275,6 +268,23 @@ class SecurityMiddleware:
         return None
 
 
+class SecurityMiddleware:
+    """Pure ASGI middleware refusing requests before their body is read (see the module docstring)."""
+
+    def __init__(self, app: Any, gate: Gate) -> None:
+        self.app, self.gate = app, gate
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.gate.check(scope)
+        if refusal is not None:
+            await _send_error(send, refusal)
+            return
+        await self.app(scope, receive, send)
+
+
 def _query_param(scope: Mapping[str, Any], name: str) -> str | None:
     query = bytes(scope.get("query_string", b"")).decode("latin-1")
     for key, value in parse_qsl(query):
@@ -295,7 +305,9 @@ def install(app: Any, settings: Settings) -> None:
     """Add CORS (outermost, so refusals carry CORS headers too) and :class:`SecurityMiddleware` to ``app``."""
     from starlette.middleware.cors import CORSMiddleware
 
-    app.add_middleware(SecurityMiddleware, settings=settings)
+    gate = Gate(settings)
+    app.add_middleware(SecurityMiddleware, gate=gate)
+    app.state.collector.request_checks.append(gate.check)  # the ingest front door runs it too
     app.add_middleware(
         CORSMiddleware,
         allow_origins=list(settings.cors_allow_origins),
@@ -670,6 +682,7 @@ __all__ = [
     "RateLimited",
     "RateLimiter",
     "Refused",
+    "Gate",
     "SecurityMiddleware",
     "Unauthorized",
     "install",

@@ -470,3 +470,48 @@ def test_an_unexpected_sink_error_is_422_and_the_body_is_kept(make_event):
         r = c.post("/v1/events", content=body)
         assert r.status_code == 422 and "KeyError" in r.json()["message"]
         assert sink.kept == [body]
+
+
+# ---------------------------------------------------------------- the two ways into an ingest route
+# Requests without an Origin header are served by collector.app.IngestFrontDoor, outside the middleware;
+# browser requests (Origin) go through the whole stack. Both must answer and count alike.
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'[{"action_name": "click", "timestamp": "2024-05-01T00:00:00Z"}, {"timestamp": "nope"}]',
+        b'{"action_name": ',  # malformed: 400 with line and column
+        b"",
+    ],
+)
+def test_browser_and_server_requests_get_the_same_answer(db, body):
+    app = create_app(Settings(db=db), extensions=False)
+    with TestClient(app) as c:
+        plain = c.post("/v1/events", content=body, headers={"content-type": "application/json"})
+        browser = c.post(
+            "/v1/events", content=body, headers={"content-type": "application/json", "origin": "http://testserver"}
+        )
+    assert plain.status_code == browser.status_code
+    answer = plain.json()
+    if plain.status_code == 202:  # the second was the first's retry: its event is a duplicate
+        assert (answer["accepted"], answer["duplicates"]) == (1, 0)
+        assert browser.json() == {**answer, "accepted": 0, "duplicates": 1}
+    else:
+        assert browser.json() == answer and answer["error"] == "BodyError"
+
+
+def test_an_unforeseen_error_outside_the_middleware_is_a_json_500_and_counted(db, make_event, monkeypatch):
+    from collector.app import Collector
+
+    async def broken(self, *args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Collector, "accept", broken)
+    app = create_app(Settings(db=db), extensions=False)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/v1/events", json=make_event())
+        assert r.status_code == 500
+        assert r.json() == {"error": "InternalError", "message": "internal error; the collector logged it"}
+        lines = set(c.get("/metrics").text.splitlines())
+    assert 'ubi_requests_total{method="POST",route="/v1/events",status="500"} 1' in lines

@@ -529,3 +529,20 @@ def test_scrub_finds_records_in_every_shape_and_redacts_what_is_not_one() -> Non
     assert odd == {"client_id": _hmac("12345"), "n": 123456789012345678901234567890}
     # Without any privacy setting the bytes are kept as they came.
     assert security.Privacy(None, ["client_id"], []).scrub(one[:-3]) == one[:-3]
+
+
+def test_browser_and_server_requests_of_one_client_share_its_rate_bucket(
+    db: Path, make_event: Callable[..., Any]
+) -> None:
+    # Server-side senders are checked outside the middleware (collector.app.IngestFrontDoor), browsers inside
+    # it: one Gate, so one bucket per client. Two buckets would let this client send 4 at once, not 2.
+    own_page = {"origin": "http://testserver"}
+    with collector(db, rate_limit_per_second=0.001, rate_limit_burst=2) as c:
+        codes = [
+            c.post("/v1/events", json=make_event()).status_code,
+            c.post("/v1/events", json=make_event(), headers=own_page).status_code,
+            c.post("/v1/events", json=make_event()).status_code,
+            c.post("/v1/events", json=make_event(), headers=own_page).status_code,
+        ]
+    assert codes == [202, 202, 429, 429]
+    assert rows(db, "SELECT count(*) FROM ubi_events") == [(2,)]
