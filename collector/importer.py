@@ -8,6 +8,7 @@ collector's ``/v1/bulk`` route in chunks instead, so the one writer stays the on
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,7 +212,7 @@ def chunks(
     chunk: list[RawItem] = []
     size = 0
     for item in items:
-        cost = len(item.raw) + 80
+        cost = len(item.raw_bytes()) + 80
         if chunk and (len(chunk) >= max_items or size + cost > max_bytes):
             yield chunk
             chunk, size = [], 0
@@ -222,10 +223,7 @@ def chunks(
 
 
 def _renumber(chunk: list[RawItem]) -> list[RawItem]:
-    return [
-        RawItem(i, it.kind, it.value, it.raw, it.error, it.field, it.event_id, it.line)
-        for i, it in enumerate(chunk)
-    ]
+    return [dataclasses.replace(it, index=i) for i, it in enumerate(chunk)]
 
 
 def bulk_body(chunk: Sequence[RawItem]) -> bytes:
@@ -238,7 +236,7 @@ def bulk_body(chunk: Sequence[RawItem]) -> bytes:
         if it.event_id is not None:
             meta["_id"] = it.event_id
         out.append(orjson.dumps({"index": meta}))
-        out.append(it.raw.replace(b"\n", b" "))
+        out.append(it.raw_bytes().replace(b"\n", b" "))
     return b"\n".join(out) + b"\n"
 
 

@@ -150,3 +150,18 @@ def test_a_timestamp_out_of_range_rejects_its_item_only(tmp_path):
     )
     v = validate_items(parse_items(body, "event"))
     assert (len(v.events), [(e.index, e.field) for e in v.errors]) == (1, [(1, "timestamp")])
+
+
+def test_array_items_are_serialised_again_only_when_rejected(make_event, monkeypatch):
+    import collector.ingest as ingest
+
+    calls = []
+    real = ingest._item_bytes
+    monkeypatch.setattr(ingest, "_item_bytes", lambda value, body: calls.append(value) or real(value, body))
+    bad = {"action_name": "click"}  # no timestamp
+    last = make_event()
+    out = validate_items(parse_items(orjson.dumps([make_event(), bad, last]), "event"))
+    assert len(out.events) == 2 and [e.index for e in out.errors] == [1]
+    assert calls == [bad]  # the rejected item's bytes, for failed_records; the valid ones are never copied
+    assert orjson.loads(out.errors[0].raw) == bad
+    assert orjson.loads(out.raws[2]) == last  # a record filter may still ask for a valid item's bytes
