@@ -159,3 +159,37 @@ def test_requests_from_an_event_loop_are_answered_by_the_commit_even_if_one_gave
     assert [r.accepted for i, r in enumerate(results) if i != 1] == [1, 1, 1, 1, 1]
     # the cancelled request's event was committed all the same (202 was simply never sent for it)
     assert sink.store.read("SELECT count(*) FROM ubi_events") == [(6,)]
+
+
+def test_large_groups_commit_with_a_short_gil_switch_interval_and_restore_it(sink, make_event, monkeypatch):
+    import sys
+
+    import collector.sinks.duckdb as duckdb_sink
+
+    seen = []
+    real = duckdb_sink.ingest_many
+
+    def spy(store, batches):
+        seen.append(sys.getswitchinterval())
+        return real(store, batches)
+
+    monkeypatch.setattr(duckdb_sink, "ingest_many", spy)
+    before = sys.getswitchinterval()
+    big = batch(*[make_event() for _ in range(duckdb_sink.BIG_GROUP_ROWS)])
+    assert sink.write(big, source="t").accepted == duckdb_sink.BIG_GROUP_ROWS
+    assert sink.write(batch(make_event()), source="t").accepted == 1
+    assert seen == [duckdb_sink.SHORT_SWITCH_INTERVAL, before]  # single-event groups keep the default
+    assert sys.getswitchinterval() == before
+
+
+def test_the_short_switch_interval_lasts_until_the_last_user_leaves():
+    import sys
+
+    from collector.sinks.duckdb import SHORT_SWITCH_INTERVAL, _gil_handover
+
+    before = sys.getswitchinterval()
+    with _gil_handover():
+        with _gil_handover():  # a second sink's writer, overlapping
+            assert sys.getswitchinterval() == SHORT_SWITCH_INTERVAL
+        assert sys.getswitchinterval() == SHORT_SWITCH_INTERVAL
+    assert sys.getswitchinterval() == before
