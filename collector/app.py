@@ -8,6 +8,9 @@ Extension points (used by the security and Kafka work, and by tests):
 * Modules in :data:`EXTENSION_MODULES` that exist are loaded: ``record_filters(settings) -> list`` (also used
   by ``ubi import``), ``body_filters(settings) -> list`` (:data:`BodyFilter` steps run on a body refused as a
   whole before it is kept) and ``install(app, settings)`` (middleware, extra routes), called in that order.
+* ``app.state.collector.request_checks``: checks run on every request before its body is read. Middleware
+  that refuses requests must register its check here too: ingest POSTs of server-side senders are served
+  by :class:`IngestFrontDoor` ahead of all middleware (``collector.security`` registers its ``Gate``).
 * Typed errors: raise a :class:`~collector.errors.RequestError` subclass; its ``status_code``, ``headers`` and
   ``kind`` become the response and the ``failed_records`` row.
 """
