@@ -8,6 +8,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
+from processors.click_models.common import ClickModelError, check_rank, check_sessions
 from processors.stats import PairIndex, SessionPatterns
 
 
@@ -60,3 +61,48 @@ class ClickModel(Protocol):
     def conditional_click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]: ...
 
     def relevance(self) -> RelevanceEstimate: ...
+
+
+class FittedModel:
+    """What every click model class shares: the guard against use before ``fit`` and the relevance record.
+
+    ``fit`` sets ``pairs``, ``max_rank``, the per-pair support (``impressions``, ``clicks``, ``sessions``)
+    and finally ``_fitted``.
+    """
+
+    name: str
+    pairs: PairIndex
+    max_rank: int
+    impressions: NDArray[np.int64]
+    clicks: NDArray[np.int64]
+    sessions: NDArray[np.int64]
+    _fitted = False
+
+    def _require_fit(self, sessions: SessionPatterns | None = None) -> None:
+        """Raise unless fitted; with ``sessions``, also check them and that their ranks were fitted."""
+        if not self._fitted:
+            raise ClickModelError(f"{self.name}: call fit() before predicting")
+        if sessions is not None:
+            check_sessions(sessions)
+            check_rank(self.max_rank, sessions, self.name)
+
+    def _estimate(
+        self,
+        score: NDArray[np.float64],
+        lo: NDArray[np.float64],
+        hi: NDArray[np.float64],
+        observations: NDArray[np.float64],
+        parameters: dict[str, Any],
+    ) -> RelevanceEstimate:
+        """The model's :class:`RelevanceEstimate`, with the pair support counted at fit time."""
+        return RelevanceEstimate(
+            pairs=self.pairs,
+            score=score,
+            ci_low=lo,
+            ci_high=hi,
+            impressions=self.impressions,
+            clicks=self.clicks,
+            sessions=self.sessions,
+            parameters=parameters,
+            observations=observations,
+        )

@@ -22,10 +22,8 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import RelevanceEstimate
+from processors.click_models.base import FittedModel, RelevanceEstimate
 from processors.click_models.common import (
-    ClickModelError,
-    check_rank,
     check_sessions,
     gather,
     pair_support,
@@ -79,14 +77,11 @@ def cascade_family_probs(
     return out
 
 
-class Cascade:
+class Cascade(FittedModel):
     """Cascade model: attractiveness per (query, doc), the user stops at the first click."""
 
     name = "cascade"
     version = "1"
-
-    def __init__(self) -> None:
-        self._fitted = False
 
     def fit(self, sessions: SessionPatterns) -> Self:
         """α_qd = first clicks / impressions at or above the first click (all ranks if none)."""
@@ -112,13 +107,6 @@ class Cascade:
         self._fitted = True
         return self
 
-    def _require_fit(self, sessions: SessionPatterns | None = None) -> None:
-        if not self._fitted:
-            raise ClickModelError(f"{self.name}: call fit() before predicting")
-        if sessions is not None:
-            check_sessions(sessions)
-            check_rank(self.max_rank, sessions, self.name)
-
     def _alpha(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         return gather(self.alpha, sessions.docs, self.prior_alpha)
 
@@ -139,17 +127,7 @@ class Cascade:
         self._require_fit()
         lo, hi = wilson_interval(self.first_clicks, self.examinations)
         score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
-        return RelevanceEstimate(
-            pairs=self.pairs,
-            score=score,
-            ci_low=lo,
-            ci_high=hi,
-            impressions=self.impressions,
-            clicks=self.clicks,
-            sessions=self.sessions,
-            parameters=self.parameters(),
-            observations=self.examinations,
-        )
+        return self._estimate(score, lo, hi, self.examinations, self.parameters())
 
     def parameters(self) -> dict[str, Any]:
         return {

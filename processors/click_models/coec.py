@@ -69,7 +69,7 @@ class COEC(_CountingModel):
         self._require_fit()
         lo, hi = poisson_ratio_interval(self.clicks, self.expected_clicks)
         score = np.where(np.isnan(self.coec), PRIOR_COEC, self.coec)
-        return self._estimate(
+        return self._counted(
             score,
             lo,
             hi,

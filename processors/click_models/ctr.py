@@ -17,10 +17,8 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import RelevanceEstimate
+from processors.click_models.base import FittedModel, RelevanceEstimate
 from processors.click_models.common import (
-    ClickModelError,
-    check_rank,
     check_sessions,
     gather,
     pair_support,
@@ -38,14 +36,11 @@ def _rank_counts(sessions: SessionPatterns) -> tuple[NDArray[np.float64], NDArra
     return (shown * w).sum(axis=0), ((sessions.clicks & shown) * w).sum(axis=0)
 
 
-class _CountingModel:
+class _CountingModel(FittedModel):
     """Shared state of the counting baselines: support per pair and per rank, global CTR."""
 
     name = "_counting"
     version = "1"
-
-    def __init__(self) -> None:
-        self._fitted = False
 
     def _fit_counts(self, sessions: SessionPatterns) -> None:
         check_sessions(sessions)
@@ -58,13 +53,6 @@ class _CountingModel:
         self.rank_ctr = safe_div(self.rank_clicks, self.rank_impressions, fill=self.global_ctr)
         self._fitted = True
 
-    def _require_fit(self, sessions: SessionPatterns | None = None) -> None:
-        if not self._fitted:
-            raise ClickModelError(f"{self.name}: call fit() before predicting")
-        if sessions is not None:
-            check_sessions(sessions)
-            check_rank(self.max_rank, sessions, self.name)
-
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         raise NotImplementedError
 
@@ -72,24 +60,16 @@ class _CountingModel:
         """Clicks are independent under CTR models: the conditional probabilities are the full ones."""
         return self.click_probs(sessions)
 
-    def _estimate(
+    def _counted(
         self,
         score: NDArray[np.float64],
         lo: NDArray[np.float64],
         hi: NDArray[np.float64],
         params: dict[str, Any],
     ) -> RelevanceEstimate:
-        return RelevanceEstimate(
-            pairs=self.pairs,
-            score=score,
-            ci_low=lo,
-            ci_high=hi,
-            impressions=self.impressions,
-            clicks=self.clicks,
-            sessions=self.sessions,
-            parameters={"model": self.name, "version": self.version, **params},
-            observations=self.impressions.astype(np.float64),  # every impression is a trial of a CTR
-        )
+        # every impression is a trial of a CTR
+        parameters = {"model": self.name, "version": self.version, **params}
+        return self._estimate(score, lo, hi, self.impressions.astype(np.float64), parameters)
 
 
 class GCTR(_CountingModel):
@@ -111,7 +91,7 @@ class GCTR(_CountingModel):
         self._require_fit()
         n = len(self.pairs)
         lo, hi = wilson_interval(np.array([self.rank_clicks.sum()]), np.array([self.rank_impressions.sum()]))
-        return self._estimate(
+        return self._counted(
             np.full(n, self.global_ctr), np.full(n, lo[0]), np.full(n, hi[0]), {"ctr": self.global_ctr}
         )
 
@@ -137,7 +117,7 @@ class RCTR(_CountingModel):
         self._require_fit()
         score = safe_div(self.expected_clicks, self.impressions, fill=self.global_ctr)
         nan = np.full(len(self.pairs), np.nan)
-        return self._estimate(score, nan, nan.copy(), {"rank_ctr": self.rank_ctr.tolist()})
+        return self._counted(score, nan, nan.copy(), {"rank_ctr": self.rank_ctr.tolist()})
 
 
 def expected_clicks(sessions: SessionPatterns, rank_ctr: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -169,4 +149,4 @@ class DCTR(_CountingModel):
         self._require_fit()
         lo, hi = wilson_interval(self.clicks, self.impressions)
         score = np.where(np.isnan(self.pair_ctr), self.global_ctr, self.pair_ctr)
-        return self._estimate(score, lo, hi, {"global_ctr": self.global_ctr, "prior": "global CTR"})
+        return self._counted(score, lo, hi, {"global_ctr": self.global_ctr, "prior": "global CTR"})

@@ -30,12 +30,11 @@ from typing import Any, NamedTuple, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import RelevanceEstimate
+from processors.click_models.base import FittedModel, RelevanceEstimate
 from processors.click_models.cascade import cascade_family_probs, click_extent
 from processors.click_models.common import (
     ClickModelError,
     beta_interval,
-    check_rank,
     check_sessions,
     gather,
     pair_support,
@@ -254,7 +253,7 @@ def dbn_em(
     )
 
 
-class DBN:
+class DBN(FittedModel):
     """Dynamic Bayesian network: attractiveness α and satisfaction σ per pair, persistence γ, fitted by EM."""
 
     name = "dbn"
@@ -270,7 +269,6 @@ class DBN:
         self.max_iter = max_iter
         self.tol = tol
         self.fixed_gamma = gamma
-        self._fitted = False
 
     def fit(self, sessions: SessionPatterns) -> Self:
         """EM from the SDBN counting estimates (α, σ clipped into [0.01, 0.99]) and γ = 0.9."""
@@ -299,13 +297,6 @@ class DBN:
         self._fitted = True
         return self
 
-    def _require_fit(self, sessions: SessionPatterns | None = None) -> None:
-        if not self._fitted:
-            raise ClickModelError(f"{self.name}: call fit() before predicting")
-        if sessions is not None:
-            check_sessions(sessions)
-            check_rank(self.max_rank, sessions, self.name)
-
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """P(C_k = 1) = ε_k α_k with ε_1 = 1, ε_{k+1} = ε_k γ (1 − α_k σ_k)."""
         self._require_fit(sessions)
@@ -332,16 +323,8 @@ class DBN:
         s_lo, s_hi = beta_interval(s * self.clicks, self.clicks.astype(np.float64))
         # no clicks: σ is unconstrained by data, so the product's interval spans [0, α_hi]
         s_lo, s_hi = np.where(self.clicks > 0, s_lo, 0.0), np.where(self.clicks > 0, s_hi, 1.0)
-        return RelevanceEstimate(
-            pairs=self.pairs,
-            score=a * s,
-            ci_low=a_lo * s_lo,
-            ci_high=a_hi * s_hi,
-            impressions=self.impressions,
-            clicks=self.clicks,
-            sessions=self.sessions,
-            parameters=self.parameters(),
-            observations=self.expected_examinations,
+        return self._estimate(
+            a * s, a_lo * s_lo, a_hi * s_hi, self.expected_examinations, self.parameters()
         )
 
     def parameters(self) -> dict[str, Any]:

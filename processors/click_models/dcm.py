@@ -22,11 +22,9 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import RelevanceEstimate
+from processors.click_models.base import FittedModel, RelevanceEstimate
 from processors.click_models.cascade import cascade_family_probs, click_extent
 from processors.click_models.common import (
-    ClickModelError,
-    check_rank,
     check_sessions,
     gather,
     pair_support,
@@ -58,14 +56,11 @@ def last_click_counts(
     return exams, clicks, examined, is_last, last
 
 
-class DCM:
+class DCM(FittedModel):
     """Dependent click model: attractiveness per pair, continuation λ_k after a click at rank k."""
 
     name = "dcm"
     version = "1"
-
-    def __init__(self) -> None:
-        self._fitted = False
 
     def fit(self, sessions: SessionPatterns) -> Self:
         """Counting estimates of α (ranks at or above the last click) and λ_k (1 − last clicks / clicks)."""
@@ -87,13 +82,6 @@ class DCM:
         self.impressions, self.clicks, self.sessions = pair_support(sessions)
         self._fitted = True
         return self
-
-    def _require_fit(self, sessions: SessionPatterns | None = None) -> None:
-        if not self._fitted:
-            raise ClickModelError(f"{self.name}: call fit() before predicting")
-        if sessions is not None:
-            check_sessions(sessions)
-            check_rank(self.max_rank, sessions, self.name)
 
     def _inputs(self, sessions: SessionPatterns) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         a = gather(self.alpha, sessions.docs, self.prior_alpha)
@@ -117,17 +105,7 @@ class DCM:
         self._require_fit()
         lo, hi = wilson_interval(self.examined_clicks, self.examinations)
         score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
-        return RelevanceEstimate(
-            pairs=self.pairs,
-            score=score,
-            ci_low=lo,
-            ci_high=hi,
-            impressions=self.impressions,
-            clicks=self.clicks,
-            sessions=self.sessions,
-            parameters=self.parameters(),
-            observations=self.examinations,
-        )
+        return self._estimate(score, lo, hi, self.examinations, self.parameters())
 
     def parameters(self) -> dict[str, Any]:
         return {

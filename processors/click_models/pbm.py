@@ -24,14 +24,13 @@ from typing import Any, NamedTuple, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import RelevanceEstimate
+from processors.click_models.base import FittedModel, RelevanceEstimate
 from processors.click_models.common import (
     AnyArray,
     ClickModelError,
     bernoulli_loglik,
     beta_interval,
     check_cells,
-    check_rank,
     check_sessions,
     gather,
     pair_support,
@@ -147,18 +146,72 @@ def effective_trials(
     return weighted_count(cell_pair, imps * weight, len(alpha))
 
 
-class PBM:
+class ExaminationEM(FittedModel):
+    """What PBM and UBM share: P(C) = examination(group) · α(pair), fitted by :func:`factorised_em` on cells.
+
+    The two differ only in what indexes examination (the rank; the rank and previous click rank) and in how
+    that examination is reported.
+    """
+
+    def __init__(self, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL) -> None:
+        if max_iter < 1 or tol <= 0:
+            raise ClickModelError(f"{self.name.upper()} needs max_iter >= 1 and tol > 0, got {max_iter}, {tol}")
+        self.max_iter = max_iter
+        self.tol = tol
+
+    def _fit_em(
+        self,
+        pairs: PairIndex,
+        pair: NDArray[np.int64],
+        exam_id: NDArray[np.int64],
+        imps: NDArray[np.float64],
+        clk: NDArray[np.float64],
+        exam0: NDArray[np.float64],
+    ) -> EmResult:
+        """Run EM from ``exam0`` and set α (NaN for pairs never shown), the prior α and the pair support."""
+        self.pairs = pairs
+        n_pairs = len(pairs)
+        alpha0 = initial_alpha(pair, exam_id, imps, clk, exam0, n_pairs)
+        res = factorised_em(pair, exam_id, imps, clk, exam0, alpha0, self.max_iter, self.tol)
+        pair_imps = weighted_count(pair, imps, n_pairs)
+        self.alpha = np.where(pair_imps > 0, res.alpha, np.nan)
+        self.log_likelihood_trace = res.log_likelihood
+        self.iterations = res.iterations
+        self.converged = res.converged
+        expected = float((imps * res.exam[exam_id]).sum())  # expected examinations
+        self.prior_alpha = min(max(float(clk.sum()) / expected, 0.0), 1.0) if expected > 0 else 0.5
+        self._cells = (pair, exam_id, imps)
+        self.impressions = pair_imps.astype(np.int64)
+        self.clicks = weighted_count(pair, clk, n_pairs).astype(np.int64)
+        self.sessions = self.impressions.copy()
+        return res
+
+    def _em_relevance(self, exam: NDArray[np.float64], first: float) -> RelevanceEstimate:
+        """Score = α·``first`` (click probability at the top) with a Jeffreys interval on Fisher-matched counts.
+
+        ``exam`` is examination by ``exam_id``. See :func:`effective_trials`; the uncertainty of examination
+        (shared by all pairs) is ignored. Observations: the expected examinations Σ_impressions
+        min(exam/first, 1).
+        """
+        self._require_fit()
+        first = first if first > 0 else 1.0
+        score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha) * first
+        cell_pair, exam_id, imps = self._cells
+        examined = np.minimum(exam / first, 1.0)[exam_id]
+        n_eff = effective_trials(score, cell_pair, examined, imps)
+        lo, hi = beta_interval(score * n_eff, n_eff)
+        observations = weighted_count(cell_pair, imps * examined, len(self.pairs))
+        return self._estimate(score, lo, hi, observations, self.parameters())
+
+    def parameters(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class PBM(ExaminationEM):
     """Position-based model: examination θ_k per rank times attractiveness α per (query, doc), fitted by EM."""
 
     name = "pbm"
     version = "1"
-
-    def __init__(self, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL) -> None:
-        if max_iter < 1 or tol <= 0:
-            raise ClickModelError(f"PBM needs max_iter >= 1 and tol > 0, got {max_iter}, {tol}")
-        self.max_iter = max_iter
-        self.tol = tol
-        self._fitted = False
 
     def fit(self, sessions: SessionPatterns) -> Self:
         """Aggregate the patterns to (pair, rank) cells, then run EM on them (see :meth:`fit_cells`)."""
@@ -170,30 +223,13 @@ class PBM:
     def fit_cells(self, cells: ClickCells) -> Self:
         """EM over cells aggregated elsewhere (e.g. in DuckDB); ``sessions`` per pair = impressions then."""
         check_cells(cells)
-        self.pairs: PairIndex = cells.pairs
-        self.max_rank = cells.max_rank
-        n_pairs, k = len(cells.pairs), cells.max_rank
+        k = self.max_rank = cells.max_rank
         imps = cells.impressions.astype(np.float64)
         clk = cells.clicks.astype(np.float64)
         exam_id = cells.rank - 1
-        rank_imps = weighted_count(exam_id, imps, k)
-        theta0 = initial_exam(weighted_count(exam_id, clk, k), rank_imps)
-        alpha0 = initial_alpha(cells.pair, exam_id, imps, clk, theta0, n_pairs)
-        res = factorised_em(cells.pair, exam_id, imps, clk, theta0, alpha0, self.max_iter, self.tol)
-        self.rank_impressions = rank_imps
-        self.theta = res.exam  # raw EM scale
-        pair_imps = weighted_count(cells.pair, imps, n_pairs)
-        self.alpha = np.where(pair_imps > 0, res.alpha, np.nan)
-        self.log_likelihood_trace = res.log_likelihood
-        self.iterations = res.iterations
-        self.converged = res.converged
-        expected_exams = weighted_count(cells.pair, imps * self.theta[exam_id], n_pairs)
-        self.prior_alpha = float(clk.sum() / expected_exams.sum()) if expected_exams.sum() > 0 else 0.5
-        self.prior_alpha = min(max(self.prior_alpha, 0.0), 1.0)
-        self._cells = (cells.pair, exam_id, imps)
-        self.impressions = pair_imps.astype(np.int64)
-        self.clicks = weighted_count(cells.pair, clk, n_pairs).astype(np.int64)
-        self.sessions = self.impressions.copy()
+        self.rank_impressions = weighted_count(exam_id, imps, k)
+        theta0 = initial_exam(weighted_count(exam_id, clk, k), self.rank_impressions)
+        self.theta = self._fit_em(cells.pairs, cells.pair, exam_id, imps, clk, theta0).exam  # raw EM scale
         self._fitted = True
         return self
 
@@ -203,13 +239,6 @@ class PBM:
         self._require_fit()
         t = np.where(self.rank_impressions > 0, self.theta, np.nan)
         return t / t[0] if t[0] > 0 else np.full_like(t, np.nan)
-
-    def _require_fit(self, sessions: SessionPatterns | None = None) -> None:
-        if not self._fitted:
-            raise ClickModelError(f"{self.name}: call fit() before predicting")
-        if sessions is not None:
-            check_sessions(sessions)
-            check_rank(self.max_rank, sessions, self.name)
 
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """P(C_k = 1) = θ_k·α_qd (prior α₀ for unseen pairs)."""
@@ -222,29 +251,9 @@ class PBM:
         return self.click_probs(sessions)
 
     def relevance(self) -> RelevanceEstimate:
-        """Score = α·θ_1 (click probability at rank 1) with a Jeffreys interval on Fisher-matched counts.
-
-        See :func:`effective_trials`; the uncertainty of θ (shared by all pairs) is ignored. Observations: the
-        expected examinations Σ_impressions min(θ_k/θ_1, 1).
-        """
+        """Score = α·θ_1 (click probability at rank 1); see :meth:`ExaminationEM._em_relevance`."""
         self._require_fit()
-        t1 = float(self.theta[0]) if self.theta[0] > 0 else 1.0
-        score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha) * t1
-        cell_pair, exam_id, imps = self._cells
-        exam = np.minimum(self.theta / t1, 1.0)[exam_id]
-        n_eff = effective_trials(score, cell_pair, exam, imps)
-        lo, hi = beta_interval(score * n_eff, n_eff)
-        return RelevanceEstimate(
-            pairs=self.pairs,
-            score=score,
-            ci_low=lo,
-            ci_high=hi,
-            impressions=self.impressions,
-            clicks=self.clicks,
-            sessions=self.sessions,
-            parameters=self.parameters(),
-            observations=weighted_count(cell_pair, imps * exam, len(self.pairs)),  # expected examinations
-        )
+        return self._em_relevance(self.theta, float(self.theta[0]))
 
     def parameters(self) -> dict[str, Any]:
         """Model-level parameters worth recording with every judgment."""

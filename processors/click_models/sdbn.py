@@ -19,10 +19,8 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import RelevanceEstimate
+from processors.click_models.base import FittedModel, RelevanceEstimate
 from processors.click_models.common import (
-    ClickModelError,
-    check_rank,
     check_sessions,
     gather,
     pair_support,
@@ -35,14 +33,11 @@ from processors.click_models.dcm import last_click_counts
 from processors.stats import PairIndex, SessionPatterns
 
 
-class SDBN:
+class SDBN(FittedModel):
     """Simplified DBN (γ = 1): attractiveness and satisfaction per pair by counting."""
 
     name = "sdbn"
     version = "1"
-
-    def __init__(self) -> None:
-        self._fitted = False
 
     def fit(self, sessions: SessionPatterns) -> Self:
         """α = clicks / examined impressions, σ = last clicks / clicks (examined = at or above the last click)."""
@@ -60,13 +55,6 @@ class SDBN:
         self.impressions, self.clicks, self.sessions = pair_support(sessions)
         self._fitted = True
         return self
-
-    def _require_fit(self, sessions: SessionPatterns | None = None) -> None:
-        if not self._fitted:
-            raise ClickModelError(f"{self.name}: call fit() before predicting")
-        if sessions is not None:
-            check_sessions(sessions)
-            check_rank(self.max_rank, sessions, self.name)
 
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """P(C_k = 1) = ε_k α_k, ε_1 = 1, ε_{k+1} = ε_k (1 − α_k σ_k)."""
@@ -96,17 +84,7 @@ class SDBN:
             np.where(self.examined_clicks > 0, s_lo, 0.0),
             np.where(self.examined_clicks > 0, s_hi, 1.0),
         )
-        return RelevanceEstimate(
-            pairs=self.pairs,
-            score=a * s,
-            ci_low=a_lo * s_lo,
-            ci_high=a_hi * s_hi,
-            impressions=self.impressions,
-            clicks=self.clicks,
-            sessions=self.sessions,
-            parameters=self.parameters(),
-            observations=self.examinations,
-        )
+        return self._estimate(a * s, a_lo * s_lo, a_hi * s_hi, self.examinations, self.parameters())
 
     def parameters(self) -> dict[str, Any]:
         return {

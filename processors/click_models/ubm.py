@@ -25,23 +25,14 @@ from processors.click_models.base import RelevanceEstimate
 from processors.click_models.common import (
     AnyArray,
     ClickModelError,
-    beta_interval,
-    check_rank,
     check_sessions,
     gather,
     pair_support,
     safe_div,
     weighted_count,
 )
-from processors.click_models.pbm import (
-    DEFAULT_MAX_ITER,
-    DEFAULT_TOL,
-    effective_trials,
-    factorised_em,
-    initial_alpha,
-    initial_exam,
-)
-from processors.stats import PairIndex, SessionPatterns, UbmCells, ubm_cells_from_sessions
+from processors.click_models.pbm import ExaminationEM, initial_exam
+from processors.stats import SessionPatterns, UbmCells, ubm_cells_from_sessions
 
 
 def _check_ubm_cells(cells: UbmCells) -> None:
@@ -91,18 +82,11 @@ def ubm_full_click_probs(alpha: NDArray[np.float64], gamma: NDArray[np.float64])
     return out
 
 
-class UBM:
+class UBM(ExaminationEM):
     """User browsing model: examination γ_{k,k'} by rank and previous click rank, attractiveness α per pair."""
 
     name = "ubm"
     version = "1"
-
-    def __init__(self, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL) -> None:
-        if max_iter < 1 or tol <= 0:
-            raise ClickModelError(f"UBM needs max_iter >= 1 and tol > 0, got {max_iter}, {tol}")
-        self.max_iter = max_iter
-        self.tol = tol
-        self._fitted = False
 
     def fit(self, sessions: SessionPatterns) -> Self:
         """Aggregate to (pair, rank, previous click) cells, then run EM on them (see :meth:`fit_cells`)."""
@@ -114,31 +98,16 @@ class UBM:
     def fit_cells(self, cells: UbmCells) -> Self:
         """EM over cells aggregated elsewhere (e.g. in DuckDB); ``sessions`` per pair = impressions then."""
         _check_ubm_cells(cells)
-        self.pairs: PairIndex = cells.pairs
         k = self.max_rank = cells.max_rank
-        n_pairs = len(cells.pairs)
         imps = cells.impressions.astype(np.float64)
         clk = cells.clicks.astype(np.float64)
         exam_id = (cells.rank - 1) * k + cells.prev_click
         group_imps = weighted_count(exam_id, imps, k * k)
         gamma0 = initial_exam(weighted_count(exam_id, clk, k * k), group_imps)
-        alpha0 = initial_alpha(cells.pair, exam_id, imps, clk, gamma0, n_pairs)
-        res = factorised_em(cells.pair, exam_id, imps, clk, gamma0, alpha0, self.max_iter, self.tol)
-        seen = group_imps > 0
-        gamma = np.where(seen, res.exam, np.nan).reshape(k, k)
+        res = self._fit_em(cells.pairs, cells.pair, exam_id, imps, clk, gamma0)
+        gamma = np.where(group_imps > 0, res.exam, np.nan).reshape(k, k)
         self.gamma_impressions = group_imps.reshape(k, k)
         self.gamma = _fill_unseen(gamma, self.gamma_impressions)
-        pair_imps = weighted_count(cells.pair, imps, n_pairs)
-        self.alpha = np.where(pair_imps > 0, res.alpha, np.nan)
-        self.log_likelihood_trace = res.log_likelihood
-        self.iterations = res.iterations
-        self.converged = res.converged
-        expected = float((imps * res.exam[exam_id]).sum())
-        self.prior_alpha = min(max(float(clk.sum()) / expected, 0.0), 1.0) if expected > 0 else 0.5
-        self._cells = (cells.pair, exam_id, imps)
-        self.impressions = pair_imps.astype(np.int64)
-        self.clicks = weighted_count(cells.pair, clk, n_pairs).astype(np.int64)
-        self.sessions = self.impressions.copy()
         self._fitted = True
         return self
 
@@ -148,13 +117,6 @@ class UBM:
         self._require_fit()
         g = np.where(self.gamma_impressions > 0, self.gamma, np.nan)
         return g / self.gamma[0, 0] if self.gamma[0, 0] > 0 else np.full_like(g, np.nan)
-
-    def _require_fit(self, sessions: SessionPatterns | None = None) -> None:
-        if not self._fitted:
-            raise ClickModelError(f"{self.name}: call fit() before predicting")
-        if sessions is not None:
-            check_sessions(sessions)
-            check_rank(self.max_rank, sessions, self.name)
 
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """Unconditional P(C_k = 1), summing over where the previous click may have been."""
@@ -171,28 +133,9 @@ class UBM:
         return alpha * self.gamma[np.arange(k)[None, :], prev]
 
     def relevance(self) -> RelevanceEstimate:
-        """Score = α·γ_{1,0} (click probability at rank 1) with a Jeffreys interval on Fisher-matched counts.
-
-        Observations: the expected examinations Σ_impressions min(γ_{k,k'}/γ_{1,0}, 1).
-        """
+        """Score = α·γ_{1,0} (click probability at rank 1); see :meth:`ExaminationEM._em_relevance`."""
         self._require_fit()
-        g10 = float(self.gamma[0, 0]) if self.gamma[0, 0] > 0 else 1.0
-        score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha) * g10
-        cell_pair, exam_id, imps = self._cells
-        exam = np.minimum(self.gamma.ravel() / g10, 1.0)[exam_id]
-        n_eff = effective_trials(score, cell_pair, exam, imps)
-        lo, hi = beta_interval(score * n_eff, n_eff)
-        return RelevanceEstimate(
-            pairs=self.pairs,
-            score=score,
-            ci_low=lo,
-            ci_high=hi,
-            impressions=self.impressions,
-            clicks=self.clicks,
-            sessions=self.sessions,
-            parameters=self.parameters(),
-            observations=weighted_count(cell_pair, imps * exam, len(self.pairs)),  # expected examinations
-        )
+        return self._em_relevance(self.gamma.ravel(), float(self.gamma[0, 0]))
 
     def parameters(self) -> dict[str, Any]:
         """Model-level parameters worth recording with every judgment (γ ratios as [rank-1][prev click])."""
