@@ -230,8 +230,7 @@ class MetricsMiddleware:
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             method = scope.get("method", "")
-            self.metrics.observe_latency(time.perf_counter() - started, route=route, method=method)
-            self.metrics.inc("ubi_requests_total", route=route, method=method, status=str(status))
+            self.metrics.request_done(time.perf_counter() - started, route=route, method=method, status=status)
 
 
 #: Serves one ingest request: (collector, scope, receive, kind, route) -> (status, headers, body).
@@ -317,9 +316,8 @@ class IngestFrontDoor:
             status, headers, body = error_answer(InternalError("internal error; the collector logged it"))
             await _answer(send, status, headers, body)
         finally:
-            metrics = self.collector.metrics
-            metrics.observe_latency(time.perf_counter() - started, route=path, method="POST")
-            metrics.inc("ubi_requests_total", route=path, method="POST", status=str(status))
+            seconds = time.perf_counter() - started
+            self.collector.metrics.request_done(seconds, route=path, method="POST", status=status)
 
 
 class InternalError(RequestError):

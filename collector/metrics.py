@@ -82,6 +82,11 @@ class Metrics:
                 hist = self._latency[key] = Histogram()
             hist.observe(seconds)
 
+    def request_done(self, seconds: float, *, route: str, method: str, status: int) -> None:
+        """One answered request: its latency and its count by status."""
+        self.observe_latency(seconds, route=route, method=method)
+        self.inc("ubi_requests_total", route=route, method=method, status=str(status))
+
     def value(self, name: str, **labels: str) -> float:
         """One counter's current value (0 when never incremented)."""
         return self._counters[name].get(tuple(sorted(labels.items())), 0.0)
