@@ -116,44 +116,37 @@ class DuckDBLoader:
                 failed.append(f)
         now = utcnow()
 
+        def conflict_row(fid: str, origin: Any, field: str, reason: str) -> dict[str, Any] | None:
+            """The failed_records row of one conflict, once per failed_id (a second copy in this batch is
+            skipped; a copy kept by an earlier delivery the store ignores)."""
+            if fid in seen:
+                return None
+            seen.add(fid)
+            rec = origin.record
+            row = failed_row(
+                source=rec.topic, kind="conflict", field=field, received_at=now, raw=origin.raw(),
+                item_index=origin.line, kafka=(rec.topic, rec.partition, rec.offset), reason=reason)
+            row["failed_id"] = fid
+            return row
+
         def keep_conflicts(positions: Any) -> pa.Table | None:
-            rows = []
-            for pos in positions:
-                fid = c_ids[pos]
-                if fid in seen:
-                    continue
-                seen.add(fid)
-                origin = batch.query_origin[pos]
-                rec = origin.record
-                row = failed_row(
-                    source=rec.topic, kind="conflict", field="query_id", received_at=now, raw=origin.raw(),
-                    item_index=origin.line, kafka=(rec.topic, rec.partition, rec.offset),
-                    reason=f"query_key {q_keys[pos]!r} is already stored with different content; first write "
-                           "wins, this record is kept as a conflict")
-                row["failed_id"] = fid
-                rows.append(row)
-            return failed_arrow(rows) if rows else None
+            rows = [conflict_row(
+                c_ids[pos], batch.query_origin[pos], "query_id",
+                f"query_key {q_keys[pos]!r} is already stored with different content; first write wins, "
+                "this record is kept as a conflict") for pos in positions]
+            kept = [r for r in rows if r is not None]
+            return failed_arrow(kept) if kept else None
 
         def keep_event_conflicts(positions: Any) -> pa.Table | None:
             if events is None:
                 return None
-            rows = []
             taken = events.take(pa.array(positions, pa.int64())).to_pylist()
-            for pos, row in zip(positions, taken, strict=True):
-                fid = conflict_id(row["event_key"], event_content_hash(row))
-                if fid in seen:  # a second copy in this batch (a copy kept before: the store ignores it)
-                    continue
-                seen.add(fid)
-                origin = batch.event_origin[pos]
-                rec = origin.record
-                kept = failed_row(
-                    source=rec.topic, kind="conflict", field="event_id", received_at=now, raw=origin.raw(),
-                    item_index=origin.line, kafka=(rec.topic, rec.partition, rec.offset),
-                    reason=f"event_id {row['event_id']!r} is already stored for an event with different "
-                           "content; first write wins, this event is kept as a conflict")
-                kept["failed_id"] = fid
-                rows.append(kept)
-            return failed_arrow(rows) if rows else None
+            rows = [conflict_row(
+                conflict_id(row["event_key"], event_content_hash(row)), batch.event_origin[pos], "event_id",
+                f"event_id {row['event_id']!r} is already stored for an event with different content; first "
+                "write wins, this event is kept as a conflict") for pos, row in zip(positions, taken, strict=True)]
+            kept = [r for r in rows if r is not None]
+            return failed_arrow(kept) if kept else None
 
         outcome = self.store.write_rows(queries, events, failed_arrow(failed) if failed else None,
                                         conflicts=keep_conflicts, event_conflicts=keep_event_conflicts)
