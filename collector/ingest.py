@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from collector.errors import RequestError, TooLarge  # noqa: F401  (TooLarge: re-exported)
 from collector.store import DUPLICATE, INSERTED, Store, failed_row, failed_table, utcnow
+from schemas import tables
 from schemas.ubi import CANONICAL_OPTIONS, UbiEvent, UbiQuery
 
 Kind = Literal["query", "event"]
@@ -422,50 +423,24 @@ def _naive_utc(ts: datetime | None) -> datetime | None:
     return ts.replace(tzinfo=None) if ts is not None else None
 
 
-QUERY_SCHEMA = pa.schema(
-    [
-        ("query_key", pa.string()),
-        ("query_id", pa.string()),
-        ("user_query", pa.string()),
-        ("client_id", pa.string()),
-        ("application", pa.string()),
-        ("timestamp", pa.timestamp("us")),
-        ("query_attributes", pa.string()),
-        ("object_id_field", pa.string()),
-        ("query_response_id", pa.string()),
-        ("query_response_hit_ids", pa.list_(pa.string())),
-        ("extra", pa.string()),
-        ("content_hash", pa.string()),
-        ("received_at", pa.timestamp("us")),
-    ]
-)
+#: Arrow types of the stored columns that are not strings (VARCHAR and JSON columns travel as strings).
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "timestamp": pa.timestamp("us"),
+    "received_at": pa.timestamp("us"),
+    "position_ordinal": pa.int32(),
+    "position_x": pa.float64(),
+    "position_y": pa.float64(),
+    "query_response_hit_ids": pa.list_(pa.string()),
+}
 
-EVENT_SCHEMA = pa.schema(
-    [
-        ("event_key", pa.string()),
-        ("event_id", pa.string()),
-        ("action_name", pa.string()),
-        ("query_id", pa.string()),
-        ("session_id", pa.string()),
-        ("client_id", pa.string()),
-        ("user_id", pa.string()),
-        ("application", pa.string()),
-        ("timestamp", pa.timestamp("us")),
-        ("message_type", pa.string()),
-        ("message", pa.string()),
-        ("user_query", pa.string()),
-        ("object_id", pa.string()),
-        ("object_id_field", pa.string()),
-        ("object_id_type", pa.string()),
-        ("internal_id", pa.string()),
-        ("position_ordinal", pa.int32()),
-        ("position_x", pa.float64()),
-        ("position_y", pa.float64()),
-        ("event_attributes", pa.string()),
-        ("extra", pa.string()),
-        ("received_at", pa.timestamp("us")),
-    ]
-)
+
+def _arrow_schema(columns: Sequence[str]) -> pa.Schema:
+    """The Arrow schema of stored rows, in the column order of ``schemas.tables``."""
+    return pa.schema([(c, _ARROW_TYPES.get(c, pa.string())) for c in columns])
+
+
+QUERY_SCHEMA = _arrow_schema(tables.QUERY_COLUMNS)
+EVENT_SCHEMA = _arrow_schema(tables.EVENT_COLUMNS)
 
 
 def _query_values(q: UbiQuery, received_at: datetime) -> tuple[Any, ...]:
