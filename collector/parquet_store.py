@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from collector.kafka_records import Decoded, Origin, failed_arrow
+from collector.spool import fsync_dir
 from collector.store import EVENT_CONTENT_COLUMNS, event_content_digest
 from schemas import tables
 from schemas.errors import StoreError
@@ -41,14 +42,6 @@ TABLE_DIRS = ("ubi_queries", "ubi_events", "failed_records")
 #: Where a row came from (partition, offset, line in the message); kept in the Parquet files of
 #: ubi_queries and ubi_events, not shown by the views.
 ORIGIN = pa.schema([("kafka_partition", pa.int32()), ("kafka_offset", pa.int64()), ("kafka_line", pa.int32())])
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PartitionWriter:
@@ -68,7 +61,7 @@ class PartitionWriter:
             os.fsync(fh.fileno())
         final = folder / name
         os.replace(tmp, final)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         self.files += 1
         return final
 

@@ -70,7 +70,8 @@ class Entry:
     end: Position
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (files created, renamed or removed in it) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -160,7 +161,7 @@ class Spool:
         self._write_segment = segments[-1] if segments else max(self.cursor.segment, 1)
         self._fh = open(self._path(self._write_segment), "ab")
         self._write_offset = self._fh.tell()
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     def _read_cursor(self) -> Position:
         path = self.dir / "cursor"
@@ -208,7 +209,7 @@ class Spool:
         self._write_segment += 1
         self._fh = open(self._path(self._write_segment), "ab")
         self._write_offset = 0
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     # ------------------------------------------------------------ replaying
 
@@ -252,7 +253,7 @@ class Spool:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.dir / "cursor")
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
             old = self.cursor
             self.cursor = end
             for s in range(old.segment, end.segment):
