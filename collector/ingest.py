@@ -113,6 +113,10 @@ class Validated:
         self.errors.sort(key=lambda e: e.index)
 
 
+#: ASGI scope key under which the security gate leaves the application of the request's API key.
+APPLICATION_SCOPE_KEY = "ubi.api_key_application"
+
+
 @dataclass(frozen=True)
 class IngestContext:
     """Where a batch came from, for record filters: the route or file, request headers, the peer."""
@@ -120,6 +124,8 @@ class IngestContext:
     source: str
     headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names; empty for files
     client: str | None = None
+    #: The application of the request's API key, as the security gate resolved it (None: no key).
+    application: str | None = None
 
 
 #: A step run on every validated batch before the sink (pseudonymisation, API-key checks, ...). It returns

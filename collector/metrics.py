@@ -61,6 +61,9 @@ class Metrics:
         "ubi_records_rejected_total": "Items rejected and kept in failed_records, by record kind and route.",
         "ubi_requests_total": "HTTP requests answered, by route, method and status code.",
         "ubi_bodies_kept_total": "Whole request bodies kept in failed_records (unparseable or refused).",
+        "ubi_requests_refused_total": "Requests refused before their body was read, by reason (cors_origin: "
+        "a browser origin not in UBI_CORS_ALLOW_ORIGINS / --allow-origin; origin, unauthorized, rate_limited, "
+        "admin_remote).",
     }
 
     def __init__(self) -> None:

@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope
 
 from collector.app import Collector, ORJSONResponse, error_answer, get_collector
 from collector.errors import NotSupported, RequestError, TooLarge
-from collector.ingest import IngestContext, Kind
+from collector.ingest import APPLICATION_SCOPE_KEY, IngestContext, Kind
 from collector.metrics import Labels
 from collector.store import LOADABLE_TABLES, Store
 from schemas.errors import StoreError
@@ -187,7 +187,10 @@ async def ingest(
     inside the middleware and the front door outside it (:mod:`collector.app`).
     """
     ctx = IngestContext(
-        source=route, headers=Headers(scope=scope), client=(scope.get("client") or (None,))[0]
+        source=route,
+        headers=Headers(scope=scope),
+        client=(scope.get("client") or (None,))[0],
+        application=scope.get(APPLICATION_SCOPE_KEY),
     )
     try:
         body = await read_body(scope, receive, collector.settings.max_body_bytes)

@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import logging
 import math
 import threading
 import time
@@ -33,14 +34,21 @@ from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 from pydantic import ValidationError
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+from starlette.routing import Match
 
 from collector.errors import RequestError
-from collector.ingest import IngestContext, ItemError, RecordFilter, Validated
+from collector.ingest import APPLICATION_SCOPE_KEY, IngestContext, ItemError, RecordFilter, Validated
+from collector.metrics import Metrics
 from schemas.errors import UbiError
 from schemas.settings import Settings
 from schemas.ubi import UbiEvent, UbiQuery
 
 Record = UbiQuery | UbiEvent
+
+log = logging.getLogger("ubi.collector.security")
 
 #: Header and (for ``navigator.sendBeacon``, which cannot set headers) query parameter carrying the key.
 API_KEY_HEADER = "x-api-key"
@@ -66,6 +74,11 @@ class Refused(RequestError):
     kind = "refused"
     keep = False
 
+    def __init__(self, message: str, *, reason: str = "refused", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message, headers=headers)
+        #: ``reason`` label of ``ubi_requests_refused_total``: origin, admin_remote, cors_origin, ...
+        self.reason = reason
+
 
 class Unauthorized(RequestError):
     """A write without a valid API key while keys are configured (401); the body is not stored."""
@@ -73,6 +86,7 @@ class Unauthorized(RequestError):
     status_code = 401
     kind = "unauthorized"
     keep = False
+    reason = "unauthorized"
 
 
 class RateLimited(RequestError):
@@ -81,6 +95,7 @@ class RateLimited(RequestError):
     status_code = 429
     kind = "rate_limited"
     keep = False
+    reason = "rate_limited"
 
 
 # ---------------------------------------------------------------- API keys
@@ -176,15 +191,44 @@ def _header(scope: Mapping[str, Any], name: bytes) -> str | None:
     return None
 
 
-def client_ip(scope: Mapping[str, Any], trusted_proxies: int) -> str:
-    """The client's address: the socket peer, or with ``trusted_proxies`` = n the n-th last X-Forwarded-For hop."""
-    peer = scope.get("client") or ("", 0)
-    if trusted_proxies > 0:
-        forwarded = _header(scope, b"x-forwarded-for")
-        hops = [h.strip() for h in forwarded.split(",") if h.strip()] if forwarded else []
-        if len(hops) >= trusted_proxies:
-            return hops[-trusted_proxies]
-    return str(peer[0])
+def _headers_named(scope: Mapping[str, Any], name: bytes) -> list[str]:
+    return [bytes(v).decode("latin-1") for k, v in scope.get("headers", ()) if k == name]
+
+
+Networks = Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]
+
+
+def proxy_networks(addresses: Iterable[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """``Settings.trusted_proxies`` as networks (a bare address is a network of one)."""
+    return [ipaddress.ip_network(a, strict=False) for a in addresses]
+
+
+def _trusted(host: str, networks: Networks) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return any(address in net for net in networks)
+
+
+def client_ip(scope: Mapping[str, Any], trusted: Networks) -> str:
+    """The client's address: the socket peer, unless the peer is a trusted proxy.
+
+    From a trusted peer, ``X-Forwarded-For`` is read from the right (every hop appends the address it was
+    reached from): each trusted hop hands over to the one before it, and the client is the first address
+    that is not a trusted proxy. Hops left of it were written by the client and are never read, so a
+    client cannot pick its own address by sending the header; from an untrusted peer it is ignored.
+    """
+    peer = str((scope.get("client") or ("", 0))[0])
+    if not trusted or not _trusted(peer, trusted):
+        return peer
+    hops = [h.strip() for value in _headers_named(scope, b"x-forwarded-for") for h in value.split(",")]
+    current = peer
+    for hop in reversed(hops):
+        if not hop or not _trusted(current, trusted):
+            break
+        current = hop
+    return current
 
 
 def is_loopback(host: str) -> bool:
@@ -205,7 +249,112 @@ def origin_allowed(origin: str, host_header: str | None, allowed: Iterable[str])
     return urlsplit(origin).netloc.lower() == host_header.lower()
 
 
+# ---------------------------------------------------------------- the API key of a request
+
+def presented_key(scope: Mapping[str, Any]) -> str | None:
+    """The one API key a request presents: the ``X-API-Key`` header or the ``?api_key=`` parameter.
+
+    The only place a key is read. An empty value counts as missing; a key sent both ways, or twice, is
+    refused (:class:`Unauthorized`) rather than one of them picked, so no later step can read a different
+    key than the one that authenticated.
+    """
+    headers = [v.strip() for v in _headers_named(scope, API_KEY_HEADER.encode()) if v.strip()]
+    query = bytes(scope.get("query_string", b"")).decode("latin-1")
+    params = [v.strip() for k, v in parse_qsl(query, keep_blank_values=True) if k == API_KEY_PARAM and v.strip()]
+    if headers and params:
+        raise Unauthorized(f"API key sent both in X-API-Key and in ?{API_KEY_PARAM}=: send it one way only")
+    found = headers or params
+    if len(found) > 1:
+        where = "X-API-Key headers" if headers else f"?{API_KEY_PARAM}= parameters"
+        raise Unauthorized(f"{len(found)} {where}: send one API key")
+    return found[0] if found else None
+
+
+# ---------------------------------------------------------------- refused origins
+
+
+def origin_advice(origin: str) -> str:
+    """What a refused browser origin is told: which origin, and the one setting that lets it send."""
+    return (
+        f"origin {origin!r} may not send records to this collector: start it with "
+        f"`ubi serve --allow-origin {origin}` or set UBI_CORS_ALLOW_ORIGINS='[\"{origin}\"]'"
+    )
+
+
+_LOGGED_ORIGINS: OrderedDict[str, None] = OrderedDict()
+_LOGGED_LOCK = threading.Lock()
+
+
+def log_refused_origin(origin: str, what: str) -> None:
+    """A warning the first time an origin is refused (then only ``/metrics`` counts it: no log flood)."""
+    with _LOGGED_LOCK:
+        if origin in _LOGGED_ORIGINS:
+            return
+        _LOGGED_ORIGINS[origin] = None
+        while len(_LOGGED_ORIGINS) > 1000:
+            _LOGGED_ORIGINS.popitem(last=False)
+    log.warning("refused %s from browser origin %r (later refusals are counted in /metrics "
+                "ubi_requests_refused_total): %s", what, origin, origin_advice(origin))
+
+
+class TellingCORS(CORSMiddleware):
+    """Starlette's CORS, except that a refused preflight says why: 403 with a JSON body naming the origin
+    and the setting to change, a warning in the log, and ``ubi_requests_refused_total{reason="cors_..."}``
+    (Starlette answers a bare 400 "Disallowed CORS origin" that only a browser's developer tools show).
+
+    The request metric's route label is the route the preflight asked about (not ``unmatched``).
+    """
+
+    def __init__(self, app: Any, *, metrics: Metrics, routes: Callable[[], Sequence[Any]], **options: Any) -> None:
+        super().__init__(app, **options)
+        self.metrics, self.routes = metrics, routes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "OPTIONS":
+            await super().__call__(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        if origin is None or "access-control-request-method" not in headers:
+            await super().__call__(scope, receive, send)
+            return
+        scope["route"] = self._route(scope, headers["access-control-request-method"])
+        response = self.preflight_response(request_headers=headers)
+        if response.status_code < 400:
+            await response(scope, receive, send)
+            return
+        text = bytes(response.body).decode()
+        failed = [f.strip() for f in text.removeprefix("Disallowed CORS ").split(",")]
+        if "origin" in failed:
+            message, reason = origin_advice(origin), "cors_origin"
+            log_refused_origin(origin, "a CORS preflight")
+        else:
+            asked = headers.get("access-control-request-headers", "")
+            message = (
+                f"CORS preflight from {origin!r} refused: {', '.join(failed)} not allowed (asked for "
+                f"method {headers['access-control-request-method']!r}, headers {asked!r}); the collector "
+                f"allows methods {sorted(self.allow_methods)} and headers {sorted(self.allow_headers)}"
+            )
+            reason = "cors_" + failed[0].replace("-", "_")
+            log.warning(message)
+        self.metrics.inc("ubi_requests_refused_total", reason=reason)
+        body = orjson.dumps({"error": "CorsRefused", "message": message})
+        refused = Response(body, status_code=403, media_type="application/json")
+        await refused(scope, receive, send)
+
+    def _route(self, scope: Any, method: str) -> Any:
+        probe = {**scope, "method": method}
+        for route in self.routes():
+            match, _ = route.matches(probe)
+            if match == Match.FULL and hasattr(route, "path"):
+                return route
+        return None
+
+
 # ---------------------------------------------------------------- the middleware
+
+
+Refusal = Refused | Unauthorized | RateLimited
 
 
 class Gate:
@@ -215,15 +364,22 @@ class Gate:
     (``Collector.request_checks``) share it, so they share the rate limiter's buckets.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.keys = ApiKeys.from_settings(settings)
         self.limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
         self.allowed_origins = list(settings.cors_allow_origins)
-        self.trusted_proxies = settings.trusted_proxies
+        self.trusted_proxies = proxy_networks(settings.trusted_proxies)
         self.admin_remote = settings.admin_remote
+        self.metrics = metrics
 
     def check(self, scope: dict[str, Any]) -> RequestError | None:
-        """The refusal for this request, or ``None`` to let it through."""
+        """The refusal for this request, or ``None`` to let it through (refusals are counted in /metrics)."""
+        refusal = self._check(scope)
+        if refusal is not None and self.metrics is not None:
+            self.metrics.inc("ubi_requests_refused_total", reason=refusal.reason)
+        return refusal
+
+    def _check(self, scope: dict[str, Any]) -> Refusal | None:
         path: str = scope.get("path", "")
         method: str = scope.get("method", "GET")
         if method == "OPTIONS" or path.startswith(OPEN_PREFIXES):
@@ -231,7 +387,8 @@ class Gate:
         ip = client_ip(scope, self.trusted_proxies)
         if path.startswith(ADMIN_PREFIXES) and not self.admin_remote and not is_loopback(ip):
             return Refused(
-                f"{path} is only served to loopback clients; set UBI_ADMIN_REMOTE=true to change that"
+                f"{path} is only served to loopback clients; set UBI_ADMIN_REMOTE=true to change that",
+                reason="admin_remote",
             )
         write = method not in ("GET", "HEAD")
         origin = _header(scope, b"origin")
@@ -240,16 +397,18 @@ class Gate:
             and origin is not None
             and not origin_allowed(origin, _header(scope, b"host"), self.allowed_origins)
         ):
-            return Refused(f"origin {origin!r} may not send records here; add it to UBI_CORS_ALLOW_ORIGINS")
+            log_refused_origin(origin, "a write")
+            return Refused(origin_advice(origin), reason="origin")
         application = presented = None
         keyed = write and self.keys.enabled and not path.startswith(ADMIN_PREFIXES)
+        ambiguous: Unauthorized | None = None
         if keyed:
-            header = _header(scope, API_KEY_HEADER.encode())
-            presented = header or _query_param(scope, API_KEY_PARAM)
+            try:
+                presented = presented_key(scope)
+            except Unauthorized as exc:
+                ambiguous = exc
             application = self.keys.application_for(presented)
-            if application is not None and header is None and presented is not None:
-                # A beacon's key came in the URL; the record filter (ApplicationCheck) reads the header.
-                scope["headers"] = [*scope.get("headers", ()), (API_KEY_HEADER.encode(), presented.encode())]
+        scope[APPLICATION_SCOPE_KEY] = application  # what ApplicationCheck compares records with
         # Limit before answering 401, so guessing keys is as rate limited as anything else. A key is shared by
         # every visitor of its application's site, so its buckets are per (application, client IP).
         wait = self.limiter.take(f"key:{application}\x1f{ip}" if application else "ip:" + ip)
@@ -259,6 +418,8 @@ class Gate:
                 f"rate limit of {self.limiter.rate:g} requests/s exceeded; retry in {seconds} s",
                 headers={"Retry-After": str(seconds)},
             )
+        if ambiguous is not None:
+            return ambiguous
         if keyed and application is None:
             what = "an unknown" if presented else "no"
             return Unauthorized(
@@ -285,14 +446,6 @@ class SecurityMiddleware:
         await self.app(scope, receive, send)
 
 
-def _query_param(scope: Mapping[str, Any], name: str) -> str | None:
-    query = bytes(scope.get("query_string", b"")).decode("latin-1")
-    for key, value in parse_qsl(query):
-        if key == name:
-            return value
-    return None
-
-
 async def _send_error(send: Any, error: RequestError) -> None:
     body = orjson.dumps({"error": type(error).__name__, "message": error.message})  # as collector.app does
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -303,13 +456,14 @@ async def _send_error(send: Any, error: RequestError) -> None:
 
 def install(app: Any, settings: Settings) -> None:
     """Add CORS (outermost, so refusals carry CORS headers too) and :class:`SecurityMiddleware` to ``app``."""
-    from starlette.middleware.cors import CORSMiddleware
-
-    gate = Gate(settings)
+    metrics = app.state.collector.metrics
+    gate = Gate(settings, metrics)
     app.add_middleware(SecurityMiddleware, gate=gate)
     app.state.collector.request_checks.append(gate.check)  # the ingest front door runs it too
     app.add_middleware(
-        CORSMiddleware,
+        TellingCORS,
+        metrics=metrics,
+        routes=lambda: app.router.routes,
         allow_origins=list(settings.cors_allow_origins),
         allow_methods=["GET", "POST", "OPTIONS"],
         allow_headers=["content-type", "x-api-key"],
@@ -332,7 +486,7 @@ class ApplicationCheck:
         self.keys = keys
 
     def __call__(self, batch: Validated, ctx: IngestContext) -> Validated:
-        application = self.keys.application_for(ctx.headers.get(API_KEY_HEADER))
+        application = ctx.application  # resolved once, by the gate (presented_key)
         if application is None:  # `ubi import` and other local loaders carry no key: nothing to check
             return batch
         wrong: list[str] = []

@@ -124,8 +124,12 @@ class Settings(BaseSettings):
         default=0.0, ge=0.0, description="requests per second per client (API key and client IP, else client IP); 0 turns the limit off"
     )
     rate_limit_burst: float = Field(default=60.0, ge=1.0, description="requests a client may send at once (bucket size)")
-    trusted_proxies: int = Field(
-        default=0, ge=0, description="reverse proxies in front of the collector; the client IP is read from X-Forwarded-For"
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description='addresses or networks of the reverse proxies in front of the collector, e.g. ["10.0.0.5", '
+        '"10.1.0.0/16"] (JSON in UBI_TRUSTED_PROXIES). X-Forwarded-For is read only from '
+        "these peers, hop by hop from the right, and the client is the first hop that is not one of them. "
+        "Empty (the default): X-Forwarded-For is ignored and the client is the socket peer",
     )
     admin_remote: bool = Field(
         default=False, description="allow /v1/admin/* and /v1/failed from other hosts than loopback (default: loopback only)"
@@ -142,6 +146,65 @@ class Settings(BaseSettings):
         description='fields removed from every record before storage, e.g. ["message"]; dotted paths reach into '
         'objects ("event_attributes.position.x")',
     )
+
+    # --- HTTP server limits (collector/server.py; uvicorn under `ubi serve`) ---
+    idle_timeout_s: float = Field(
+        5.0, gt=0, description="seconds a connection may stay open without a request in progress (fresh or "
+        "kept alive) before the collector closes it",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="seconds a client has, from its request's first byte, to send the whole request "
+        "line and headers (slow senders are disconnected)",
+    )
+    max_connections: int = Field(
+        1000, ge=1, description="open connections the collector holds at once; one more is answered 503 and closed",
+    )
+
+    # --- OpenSearch-compatible ingest (collector/opensearch.py) ---
+    query_index: str = Field(
+        "ubi_queries", pattern=r"^[a-z0-9][a-z0-9_.-]{0,254}$",
+        description="index name that OpenSearch-style senders write query records to (/_bulk, /{index}/_doc)",
+    )
+    event_index: str = Field(
+        "ubi_events", pattern=r"^[a-z0-9][a-z0-9_.-]{0,254}$",
+        description="index name that OpenSearch-style senders write events to (/_bulk, /{index}/_doc)",
+    )
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _proxy_list(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value == 0:  # the former "number of proxies" setting's default: trust none
+                return []
+            raise ValueError(
+                "trusted_proxies is a list of proxy addresses or networks (e.g. [\"10.0.0.5\"]), not a count: "
+                "X-Forwarded-For is trusted only from the peers it names"
+            )
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return value  # JSON: pydantic parses it
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"trusted_proxies: {item!r} is not an IP address or network ({exc})") from None
+        return value
+
+    @field_validator("event_index")
+    @classmethod
+    def _two_indices(cls, value: str, info: Any) -> str:
+        if value == info.data.get("query_index"):
+            raise ValueError(f"event_index and query_index must differ (both {value!r})")
+        return value
 
     @field_validator("api_keys", mode="before")
     @classmethod

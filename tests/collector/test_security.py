@@ -116,6 +116,49 @@ def test_a_beacon_carries_its_key_in_the_url_and_plain_text_json(
         assert r.status_code == 401
 
 
+def test_an_empty_key_header_cannot_lift_the_application_check(
+    db: Path, make_event: Callable[..., Any]
+) -> None:
+    # The attack (issue 11): authenticate with ?api_key=k-shop and send an empty X-API-Key header, which the
+    # application check used to read (and, finding no key, skip): blog's records went in under shop's key.
+    with collector(db, api_keys={"shop": ["k-shop"], "blog": ["k-blog"]}) as c:
+        r = c.post(
+            "/v1/events?api_key=k-shop", json=[make_event(application="blog")], headers={"X-API-Key": ""}
+        )
+        assert r.status_code == 403 and "application 'shop'" in r.json()["message"]
+        # The same request with shop's own records: the empty header is missing, the URL's key counts.
+        r = c.post("/v1/events?api_key=k-shop", json=[make_event()], headers={"X-API-Key": " "})
+        assert r.status_code == 202 and r.json()["accepted"] == 1
+        # A key both ways (even the same key), or twice, is refused: one key, read in one place.
+        for url, headers in [
+            ("/v1/events?api_key=k-shop", {"X-API-Key": "k-shop"}),
+            ("/v1/events?api_key=k-blog", {"X-API-Key": "k-shop"}),
+            ("/v1/events?api_key=k-shop&api_key=k-blog", {}),
+        ]:
+            r = c.post(url, json=[make_event()], headers=headers)
+            assert r.status_code == 401, (url, headers)
+        assert "one way only" in c.post(
+            "/v1/events?api_key=k-shop", json=[make_event()], headers={"X-API-Key": "k-shop"}
+        ).json()["message"]
+    assert rows(db, "SELECT application, count(*) FROM ubi_events GROUP BY 1") == [("shop", 1)]
+    assert rows(db, "SELECT kind FROM failed_records") == [("forbidden",)]  # the blog record, kept
+
+
+def test_presented_key_is_the_one_place_a_key_is_read() -> None:
+    def scope(query: bytes = b"", *headers: bytes) -> dict[str, Any]:
+        return {"query_string": query, "headers": [(b"x-api-key", h) for h in headers]}
+
+    assert security.presented_key(scope(b"api_key=k1")) == "k1"
+    assert security.presented_key(scope(b"", b"k2")) == "k2"
+    assert security.presented_key(scope(b"api_key=k1", b"")) == "k1"  # empty header: missing
+    assert security.presented_key(scope(b"api_key=", b"k2")) == "k2"  # empty parameter: missing
+    assert security.presented_key(scope(b"api_key=&x=1", b"")) is None
+    with pytest.raises(security.Unauthorized, match="one way only"):
+        security.presented_key(scope(b"api_key=k1", b"k1"))
+    with pytest.raises(security.Unauthorized, match="2 X-API-Key headers"):
+        security.presented_key(scope(b"", b"k1", b"k2"))
+
+
 # ---------------------------------------------------------------- rate limits
 
 
@@ -192,11 +235,29 @@ def test_over_the_rate_is_429_with_retry_after(db: Path, make_event: Callable[..
 
 
 def test_the_client_ip_behind_trusted_proxies() -> None:
-    scope = {"client": ("10.0.0.2", 1), "headers": [(b"x-forwarded-for", b"198.51.100.9, 10.0.0.1")]}
-    assert security.client_ip(scope, 0) == "10.0.0.2"  # proxies not trusted: the socket peer
-    assert security.client_ip(scope, 1) == "10.0.0.1"  # one proxy: the last hop it appended
-    assert security.client_ip(scope, 2) == "198.51.100.9"
-    assert security.client_ip(scope, 3) == "10.0.0.2"  # fewer hops than proxies: do not trust the header
+    # Two proxies in a row: 10.0.0.2 (the socket peer) forwarded for 10.0.0.1, which forwarded for the client.
+    scope = {"client": ("10.0.0.2", 1), "headers": [(b"x-forwarded-for", b"192.0.2.66, 198.51.100.9, 10.0.0.1")]}
+    nets = security.proxy_networks
+    assert security.client_ip(scope, []) == "10.0.0.2"  # no proxy trusted: the socket peer
+    assert security.client_ip(scope, nets(["10.0.0.2"])) == "10.0.0.1"  # the hop the peer appended
+    # Both proxies trusted (as one network): the first hop from the right that is not a proxy. The hop left
+    # of it (192.0.2.66) was written by the client itself and is never read.
+    assert security.client_ip(scope, nets(["10.0.0.0/24"])) == "198.51.100.9"
+    # A peer that is not a trusted proxy cannot name the client, whatever it sends.
+    assert security.client_ip(scope, nets(["10.9.0.0/16"])) == "10.0.0.2"
+    # Two header lines count as one list, in order (RFC 9110 section 5.3).
+    split = {"client": ("10.0.0.2", 1), "headers": [(b"x-forwarded-for", b"198.51.100.9"),
+                                                    (b"x-forwarded-for", b"10.0.0.1")]}
+    assert security.client_ip(split, nets(["10.0.0.0/24"])) == "198.51.100.9"
+
+
+def test_trusted_proxies_are_addresses_not_a_count() -> None:
+    assert Settings(trusted_proxies="10.0.0.5, 10.1.0.0/16").trusted_proxies == ["10.0.0.5", "10.1.0.0/16"]
+    assert Settings(trusted_proxies=0).trusted_proxies == []  # the old default still means "none"
+    with pytest.raises(ValidationError, match="not a count"):
+        Settings(trusted_proxies=1)
+    with pytest.raises(ValidationError, match="not an IP address"):
+        Settings(trusted_proxies=["proxy.internal"])
 
 
 # ---------------------------------------------------------------- origins and admin routes
@@ -218,7 +279,7 @@ def test_browsers_may_write_from_the_collectors_own_page_only_by_default(
         pre = c.options(
             "/v1/events", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
         )
-        assert pre.status_code == 400 and "access-control-allow-origin" not in pre.headers
+        assert pre.status_code == 403 and "access-control-allow-origin" not in pre.headers
     assert rows(db, "SELECT count(*) FROM ubi_events") == [(2,)]
     assert rows(db, "SELECT count(*) FROM failed_records") == [(0,)]  # a refused origin's body is not kept
 
@@ -335,7 +396,7 @@ def test_each_client_ip_of_a_key_has_its_own_bucket(db: Path, make_event: Callab
     # One key serves every visitor of a shop's site: a bucket per key alone would let one visitor's burst
     # refuse all the others. Behind one trusted proxy the client IP is the last X-Forwarded-For hop.
     settings = dict(
-        rate_limit_per_second=0.001, rate_limit_burst=2, api_keys={"shop": "k"}, trusted_proxies=1
+        rate_limit_per_second=0.001, rate_limit_burst=2, api_keys={"shop": "k"}, trusted_proxies=["127.0.0.1"]
     )
 
     def post(c: TestClient, forwarded: str) -> int:
@@ -348,7 +409,7 @@ def test_each_client_ip_of_a_key_has_its_own_bucket(db: Path, make_event: Callab
         assert [post(c, "198.51.100.2") for _ in range(3)] == [202, 202, 429]
         # A client cannot mint itself a fresh bucket by prepending hops: only the proxy's hop is read.
         assert post(c, "192.0.2.99, 198.51.100.1") == 429
-    with collector(db, **{**settings, "trusted_proxies": 0}) as c:
+    with collector(db, **{**settings, "trusted_proxies": []}) as c:
         # No trusted proxy: X-Forwarded-For is the client's own claim and is ignored (same peer, one bucket).
         assert [post(c, f"198.51.100.{i}") for i in range(3)] == [202, 202, 429]
     assert rows(db, "SELECT count(*) FROM ubi_events") == [(6,)]
