@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from collector.server import fast_loop
 from schemas.errors import StoreError, StoreLocked, UbiError
 from schemas.settings import Settings
 
@@ -21,8 +22,18 @@ _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)"
 
 def settings_from(args: argparse.Namespace) -> Settings:
     """Settings from the flags that were given (those named like a Settings field), then UBI_* variables."""
+    from pydantic import ValidationError
+
     flags = {k: v for k, v in vars(args).items() if v is not None and k in Settings.model_fields}
-    return Settings(**flags)
+    try:
+        return Settings(**flags)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        name = str(first["loc"][0]) if first["loc"] else "settings"
+        flag = {"cors_allow_origins": "--allow-origin"}.get(name, f"--{name.replace('_', '-')}")
+        where = flag if name in flags else f"UBI_{name.upper()}"
+        message = str(first["msg"]).removeprefix("Value error, ").removeprefix("cors_allow_origins (--allow-origin): ")
+        raise UbiError(f"{where}: {message}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -45,6 +56,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--port", type=int, help="port to listen on (default 8000; 0 picks a free one and prints it)"
     )
     p.add_argument("--sink", choices=available_sinks(), help="where records go (default duckdb)")
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        dest="cors_allow_origins",
+        metavar="URL",
+        help="a web page origin (scheme://host[:port], as the browser sends it) allowed to send records from a "
+        "browser, e.g. --allow-origin https://shop.example; repeat for more (default: $UBI_CORS_ALLOW_ORIGINS, "
+        "else only the collector's own pages)",
+    )
     p.add_argument(
         "--log-level",
         default="warning",
@@ -106,10 +126,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from collector.app import create_app, tune_gc
-    from collector.server import bind_socket, make_server
+    from collector.server import bind_socket, make_server, server_config
     from collector.sinks import create_sink
     from collector.store import advertise
 
@@ -127,14 +145,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(settings, sink)
         if sink.store is not None:
             side = advertise(sink.store.path, url)
-        config = uvicorn.Config(
-            app,
-            log_level=args.log_level,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=10,
-            **_fast_loop(),
-        )
+        config = server_config(app, settings, log_level=args.log_level, timeout_graceful_shutdown=10)
         tune_gc()
         print(
             f"ubi collector listening on {url} (sink {sink.name}"
@@ -152,22 +163,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 
-def _fast_loop() -> dict[str, Any]:
-    """uvloop and httptools when installed (measured faster in bench/ingest.py), else asyncio and h11."""
-    opts: dict[str, Any] = {}
-    try:
-        import uvloop  # noqa: F401
-
-        opts["loop"] = "uvloop"
-    except ImportError:
-        opts["loop"] = "asyncio"
-    try:
-        import httptools  # noqa: F401
-
-        opts["http"] = "httptools"
-    except ImportError:
-        opts["http"] = "h11"
-    return opts
+#: Kept for bench/ingest.py, which reports the stack ``ubi serve`` runs on.
+_fast_loop = fast_loop
 
 
 # ---------------------------------------------------------------- import

@@ -1,11 +1,24 @@
-"""Running the collector app under uvicorn: the listening socket and a server that lets us clean up.
+"""Running the collector app under uvicorn: the listening socket, the server's limits, and a server that
+lets us clean up.
 
-Shared by ``ubi serve`` and the demo search page (``ubi demo --serve``).
+Shared by ``ubi serve`` and the demo search page (``ubi demo --serve``). What uvicorn does not bound on its
+own is bounded here, from :class:`~schemas.settings.Settings`:
+
+* ``idle_timeout_s``: a connection without a request in progress is closed after this long, a fresh one
+  that never sends a byte included (uvicorn's keep-alive timer only starts after a first response);
+* ``header_timeout_s``: from a request's first byte, its request line and headers must be complete within
+  this long, so a client trickling header bytes (slowloris) is disconnected;
+* ``max_connections``: one connection more than this is answered 503 and closed at once;
+* forwarded headers: uvicorn's own ``proxy_headers`` are off (it trusts loopback's ``X-Forwarded-For``
+  by default); the collector reads that header itself, only from ``trusted_proxies``
+  (:func:`collector.security.client_ip`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -13,6 +26,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from schemas.errors import UbiError
+from schemas.settings import Settings
+
+log = logging.getLogger("ubi.collector.server")
+
+#: What a connection over ``max_connections`` is told before it is closed.
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"retry-after: 1\r\ncontent-length: 70\r\n\r\n"
+    b'{"error":"TooManyConnections","message":"connection limit reached"}  '
+)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -49,3 +72,96 @@ def make_server(config: Any) -> Any:
                     signal.signal(sig, handler)
 
     return Server(config)
+
+
+def fast_loop() -> dict[str, Any]:
+    """uvloop and httptools when installed (measured faster in bench/ingest.py), else asyncio and h11."""
+    opts: dict[str, Any] = {}
+    try:
+        import uvloop  # noqa: F401
+
+        opts["loop"] = "uvloop"
+    except ImportError:
+        opts["loop"] = "asyncio"
+    try:
+        import httptools  # noqa: F401
+
+        opts["http"] = "httptools"
+    except ImportError:
+        opts["http"] = "h11"
+    return opts
+
+
+def guarded_protocol(http: str, settings: Settings) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (``httptools`` or ``h11``) with the idle and header timeouts and the
+    connection cap of ``settings`` (see the module docstring)."""
+    if http == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
+
+    header_timeout = settings.header_timeout_s
+    cap = settings.max_connections
+
+    class Guarded(Base):  # type: ignore[misc, valid-type]
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > cap:
+                log.warning("connection from %s refused: %d open connections is the limit (UBI_MAX_CONNECTIONS)",
+                            self.client[0] if self.client else "?", cap)
+                transport.write(_BUSY)
+                transport.close()
+                return
+            # Until its first byte a connection is idle: uvicorn's keep-alive timer closes it, and uvicorn
+            # cancels that timer itself when data arrives.
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+        def data_received(self, data: bytes) -> None:
+            before = self.cycle
+            super().data_received(data)
+            if self.cycle is not before:  # a request's headers completed (each request gets a new cycle)
+                self._cancel_header_timer()
+            elif self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
+                # The first bytes of a request: its headers must be complete within header_timeout.
+                self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_header_timer()
+            super().connection_lost(exc)
+
+        def _cancel_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():
+                log.info("closed a connection from %s: request headers not complete within %g s",
+                         self.client[0] if self.client else "?", header_timeout)
+                self.transport.close()
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{Base.__name__}"
+    return Guarded
+
+
+def server_config(app: Any, settings: Settings, **options: Any) -> Any:
+    """The uvicorn configuration every collector runs with: fast loop, the limits of ``settings``, no
+    ``proxy_headers`` (see the module docstring); ``options`` are passed on (log level, shutdown grace)."""
+    import uvicorn
+
+    stack = fast_loop()
+    return uvicorn.Config(
+        app,
+        loop=stack["loop"],
+        http=guarded_protocol(stack["http"], settings),
+        proxy_headers=False,
+        timeout_keep_alive=max(1, round(settings.idle_timeout_s)),
+        access_log=False,
+        lifespan="on",
+        **options,
+    )

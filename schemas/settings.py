@@ -206,6 +206,20 @@ class Settings(BaseSettings):
             raise ValueError(f"event_index and query_index must differ (both {value!r})")
         return value
 
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        import re
+
+        for origin in value:
+            if origin != "*" and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s?#]+", origin):
+                hint = f"; did you mean {origin.rstrip('/')!r}?" if origin.endswith("/") else ""
+                raise ValueError(
+                    f"cors_allow_origins (--allow-origin): {origin!r} is not an origin: write scheme://host[:port] "
+                    f"exactly as the browser sends it in Origin, without a path or trailing slash{hint}"
+                )
+        return value
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _one_key_or_many(cls, value: Any) -> Any:

@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 
 from collector.demo_site import DemoCatalog, DemoDoc, demo_router
-from collector.server import bind_socket, make_server
+from collector.server import bind_socket, make_server, server_config
 from collector.store import Store
 from schemas.errors import UbiError
 from schemas.settings import Settings
@@ -161,7 +161,6 @@ def serve_demo(settings: Settings | argparse.Namespace, *,
     ``ready(url)`` is called once the socket listens. Stops on SIGINT/SIGTERM after a graceful shutdown:
     acknowledged writes are committed and the store is closed before this returns.
     """
-    import uvicorn
 
     from collector.sinks import create_sink
     from collector.store import advertise
@@ -177,8 +176,7 @@ def serve_demo(settings: Settings | argparse.Namespace, *,
         app = build_demo_app(settings, sink=sink)
         if sink.store is not None:
             side = advertise(sink.store.path, url)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=5)
+        config = server_config(app, settings, log_level="warning", timeout_graceful_shutdown=5)
         server = make_server(config)
         if ready is not None:
             ready(url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -66,14 +67,17 @@ class Served:
         return self.proc.returncode
 
 
-def start_server(db: Path, *extra: str) -> Served:
-    """Start ``ubi serve --port 0`` and return once it listens (it prints its URL after binding)."""
+def start_server(db: Path, *extra: str, env: dict[str, str] | None = None) -> Served:
+    """Start ``ubi serve --port 0`` and return once it listens (it prints its URL after binding).
+
+    ``env``: extra ``UBI_*`` settings for the server process."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0", *extra],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, **(env or {})},
     )
     line = proc.stdout.readline() if proc.stdout else ""
     match = re.search(r"http://127\.0\.0\.1:\d+", line)
