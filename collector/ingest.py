@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,7 +19,7 @@ from typing import Any, Literal
 
 import orjson
 import pyarrow as pa
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from collector.errors import RequestError, TooLarge  # noqa: F401  (TooLarge: re-exported)
 from collector.store import DUPLICATE, INSERTED, Store, failed_row, failed_table, utcnow
@@ -52,9 +54,11 @@ class RawItem:
     raw: bytes | None
     error: str | None = None  # set when the item could not even be parsed
     field: str | None = None
-    event_id: str | None = None  # from a _bulk action line's _id
+    event_id: str | None = None  # from a _bulk action line's _id (validated as event_id is)
     line: int | None = None  # 1-based line of the item's document in the body, when known
     body: bytes = b""  # the whole body: what is kept for an array item too deeply nested to serialise
+    action: str | None = None  # the _bulk action: index or create (the OpenSearch answer names it)
+    index_name: str | None = None  # the _bulk _index as sent
 
     def raw_bytes(self) -> bytes:
         """The item's bytes as ``failed_records`` keeps them."""
@@ -153,6 +157,9 @@ class IngestResult:
     events: int = 0  # accepted events
     query_duplicates: int = 0
     event_duplicates: int = 0
+    #: Request position -> (``created`` or ``duplicate``, the stored key) of each item written, for answers
+    #: that report items one by one (OpenSearch ``_bulk``); empty from sinks that cannot tell (Kafka).
+    item_status: Mapping[int, tuple[str, str]] = field(default_factory=dict)
 
     def public(self, max_errors: int = 1000) -> dict[str, Any]:
         return {
@@ -182,6 +189,104 @@ def _lines(body: bytes) -> Iterator[tuple[int, bytes]]:
             yield number, stripped
 
 
+# ---------------------------------------------------------------- duplicate keys
+
+#: A key followed by whitespace before its colon, or a quote or colon written as a \u escape: the two ways
+#: JSON text can hide a key from :func:`_dropped_keys`' count (then the exact, slower parse decides).
+_HIDES_KEYS = re.compile(rb'"[ \t\r\n]+:|\\u00(?:22|3[aA])')
+
+
+def _dropped_keys(raw: bytes, value: Any) -> bool:
+    """Whether parsing ``raw`` into ``value`` dropped a repeated key (orjson keeps the last value silently).
+
+    Exact, and about as cheap as serialising ``value`` once (C code throughout), so it runs on every body:
+    in JSON text each ``":`` is a key's closing quote and its colon, or an escaped quote (``\\"``) before a
+    colon inside a string. orjson writes ``value`` back with exactly one ``":`` per key it kept and the same
+    strings, so the output has fewer of them than the input iff a key was dropped, provided the input
+    writes no whitespace between a key and its colon and no quote or colon as a ``\\u`` escape
+    (:data:`_HIDES_KEYS`; for such input the exact parse in :func:`duplicate_keys` decides).
+    """
+    if not isinstance(value, dict | list):
+        return False
+    if _HIDES_KEYS.search(raw):
+        return any(duplicate_keys(raw))
+    if b'":' not in raw:  # no key at all
+        return False
+    try:
+        again = orjson.dumps(value)
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes: parse exactly
+        return any(duplicate_keys(raw))
+    return again.count(b'":') < raw.count(b'":')
+
+
+class _Object(dict[str, Any]):
+    """A parsed JSON object that remembers its first repeated key (a dotted path into it) and its pairs."""
+
+    __slots__ = ("repeated", "pairs")
+
+
+def _as_sent(value: Any) -> str:
+    """JSON text of a value parsed by :func:`duplicate_keys`, repeated keys included (for failed_records)."""
+    if isinstance(value, _Object):
+        return "{" + ",".join(f"{json.dumps(k)}:{_as_sent(v)}" for k, v in value.pairs) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_as_sent(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _inner_repeat(value: Any) -> str | None:
+    if isinstance(value, _Object):
+        return value.repeated
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            inner = _inner_repeat(item)
+            if inner is not None:
+                return f"{i}.{inner}"
+    return None
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    obj = _Object()
+    obj.repeated, obj.pairs = None, pairs
+    for key, item in pairs:
+        if obj.repeated is None:
+            if key in obj:
+                obj.repeated = key
+            else:
+                inner = _inner_repeat(item)
+                if inner is not None:
+                    obj.repeated = f"{key}.{inner}"
+        obj[key] = item
+    return obj
+
+
+def duplicate_keys(raw: bytes) -> list[str | None]:
+    """The first repeated key (dotted path) of each item of ``raw``: one entry for an object, one per element
+    for an array; ``[]`` when ``raw`` does not parse. The exact, slower check behind :func:`_dropped_keys`."""
+    return [path for path, _ in _repeats(raw)]
+
+
+def _repeats(raw: bytes) -> list[tuple[str | None, bytes]]:
+    """(first repeated key or None, the item's JSON text with every key as sent) per item of ``raw``."""
+    try:
+        value = json.loads(raw, object_pairs_hook=_object)
+    except (ValueError, RecursionError):
+        return []
+    items = value if isinstance(value, list) else [value]
+    out: list[tuple[str | None, bytes]] = []
+    for item in items:
+        path = _inner_repeat(item)
+        out.append((path, _as_sent(item).encode() if path is not None else b""))
+    return out
+
+
+def _repeat_error(path: str) -> str:
+    return (
+        f"duplicate key {path!r}: an object names the same key twice, and which value was meant cannot be "
+        "told; send each key once"
+    )
+
+
 def parse_items(body: bytes, kind: Kind, *, ndjson: bool = False) -> list[RawItem]:
     """Split a body of ``kind`` records into items: one object, a JSON array, or NDJSON (one per line).
 
@@ -202,8 +307,15 @@ def parse_items(body: bytes, kind: Kind, *, ndjson: bool = False) -> list[RawIte
             if b"\n" in text and _parses(first):
                 return _ndjson_items(body, kind)
             raise _decode_error(exc) from exc
+        repeats = _repeats(body) if _dropped_keys(body, value) else []
         if isinstance(value, list):
-            return [RawItem(i, kind, v, None, body=text) for i, v in enumerate(value)]
+            items = [RawItem(i, kind, v, None, body=text) for i, v in enumerate(value)]
+            for i, (path, sent) in enumerate(repeats):
+                if path is not None and i < len(items):
+                    items[i] = RawItem(i, kind, None, sent, error=_repeat_error(path), field=path)
+            return items
+        if repeats and repeats[0][0] is not None:
+            return [RawItem(0, kind, None, text, error=_repeat_error(repeats[0][0]), field=repeats[0][0])]
         return [RawItem(0, kind, value, text)]
     return _ndjson_items(body, kind)
 
@@ -230,7 +342,13 @@ def _ndjson_items(body: bytes, kind: Kind) -> list[RawItem]:
     for number, line in _lines(body):
         index = len(items)
         try:
-            items.append(RawItem(index, kind, orjson.loads(line), line, line=number))
+            value = orjson.loads(line)
+            repeat = duplicate_keys(line)[0] if _dropped_keys(line, value) else None
+            if repeat is not None:
+                error = f"line {number}: {_repeat_error(repeat)}"
+                items.append(RawItem(index, kind, None, line, line=number, error=error, field=repeat))
+            else:
+                items.append(RawItem(index, kind, value, line, line=number))
         except orjson.JSONDecodeError as exc:
             items.append(
                 RawItem(
@@ -247,14 +365,42 @@ def _ndjson_items(body: bytes, kind: Kind) -> list[RawItem]:
 
 _BULK_INDEX: dict[str, Kind] = {"ubi_queries": "query", "ubi_events": "event"}
 
+#: ``_id`` is checked as ``UbiEvent.event_id`` is (it becomes the event's event_id): a string of at most
+#: 100 characters. A number is taken as its decimal text, as OpenSearch does; anything else is refused.
+_ID = TypeAdapter(UbiEvent.model_fields["event_id"].annotation)
 
-def parse_bulk(body: bytes) -> list[RawItem]:
+
+def _bulk_id(meta: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(the ``_id`` of an action line, or why it is refused)."""
+    doc_id = meta.get("_id")
+    if doc_id is None:
+        return None, None
+    if isinstance(doc_id, int) and not isinstance(doc_id, bool):
+        doc_id = str(doc_id)
+    if not isinstance(doc_id, str):
+        return None, f"_id must be a string (it becomes the event_id), got {_json_type(doc_id)}"
+    if not doc_id:
+        return None, "_id must not be empty"
+    try:
+        _ID.validate_python(doc_id)
+    except ValidationError as exc:
+        why = exc.errors(include_url=False)[0]["msg"]
+        return None, f"_id is checked as event_id (it becomes the event's event_id): {why}; got {len(doc_id):,} characters"
+    return doc_id, None
+
+
+def parse_bulk(
+    body: bytes, *, indices: Mapping[str, Kind] | None = None, default_index: str | None = None
+) -> list[RawItem]:
     """Split an OpenSearch ``_bulk`` body: an action line, then the document, for each record.
 
-    ``index`` and ``create`` actions are supported; ``_index`` says the kind (``ubi_queries`` or
-    ``ubi_events``) and an event's ``_id`` becomes its ``event_id``, so replaying an export deduplicates.
-    A bad pair rejects that record only; items are numbered by record, and messages name the line.
+    ``index`` and ``create`` actions are supported; ``_index`` (else ``default_index``, the index of a
+    ``/{index}/_bulk`` path) names the kind through ``indices`` (default ``ubi_queries`` and ``ubi_events``),
+    and an event's ``_id`` becomes its ``event_id``, so replaying an export deduplicates. ``_id`` is
+    validated as ``event_id`` is. A bad pair rejects that record only; items are numbered by record, and
+    messages name the line.
     """
+    indices = _BULK_INDEX if indices is None else indices
     lines = list(_lines(strip_bom(body)))
     if not lines:
         raise BodyError(
@@ -279,17 +425,13 @@ def parse_bulk(body: bytes) -> list[RawItem]:
             )
             i += 1
             continue
-        if not isinstance(action, dict) or len(action) != 1:
-            items.append(
-                RawItem(
-                    index,
-                    None,
-                    None,
-                    line,
-                    error=f"line {number}: expected an action line such as "
-                    '{"index": {"_index": "ubi_events"}}',
-                )
+        repeat = duplicate_keys(line)[0] if _dropped_keys(line, action) else None
+        if not isinstance(action, dict) or len(action) != 1 or repeat is not None:
+            error = f"line {number}: " + (
+                _repeat_error(repeat) if repeat is not None
+                else 'expected an action line such as {"index": {"_index": "ubi_events"}}'
             )
+            items.append(RawItem(index, None, None, line, error=error, field=repeat))
             i += 1
             continue
         verb, meta = next(iter(action.items()))
@@ -302,21 +444,26 @@ def parse_bulk(body: bytes) -> list[RawItem]:
                     line,
                     error=f"line {number}: unsupported bulk action {verb!r}; expected 'index' or 'create'",
                     field="action",
+                    action=str(verb),
                 )
             )
             i += 1 if verb == "delete" else 2
             continue
-        kind = _BULK_INDEX.get(str(meta.get("_index", "")))
+        target = meta.get("_index", default_index)
+        kind = indices.get(target) if isinstance(target, str) else None
+        name = target if isinstance(target, str) else None
         if i + 1 >= len(lines):
             items.append(
                 RawItem(
-                    index, kind, None, line, error=f"line {number}: action line without a document after it"
+                    index, kind, None, line, error=f"line {number}: action line without a document after it",
+                    action=verb, index_name=name,
                 )
             )
             break
         doc_number, doc = lines[i + 1]
         i += 2
         if kind is None:
+            known = " or ".join(indices)
             items.append(
                 RawItem(
                     index,
@@ -324,8 +471,17 @@ def parse_bulk(body: bytes) -> list[RawItem]:
                     None,
                     doc,
                     field="_index",
-                    error=f"line {number}: _index {meta.get('_index')!r} is not ubi_queries or ubi_events",
+                    error=f"line {number}: _index {target!r} is not {known}",
+                    action=verb,
+                    index_name=name,
                 )
+            )
+            continue
+        doc_id, id_error = _bulk_id(meta)
+        if id_error is not None:
+            items.append(
+                RawItem(index, kind, None, doc, field="_id", error=f"line {number}: {id_error}",
+                        line=doc_number, action=verb, index_name=name)
             )
             continue
         try:
@@ -338,11 +494,22 @@ def parse_bulk(body: bytes) -> list[RawItem]:
                     None,
                     doc,
                     error=f"line {doc_number}, column {exc.colno}: malformed JSON: {exc.msg}",
+                    action=verb,
+                    index_name=name,
+                    event_id=doc_id,
                 )
             )
             continue
-        doc_id = meta.get("_id")
-        items.append(RawItem(index, kind, value, doc, event_id=str(doc_id) if doc_id is not None else None))
+        repeat = duplicate_keys(doc)[0] if _dropped_keys(doc, value) else None
+        if repeat is not None:
+            items.append(
+                RawItem(index, kind, None, doc, field=repeat, error=f"line {doc_number}: {_repeat_error(repeat)}",
+                        line=doc_number, action=verb, index_name=name, event_id=doc_id)
+            )
+            continue
+        items.append(
+            RawItem(index, kind, value, doc, event_id=doc_id, line=doc_number, action=verb, index_name=name)
+        )
     return items
 
 
@@ -408,6 +575,7 @@ def validate_items(items: Iterable[RawItem]) -> Validated:
 def _json_type(value: Any) -> str:
     return {
         list: "an array",
+        dict: "an object",
         str: "a string",
         int: "a number",
         float: "a number",
@@ -726,6 +894,14 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
         q_dup = sum(1 for s in qs if s == DUPLICATE)
         e_ins = sum(1 for s in es if s == INSERTED)
         e_dup = sum(1 for s in es if s == DUPLICATE)
+        status: dict[int, tuple[str, str]] = {}
+        for (index, _), row, st in zip(p.validated.queries, p.query_rows, qs, strict=True):
+            if st in (INSERTED, DUPLICATE):
+                status[index] = ("created" if st == INSERTED else "duplicate", row[1])
+        for (index, _, _), row, st in zip(p.validated.events, p.event_rows, es, strict=True):
+            if st in (INSERTED, DUPLICATE):
+                key = row[0]
+                status[index] = ("created" if st == INSERTED else "duplicate", key[3:] if key.startswith("id:") else key)
         errors = list(p.validated.errors)
         if b in conflict_errors:
             errors.extend(conflict_errors[b])
@@ -740,6 +916,7 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
                 events=e_ins,
                 query_duplicates=q_dup,
                 event_duplicates=e_dup,
+                item_status=status,
             )
         )
     return results

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import zlib
 from collections.abc import Mapping
 from enum import Enum
 from typing import Annotated, Any
@@ -171,11 +172,80 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+class UnsupportedEncoding(RequestError):
+    """A ``Content-Encoding`` other than gzip (415); the body is not read, so nothing is kept."""
+
+    status_code = 415
+    keep = False
+
+
+class NotGzip(RequestError):
+    """A body that claims ``Content-Encoding: gzip`` but does not decompress (400); kept as sent."""
+
+    status_code = 400
+    kind = "body"
+
+
+def content_encoding(scope: Scope) -> str | None:
+    """``gzip`` for a gzip body, None for a plain one; 415 for any other ``Content-Encoding``."""
+    codings = [
+        c.strip().lower()
+        for name, value in scope["headers"]
+        if name == b"content-encoding"
+        for c in value.decode("latin-1").split(",")
+        if c.strip() and c.strip().lower() != "identity"
+    ]
+    if not codings:
+        return None
+    if codings in (["gzip"], ["x-gzip"]):
+        return "gzip"
+    raise UnsupportedEncoding(
+        f"Content-Encoding {', '.join(codings)!r} is not supported: send the body as is, or gzip-compressed "
+        "with Content-Encoding: gzip"
+    )
+
+
+def gunzip(body: bytes, limit: int) -> bytes:
+    """A gzip body decompressed, refusing (413) as soon as the output passes ``limit`` bytes, so a small
+    body that inflates to gigabytes (a zip bomb) costs at most ``limit`` bytes of memory."""
+    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip header and trailer, one member
+    try:
+        out = inflate.decompress(body, limit + 1)
+        if len(out) > limit:
+            raise TooLarge(
+                f"body is over the limit of {limit} bytes once decompressed ({len(body)} bytes gzip-compressed): "
+                "split it into batches"
+            )
+        if not inflate.eof:
+            raise NotGzip("Content-Encoding: gzip, but the body ends before its gzip stream does (truncated?)")
+    except zlib.error as exc:
+        raise NotGzip(f"Content-Encoding: gzip, but the body is not gzip data ({exc}): send it plain, "
+                      "without that header, or compress it") from exc
+    if inflate.unused_data.strip():
+        raise NotGzip("Content-Encoding: gzip, but bytes follow the gzip stream (several members are not read)")
+    return out
+
+
 class ClientGone(RequestError):
     """The client disconnected mid-body; nothing was read, so nothing is kept (499, never sent)."""
 
     status_code = 499
     keep = False
+
+
+async def read_request(collector: Collector, scope: Scope, receive: Receive, ctx: IngestContext) -> bytes:
+    """An ingest request's body, decompressed when it says ``Content-Encoding: gzip``; the byte limit
+    applies to what is read and again to what it decompresses to."""
+    limit = collector.settings.max_body_bytes
+    encoding = content_encoding(scope)
+    body = await read_body(scope, receive, limit)
+    if encoding is None:
+        return body
+    try:
+        return gunzip(body, limit) if len(body) < 65536 else await asyncio.to_thread(gunzip, body, limit)
+    except NotGzip as exc:
+        await collector.keep_body(body, ctx, reason=exc.message, kind=exc.kind)
+        raise
 
 
 async def ingest(
@@ -193,7 +263,7 @@ async def ingest(
         application=scope.get(APPLICATION_SCOPE_KEY),
     )
     try:
-        body = await read_body(scope, receive, collector.settings.max_body_bytes)
+        body = await read_request(collector, scope, receive, ctx)
         try:
             ndjson = _ndjson(ctx.headers) if kind is not None else True
         except RequestError as exc:

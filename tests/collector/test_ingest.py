@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 from collector.ingest import (
     BodyError,
+    _dropped_keys,
     ingest,
     ingest_many,
     parse_bulk,
@@ -165,3 +168,59 @@ def test_array_items_are_serialised_again_only_when_rejected(make_event, monkeyp
     assert calls == [bad]  # the rejected item's bytes, for failed_records; the valid ones are never copied
     assert orjson.loads(out.errors[0].raw) == bad
     assert orjson.loads(out.raws[2]) == last  # a record filter may still ask for a valid item's bytes
+
+
+# ---------------------------------------------------------------- duplicate keys (issue 11)
+
+_keys = st.sampled_from(["a", "b", 'q"', "c:", "\\", "é"])
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.text(alphabet='ab":\\ é', max_size=4))
+
+
+def _string(draw, value: str) -> str:
+    """``value`` as a JSON string, each quote, colon and non-ASCII character escaped one way or another."""
+    out = []
+    for ch in value:
+        if ch == '"':
+            out.append(draw(st.sampled_from(['\\"', "\\u0022"])))
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch == ":":
+            out.append(draw(st.sampled_from([":", "\\u003a", "\\u003A"])))
+        elif ord(ch) > 127:
+            out.append(draw(st.sampled_from([ch, f"\\u{ord(ch):04x}"])))
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _json_text(draw, depth: int) -> str:
+    """JSON text of an object or array that may repeat keys, with the spacing and escapes senders use."""
+    if depth > 2 or draw(st.booleans()):
+        value = draw(_scalars)
+        return _string(draw, value) if isinstance(value, str) else json.dumps(value)
+    if draw(st.booleans()):
+        return "[" + ",".join(_json_text(draw, depth + 1) for _ in range(draw(st.integers(0, 3)))) + "]"
+    colon = draw(st.sampled_from([":", ": ", " :", ":\n"]))
+    pairs = [
+        _string(draw, draw(_keys)) + colon + _json_text(draw, depth + 1)
+        for _ in range(draw(st.integers(0, 4)))
+    ]
+    return "{" + ",".join(pairs) + "}"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_the_fast_duplicate_key_check_agrees_with_an_exact_parse(data):
+    # The exact answer: the standard library's parser, reporting every object's pairs before they become a dict.
+    text = _json_text(data.draw, 0)
+    raw = text.encode()
+    repeated = False
+
+    def pairs(items):
+        nonlocal repeated
+        keys = [k for k, _ in items]
+        repeated |= len(keys) != len(set(keys))
+        return dict(items)
+
+    json.loads(raw, object_pairs_hook=pairs)
+    assert _dropped_keys(raw, orjson.loads(raw)) == repeated, text

@@ -515,3 +515,90 @@ def test_an_unforeseen_error_outside_the_middleware_is_a_json_500_and_counted(db
         assert r.json() == {"error": "InternalError", "message": "internal error; the collector logged it"}
         lines = set(c.get("/metrics").text.splitlines())
     assert 'ubi_requests_total{method="POST",route="/v1/events",status="500"} 1' in lines
+
+
+# ---------------------------------------------------------------- issue 11: what ingest no longer takes at face value
+
+
+def test_gzip_bodies_are_read_and_the_limit_applies_after_decompression(db, make_event):
+    import gzip
+
+    app = create_app(Settings(db=db, max_body_bytes=100_000), extensions=False)
+    events = [make_event(event_id=f"gz-{i}") for i in range(20)]
+    with TestClient(app) as c:
+        r = c.post("/v1/events", content=gzip.compress(orjson.dumps(events)),
+                   headers={"content-encoding": "gzip", "content-type": "application/json"})
+        assert r.status_code == 202 and r.json()["accepted"] == 20
+        # A zip bomb: 10 MB of spaces compress to ~10 kB, under the 100 kB limit; decompressed it is 100x over.
+        bomb = gzip.compress(b"[" + b" " * 10_000_000 + b"]")
+        assert len(bomb) < 100_000
+        r = c.post("/v1/events", content=bomb, headers={"content-encoding": "gzip"})
+        assert r.status_code == 413 and "once decompressed" in r.json()["message"]
+        # A plain body claiming gzip is refused, not read as it is (and kept, as a malformed body is).
+        plain = orjson.dumps(make_event(event_id="not-gzip"))
+        r = c.post("/v1/events", content=plain, headers={"content-encoding": "gzip"})
+        assert r.status_code == 400 and "not gzip" in r.json()["message"]
+        truncated = gzip.compress(orjson.dumps(make_event(event_id="cut")))[:-12]
+        assert c.post("/v1/events", content=truncated, headers={"content-encoding": "gzip"}).status_code == 400
+        # Other encodings: 415, whatever the body.
+        for coding in ("br", "deflate", "gzip, br"):
+            r = c.post("/v1/events", content=plain, headers={"content-encoding": coding})
+            assert r.status_code == 415 and coding in r.json()["message"], coding
+        assert c.post("/v1/events", content=plain, headers={"content-encoding": "identity"}).status_code == 202
+        assert stored(c, "ubi_events") == 21
+        kept = [(k, raw) for k, _, _, _, raw in failed(c)]
+    # Kept: the two bodies that said gzip and were not (as sent); not the bomb, not the 415s.
+    assert [k for k, _ in kept] == ["body", "body"] and kept[0][1] == plain
+
+
+def test_duplicate_json_keys_are_an_item_error_naming_the_key(client, make_event):
+    one = orjson.dumps(make_event(event_id="dup-0"))[:-1] + b',"action_name":"purchase"}'
+    nested = (b'{"action_name":"click","timestamp":"2024-05-01T00:00:00Z","event_id":"dup-1",'
+              b'"event_attributes":{"object":{"object_id":"a","object_id":"b"}}}')
+    spaced = b'{"action_name" : "click", "timestamp":"2024-05-01T00:00:00Z", "action_name": "view"}'
+    good = orjson.dumps(make_event(event_id="dup-ok"))
+    r = client.post("/v1/events", content=b"[" + b",".join([one, nested, spaced, good]) + b"]")
+    assert r.status_code == 202
+    body = r.json()
+    assert (body["accepted"], body["rejected"]) == (1, 3)
+    assert [(e["index"], e["field"]) for e in body["errors"]] == [
+        (0, "action_name"),
+        (1, "event_attributes.object.object_id"),
+        (2, "action_name"),
+    ]
+    assert "duplicate key 'action_name'" in body["errors"][0]["message"]
+    # NDJSON and _bulk documents too, by line.
+    r = client.post("/v1/events", content=good + b"\n" + one, headers=NDJSON)
+    assert r.json()["errors"][0]["message"].startswith("line 2: duplicate key 'action_name'")
+    bulk = b'{"index":{"_index":"ubi_events","_id":"b1"}}\n' + one + b"\n"
+    r = client.post("/v1/bulk", content=bulk)
+    assert r.json()["rejected"] == 1 and r.json()["errors"][0]["field"] == "action_name"
+    # One object alone (not an array): rejected as item 0, kept with its bytes.
+    r = client.post("/v1/events", content=one)
+    assert r.json()["rejected"] == 1
+    assert stored(client, "ubi_events") == 1
+    kept = {raw for kind, _, _, _, raw in failed(client) if kind == "event"}
+    # Kept with every key, the repeated ones too (an array item is written back compactly).
+    assert one in kept
+    assert b'{"action_name":"click","timestamp":"2024-05-01T00:00:00Z","action_name":"view"}' in kept
+
+
+def test_bulk_ids_are_validated_like_event_ids(client, make_event):
+    doc = orjson.dumps(make_event(event_id=None))
+    huge = "x" * 4_900_000
+    lines = [
+        orjson.dumps({"index": {"_index": "ubi_events", "_id": huge}}), doc,
+        orjson.dumps({"index": {"_index": "ubi_events", "_id": {"a": 1}}}), doc,
+        orjson.dumps({"index": {"_index": "ubi_events", "_id": ""}}), doc,
+        orjson.dumps({"index": {"_index": "ubi_events", "_id": 42}}), doc,
+    ]
+    r = client.post("/v1/bulk", content=b"\n".join(lines) + b"\n")
+    body = r.json()
+    assert r.status_code == 202 and (body["accepted"], body["rejected"]) == (1, 3)
+    assert [(e["index"], e["field"]) for e in body["errors"]] == [(0, "_id"), (1, "_id"), (2, "_id")]
+    assert "at most 100 characters" in body["errors"][0]["message"]
+    assert "got an object" in body["errors"][1]["message"]
+    store = client.app.state.collector.sink.store
+    # Only the numeric id went in, as its decimal text; no 4.9 MB key, no Python repr of a dict.
+    assert store.read("SELECT event_id FROM ubi_events") == [("42",)]
+    assert store.read("SELECT max(length(event_key)) FROM ubi_events")[0][0] < 200
