@@ -41,6 +41,7 @@ from collector.ingest import (
     IngestContext,
     IngestResult,
     Kind,
+    RawItem,
     RecordFilter,
     apply_filters,
     parse_bulk,
@@ -113,12 +114,34 @@ class Collector:
     #: Checks run on a request before its body is read; one returning an error refuses the request with it.
     request_checks: list[Callable[[Scope], RequestError | None]] = field(default_factory=list)
 
+    @property
+    def indices(self) -> dict[str, Kind]:
+        """The OpenSearch index names this collector takes (``query_index``, ``event_index``) -> kind."""
+        return {self.settings.query_index: "query", self.settings.event_index: "event"}
+
+    @property
+    def bulk_indices(self) -> dict[str, Kind]:
+        """``_index`` names ``/v1/bulk`` takes: the configured ones and the UBI plugin's (exports)."""
+        return {"ubi_queries": "query", "ubi_events": "event", **self.indices}
+
     async def accept(
-        self, body: bytes, *, kind: Kind | None, ndjson: bool, ctx: IngestContext
+        self,
+        body: bytes,
+        *,
+        kind: Kind | None,
+        ndjson: bool,
+        ctx: IngestContext,
+        parse: Callable[[bytes], list[RawItem]] | None = None,
     ) -> IngestResult:
-        """Parse, validate, filter and durably write one body (``kind`` None: an OpenSearch ``_bulk`` body)."""
+        """Parse, validate, filter and durably write one body (``kind`` None: an OpenSearch ``_bulk`` body;
+        ``parse``: how to split the body into items instead, for the OpenSearch-compatible routes)."""
         try:
-            items = parse_bulk(body) if kind is None else parse_items(body, kind, ndjson=ndjson)
+            if parse is not None:
+                items = parse(body)
+            elif kind is None:
+                items = parse_bulk(body, indices=self.bulk_indices)
+            else:
+                items = parse_items(body, kind, ndjson=ndjson)
             if len(items) > self.settings.max_items:
                 raise TooManyItems(
                     f"{len(items)} items in one request; at most {self.settings.max_items} "
@@ -362,6 +385,7 @@ def create_app(
 ) -> FastAPI:
     """The collector app. Without ``sink``, the sink named by ``settings.sink`` is created (and closed at
     shutdown); a given sink is left open for its owner. ``extensions=False`` skips the extension modules."""
+    from collector.opensearch import router as opensearch_router
     from collector.routes import INGEST_ROUTES, ingest, router  # routes import this module
 
     settings = settings or Settings()
@@ -387,6 +411,7 @@ def create_app(
     app.state.settings = settings
     app.add_exception_handler(RequestError, _request_error)
     app.include_router(router)
+    app.include_router(opensearch_router)
     routes = {r.path: r for r in router.routes if isinstance(r, APIRoute) and r.path in INGEST_ROUTES}
     app.ingest_door = IngestFrontDoor(collector, INGEST_ROUTES, ingest)
     # first added: innermost

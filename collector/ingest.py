@@ -370,7 +370,7 @@ _BULK_INDEX: dict[str, Kind] = {"ubi_queries": "query", "ubi_events": "event"}
 _ID = TypeAdapter(UbiEvent.model_fields["event_id"].annotation)
 
 
-def _bulk_id(meta: Mapping[str, Any]) -> tuple[str | None, str | None]:
+def bulk_id(meta: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """(the ``_id`` of an action line, or why it is refused)."""
     doc_id = meta.get("_id")
     if doc_id is None:
@@ -464,6 +464,12 @@ def parse_bulk(
         i += 2
         if kind is None:
             known = " or ".join(indices)
+            error = (
+                f"line {number}: no such index [{target}]; _index must be {known}"
+                if isinstance(target, str)
+                else f"line {number}: the action names no _index (or not as a string); send _index "
+                f"({known}) or post to /{{index}}/_bulk"
+            )
             items.append(
                 RawItem(
                     index,
@@ -471,13 +477,13 @@ def parse_bulk(
                     None,
                     doc,
                     field="_index",
-                    error=f"line {number}: _index {target!r} is not {known}",
+                    error=error,
                     action=verb,
                     index_name=name,
                 )
             )
             continue
-        doc_id, id_error = _bulk_id(meta)
+        doc_id, id_error = bulk_id(meta)
         if id_error is not None:
             items.append(
                 RawItem(index, kind, None, doc, field="_id", error=f"line {number}: {id_error}",
@@ -566,7 +572,20 @@ def validate_items(items: Iterable[RawItem]) -> Validated:
             if item.kind == "query":
                 out.queries.append((item.index, UbiQuery.model_validate(item.value)))
             else:
-                out.events.append((item.index, UbiEvent.model_validate(item.value), item.event_id))
+                event = UbiEvent.model_validate(item.value)
+                if item.event_id is not None and event.event_id and event.event_id != item.event_id:
+                    out.errors.append(
+                        ItemError(
+                            item.index,
+                            "_id",
+                            f"_id {item.event_id!r} and the document's event_id {event.event_id!r} differ; "
+                            "the _id becomes the event_id, so send one or make them equal",
+                            "event",
+                            item.raw_bytes(),
+                        )
+                    )
+                    continue
+                out.events.append((item.index, event, item.event_id))
         except ValidationError as exc:
             out.errors.append(_error_from_validation(item.index, exc, item.kind or "event", item.raw_bytes()))
     return out
