@@ -454,6 +454,14 @@ async def _send_error(send: Any, error: RequestError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _api_routes() -> list[Any]:
+    """The collector's own routes, each with its path template (FastAPI wraps included routers)."""
+    from collector.opensearch import router as opensearch
+    from collector.routes import router
+
+    return [*router.routes, *opensearch.routes]
+
+
 def install(app: Any, settings: Settings) -> None:
     """Add CORS (outermost, so refusals carry CORS headers too) and :class:`SecurityMiddleware` to ``app``."""
     metrics = app.state.collector.metrics
@@ -463,7 +471,7 @@ def install(app: Any, settings: Settings) -> None:
     app.add_middleware(
         TellingCORS,
         metrics=metrics,
-        routes=lambda: app.router.routes,
+        routes=_api_routes,
         allow_origins=list(settings.cors_allow_origins),
         allow_methods=["GET", "POST", "OPTIONS"],
         allow_headers=["content-type", "x-api-key"],

@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,6 +124,36 @@ def artifacts() -> Path:
     """``test-artifacts/`` at the repository root (gitignored): screenshots to look at after a run."""
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+#: OpenSearch's reference UBI client (third-party, never copied into the repository: see its SOURCES.md).
+REFERENCE_CLIENT = ROOT.parent / "shared" / "ubi-clients" / "opensearch-ubi-js" / "ubi.js"
+#: The axios the reference client imports, from the npm registry (the version its SOURCES.md was tested with).
+AXIOS = "axios@1.21.1"
+NPM_CACHE = ROOT / ".cache" / "npm"
+
+
+@pytest.fixture(scope="session")
+def axios_esm() -> Path:
+    """axios' browser ES module build, installed with npm into ``.cache/npm`` (gitignored) on first use."""
+    target = NPM_CACHE / "node_modules" / "axios" / "dist" / "esm" / "axios.js"
+    stamp = NPM_CACHE / f".{AXIOS}"
+    if target.is_file() and stamp.exists():
+        return target
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip(f"npm is not installed: the reference client needs {AXIOS} from the npm registry")
+    NPM_CACHE.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [npm, "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(NPM_CACHE), AXIOS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0 or not target.is_file():
+        pytest.skip(f"`npm install {AXIOS}` failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    stamp.touch()
+    return target
 
 
 @pytest.fixture(scope="module")

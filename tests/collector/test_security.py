@@ -310,6 +310,59 @@ def test_allowed_origins_get_cors_headers(db: Path, make_event: Callable[..., An
         )
 
 
+def test_a_refused_preflight_says_which_origin_and_which_setting(
+    db: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shop = "http://127.0.0.1:5173"
+    ask = {"Origin": shop, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    security._LOGGED_ORIGINS.clear()
+    with caplog.at_level("WARNING", logger="ubi.collector.security"), collector(db) as c:
+        for path in ("/ubi_events", "/ubi_events", "/ubi_queries"):
+            pre = c.options(path, headers=ask)
+            # Starlette's own answer was a bare 400 "Disallowed CORS origin"; the operator learned nothing.
+            assert pre.status_code == 403 and "access-control-allow-origin" not in pre.headers
+            message = pre.json()["message"]
+            assert repr(shop) in message and f"--allow-origin {shop}" in message
+            assert "UBI_CORS_ALLOW_ORIGINS" in message
+        metrics = c.get("/metrics").text
+    assert 'ubi_requests_refused_total{reason="cors_origin"} 3' in metrics
+    assert 'ubi_requests_total{method="OPTIONS",route="/ubi_events",status="403"} 2' in metrics
+    assert 'ubi_requests_total{method="OPTIONS",route="/ubi_queries",status="403"} 1' in metrics
+    # Logged once per origin (then counted only), so a busy page cannot flood the log.
+    told = [r.getMessage() for r in caplog.records if "refused a CORS preflight" in r.getMessage()]
+    assert len(told) == 1 and f"--allow-origin {shop}" in told[0]
+    # With the setting, the same preflight passes; a header the collector does not take is named.
+    with collector(db, cors_allow_origins=[shop]) as c:
+        assert c.options("/ubi_events", headers=ask).status_code == 200
+        pre = c.options("/ubi_events", headers={**ask, "Access-Control-Request-Headers": "x-trace"})
+        assert pre.status_code == 403 and "headers not allowed" in pre.json()["message"]
+        assert 'ubi_requests_refused_total{reason="cors_headers"} 1' in c.get("/metrics").text
+
+
+def test_refused_writes_are_counted_by_reason(db: Path, make_event: Callable[..., Any]) -> None:
+    with collector(db, api_keys={"shop": "k"}) as c:
+        c.post("/v1/events", json=make_event(), headers={"Origin": "https://evil.example", "X-API-Key": "k"})
+        c.post("/v1/events", json=make_event())
+        metrics = c.get("/metrics").text
+    assert 'ubi_requests_refused_total{reason="origin"} 1' in metrics
+    assert 'ubi_requests_refused_total{reason="unauthorized"} 1' in metrics
+
+
+def test_allow_origin_is_a_flag_of_ubi_serve_and_origins_are_checked() -> None:
+    import argparse
+
+    from collector.commands import register, settings_from
+    from schemas.errors import UbiError
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--allow-origin", "https://shop.example", "--allow-origin", "http://localhost:3000"])
+    assert settings_from(args).cors_allow_origins == ["https://shop.example", "http://localhost:3000"]
+    args = parser.parse_args(["serve", "--allow-origin", "https://shop.example/"])
+    with pytest.raises(UbiError, match=r"--allow-origin: 'https://shop.example/' is not an origin.*did you mean"):
+        settings_from(args)
+
+
 def test_admin_routes_are_for_loopback_clients(db: Path) -> None:
     with collector(db, peer=REMOTE) as c:
         r = c.get("/v1/failed")
