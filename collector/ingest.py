@@ -24,7 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 from collector.errors import RequestError, TooLarge  # noqa: F401  (TooLarge: re-exported)
 from collector.store import DUPLICATE, INSERTED, Store, failed_row, failed_table, utcnow
 from schemas import tables
-from schemas.ubi import CANONICAL_OPTIONS, UbiEvent, UbiQuery
+from schemas.ubi import CANONICAL_OPTIONS, Str100, UbiEvent, UbiQuery
 
 Kind = Literal["query", "event"]
 
@@ -223,6 +223,8 @@ class _Object(dict[str, Any]):
     """A parsed JSON object that remembers its first repeated key (a dotted path into it) and its pairs."""
 
     __slots__ = ("repeated", "pairs")
+    repeated: str | None
+    pairs: list[tuple[str, Any]]
 
 
 def _as_sent(value: Any) -> str:
@@ -367,7 +369,7 @@ _BULK_INDEX: dict[str, Kind] = {"ubi_queries": "query", "ubi_events": "event"}
 
 #: ``_id`` is checked as ``UbiEvent.event_id`` is (it becomes the event's event_id): a string of at most
 #: 100 characters. A number is taken as its decimal text, as OpenSearch does; anything else is refused.
-_ID = TypeAdapter(UbiEvent.model_fields["event_id"].annotation)
+_ID: TypeAdapter[str] = TypeAdapter(Str100)  # UbiEvent.event_id's type
 
 
 def bulk_id(meta: Mapping[str, Any]) -> tuple[str | None, str | None]:

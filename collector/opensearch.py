@@ -74,7 +74,9 @@ def _json(content: Any, status: int, headers: dict[str, str] | None = None) -> R
     return Response(orjson.dumps(content), status_code=status, headers=headers, media_type="application/json")
 
 
-def error_response(status: int, kind: str, reason: str, headers: dict[str, str] | None = None, **extra: Any) -> Response:
+def error_response(
+    status: int, kind: str, reason: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> Response:
     """OpenSearch's error body: ``{"error": {"root_cause": [...], "type", "reason"}, "status"}``."""
     cause = {"type": kind, "reason": reason, **extra}
     return _json({"error": {"root_cause": [cause], **cause}, "status": status}, status, headers)
@@ -82,18 +84,20 @@ def error_response(status: int, kind: str, reason: str, headers: dict[str, str] 
 
 def _no_such_index(collector: Collector, name: str) -> Response:
     known = " and ".join(collector.indices)
+    where: dict[str, Any] = {
+        "index": name, "resource.type": "index_or_alias", "resource.id": name, "index_uuid": "_na_"
+    }
     return error_response(
         404,
         "index_not_found_exception",
         f"no such index [{name}]: this collector takes {known} (UBI_QUERY_INDEX, UBI_EVENT_INDEX)",
-        index=name,
-        **{"resource.type": "index_or_alias", "resource.id": name, "index_uuid": "_na_"},
+        **where,
     )
 
 
 def _refused(exc: RequestError) -> Response:
     kind = _ERROR_TYPES.get(exc.status_code, "exception")
-    return error_response(exc.status_code, kind, exc.message, exc.headers)
+    return error_response(exc.status_code, kind, exc.message, headers=exc.headers)
 
 
 # ---------------------------------------------------------------- items

@@ -104,3 +104,36 @@ def test_a_compressing_client_is_read(served: Served, db: Path) -> None:
     assert (ok, errors) == (50, [])
     served.stop()
     assert count(db, "SELECT count(*) FROM ubi_events") == 50
+
+
+def test_index_names_come_from_settings_and_nothing_else_is_an_index(tmp_path: Path) -> None:
+    import orjson
+    from fastapi.testclient import TestClient
+
+    from collector.app import create_app
+    from schemas.settings import Settings
+
+    settings = Settings(db=tmp_path / "ubi.duckdb", event_index="shop-events", query_index="shop-queries")
+    with TestClient(create_app(settings)) as c:
+        assert c.post("/shop-events/_doc", json=event(1)).status_code == 201
+        assert c.post("/..%2F..%2Fetc/_bulk", json=event(2)).status_code == 404  # not even a route
+        for path in ("/ubi_events/_doc", "/ubi_events%27%29%3B%20DROP%20TABLE%20ubi_events%3B--/_doc",
+                     "/shop-queries2/_create/x"):
+            r = c.post(path, json=event(2))
+            assert r.status_code == 404, path
+            assert r.json()["error"]["type"] == "index_not_found_exception"
+            assert "shop-queries and shop-events" in r.json()["error"]["reason"]
+        bulk = b"\n".join([orjson.dumps({"index": {"_index": "ubi_events"}}), orjson.dumps(event(3)),
+                           orjson.dumps({"index": {"_index": "shop-events", "_id": "e-4"}}), orjson.dumps(event(4))])
+        items = c.post("/_bulk", content=bulk + b"\n").json()["items"]
+        assert [i["index"]["status"] for i in items] == [404, 201]
+        # _id in the path is checked as event_id is; one document per _doc request.
+        r = c.put("/shop-events/_doc/" + "x" * 101, json=event(5))
+        assert r.status_code == 400 and r.json()["error"]["type"] == "illegal_argument_exception"
+        r = c.post("/shop-events/_doc", json=[event(6), event(7)])
+        assert r.status_code == 400 and "one JSON object" in r.json()["error"]["reason"]
+        # Validation errors name the field, as OpenSearch's mapper_parsing_exception does.
+        r = c.post("/shop-events/_doc", json={**event(8), "timestamp": "soon"})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "mapper_parsing_exception"
+        store = c.app.state.collector.sink.store
+        assert store.read("SELECT count(*) FROM ubi_events") == [(2,)]  # the table names never changed
