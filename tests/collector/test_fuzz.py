@@ -62,8 +62,14 @@ class Ledger:
     def record(self, method: str, path: str, status: int, body: bytes) -> None:
         assert status < 500, f"{method} {path} answered {status}: {body[:300]!r}"
         self.statuses[status] = self.statuses.get(status, 0) + 1
-        if method != "POST" or path.split("?", 1)[0] not in INGEST:
+        route = path.split("?", 1)[0]
+        if method in ("POST", "PUT") and _OPENSEARCH.match(route):
+            self.expected += _opensearch_kept(status, body)
             return
+        if method != "POST" or route not in INGEST:
+            return
+        if status == 415 and b"Content-Encoding" in body:
+            return  # an encoding the collector does not read: refused before the body is read
         if status == 202:
             self.expected += orjson.loads(body)["rejected"]
         elif status in (400, 403, 415, 422):
@@ -71,6 +77,35 @@ class Ledger:
         elif status == 413:
             # Too many items is kept (the body is within the byte limit); too many bytes is not.
             self.expected += b"items in one request" in body
+
+
+#: The OpenSearch-compatible routes (collector/opensearch.py), which answer in OpenSearch's shapes.
+_OPENSEARCH = re.compile(r"^(/[^/]+)?/_bulk$|^/[^/]+/_doc(/[^/]+)?$|^/[^/]+/_create/[^/]+$")
+
+
+def _kept_item(status: int, error: dict[str, Any]) -> bool:
+    # A create whose id is stored already is OpenSearch's 409 but no failure of the record: not kept.
+    return status >= 400 and "document already exists" not in str(error.get("reason", ""))
+
+
+def _opensearch_kept(status: int, body: bytes) -> int:
+    """failed_records rows an OpenSearch-shaped answer promises (collector/opensearch.py's docstring)."""
+    answer = orjson.loads(body)
+    if "items" in answer:  # _bulk: one per failed item
+        return sum(_kept_item(i["status"], i.get("error") or {}) for item in answer["items"] for i in item.values())
+    if status < 300:
+        return 0
+    error = answer.get("error")
+    if not isinstance(error, dict):  # refused by the gate (the collector's own shape): not kept
+        return 0
+    reason = str(error.get("reason", ""))
+    if status == 404:  # no such index in the path: refused before the body is read
+        return 0
+    if status == 413:
+        return int("items in one request" in reason)
+    if status == 415:
+        return int("Content-Encoding" not in reason)
+    return int(_kept_item(status, error))
 
 
 #: Clear text the generated records carry in pseudonymised or dropped fields: never to be stored.
