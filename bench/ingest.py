@@ -239,9 +239,9 @@ def pct(row: dict, ceiling: float) -> str:
 
 def server_stack() -> str:
     """Which event loop and HTTP parser ``ubi serve`` picks here (uvloop/httptools when installed)."""
-    from collector.commands import _fast_loop
+    from collector.server import fast_loop
 
-    opts = _fast_loop()
+    opts = fast_loop()
     return f"{opts['loop']} + {opts['http']}"
 
 

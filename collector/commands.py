@@ -13,7 +13,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from collector.server import fast_loop
 from schemas.errors import StoreError, StoreLocked, UbiError
 from schemas.settings import Settings
 
@@ -161,10 +160,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-
-
-#: Kept for bench/ingest.py, which reports the stack ``ubi serve`` runs on.
-_fast_loop = fast_loop
 
 
 # ---------------------------------------------------------------- import
