@@ -36,4 +36,4 @@ def test_counters_labels_and_gauges():
     assert 'ubi_bodies_kept_total{kind="we\\"ird\\\\",route="/x\\ny"} 1' in text
     assert '# TYPE ubi_sink_spool_depth gauge\nubi_sink_spool_depth{sink="kafka"} 7' in text
     assert m.value("ubi_records_accepted_total", kind="event", route="/v1/events") == 5
-    assert text.count("# TYPE ") == 7  # five counters, the histogram, the gauge
+    assert text.count("# TYPE ") == 8  # six counters (ubi_requests_refused_total too), the histogram, the gauge
