@@ -34,7 +34,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.datastructures import Headers
 
-from collector.app import Collector
+from collector.deps import Collector
 from collector.errors import RequestError
 from collector.ingest import (
     APPLICATION_SCOPE_KEY,
@@ -48,6 +48,7 @@ from collector.ingest import (
     parse_bulk,
     parse_items,
 )
+from collector.routes import read_request
 
 router = APIRouter(tags=["opensearch"])
 
@@ -137,8 +138,6 @@ async def _accept(
     request: Request, source: str, parse: Callable[[bytes], list[RawItem]]
 ) -> tuple[list[RawItem], IngestResult] | Response:
     """Read, parse (``parse`` also keeps the items, for the answer) and store one body."""
-    from collector.routes import read_request  # routes import the app, as this module does
-
     collector: Collector = request.app.state.collector
     scope = request.scope
     ctx = IngestContext(

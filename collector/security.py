@@ -458,8 +458,9 @@ def _api_routes() -> list[Any]:
     """The collector's own routes, each with its path template (FastAPI wraps included routers)."""
     from collector.opensearch import router as opensearch
     from collector.routes import router
+    from store.admin import router as admin
 
-    return [*router.routes, *opensearch.routes]
+    return [*router.routes, *opensearch.routes, *admin.routes]
 
 
 def install(app: Any, settings: Settings) -> None:

@@ -19,8 +19,8 @@ from collector.ingest import (
     prepare,
     validate_items,
 )
-from collector.store import Store
 from schemas.ubi import UbiEvent, event_key
+from store.duckdb_store import Store
 
 
 def test_parse_one_object_array_and_ndjson(make_event):
