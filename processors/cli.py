@@ -8,6 +8,7 @@ import importlib
 COMMAND_MODULES: tuple[str, ...] = (
     "processors.commands",  # process, review
     "processors.simulation_commands",  # simulate, propensity
+    "processors.selection_commands",  # select
 )
 
 

@@ -306,8 +306,10 @@ def _print_estimate(console: Console, est: Any, truth: np.ndarray | None) -> Non
         basis = (f"{est.sessions:,} searches of the swap experiment ({est.details['control']} as control), "
                  f"{est.rank_pairs} swap arms")
     else:
+        verdict = est.details.get("identifiability", {}).get("verdict", "?")
         basis = (f"{est.sessions:,} sessions, {est.rank_pairs} rank pairs linked by "
-                 f"{est.details['pairs_at_several_ranks']:,} (query, doc) pairs shown at several ranks")
+                 f"{est.details['pairs_at_several_ranks']:,} (query, doc) pairs shown at several ranks "
+                 f"(identifiability: {verdict})")
     boot = f"{est.replicates} bootstrap replicates" if est.replicates else "no bootstrap"
     table = Table(title=f"{_TITLES.get(est.method, est.method)}: θ̂_k/θ̂_1", caption=f"{basis}; {boot}")
     table.add_column("rank", justify="right")

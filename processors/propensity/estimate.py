@@ -31,10 +31,12 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
+from processors.identifiability import UNIDENTIFIED as _NONE
+from processors.identifiability import assess
 from processors.propensity.bootstrap import SCHEME, CellMap, basic_log_interval, bias_and_se, bootstrap
 from processors.propensity.common import METHODS, PropensityError, PropensityEstimate
 from processors.propensity.em import em_ratios
-from processors.propensity.harvest import allpairs_from_stats, connected_to_first, harvest_stats
+from processors.propensity.harvest import allpairs_from_stats, harvest_stats
 from processors.propensity.randomized import SwapSessions, arm_counts, swap_ratios
 from processors.stats import ClickCells, SessionPatterns
 
@@ -102,11 +104,13 @@ def estimate_from_patterns(
     if len(cells.pair) == 0:
         raise PropensityError("the log has no displayed results: nothing to estimate position bias from")
 
+    ident = assess(cells)  # the verdict `ubi process` and `ubi report` use too
+    if ident.verdict == _NONE:
+        raise PropensityError(f"identifiability: {ident.verdict}: "
+                              + UNIDENTIFIED.format(what="PBM EM" if method == "em" else "harvesting"))
     hs = harvest_stats(cells)
-    if len(hs.k) == 0:
-        raise PropensityError(UNIDENTIFIED.format(what="PBM EM" if method == "em" else "harvesting"))
     # EM gives every shown rank a number, but only ranks linked to rank 1 through shared pairs are identified
-    reached = connected_to_first(hs.k[hs.n_pairs > 0], hs.k2[hs.n_pairs > 0], k)
+    reached = np.isin(np.arange(1, k + 1), ident.linked_ranks)
 
     def stat(cells_b: ClickCells) -> NDArray[np.float64]:
         if method == "em":
@@ -144,7 +148,8 @@ def estimate_from_patterns(
         **details,
         "interval": INTERVALS[method] if replicates else "none",
         "pairs": len(sessions.pairs),
-        "pairs_at_several_ranks": int((np.bincount(cells.pair, minlength=len(cells.pairs)) >= 2).sum()),
+        "pairs_at_several_ranks": ident.pairs_at_several_ranks,
+        "identifiability": ident.as_dict(),
         "rank_pair_support": [{"k": int(a), "k2": int(b), "pairs": int(n)}
                               for a, b, n in zip(hs.k, hs.k2, hs.n_pairs, strict=True)],
     }
