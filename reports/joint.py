@@ -39,6 +39,8 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from processors.identifiability import assess
+from processors.sessions import SessionData
 from reports.agreement import Agreement, agreement_all
 from reports.compare import Comparison, Ordering, compare_systems, ordering
 from reports.gates import GateResult, Threshold, check
@@ -55,6 +57,7 @@ from reports.merge import (
 )
 from reports.metrics import MetricTable, compute
 from reports.online import DEFAULT_CLICK_ACTIONS, ONLINE_METRICS, OnlineMetrics, online_metrics
+from reports.recommend import identifiability_notes, recommend, withhold_unidentified
 from reports.runs import Run
 from reports.systems import (
     DEFAULT_IMPRESSION_ACTIONS,
@@ -216,6 +219,8 @@ class Report:
     merge: MergeSummary | None = None
     notes: list[str] = field(default_factory=list)
     inputs: dict[str, Any] = field(default_factory=dict)
+    identifiability: dict[str, Any] | None = None  # processors.identifiability verdict of the logged sessions
+    recommendation: dict[str, Any] | None = None  # reports.recommend: the implicit source to trust, and why
 
     @property
     def run_systems(self) -> list[str]:
@@ -442,16 +447,26 @@ def build_report(
     inputs: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
     file_runs: Sequence[tuple[str, Run]] = (),
+    sessions: SessionData | None = None,
 ) -> Report:
     """Build the joint report from a store connection and the labels (see the module docstring).
 
     ``file_runs`` are ``(system name, run)`` pairs evaluated beside the logged systems.
     ``progress`` is called with the name of each step as it starts (the CLI shows it).
+    ``sessions`` (``processors.sessions.load_sessions`` with a ``holdout``) give the identifiability verdict
+    and the held-out comparison behind the recommended source (``reports.recommend``); without them the
+    report has neither.
     """
     step = progress or (lambda _name: None)
     cfg = config or ReportConfig()
     if cfg.k < 1:
         raise ReportError(f"k must be >= 1, got {cfg.k}")
+    ident = assess(sessions.cells) if sessions is not None and len(sessions.cells.pair) else None
+    withheld: dict[str, int] = {}
+    if ident is not None:
+        kept, withheld = withhold_unidentified((lab for ls in labels.by_pair.values() for lab in ls), ident)
+        if withheld:
+            labels = LabelSet().add(kept)
     step("systems and logged rankings")
     searches = load_searches(con, split_keys=cfg.split_keys, class_key=cfg.class_key,
                              impression_actions=cfg.impression_actions)
@@ -516,13 +531,20 @@ def build_report(
                 orderings.append(ordering(off, on, offline_metric=f"{source}/{main}", online_metric=f"online/{key}",
                                           online_higher_is_better=higher))
 
+    rec = None
+    if sessions is not None:
+        step("recommended source")
+        rec = recommend((lab for ls in labels.by_pair.values() for lab in ls), sources, sessions, ident, agree)
+    id_notes = identifiability_notes(ident, sources, withheld) if ident is not None else []
     report = Report(
         created_at=datetime.now(UTC).replace(microsecond=0), config=cfg,
         systems=_summaries(searches, logged) + _run_summaries(from_files),
         sources=sources, label_counts=_label_counts(labels), offline=offline, coverage=cov, online=online,
         agreement=agree, comparisons=comparisons, orderings=orderings, propensity=propensity,
         label_pairs=label_pairs, merge=merge,
-        notes=_orphan_notes(con) + _run_notes(from_files, labels), inputs=dict(inputs or {}),
+        notes=_orphan_notes(con) + _run_notes(from_files, labels) + id_notes, inputs=dict(inputs or {}),
+        identifiability=ident.as_dict() if ident is not None else None,
+        recommendation=rec.as_dict() if rec is not None else None,
     )
     if thresholds:
         gates = check(_gate_thresholds(thresholds, sorted(logged)), report.gate_values())

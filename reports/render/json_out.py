@@ -113,6 +113,8 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
             "failed": [g.describe() for g in report.failed_gates],
         },
         "propensity": _clean(report.propensity),
+        "identifiability": _clean(report.identifiability),
+        "recommendation": _clean(report.recommendation),
         "notes": report.notes,
     }
 
