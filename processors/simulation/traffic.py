@@ -46,6 +46,9 @@ _IMPRESSION_DELAY_MS = 250
 _FIRST_CLICK_DELAY_MS = 2_000
 _CLICK_GAP_MS = 1_500  # a click at rank k comes (k-1) x 1.5 s after the first possible click: top-down
 _CRAWLER_GAP_MS = 500  # a crawler searches twice a second (120 a minute; the bot filter's default is 60)
+#: a crawler client makes at least this many searches (fewer crawler searches in all: one crawler with all of
+#: them; below 61 it does not exceed the filter's 60 a minute and stays in the log, as a slow bot would)
+CRAWLER_MIN_SEARCHES = 100
 
 
 #: Named presets of :class:`SimConfig` (``ubi simulate --scenario NAME``); fields given beside one win.
@@ -294,6 +297,13 @@ class SimulatedTraffic:
     def n_crawler_searches(self) -> int:
         return 0 if self.crawler is None else int(self.crawler.sum())
 
+    @property
+    def n_crawler_clients(self) -> int:
+        """Clients the crawler searches are spread over: up to ``config.crawlers``, each with at least
+        :data:`CRAWLER_MIN_SEARCHES` (a bot with a few dozen searches is not above any query rate)."""
+        n = self.n_crawler_searches
+        return 0 if n == 0 else max(1, min(self.config.crawlers, n // CRAWLER_MIN_SEARCHES))
+
     def query_ids(self) -> list[str]:
         """The ``query_id`` of every search, as the UBI records carry it (``sim<seed>-<index>``)."""
         w = self._ids()["width"]
@@ -350,9 +360,10 @@ class SimulatedTraffic:
         if self.crawler is not None and self.crawler.any():
             rows = np.flatnonzero(self.crawler)
             j = np.arange(len(rows))
-            crawler_of[rows] = j % self.config.crawlers
+            n_crawl = self.n_crawler_clients
+            crawler_of[rows] = j % n_crawl
             # each crawler searches every _CRAWLER_GAP_MS from the start: far above any human query rate
-            t_query[rows] = start_ms + (j // self.config.crawlers) * _CRAWLER_GAP_MS + crawler_of[rows]
+            t_query[rows] = start_ms + (j // n_crawl) * _CRAWLER_GAP_MS + crawler_of[rows]
         ids = {
             "t_query": _iso(t_query),
             "t_imp": _iso(t_query + _IMPRESSION_DELAY_MS),
@@ -500,6 +511,7 @@ class SimulatedTraffic:
             "clicks": self.n_clicks,
             "randomized_searches": int((self.swap > 0).sum()),
             "crawler_searches": self.n_crawler_searches,
+            "crawler_clients": self.n_crawler_clients,
             "ctr_at_rank": [round(float(x), 6) for x in self.clicks.mean(axis=0)],
             "rankers": per_ranker,
             "model": self.config.model,
