@@ -60,6 +60,7 @@ from scipy.stats import beta as beta_dist
 from scipy.stats import gamma as gamma_dist
 
 from processors.click_models.common import CONFIDENCE, AnyArray, ClickModelError, weighted_count
+from processors.stats import SessionPatterns, cells_from_sessions
 
 PRIORS = ("empirical", "pseudocount", "none")
 DEFAULT_PRIOR = "empirical"
@@ -330,8 +331,9 @@ def make_prior(
     return fit_prior(successes, trials, features, family=family, start=start)
 
 
-def same_prior(p: BetaPrior, q: BetaPrior, tol: float = 1e-3) -> bool:
-    """Whether two empirical fits agree (coefficients and log strength within ``tol``)."""
+def same_prior(p: BetaPrior, q: BetaPrior, tol: float = 1e-2) -> bool:
+    """Whether two empirical fits agree: coefficients and log strength within ``tol`` (far inside their
+    sampling error, so further rounds would not change an estimate visibly)."""
     if p.kind != q.kind or len(p.coef) != len(q.coef):
         return False
     if p.kind != "empirical":
@@ -374,3 +376,62 @@ def gamma_posterior_interval(
     lo = gamma_dist.ppf(tail, aa) / rr
     hi = gamma_dist.ppf(1.0 - tail, aa) / rr
     return np.where(ok, lo, np.nan), np.where(ok, hi, np.nan)
+
+
+# ----------------------------------------------------------------------------- shared by the models
+
+
+class LogFeatures:
+    """The rank features of a training log's pairs and its searches per query, for fitting and predicting.
+
+    Built from session patterns (``from_sessions``) or from PBM-style cells (``from_cells``).
+    """
+
+    def __init__(self, features: NDArray[np.float64], searches: NDArray[np.float64]) -> None:
+        self.features = features
+        self.searches = searches
+
+    @classmethod
+    def from_cells(cls, pair: AnyArray, rank: AnyArray, imps: AnyArray, query_of_pair: AnyArray,
+                   n_pairs: int) -> LogFeatures:
+        return cls(rank_features(pair, rank, imps, query_of_pair, n_pairs),
+                   query_searches(pair, rank, imps, query_of_pair, n_pairs))
+
+    @classmethod
+    def from_sessions(cls, sessions: SessionPatterns) -> LogFeatures:
+        c = cells_from_sessions(sessions)
+        return cls.from_cells(c.pair, c.rank, c.impressions, sessions.pairs.query_index, len(sessions.pairs))
+
+    def prior(self, kind: str, successes: AnyArray, trials: AnyArray, *, family: str = "beta",
+              start: BetaPrior | None = None) -> BetaPrior:
+        """:func:`make_prior` on these pairs' features."""
+        return make_prior(kind, successes, trials, self.features, family=family, start=start)
+
+    def gather(self, values: NDArray[np.float64], sessions: SessionPatterns, prior: BetaPrior,
+               fallback: float) -> NDArray[np.float64]:
+        """Per shown position, ``values`` of its pair; a pair without a value (never shown in training, or NaN)
+        gets the empirical prior's mean at the rank it is shown at, else ``fallback``; NaN where nothing shown."""
+        d = sessions.docs
+        n = len(values)
+        out = np.full(d.shape, np.nan)
+        inside = (d >= 0) & (d < n)
+        out[inside] = values[d[inside]]
+        unseen = (d >= 0) & np.isnan(out)
+        if unseen.any():
+            if prior.kind == "empirical":
+                ranks = np.broadcast_to(np.arange(1, d.shape[1] + 1), d.shape)[unseen]
+                queries = np.broadcast_to(sessions.query[:, None], d.shape)[unseen]
+                out[unseen] = prior.mean_at(unseen_features(ranks, queries, self.searches))
+            else:
+                out[unseen] = fallback
+        return out
+
+
+def beta_posterior_interval(prior: BetaPrior, successes: AnyArray, trials: AnyArray,
+                            confidence: float = CONFIDENCE) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Equal-tailed interval of the posterior Beta(a + x, b + n − x); NaN where the pair has no trials."""
+    n = np.asarray(trials, dtype=np.float64)
+    x = np.clip(np.asarray(successes, dtype=np.float64), 0.0, n)
+    mean = prior.posterior_mean(x, n)
+    lo, hi = posterior_interval(mean, prior.a + prior.b + n, confidence)
+    return np.where(n > 0, lo, np.nan), np.where(n > 0, hi, np.nan)
