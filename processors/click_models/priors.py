@@ -49,6 +49,7 @@ Pure numpy/scipy; no I/O.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,8 +206,10 @@ def _standardise(feats: NDArray[np.float64], use: NDArray[np.bool_]
                  ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
     """Design matrix [1, (z − mean)/std] (0 where a feature is NaN or constant), and the mean and std used."""
     f = feats[use]
-    mean = np.nanmean(f, axis=0) if len(f) else np.zeros(feats.shape[1])
-    std = np.nanstd(f, axis=0) if len(f) else np.ones(feats.shape[1])
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN feature column is dropped below
+        mean = np.nanmean(f, axis=0) if len(f) else np.zeros(feats.shape[1])
+        std = np.nanstd(f, axis=0) if len(f) else np.ones(feats.shape[1])
     mean = np.nan_to_num(mean)
     std = np.where(np.nan_to_num(std) > 1e-9, np.nan_to_num(std), 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
