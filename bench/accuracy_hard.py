@@ -139,16 +139,20 @@ def run(n: int, generator: str, seed: int) -> dict[str, Any]:
     # the choice `ubi process --model auto` makes on this log, from the same fits
     sel = _choose(fitted, ident, train.n_sessions, test.n_sessions)
     out["recommended"] = source_name(sel.best) if sel.best else None
-    # relevance recovery on all searches
-    imps = None
+    # relevance recovery on all searches; raw CTR is clicks / impressions itself (no model, no prior)
+    from processors.click_models.common import pair_support
+
+    imps_i, clicks_i, _ = pair_support(everything)
+    imps = imps_i.astype(np.float64)
+    raw = np.where(imps > 0, clicks_i / np.maximum(imps, 1), np.nan)
+    out["relevance"]["raw CTR"] = tau_by_bucket(raw, grades.astype(np.float64), everything.pairs.query_index, imps)
     for name in SOURCES:
         model = make_model(name, None).fit(everything)
         rel = model.relevance()
-        imps = np.asarray(rel.impressions, dtype=np.float64)
         out["relevance"][source_name(name)] = tau_by_bucket(np.asarray(rel.score, dtype=np.float64),
                                                             grades.astype(np.float64),
                                                             everything.pairs.query_index, imps)
-    if imps is not None:
+    if len(imps):
         out["pairs_by_bucket"] = {b: int(((imps >= lo) & (imps <= hi)).sum()) for b, lo, hi in BUCKETS}
     if generator == "pbm":
         truth = traffic.truth.theta / traffic.truth.theta[0]
@@ -206,21 +210,24 @@ def print_tables(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> N
         print(f"{'model':<8} {'ours':>17} {'pseudocount':>17}  ours lower?")
         for name, row in r["perplexity"].items():
             o, p = row["ours"], row.get("pseudocount")
-            lower = "-" if p is None else ("yes" if o["conditional"] < p["conditional"] else "NO")
+            lower = "-" if p is None else ("same" if abs(o["conditional"] - p["conditional"]) < 1e-9 else
+                                           "yes" if o["conditional"] < p["conditional"] else "NO")
             print(f"{source_name(name):<8} {f(o['conditional'])} | {f(o['full'])} "
                   f"{(f(p['conditional']) + ' | ' + f(p['full'])) if p else '        -        ':>17}  {lower}")
         print(f"\nKendall τ-b per query vs the true grade, by impressions (recommended: {r['recommended']})")
         print(f"{'source':<8} " + " ".join(f"{b:>14}" for b, _, _ in BUCKETS))
         print(f"{'pairs':<8} " + " ".join(f"{r['pairs_by_bucket'][b]:>14,}" for b, _, _ in BUCKETS))
-        ctr = r["relevance"]["ctr"]
+        ctr = r["relevance"]["raw CTR"]
         for name, buckets in r["relevance"].items():
             cells = []
             for b, _, _ in BUCKETS:
                 v = buckets[b]["tau"]
                 d = v - ctr[b]["tau"]
-                cells.append(f"{f(v, 3)} ({d:+.3f})" if name != "ctr" else f"{f(v, 3)}        ")
+                cells.append(f"{f(v, 3)} ({d:+.3f})" if name != "raw CTR" else f"{f(v, 3)}        ")
             mark = " *" if name == r["recommended"] else ""
             print(f"{name + mark:<8} " + " ".join(f"{c:>14}" for c in cells))
+        print("(in brackets: minus raw CTR, clicks / impressions, on the same pairs; ctr is our CTR source with its "
+              "default prior)")
         rec = r["recommended"]
         if rec:
             diffs = {b: r["relevance"][rec][b]["tau"] - ctr[b]["tau"] for b, _, _ in BUCKETS}
