@@ -162,9 +162,9 @@ def select(train: SessionPatterns, test: SessionPatterns, *, models: Sequence[st
         for name in CHOOSABLE:
             if name in models and is_position_debiased(source_name(name)):
                 excluded[name] = f"position not identifiable here ({identifiability.verdict})"
-    candidates = [s for s in scores if s.model in CHOOSABLE and s.model not in excluded and s.evaluation is not None
+    candidates = [(s.evaluation.conditional_perplexity_mean, s.model) for s in scores
+                  if s.model in CHOOSABLE and s.model not in excluded and s.evaluation is not None
                   and np.isfinite(s.evaluation.conditional_perplexity_mean)]
-    best = min(candidates, key=lambda s: (s.evaluation.conditional_perplexity_mean, s.model)).model \
-        if candidates else None  # type: ignore[union-attr]
+    best = min(candidates)[1] if candidates else None
     return Selection(application, train.n_sessions, test.n_sessions, holdout, tuple(scores), best, excluded,
                      identifiability.verdict if identifiability is not None else None)

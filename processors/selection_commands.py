@@ -99,9 +99,9 @@ def cmd_select(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps({"db": str(settings.db), "selections": out},
                                       option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
         return 0
-    con = Console()
-    for sel in out:
-        _print(con, sel)
+    console = Console()
+    for row in out:
+        _print(console, row)
     return 0
 
 

@@ -145,9 +145,9 @@ def recommend(labels: Iterable[Label], sources: Iterable[str], sessions: Session
                             holdout=holdout)
     held = {models[s.model]: round(s.evaluation.conditional_perplexity_mean, 6)
             for s in sel.scores if s.evaluation is not None}
-    for s in sel.scores:
-        if s.error:
-            left_out[models[s.model]] = f"could not be fitted: {s.error}"
+    for score in sel.scores:
+        if score.error:
+            left_out[models[score.model]] = f"could not be fitted: {score.error}"
     if sel.best is None:
         return Recommendation(None, "no source's model could be scored on held-out searches" + agree, held, left_out)
     best = models[sel.best]

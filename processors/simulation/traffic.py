@@ -281,7 +281,7 @@ class SimulatedTraffic:
     slots: NDArray[np.int64]  # [n, K] doc slot (column of the catalog) at each rank
     clicks: NDArray[np.bool_]  # [n, K]
     crawler: NDArray[np.bool_] | None = None  # [n] search made by a crawler (None: no crawlers)
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_sessions(self) -> int:
