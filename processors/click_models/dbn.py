@@ -60,6 +60,8 @@ DEFAULT_MAX_ITER = 2000
 DEFAULT_TOL = 1e-7
 #: empirical priors: at most this many rounds of (refit the priors, run EM from where the last round stopped)
 MAX_PRIOR_ROUNDS = 10
+#: EM tolerance of the rounds before the prior has settled
+ROUND_TOL = 1e-5
 
 
 def dbn_click_probs(
@@ -335,7 +337,8 @@ class DBN(FittedModel):
                 settled = (a_prior is not None and s_prior is not None and same_prior(a_prior, new_a)
                            and same_prior(s_prior, new_s))
                 a_prior, s_prior = new_a, new_s
-                res = dbn_em(lay, alpha, sigma, gamma, self.max_iter, self.tol, fit_gamma=fit_gamma,
+                tol = self.tol if settled or rounds == MAX_PRIOR_ROUNDS else max(self.tol, ROUND_TOL)  # only the last round converges fully
+                res = dbn_em(lay, alpha, sigma, gamma, self.max_iter, tol, fit_gamma=fit_gamma,
                              alpha_prior=(a_prior.a, a_prior.b), sigma_prior=(s_prior.a, s_prior.b))
                 iterations += res.iterations
                 alpha, sigma, gamma, st = res.alpha, res.sigma, res.gamma, res.stats

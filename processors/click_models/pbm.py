@@ -57,6 +57,8 @@ DEFAULT_MAX_ITER = 500
 DEFAULT_TOL = 1e-8
 #: empirical prior: at most this many rounds of (refit the prior, run EM); the hyperparameters settle in 3-6
 MAX_PRIOR_ROUNDS = 10
+#: EM tolerance of the rounds before the prior has settled
+ROUND_TOL = 1e-5
 
 
 class EmResult(NamedTuple):
@@ -263,7 +265,9 @@ class ExaminationEM(FittedModel):
                 new = fit_prior(pair_clk, examined, feats, start=prior)
                 settled = prior is not None and same_prior(prior, new)
                 prior = new
-                res = factorised_em(pair, exam_id, imps, clk, exam, alpha, self.max_iter, self.tol,
+                # rounds before the prior settles only need to get close; the last one converges fully
+                tol = self.tol if settled or rounds == MAX_PRIOR_ROUNDS else max(self.tol, ROUND_TOL)
+                res = factorised_em(pair, exam_id, imps, clk, exam, alpha, self.max_iter, tol,
                                     prior_a=prior.a, prior_b=prior.b)
                 iterations += res.iterations
                 exam, alpha = res.exam, res.alpha
