@@ -14,9 +14,10 @@ import numpy as np
 import orjson
 import pytest
 
+from processors.click_models import get_model
 from processors.identifiability import FEW_LINKING_PAIRS, assess, is_position_debiased
-from processors.judgments import make_judgments
-from processors.sessions import patterns_from_sessions
+from processors.judgments import eligible, make_judgments
+from processors.sessions import patterns_from_sessions, read_sessions
 from processors.simulation import SimConfig, simulate
 from processors.stats import ClickCells, PairIndex
 from schemas.sessions import Session
@@ -128,10 +129,14 @@ def test_esci_sample_verdict_is_the_same_in_process_propensity_and_report(
         esci: Path, capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
     pbm = _json(capsys, "process", "--db", str(esci), "--model", "pbm", "--json")
-    # before the check, pbm graded 17 pairs of this sample (issue 10); they are now withheld, and said so
+    # before the check, pbm graded 17 pairs of this sample (issue 10, unregularised PBM); now none, and the
+    # pairs withheld are exactly those the support and interval rules alone would have graded
     assert pbm["identifiability"]["verdict"] == "unidentified"
     assert pbm["identifiability"]["pairs_at_several_ranks"] == 0
-    assert pbm["graded"] == 0 and pbm["withheld_unidentified"] == 17
+    settings = Settings(db=esci)
+    estimate = get_model("pbm").fit(read_sessions(esci, settings).patterns).relevance()
+    would = int(eligible(estimate, min_support=settings.min_support, max_ci_width=settings.max_ci_width).sum())
+    assert would > 0 and pbm["graded"] == 0 and pbm["withheld_unidentified"] == would
     # raw CTR is not gated (with the default limits no pair of this small sample is narrow enough to grade)
     ctr = _json(capsys, "process", "--db", str(esci), "--model", "ctr", "--min-support", "1", "--max-ci-width", "10",
                 "--json")
