@@ -92,8 +92,11 @@ class JudgmentError(UbiError):
 # ----------------------------------------------------------------------------- models
 
 
-def resolve_model(name: str) -> tuple[str, ClickModel]:
-    """``(source name, new unfitted model)`` for a model name; errors say which models exist and which are missing."""
+def resolve_model(name: str, prior: str | None = None) -> tuple[str, ClickModel]:
+    """``(source name, new unfitted model)`` for a model name; errors say which models exist and which are missing.
+
+    ``prior`` (``empirical``, ``pseudocount``, ``none``) goes to the model; ``None`` keeps its default.
+    """
     key = name.strip().lower()
     registry = importlib.import_module("processors.click_models.registry")
     if key in ("gctr", "rctr"):
@@ -102,14 +105,14 @@ def resolve_model(name: str) -> tuple[str, ClickModel]:
     if key not in JUDGMENT_MODELS and _SOURCE_NAMES.get(key) not in JUDGMENT_MODELS:
         raise JudgmentError(f"unknown model {name!r}; choose one of {', '.join(JUDGMENT_MODELS)}")
     try:
-        model: ClickModel = registry.get_model(key)
+        model: ClickModel = registry.get_model(key) if prior is None else registry.get_model(key, prior=prior)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("processors.click_models"):
             ready = [m for m in JUDGMENT_MODELS if model_available(m)]
             raise JudgmentError(f"click model {key!r} is not available in this build ({exc.name} is missing); "
                                 f"available: {', '.join(ready) or 'none'}") from exc
         raise
-    except UbiError as exc:
+    except (UbiError, TypeError) as exc:
         raise JudgmentError(str(exc)) from exc
     canonical = str(getattr(model, "name", key))
     return _SOURCE_NAMES.get(canonical, canonical), model
@@ -322,17 +325,18 @@ def make_judgments(data: SessionData | SessionPatterns, model_name: str, setting
                    human: Mapping[tuple[str, str], int] | None = None, qrels_name: str = "",
                    min_support: int | None = None, max_ci_width: float | None = None,
                    created_at: datetime | None = None, source: str | None = None,
-                   extra_parameters: dict[str, Any] | None = None) -> JudgmentRun:
+                   extra_parameters: dict[str, Any] | None = None, prior: str | None = None) -> JudgmentRun:
     """Fit ``model_name`` on the sessions, grade its relevance estimates, and calibrate when ``human`` is given.
 
     ``source`` overrides the stored source (default ``implicit:<model>``); ``extra_parameters`` are added to
-    every row's parameters (``--model auto`` records its selection there).
+    every row's parameters (``--model auto`` records its selection there); ``prior`` chooses the click model's
+    prior (default: the model's own, the empirical one).
     """
     settings = settings or Settings()
     patterns = data.patterns if isinstance(data, SessionData) else data
     support, width = check_limits(settings.min_support if min_support is None else min_support,
                                   settings.max_ci_width if max_ci_width is None else max_ci_width)
-    source_name, model = resolve_model(model_name)
+    source_name, model = resolve_model(model_name, prior)
     model.fit(patterns)
     estimate = model.relevance()
     kind = score_kind(source_name, model)
@@ -417,11 +421,12 @@ class ProcessResult:
 def process(db: Path | str, model_name: str, settings: Settings | None = None, *, calibrate_with: Path | None = None,
             store: bool = True, out: Path | None = None, out_format: str | None = None,
             min_support: int | None = None, max_ci_width: float | None = None,
-            max_rank: int | None = None, progress: Callable[[str], None] | None = None) -> ProcessResult:
+            max_rank: int | None = None, progress: Callable[[str], None] | None = None,
+            prior: str | None = None) -> ProcessResult:
     """The ``ubi process`` stage: sessions from the store, one model's judgments, stored and/or written.
 
     ``out_format`` is ``jsonl`` or ``trec`` (default: ``trec`` for .trec/.qrels/.txt files, else ``jsonl``);
-    ``progress`` is told what each step is doing.
+    ``progress`` is told what each step is doing; ``prior`` is the click model's prior (default: empirical).
     """
     settings = settings or Settings()
     say = progress or (lambda _: None)
@@ -432,20 +437,20 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
     check_limits(settings.min_support if min_support is None else min_support,
                  settings.max_ci_width if max_ci_width is None else max_ci_width)
     auto = model_name.strip().lower() == AUTO
-    if not auto:
-        resolve_model(model_name)  # fail on a bad name before reading the store
+    # fail on a bad name or prior before reading the store (auto: any model checks the prior)
+    resolve_model("pbm" if auto else model_name, prior)
     human = load_human_grades(calibrate_with) if calibrate_with else None
     say(f"building sessions from {db}")
     selections: list[Selection] = []
     if auto:
         data, run, selections = auto_judgments(db, settings, human=human, qrels_name=str(calibrate_with or ""),
                                                min_support=min_support, max_ci_width=max_ci_width,
-                                               max_rank=max_rank, progress=say)
+                                               max_rank=max_rank, progress=say, prior=prior)
     else:
         data = read_sessions(db, settings, max_rank=max_rank)
         say(f"fitting {model_name} on {data.filters.sessions:,} sessions ({data.patterns.docs.shape[0]:,} patterns)")
         run = make_judgments(data, model_name, settings, human=human, qrels_name=str(calibrate_with or ""),
-                             min_support=min_support, max_ci_width=max_ci_width)
+                             min_support=min_support, max_ci_width=max_ci_width, prior=prior)
     stored = replaced = None
     if store:
         say(f"storing {run.table.num_rows:,} judgments")
@@ -463,7 +468,8 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
 def auto_judgments(db: Path | str, settings: Settings, *, human: Mapping[tuple[str, str], int] | None = None,
                    qrels_name: str = "", min_support: int | None = None, max_ci_width: float | None = None,
                    max_rank: int | None = None, holdout: float | None = None,
-                   progress: Callable[[str], None] | None = None) -> tuple[SessionData, JudgmentRun, list[Selection]]:
+                   progress: Callable[[str], None] | None = None,
+                   prior: str | None = None) -> tuple[SessionData, JudgmentRun, list[Selection]]:
     """``--model auto``: per application, choose a model by held-out conditional perplexity, then judge with it.
 
     Each application's searches are split by query_id hash (``processors.selection``); every judgment model
@@ -492,8 +498,9 @@ def auto_judgments(db: Path | str, settings: Settings, *, human: Mapping[tuple[s
     for app, data in per_app:
         train, test = data.split()
         ident = assess(data.cells)
+        options = {m: {"prior": prior} for m in CHOOSABLE} if prior is not None else None
         sel = select(train, test, models=CHOOSABLE, identifiability=ident, holdout=fraction, application=app,
-                     progress=say)
+                     progress=say, model_options=options)
         if sel.best is None:
             raise JudgmentError(f"--model auto: no model could be fitted on application {app!r}: "
                                 + "; ".join(f"{s.model}: {s.error}" for s in sel.scores if s.error))
@@ -501,7 +508,7 @@ def auto_judgments(db: Path | str, settings: Settings, *, human: Mapping[tuple[s
         say(f"{app or 'log'}: {sel.why()}; fitting {sel.best} on all {data.patterns.n_sessions:,} searches")
         runs.append(make_judgments(data, sel.best, settings, human=human, qrels_name=qrels_name,
                                    min_support=min_support, max_ci_width=max_ci_width, source=SOURCE_PREFIX + AUTO,
-                                   extra_parameters={"selection": sel.parameters()}))
+                                   extra_parameters={"selection": sel.parameters()}, prior=prior))
     if not runs:
         raise JudgmentError("--model auto: no application has sessions to fit on")
     first = runs[0]

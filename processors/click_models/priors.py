@@ -69,6 +69,10 @@ FEATURES = ("mean_log_rank", "log_display_share")
 #: strength s is kept inside [e^-4, e^14]: beyond, the likelihood is flat and BFGS would wander
 _LOG_S_RANGE = (-4.0, 14.0)
 _M_EPS = 1e-6
+#: the rank-informed mean needs at least this many pairs with data per coefficient, else the prior mean is one
+#: number for all pairs: the "ten events per variable" rule of thumb for logistic regression (Peduzzi et al.,
+#: J. Clin. Epidemiol. 1996), which keeps a tiny log from separating perfectly and extrapolating to 0 or 1
+MIN_PAIRS_PER_FEATURE = 10
 
 
 def check_prior(prior: str, model: str) -> str:
@@ -222,11 +226,11 @@ def _standardise(feats: NDArray[np.float64], use: NDArray[np.bool_]
 
 
 def _beta_binomial_objective(
-    x: NDArray[np.float64], n: NDArray[np.float64], design: NDArray[np.float64]
+    x: NDArray[np.float64], n: NDArray[np.float64], design: NDArray[np.float64], log_s_range: tuple[float, float]
 ) -> Any:
     def f(params: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
         beta, log_s = params[:-1], params[-1]
-        log_s_c = float(np.clip(log_s, *_LOG_S_RANGE))
+        log_s_c = float(np.clip(log_s, *log_s_range))
         s = np.exp(log_s_c)
         m = np.clip(expit(design @ beta), _M_EPS, 1.0 - _M_EPS)
         a, b = m * s, (1.0 - m) * s
@@ -236,7 +240,7 @@ def _beta_binomial_objective(
         da = digamma(x + a) - digamma(a) + common
         db = digamma(n - x + b) - digamma(b) + common
         d_eta = s * m * (1.0 - m) * (da - db)
-        d_logs = (a * da + b * db).sum() if _LOG_S_RANGE[0] < log_s < _LOG_S_RANGE[1] else 0.0
+        d_logs = (a * da + b * db).sum() if log_s_range[0] < log_s < log_s_range[1] else 0.0
         grad = np.append(design.T @ d_eta, d_logs)
         scale = 1.0 / max(len(x), 1)
         return -float(ll.sum()) * scale, -grad * scale
@@ -245,11 +249,11 @@ def _beta_binomial_objective(
 
 
 def _gamma_poisson_objective(
-    x: NDArray[np.float64], e: NDArray[np.float64], design: NDArray[np.float64]
+    x: NDArray[np.float64], e: NDArray[np.float64], design: NDArray[np.float64], log_s_range: tuple[float, float]
 ) -> Any:
     def f(params: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
         beta, log_s = params[:-1], params[-1]
-        log_s_c = float(np.clip(log_s, *_LOG_S_RANGE))
+        log_s_c = float(np.clip(log_s, *log_s_range))
         s = np.exp(log_s_c)
         m = np.exp(np.clip(design @ beta, -30.0, 30.0))
         a = m * s
@@ -257,7 +261,7 @@ def _gamma_poisson_objective(
         da = digamma(x + a) - digamma(a) + log_s_c - np.log(s + e)
         ds = a / s - (a + x) / (s + e)
         d_eta = a * da
-        d_logs = (a * da + s * ds).sum() if _LOG_S_RANGE[0] < log_s < _LOG_S_RANGE[1] else 0.0
+        d_logs = (a * da + s * ds).sum() if log_s_range[0] < log_s < log_s_range[1] else 0.0
         grad = np.append(design.T @ d_eta, d_logs)
         scale = 1.0 / max(len(x), 1)
         return -float(ll.sum()) * scale, -grad * scale
@@ -283,6 +287,8 @@ def fit_prior(
     x = np.asarray(successes, dtype=np.float64)
     x = np.clip(x, 0.0, n) if family == "beta" else np.maximum(x, 0.0)
     use = n > 0
+    if use.sum() < MIN_PAIRS_PER_FEATURE * (features.shape[1] + 1):  # too few pairs for a regression
+        features = np.full_like(features, np.nan)
     design, f_mean, f_std = _standardise(features, use)
     p = design.shape[1]
     if start is not None and start.kind == "empirical" and len(start.coef) == p:
@@ -296,15 +302,21 @@ def fit_prior(
             eta0 = np.log(max(rate, 1e-4))
         x0 = np.zeros(p + 1)
         x0[0], x0[-1] = eta0, np.log(10.0)
+    # the prior may not weigh more than the whole log it was fitted on: s <= Σ trials. Without this bound a
+    # log whose few pairs happen to agree (no visible spread between pairs) would get s -> infinity and
+    # intervals of zero width.
+    log_s_range = (_LOG_S_RANGE[0], float(min(_LOG_S_RANGE[1], np.log(max(n[use].sum(), 1.0)))))
+    log_s_range = (min(log_s_range), log_s_range[1])
+    x0[-1] = float(np.clip(x0[-1], *log_s_range))
     if use.sum() >= 2:
         objective = (_beta_binomial_objective if family == "beta" else _gamma_poisson_objective)(
-            x[use], n[use], design[use])
+            x[use], n[use], design[use], log_s_range)
         res = minimize(objective, x0, jac=True, method="BFGS", options={"maxiter": 200, "gtol": 1e-7})
         params = res.x if np.all(np.isfinite(res.x)) else x0
         log_marginal = -float(objective(params)[0]) * int(use.sum())
     else:  # one pair or none: nothing to learn a spread from; a weak prior at the pooled rate
         params, log_marginal = x0, float("nan")
-    beta, log_s = params[:-1], float(np.clip(params[-1], *_LOG_S_RANGE))
+    beta, log_s = params[:-1], float(np.clip(params[-1], *log_s_range))
     s = float(np.exp(log_s))
     eta = design @ beta
     if family == "beta":
