@@ -178,7 +178,7 @@ def _choose(fitted: dict[str, Any], ident: Any, n_train: int, n_test: int) -> Se
 
 def coverage(seeds: int, sessions: int, replicates: int, first_seed: int, bootstrapped: list[str]) -> dict[str, Any]:
     """θ error over ``seeds`` logs for EM and harvesting; interval coverage for the ``bootstrapped`` methods."""
-    out: dict[str, Any] = {"seeds": seeds, "sessions": sessions, "replicates": replicates}
+    out: dict[str, Any] = {"seeds": seeds, "first_seed": first_seed, "sessions": sessions, "replicates": replicates}
     for method in ("harvest", "em"):
         hit = total = 0
         errs = []
@@ -250,6 +250,63 @@ def print_tables(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> N
             print(f"{m:<8} {covered}, mean relative error {c['mean_relative_error']:.2%} ({c['seconds']} s)")
 
 
+def markdown(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> str:
+    """The README tables: perplexity (ours / pseudo-count), τ by bucket (recommended vs raw CTR), θ."""
+    def f(x: Any, d: int = 3) -> str:
+        return "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{d}f}"
+
+    gens = list(dict.fromkeys(r["generator"] for r in results))
+    sizes = sorted({r["sessions"] for r in results})
+    at = {(r["generator"], r["sessions"]): r for r in results}
+    lines = ["Held-out conditional perplexity, ours (default empirical prior) / `prior=\"pseudocount\"` (+1/+2); "
+             "**bold**: ours lower:", ""]
+    head = "| model | " + " | ".join(f"{g} {n // 1000}k" for g in gens for n in sizes) + " |"
+    lines += [head, "|---" * (1 + len(gens) * len(sizes)) + "|"]
+    for name in MODEL_NAMES:
+        cells = []
+        for g in gens:
+            for n in sizes:
+                row = at[(g, n)]["perplexity"][name]
+                o, p = row["ours"], row.get("pseudocount")
+                if p is None:
+                    cells.append(f"{f(o['conditional'], 4)} / -")
+                elif abs(o["conditional"] - p["conditional"]) < 1e-9:
+                    cells.append(f"{f(o['conditional'], 4)} (same)")
+                else:
+                    mine = f(o["conditional"], 4)
+                    cells.append((f"**{mine}**" if o["conditional"] < p["conditional"] else mine)
+                                 + f" / {f(p['conditional'], 4)}")
+        lines.append(f"| {source_name(name)} | " + " | ".join(cells) + " |")
+    lines += ["", "Kendall τ-b per query against the true grade, by the pair's impressions: the recommended source "
+              "(what `--model auto` picks) and the best source beside raw CTR (clicks / impressions) on the same pairs:", ""]
+    lines += ["| generator | searches | recommended | bucket | pairs | raw CTR | recommended | best source |",
+              "|---|---|---|---|---|---|---|---|"]
+    for g in gens:
+        for n in sizes:
+            r = at[(g, n)]
+            rec = r["recommended"]
+            for b, _, _ in BUCKETS:
+                raw = r["relevance"]["raw CTR"][b]["tau"]
+                mine = r["relevance"][rec][b]["tau"] if rec else float("nan")
+                best = max((s for s in r["relevance"] if s != "raw CTR"), key=lambda s: r["relevance"][s][b]["tau"])
+                bv = r["relevance"][best][b]["tau"]
+                lines.append(f"| {g} | {n:,} | {rec} | {b} | {r['pairs_by_bucket'][b]:,} | {f(raw)} | "
+                             f"{'**' + f(mine) + '**' if mine > raw else f(mine)} | {best} {f(bv)} |")
+    lines += ["", "θ̂_k/θ̂_1 mean relative error over ranks 2..10 (pbm generator, one log per size):", "",
+              "| searches | PBM EM | harvesting |", "|---|---|---|"]
+    for n in sizes:
+        r = at.get(("pbm", n))
+        if r and "theta" in r:
+            lines.append(f"| {n:,} | {r['theta']['em']:.2%} | {r['theta']['harvest']:.2%} |")
+    if cov:
+        lines += ["", f"Over {cov['seeds']} logs of {cov['sessions']:,} searches (seeds {cov.get('first_seed', '')}): "
+                  + "; ".join(f"{m} error {cov[m]['mean_relative_error']:.2%}"
+                              + (f", 95% interval covers {cov[m]['covered']}/{cov[m]['cases']} ({cov[m]['coverage']:.0%})"
+                                 if cov[m]["coverage"] is not None else ", coverage not measured")
+                              for m in ("em", "harvest"))]
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[2_000, 20_000, 200_000])
@@ -263,7 +320,17 @@ def main() -> int:
                     help="estimators whose intervals are bootstrapped for coverage (default harvest; EM's bootstrap "
                          "refits EM per replicate and takes minutes per log)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--markdown", nargs="+", metavar="RESULT.json",
+                    help="print the README tables of --json outputs (one or more files) instead of running")
     args = ap.parse_args()
+    if args.markdown:
+        results, cov = [], None
+        for path in args.markdown:
+            doc = json.loads(Path(path).read_text())
+            results += doc["results"]
+            cov = doc.get("coverage") or cov
+        print(markdown(results, cov))
+        return 0
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     results = [run(n, g, args.seed) for g in args.generators for n in args.sizes]
     cov = coverage(args.coverage_seeds, args.coverage_sessions, args.replicates, args.coverage_first_seed,
