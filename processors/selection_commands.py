@@ -55,11 +55,11 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_select(args: argparse.Namespace) -> int:
-    from collector.store import reading
     from processors.click_models.registry import model_class
     from processors.identifiability import assess
     from processors.selection import SelectionError, select
     from processors.sessions import applications, read_sessions
+    from store.client import reading
 
     settings = _settings(args)
     if not settings.db.exists():
