@@ -79,6 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=(
             "Estimate how much less often results at rank k are examined than at rank 1 (θ_k/θ_1), from the "
             "sessions in the store. Methods: em = PBM fitted by EM (Wang et al. 2018; no intervention needed); "
+            "marginal = PBM with each pair's attractiveness integrated out under the rank-informed empirical "
+            "prior (no per-pair parameters, so no incidental-parameter bias); "
             "harvest = intervention harvesting, AllPairs (Agarwal et al. 2019; the same (query, doc) shown at "
             "different ranks by different rankers or at different times); randomized = searches of a swap "
             "experiment marked in query_attributes.randomized (Joachims et al. 2017); all = every method the "
@@ -307,7 +309,7 @@ def _num(x: float) -> float | None:
 
 _SUPPORT_HEADERS = {"impressions": "impr.", "clicks": "clicks", "pairs_at_other_ranks": "pairs also at k'≠k",
                     "arm_searches": "searches in arm (1,k)", "arm_clicks_at_rank": "clicks at k in arm"}
-_TITLES = {"em": "PBM EM", "harvest": "Intervention harvesting (AllPairs)", "randomized": "Randomised swaps"}
+_TITLES = {"em": "PBM EM", "marginal": "PBM by marginal likelihood (attractiveness integrated out)", "harvest": "Intervention harvesting (AllPairs)", "randomized": "Randomised swaps"}
 
 
 def _print_estimate(console: Console, est: Any, truth: np.ndarray | None) -> None:
