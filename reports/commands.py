@@ -178,17 +178,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 INTERNAL_ERROR = 3  # exit code of a crash: 1 is reserved for "a gate failed", which CI acts on
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    from pydantic import ValidationError
-
-    flags = {k: v for k, v in vars(args).items() if v is not None and k in Settings.model_fields}
-    try:
-        return Settings(**flags)
-    except ValidationError as exc:  # a bad flag or UBI_* value is bad input (exit 2), not a crash
-        first = exc.errors(include_url=False)[0]
-        raise UbiError(f"setting {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from exc
-
-
 def crash_is_not_a_gate(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Run a command whose exit code 1 means "a gate failed": an unexpected exception (a bug) prints its
     traceback and exits :data:`INTERNAL_ERROR`, since Python's own exit code for it, 1, would read as a gate
@@ -264,7 +253,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from reports.render.markdown import render_markdown
     from reports.render.text import print_report, render_text
 
-    settings = _settings(args)
+    settings = Settings.from_flags(args)
     fmt = "json" if args.json else args.format
     thresholds = _thresholds(args)
     propensity = _propensity(args.propensity)
@@ -336,7 +325,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_queryset(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = Settings.from_flags(args)
     with reading(settings.db) as con:
         population = query_frequencies(con, application=args.application)
     chosen = sample(population, args.strategy, args.size, seed=settings.seed)
