@@ -482,10 +482,6 @@ class Prepared:
     def failed(self) -> pa.Table | None:
         return failed_table(self.failed_rows) if self.failed_rows else None
 
-    def query_dicts(self) -> list[dict[str, Any]]:
-        """Query rows as dicts keyed by stored column name."""
-        return [dict(zip(QUERY_SCHEMA.names, r, strict=True)) for r in self.query_rows]
-
     def event_dicts(self) -> list[dict[str, Any]]:
         """Event rows as dicts keyed by stored column name."""
         return [dict(zip(EVENT_SCHEMA.names, r, strict=True)) for r in self.event_rows]
