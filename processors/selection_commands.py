@@ -43,17 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_select)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    from pydantic import ValidationError
-
-    flags = {k: v for k, v in (("db", args.db), ("max_rank", args.max_rank)) if v is not None}
-    try:
-        return Settings(**flags)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        raise UbiError(f"setting {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from exc
-
-
 def cmd_select(args: argparse.Namespace) -> int:
     from processors.click_models.registry import model_class
     from processors.identifiability import assess
@@ -61,7 +50,7 @@ def cmd_select(args: argparse.Namespace) -> int:
     from processors.sessions import applications, read_sessions
     from store.client import reading
 
-    settings = _settings(args)
+    settings = Settings.from_flags(args, only=("db", "max_rank"))
     if not settings.db.exists():
         raise UbiError(f"{settings.db}: no such database; load traffic first (`ubi import`, `ubi serve`)")
     if not 0.0 < args.holdout < 1.0:

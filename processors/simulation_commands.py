@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -107,17 +106,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_propensity)
 
 
-def _settings(args: argparse.Namespace, *names: str) -> Settings:
-    """Settings from the named flags that were given, then UBI_* variables; bad values name the flag."""
-    flags = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
-    try:
-        return Settings(**flags)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "a setting"
-        raise UbiError(f"{flag}: {first['msg']}") from exc
-
-
 @contextmanager
 def _progress(console: Console, label: str, total: int, enabled: bool) -> Iterator[Callable[[int], None]]:
     if not enabled:
@@ -136,7 +124,7 @@ def _progress(console: Console, label: str, total: int, enabled: bool) -> Iterat
 def cmd_simulate(args: argparse.Namespace) -> int:
     from processors.simulation.traffic import scenario, simulate
 
-    settings = _settings(args, "seed")
+    settings = Settings.from_flags(args, only=("seed",))
     given = {name: getattr(args, name) for name in ("eta", "rankers", "queries", "docs_per_query", "max_rank",
                                                      "randomize", "epochs", "query_skew", "crawler_share")
              if getattr(args, name) is not None}
@@ -229,7 +217,7 @@ def cmd_propensity(args: argparse.Namespace) -> int:
     from processors.propensity.common import PropensityError, PropensityEstimate
     from processors.propensity.load import read_patterns, read_swaps
 
-    settings = _settings(args, "db", "max_rank", "seed")
+    settings = Settings.from_flags(args, only=("db", "max_rank", "seed"))
     if not settings.db.exists():
         raise UbiError(f"{settings.db}: no such database; load traffic first (`ubi import`, `ubi serve`)")
     k = settings.max_rank
