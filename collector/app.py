@@ -77,6 +77,7 @@ class SinkAdmin:
     def __init__(self, collector: Collector) -> None:
         self.collector = collector
         self.max_load_bytes = collector.settings.max_load_bytes
+        self.admin_hosts = list(collector.settings.admin_hosts)
 
     def admin_store(self) -> Store:
         sink = self.collector.sink

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
@@ -25,8 +25,12 @@ from store.duckdb_store import Store
 class LoaderAdmin:
     """The loader as the host of the admin routes (:class:`store.admin.AdminHost`)."""
 
-    def __init__(self, store: Store, status: Callable[[], dict[str, Any]], max_load_bytes: int) -> None:
+    def __init__(
+        self, store: Store, status: Callable[[], dict[str, Any]], max_load_bytes: int,
+        admin_hosts: Sequence[str] = (),
+    ) -> None:
         self.store, self.status, self.max_load_bytes = store, status, max_load_bytes
+        self.admin_hosts = list(admin_hosts)
 
     def admin_store(self) -> Store:
         return self.store
@@ -56,7 +60,7 @@ def admin_app(host: admin.AdminHost) -> FastAPI:
 
 
 def serve_admin(store: Store, status: Callable[[], dict[str, Any]], *, max_load_bytes: int,
-                host: str = "127.0.0.1", port: int = 0) -> AdminServer:
+                admin_hosts: Sequence[str] = (), host: str = "127.0.0.1", port: int = 0) -> AdminServer:
     """Serve the admin routes for ``store`` on ``host:port`` (0: a free port) and advertise them."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -66,7 +70,7 @@ def serve_admin(store: Store, status: Callable[[], dict[str, Any]], *, max_load_
         sock.close()
         raise StoreError(f"cannot listen on {host}:{port} for the loader's admin routes: {exc}") from exc
     sock.listen(128)
-    config = uvicorn.Config(admin_app(LoaderAdmin(store, status, max_load_bytes)), log_level="warning",
+    config = uvicorn.Config(admin_app(LoaderAdmin(store, status, max_load_bytes, admin_hosts)), log_level="warning",
                             lifespan="off", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="ubi-loader-admin",

@@ -6,7 +6,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from schemas.errors import StoreError, StoreLocked
+from schemas.errors import SnapshotFailed, StoreError, StoreLocked
 from schemas.ubi import UbiEvent, UbiQuery
 from store.client import collector_url, open_reader
 from store.duckdb_store import Store
@@ -229,7 +229,7 @@ def test_a_snapshot_never_overwrites_a_file_and_leaves_no_half_copy(tmp_path):
         with pytest.raises(StoreError, match="exists"):
             store.snapshot(taken)
         assert taken.read_text() == "not a database"
-        with pytest.raises(StoreError, match="could not copy a snapshot"):
+        with pytest.raises(SnapshotFailed, match="could not write a snapshot"):
             store.snapshot(tmp_path / "no-such-dir" / "snap.duckdb")
         snap = store.snapshot()
     assert snap.exists() and ".snapshot-" in snap.name
