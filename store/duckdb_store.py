@@ -218,7 +218,10 @@ class Store:
     def snapshot_files(self) -> list[Path]:
         """Snapshots of this database in :attr:`snapshot_dir` (their ``.wal`` files aside)."""
         pattern = f"{self.path.name}.snapshot-*"
-        return sorted(p for p in self.snapshot_dir.glob(pattern) if not p.name.endswith(".wal"))
+        try:
+            return sorted(p for p in self.snapshot_dir.glob(pattern) if not p.name.endswith(".wal"))
+        except OSError:  # no such directory (yet): a snapshot into it will say why
+            return []
 
     def remove_snapshots(self, *, grace: float | None = None) -> list[Path]:
         """Delete snapshots no reader has open and older than ``grace`` s (default :attr:`snapshot_grace`).
@@ -506,7 +509,8 @@ class Store:
                 cur.execute(f"DETACH {alias}")
         except BaseException as exc:
             for partial in (dest, dest.with_name(dest.name + ".wal")):  # no half copy left for a reader
-                partial.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # missing, or its directory is not one
+                    partial.unlink()
             if isinstance(exc, (duckdb.IOException, OSError)):
                 raise SnapshotFailed(
                     f"could not write a snapshot of {self.path} to {dest.parent}: {exc}. Free space there, or "
