@@ -499,7 +499,7 @@ class Store:
                 cur.execute("BEGIN TRANSACTION")
                 try:
                     (src,) = cur.execute("SELECT current_database()").fetchone() or ("",)
-                    cur.execute(f'COPY FROM DATABASE "{src}" TO {alias}')
+                    cur.execute(f"COPY FROM DATABASE {quote_ident(src)} TO {alias}")
                     cur.execute("COMMIT")
                 except BaseException:
                     with contextlib.suppress(duckdb.Error):
