@@ -78,7 +78,9 @@ def host_name(netloc: str) -> str:
     if netloc.startswith("["):
         end = netloc.find("]")
         return netloc[: end + 1] if end > 0 else netloc
-    return netloc.rsplit(":", 1)[0] if netloc.count(":") == 1 else netloc
+    if netloc.count(":") > 1:  # a bare IPv6 address, as configured: the Host header brackets it
+        return f"[{netloc}]"
+    return netloc.rsplit(":", 1)[0] if ":" in netloc else netloc
 
 
 def refused_host(host_header: str | None, origin: str | None, extra: Iterable[str]) -> str | None:

@@ -30,6 +30,7 @@ from fastapi.testclient import TestClient
 from collector.app import create_app
 from loader.admin import serve_admin
 from schemas.settings import Settings
+from store.admin import host_name, refused_host
 from store.duckdb_store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -294,3 +295,21 @@ def test_a_full_disk_is_503_with_a_clear_body(tmp_path: Path) -> None:
     finally:
         out, _ = proc.communicate("", timeout=60)
     assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("header", "name"),
+    [("LOCALHOST:8000", "localhost"), ("127.0.0.1", "127.0.0.1"), ("[::1]:8000", "[::1]"), ("[::1]", "[::1]"),
+     ("::1", "[::1]"), ("evil.example:8000", "evil.example")],
+)
+def test_host_names_are_compared_without_port_or_case(header: str, name: str) -> None:
+    assert host_name(header) == name
+
+
+def test_refusals_name_the_setting_and_what_was_sent() -> None:
+    assert refused_host("localhost:1", None, []) is None
+    assert refused_host("shop.internal:1", "http://shop.internal:1", ["shop.internal"]) is None
+    why = refused_host("localhost:1", "null", [])  # sandboxed frames and file:// pages send Origin: null
+    assert why is not None and "Origin 'null'" in why and "UBI_ADMIN_HOSTS" in why
+    missing = refused_host(None, None, [])
+    assert missing is not None and "Host None" in missing
