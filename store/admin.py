@@ -105,8 +105,10 @@ class AdminHost(Protocol):
 
     #: Largest body ``POST /v1/admin/load`` reads, in bytes.
     max_load_bytes: int
-    #: Host names the admin routes answer to besides :data:`LOOPBACK_HOSTS` (``Settings.admin_hosts``).
-    admin_hosts: Sequence[str]
+    @property
+    def admin_hosts(self) -> Sequence[str]:
+        """Host names the admin routes answer to besides :data:`LOOPBACK_HOSTS` (``Settings.admin_hosts``)."""
+        ...
 
     def admin_store(self) -> Store:
         """The store this process writes; raises :class:`NoStore` when it has none."""
