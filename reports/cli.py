@@ -9,6 +9,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "reports.evaluate_commands",  # evaluate
     "reports.commands",  # report, queryset
     "reports.judgment_commands",  # judgments export / import
+    "reports.predict_commands",  # predict (counterfactual evaluation)
 )
 
 
