@@ -41,7 +41,8 @@ takes theta_k/theta_1 from it instead of from the PBM fit.
 
 intervals: percentile bootstrap over logged searches, the click model refitted on every replicate. They do
 not contain the bias of a wrong click model or of documents the log never showed: read prior_share and
-unsupported_share beside them.
+unsupported_share beside them. The prior-free interval <lo, hi> widens the bootstrap interval by letting every
+document the log never showed take any click probability in [0, 1]: what the log alone can say.
 
 examples:
   ubi predict --run ltr-v3.trec
@@ -132,7 +133,8 @@ def _num(x: float | None, digits: int = 4) -> str:
 
 def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetrics], console: Console) -> None:
     names = [m.replace("@k", f"@{pred.k}") for m in METRICS]
-    t = Table(title=f"predicted online metrics of {escape(name)} (never served), {pred.confidence:.0%} intervals")
+    t = Table(title=f"predicted online metrics of {escape(name)} (never served): value, [{pred.confidence:.0%} "
+                    "bootstrap interval], <prior-free interval>")
     t.add_column("system / method")
     t.add_column("searches", justify="right")
     for m in names:
@@ -141,7 +143,8 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
         cells = []
         for metric in METRICS:
             f = figs.get(metric)
-            cells.append("n/a" if f is None else f"{_num(f.value)}\n[{_num(f.low, 3)}, {_num(f.high, 3)}]")
+            free = f"\n<{_num(f.bound_low, 3)}, {_num(f.bound_high, 3)}>" if f is not None and f.bound_low == f.bound_low else ""
+            cells.append("n/a" if f is None else f"{_num(f.value)}\n[{_num(f.low, 3)}, {_num(f.high, 3)}]{free}")
         t.add_row(f"{escape(name)} · {method}", str(pred.searches), *cells)
     for system, om in sorted(logged.items()):
         cells = []

@@ -106,17 +106,26 @@ def candidate_arrays(patterns: SessionPatterns, rankings: Mapping[str, Sequence[
 
 @dataclass(frozen=True)
 class Figure:
-    """One predicted metric: point estimate on the whole log and its percentile bootstrap interval."""
+    """One predicted metric: point estimate, percentile bootstrap interval, and the prior-free interval.
+
+    ``bound_low``/``bound_high`` widen the bootstrap interval by letting every document the log never showed
+    (for that query) take any click probability at rank 1 in [0, 1] instead of the model's prior: the lower
+    bootstrap quantile with them at 0, the upper with them at 1. What the log cannot say stays unsaid; the
+    width says how much of the prediction is a guess. NaN where a method has no such bound (SNIPS).
+    """
 
     value: float
     low: float
     high: float
+    bound_low: float = float("nan")
+    bound_high: float = float("nan")
 
     def to_json(self) -> dict[str, float | None]:
         def num(x: float) -> float | None:
             return round(float(x), 6) if np.isfinite(x) else None
 
-        return {"value": num(self.value), "ci_low": num(self.low), "ci_high": num(self.high)}
+        return {"value": num(self.value), "ci_low": num(self.low), "ci_high": num(self.high),
+                "prior_free_low": num(self.bound_low), "prior_free_high": num(self.bound_high)}
 
 
 @dataclass(frozen=True)
@@ -214,14 +223,23 @@ class _Fit:
                 self.propensity = "randomized"
         self.theta = theta
 
-    def position_probs(self, cand: CandidateArrays) -> tuple[PositionProbs, NDArray[np.bool_]]:
-        """Per-position probabilities of the candidate's lists and where they rest on the prior only."""
+    def position_probs(self, cand: CandidateArrays,
+                       unseen: float | None = None) -> tuple[PositionProbs, NDArray[np.bool_]]:
+        """Per-position probabilities of the candidate's lists and where they rest on the prior only.
+
+        ``unseen``: the click probability at rank 1 given to documents on the prior instead of the prior.
+        """
         m = self.model
         alpha = gather(m.alpha, cand.docs, m.prior_alpha)
         on_prior = (cand.docs >= 0) & ((cand.docs >= len(m.alpha)) |
                                         np.isnan(m.alpha[np.clip(cand.docs, 0, max(len(m.alpha) - 1, 0))]))
         if m.name == "pbm":
-            return pbm_position_probs(np.asarray(m.theta, dtype=np.float64), alpha), on_prior
+            theta = np.asarray(m.theta, dtype=np.float64)
+            if unseen is not None:  # α on the raw EM scale: click probability at rank 1 is α·θ_1
+                alpha = np.where(on_prior, unseen / theta[0] if theta[0] > 0 else unseen, alpha)
+            return pbm_position_probs(theta, alpha), on_prior
+        if unseen is not None:
+            alpha = np.where(on_prior, unseen, alpha)
         sigma = gather(m.sigma, cand.docs, m.prior_sigma)
         return dbn_position_probs(alpha, sigma, float(m.gamma)), on_prior
 
@@ -229,6 +247,14 @@ class _Fit:
 def _logged(patterns: SessionPatterns, n_queries: int) -> LoggedArrays:
     return LoggedArrays(patterns.query, patterns.docs, patterns.clicks, patterns.weight.astype(np.float64),
                         patterns.pairs.query_index, n_queries)
+
+
+def _bounds(figs: dict[str, float], extremes: Sequence[dict[str, float]]) -> None:
+    """Add ``<metric>:lo`` / ``<metric>:hi``, the metric with unseen documents at the two extremes."""
+    for metric in list(figs):
+        vals = [e[metric] for e in extremes if metric in e]
+        if vals:
+            figs[f"{metric}:lo"], figs[f"{metric}:hi"] = min(vals), max(vals)
 
 
 def _once(patterns: SessionPatterns, cand: CandidateArrays, model: str, methods: Sequence[str], k: int, clip: float,
@@ -242,17 +268,27 @@ def _once(patterns: SessionPatterns, cand: CandidateArrays, model: str, methods:
     w = np.where(cand.length > 0, searches_q, 0.0)
     probs, on_prior = fit.position_probs(cand)
     qm = query_metrics(probs, k)
+    extremes = [query_metrics(fit.position_probs(cand, unseen=a)[0], k) for a in (0.0, 1.0)]
     out: dict[str, dict[str, float]] = {}
     if "dm" in methods:
         out["dm"] = aggregate(qm, w)
+        _bounds(out["dm"], [aggregate(e, w) for e in extremes])
     predicted = fit.model.click_probs(patterns) if "dr" in methods else None
     totals = ips_totals(log, cand.rank_of_pair, cand.length, fit.theta, k, clip, predicted)
     if "ips" in methods:
         out["ips"] = ips_metrics(totals)
+        # IPS gives documents without support nothing: the lower end; at most θ_k' clicks each: the upper
+        kk = min(k, cand.docs.shape[1])
+        unseen_k = float((w[:, None] * (on_prior & probs.shown)[:, :kk] * fit.theta[None, :kk]).sum())
+        unseen_all = float((w[:, None] * (on_prior & probs.shown) * fit.theta[None, : cand.docs.shape[1]]).sum())
+        top = ips_metrics(totals._replace(clicks_k=totals.clicks_k + unseen_k, clicks=totals.clicks + unseen_all))
+        _bounds(out["ips"], [out["ips"], top])
     if "snips" in methods:
         out["snips"] = ips_metrics(totals, self_normalise=True)
     if "dr" in methods:
         out["dr"] = dr_metrics(totals, float((w * qm.clicks_k).sum()), float((w * qm.clicks).sum()))
+        _bounds(out["dr"], [dr_metrics(totals, float((w * e.clicks_k).sum()), float((w * e.clicks).sum()))
+                            for e in extremes])
     diag = {
         "prior_share": prior_share(on_prior, probs.shown, w, k),
         "unsupported_share": totals.unsupported_k / totals.shown_k if totals.shown_k > 0 else float("nan"),
@@ -263,6 +299,15 @@ def _once(patterns: SessionPatterns, cand: CandidateArrays, model: str, methods:
         "searches": float(w.sum()),
     }
     return out, diag
+
+
+def _quantiles(values: Sequence[float], tail: float) -> tuple[float, float]:
+    r = np.asarray(values, dtype=np.float64)
+    r = r[np.isfinite(r)]
+    if not len(r):
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(r, [tail, 1.0 - tail])
+    return float(lo), float(hi)
 
 
 def predict(
@@ -324,10 +369,12 @@ def predict(
         for x in METRICS:
             if x not in point[m]:
                 continue
-            r = np.asarray(reps[m][x], dtype=np.float64)
-            r = r[np.isfinite(r)]
-            lo, hi = (np.quantile(r, [tail, 1.0 - tail]) if len(r) else (np.nan, np.nan))
-            figures[m][x] = Figure(point[m][x], float(lo), float(hi))
+            lo, hi = _quantiles(reps[m][x], tail)
+            b_lo = _quantiles(reps[m].get(f"{x}:lo", []), tail)[0] if f"{x}:lo" in point[m] else np.nan
+            b_hi = _quantiles(reps[m].get(f"{x}:hi", []), tail)[1] if f"{x}:hi" in point[m] else np.nan
+            if replicates == 0 and f"{x}:lo" in point[m]:
+                b_lo, b_hi = point[m][f"{x}:lo"], point[m][f"{x}:hi"]
+            figures[m][x] = Figure(point[m][x], lo, hi, float(b_lo), float(b_hi))
     notes = []
     if any(m != "dm" for m in methods):
         notes.append(f"ips, snips and dr estimate only {' and '.join(LINEAR_METRICS)} (sums of per-document clicks); "

@@ -69,3 +69,19 @@ def test_prior_share_is_reported_for_unseen_documents() -> None:
     # top 3 of shoes (80 searches): 2 of 3 unseen; hats (10 searches): 0 of 1 -> (80·2) / (80·3 + 10·1)
     assert pred.prior_share == pytest.approx(160 / 250)
     assert pred.unsupported_share == pytest.approx(160 / 250)
+
+
+def test_prior_free_interval_by_hand() -> None:
+    # the log fits PBM exactly (θ_2/θ_1 = 0.5; α_a = 0.8; α_h = 0.5). Candidate shoes: [new1, a, new2].
+    # Unseen docs at 0: shoes clicks@3 = 0.5·0.8 = 0.4; at 1: 1 + 0.4 + θ_3; hats: 0.5 (10 searches).
+    # CTR@3 over 80·3 + 10·1 = 250 shown: (80·0.4 + 5)/250 = 0.148 and (80·(1.4 + θ_3) + 5)/250.
+    # θ_3 is not identified (c is only ever at rank 3: only θ_3·α_c is), so it is read from the fit.
+    pat = patterns_from_sessions(_log(), max_rank=3)
+    pred = predict(pat, {"shoes": ["new1", "a", "new2"], "hats": ["h"]}, replicates=0, k=3)
+    high = (80 * (1.4 + pred.theta_ratio[2]) + 5) / 250
+    for method in ("dm", "ips", "dr"):
+        fig = pred.figures[method]["ctr@k"]
+        assert (fig.bound_low, fig.bound_high) == (pytest.approx(0.148, abs=1e-4), pytest.approx(high, abs=1e-4))
+    assert pred.figures["snips"]["ctr@k"].bound_low != pred.figures["snips"]["ctr@k"].bound_low  # NaN: no bound
+    boot = predict(pat, {"shoes": ["new1", "a", "new2"], "hats": ["h"]}, replicates=20, k=3).figures["dm"]["ctr@k"]
+    assert boot.bound_low <= boot.low <= boot.value <= boot.high <= boot.bound_high
