@@ -10,7 +10,7 @@ N/2 searches per arm; a trial detects the difference when p < 0.05 in the right 
 the exact ΔCTR@10, the smallest N (grid of powers of 2) detecting it in >= 80% of ``--trials`` trials, for each
 design, and their ratio. (Chapelle, Joachims, Radlinski & Yue, TOIS 2012, report one to two orders of magnitude.)
 
-    .venv/bin/python bench/interleaving.py [--pool 40000] [--trials 400] [--model pbm]
+    .venv/bin/python bench/interleaving.py [--pool 200000] [--trials 400] [--model pbm|cascade]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from processors.interleaving import outcomes  # noqa: E402
 from processors.simulation import SimConfig, simulate  # noqa: E402
 from processors.simulation.interleaved import draw_clicks, simulate_interleaved  # noqa: E402
 
-GRID = [2**i for i in range(4, 23)]  # 16 .. 4 M searches
+GRID = [2**i for i in range(4, 24)]  # 16 .. 8 M searches (capped at the pool)
 POWER = 0.8
 ALPHA = 0.05
 
@@ -71,9 +71,14 @@ def welch_power(a: np.ndarray, b: np.ndarray, n: int, trials: int, rng: np.rando
     return float(((p < ALPHA) & (mb > ma)).mean())
 
 
-def needed(power_at: Callable[[int], float]) -> int | None:
-    """The smallest N of the grid whose power reaches :data:`POWER` (None: not within the grid)."""
+def needed(power_at: Callable[[int], float], limit: int) -> int | None:
+    """The smallest N of the grid up to ``limit`` whose power reaches :data:`POWER` (None: not within it).
+
+    Trials resample a finite pool, so an N beyond the pool would measure the pool's own sampling error.
+    """
     for n in GRID:
+        if n > limit:
+            return None
         if power_at(n) >= POWER:
             return n
     return None
@@ -85,7 +90,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--baseline", type=float, default=1.0)
     parser.add_argument("--candidates", type=float, nargs="+", default=[0.9, 0.7, 0.5])
-    parser.add_argument("--pool", type=int, default=40_000, help="simulated searches per design and pair")
+    parser.add_argument("--pool", type=int, default=200_000,
+                        help="simulated searches per design and pair; N is searched up to it (A/B: twice it)")
     parser.add_argument("--trials", type=int, default=400)
     args = parser.parse_args()
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -112,12 +118,14 @@ def main() -> int:
         ab_a = draw_clicks(truth, query, base[query], rng)[:, :10].sum(axis=1).astype(float)
         q2 = rng.choice(n_q, size=args.pool, p=popularity)
         ab_b = draw_clicks(truth, q2, cand[q2], rng)[:, :10].sum(axis=1).astype(float)
-        n_il = needed(functools.partial(lambda n, o: sign_test_power(o, n, args.trials, rng), o=out))
-        n_ab = needed(functools.partial(lambda n, a, b: welch_power(a, b, n, args.trials, rng), a=ab_a, b=ab_b))
+        n_il = needed(functools.partial(lambda n, o: sign_test_power(o, n, args.trials, rng), o=out), args.pool)
+        n_ab = needed(functools.partial(lambda n, a, b: welch_power(a, b, n, args.trials, rng), a=ab_a, b=ab_b),
+                      2 * args.pool)
         wins, losses = int((out > 0).sum()), int((out < 0).sum())
         ratio = f"{n_ab / n_il:.0f}x" if n_il and n_ab else "-"
-        print(f"{sigma:>7} {delta:>14.4f} {wins / max(wins + losses, 1):>9.3f} {n_il or '>4M':>15} {n_ab or '>4M':>10} "
-              f"{ratio:>7}", flush=True)
+        over_il, over_ab = f">{args.pool}", f">{2 * args.pool}"
+        print(f"{sigma:>7} {delta:>14.4f} {wins / max(wins + losses, 1):>9.3f} {n_il or over_il:>15} "
+              f"{n_ab or over_ab:>10} {ratio:>7}", flush=True)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"wall {wall:.0f} s, CPU {cpu:.0f} s, peak RSS {rss:.0f} MB (shared machine)")
