@@ -97,7 +97,7 @@ def cmd_process(args: argparse.Namespace) -> int:
     settings = _settings(args, max_rank=args.max_rank, min_support=args.min_support, max_ci_width=args.max_ci_width)
     with Console(stderr=True).status("starting", spinner="dots") as status:
         res = process(settings.db, args.model, settings, calibrate_with=args.calibrate, store=not args.no_store,
-                      out=args.out, out_format=args.format, progress=status.update)
+                      out=args.out, out_format=args.format, progress=status.update, prior=args.prior)
     data, run, stored, written, out_fmt = res.data, res.run, res.stored, res.rows_written, res.out_format
     result = {"db": str(settings.db), **res.summary()}
     if args.json:
@@ -189,6 +189,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="widest interval that still gets a grade, on the attractiveness scale, > 0 (default 0.5); "
                         "pairs without an interval never get one")
     p.add_argument("--max-rank", type=int, help="deepest rank kept (default 10)")
+    p.add_argument("--prior", choices=("empirical", "pseudocount", "none"),
+                   help="prior on the model's per-pair parameters: empirical (default; rank-informed, empirical "
+                        "Bayes), pseudocount (+1/+2) or none (maximum likelihood)")
     p.add_argument("--no-store", action="store_true", help="do not write the judgments into the store")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON) instead")
     p.set_defaults(func=_guard(cmd_process))

@@ -88,8 +88,11 @@ class JudgmentError(UbiError):
 # ----------------------------------------------------------------------------- models
 
 
-def resolve_model(name: str) -> tuple[str, ClickModel]:
-    """``(source name, new unfitted model)`` for a model name; errors say which models exist and which are missing."""
+def resolve_model(name: str, prior: str | None = None) -> tuple[str, ClickModel]:
+    """``(source name, new unfitted model)`` for a model name; errors say which models exist and which are missing.
+
+    ``prior`` (``empirical``, ``pseudocount``, ``none``) goes to the model; ``None`` keeps its default.
+    """
     key = name.strip().lower()
     registry = importlib.import_module("processors.click_models.registry")
     if key in ("gctr", "rctr"):
@@ -98,14 +101,14 @@ def resolve_model(name: str) -> tuple[str, ClickModel]:
     if key not in JUDGMENT_MODELS and _SOURCE_NAMES.get(key) not in JUDGMENT_MODELS:
         raise JudgmentError(f"unknown model {name!r}; choose one of {', '.join(JUDGMENT_MODELS)}")
     try:
-        model: ClickModel = registry.get_model(key)
+        model: ClickModel = registry.get_model(key) if prior is None else registry.get_model(key, prior=prior)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("processors.click_models"):
             ready = [m for m in JUDGMENT_MODELS if model_available(m)]
             raise JudgmentError(f"click model {key!r} is not available in this build ({exc.name} is missing); "
                                 f"available: {', '.join(ready) or 'none'}") from exc
         raise
-    except UbiError as exc:
+    except (UbiError, TypeError) as exc:
         raise JudgmentError(str(exc)) from exc
     canonical = str(getattr(model, "name", key))
     return _SOURCE_NAMES.get(canonical, canonical), model
@@ -312,13 +315,15 @@ class JudgmentRun:
 def make_judgments(data: SessionData | SessionPatterns, model_name: str, settings: Settings | None = None, *,
                    human: Mapping[tuple[str, str], int] | None = None, qrels_name: str = "",
                    min_support: int | None = None, max_ci_width: float | None = None,
-                   created_at: datetime | None = None) -> JudgmentRun:
-    """Fit ``model_name`` on the sessions, grade its relevance estimates, and calibrate when ``human`` is given."""
+                   created_at: datetime | None = None, prior: str | None = None) -> JudgmentRun:
+    """Fit ``model_name`` on the sessions, grade its relevance estimates, and calibrate when ``human`` is given.
+
+    ``prior`` chooses the click model's prior (default: the model's own, the empirical one)."""
     settings = settings or Settings()
     patterns = data.patterns if isinstance(data, SessionData) else data
     support, width = check_limits(settings.min_support if min_support is None else min_support,
                                   settings.max_ci_width if max_ci_width is None else max_ci_width)
-    source_name, model = resolve_model(model_name)
+    source_name, model = resolve_model(model_name, prior)
     model.fit(patterns)
     estimate = model.relevance()
     kind = score_kind(source_name, model)
@@ -373,11 +378,12 @@ class ProcessResult:
 def process(db: Path | str, model_name: str, settings: Settings | None = None, *, calibrate_with: Path | None = None,
             store: bool = True, out: Path | None = None, out_format: str | None = None,
             min_support: int | None = None, max_ci_width: float | None = None,
-            max_rank: int | None = None, progress: Callable[[str], None] | None = None) -> ProcessResult:
+            max_rank: int | None = None, progress: Callable[[str], None] | None = None,
+            prior: str | None = None) -> ProcessResult:
     """The ``ubi process`` stage: sessions from the store, one model's judgments, stored and/or written.
 
     ``out_format`` is ``jsonl`` or ``trec`` (default: ``trec`` for .trec/.qrels/.txt files, else ``jsonl``);
-    ``progress`` is told what each step is doing.
+    ``progress`` is told what each step is doing; ``prior`` is the click model's prior (default: empirical).
     """
     settings = settings or Settings()
     say = progress or (lambda _: None)
@@ -387,13 +393,13 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
         raise JudgmentError(f"unknown output format {out_format!r}; expected jsonl or trec")
     check_limits(settings.min_support if min_support is None else min_support,
                  settings.max_ci_width if max_ci_width is None else max_ci_width)
-    resolve_model(model_name)  # fail on a bad name before reading the store
+    resolve_model(model_name, prior)  # fail on a bad name or prior before reading the store
     human = load_human_grades(calibrate_with) if calibrate_with else None
     say(f"building sessions from {db}")
     data = read_sessions(db, settings, max_rank=max_rank)
     say(f"fitting {model_name} on {data.filters.sessions:,} sessions ({data.patterns.docs.shape[0]:,} patterns)")
     run = make_judgments(data, model_name, settings, human=human, qrels_name=str(calibrate_with or ""),
-                         min_support=min_support, max_ci_width=max_ci_width)
+                         min_support=min_support, max_ci_width=max_ci_width, prior=prior)
     stored = replaced = None
     if store:
         say(f"storing {run.table.num_rows:,} judgments")
