@@ -70,6 +70,8 @@ def main() -> int:
     parser.add_argument("--swaps", action="store_true", help="IPS takes θ from the swap experiment (default: PBM EM)")
     parser.add_argument("--model", default="auto", help="click model of the direct method (pbm, dbn, auto)")
     parser.add_argument("--replicates", type=int, default=100)
+    parser.add_argument("--prior", default=None, help="click-model prior: empirical, pseudocount, none (default: "
+                                                       "the models' default)")
     parser.add_argument("--generators", nargs="+", default=list(GENERATORS))
     args = parser.parse_args()
 
@@ -78,7 +80,7 @@ def main() -> int:
     pairs = [(a, b) for a, b in itertools.permutations(args.noise, 2)]
     print(f"{len(pairs) * args.seeds} (A, B) pairs per generator; A's log: {args.sessions} searches, {args.epochs} "
           f"epochs, {args.randomize:.0%} swaps; IPS theta from {'swaps' if args.swaps else 'PBM EM'}; "
-          f"{args.replicates} bootstrap replicates (model refitted on each)")
+          f"{args.replicates} bootstrap replicates (model refitted on each); prior {args.prior or 'default'}")
     for gen in args.generators:
         eps_minus, eps_plus = GENERATORS[gen]
         for s in range(args.seeds):
@@ -86,7 +88,7 @@ def main() -> int:
                 seed = 1000 * s + i
                 r = run_pair(gen, seed, a, b, sessions=args.sessions, epochs=args.epochs, randomize=args.randomize,
                              eps_minus=eps_minus, eps_plus=eps_plus, click_model=args.model,
-                             replicates=args.replicates, use_swaps=args.swaps)
+                             replicates=args.replicates, use_swaps=args.swaps, prior=args.prior)
                 results.append(r)
                 p = r.prediction
                 figs = " ".join(f"{m}={p.figures[m]['ctr@k'].value:.4f}" for m in METHODS)

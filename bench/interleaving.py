@@ -122,7 +122,7 @@ def main() -> int:
         n_ab = needed(functools.partial(lambda n, a, b: welch_power(a, b, n, args.trials, rng), a=ab_a, b=ab_b),
                       2 * args.pool)
         wins, losses = int((out > 0).sum()), int((out < 0).sum())
-        ratio = f"{n_ab / n_il:.0f}x" if n_il and n_ab else "-"
+        ratio = f"{n_ab / n_il:.2g}x" if n_il and n_ab else "-"
         over_il, over_ab = f">{args.pool}", f">{2 * args.pool}"
         print(f"{sigma:>7} {delta:>14.4f} {wins / max(wins + losses, 1):>9.3f} {n_il or over_il:>15} "
               f"{n_ab or over_ab:>10} {ratio:>7}", flush=True)

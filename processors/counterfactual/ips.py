@@ -82,11 +82,11 @@ def pair_log_counts(
     w = np.broadcast_to(log.weight[:, None], log.docs.shape)[shown]
     pair = log.docs[shown]
     rank = np.broadcast_to(np.arange(k), log.docs.shape)[shown]
-    exam = np.bincount(pair, weights=w * theta[rank], minlength=n_pairs)
-    clk = np.bincount(pair, weights=w * log.clicks[shown], minlength=n_pairs)
-    pred = (np.bincount(pair, weights=w * np.nan_to_num(predicted[shown]), minlength=n_pairs)
+    exam = np.bincount(pair, weights=w * theta[rank], minlength=n_pairs).astype(np.float64)
+    clk = np.bincount(pair, weights=w * log.clicks[shown], minlength=n_pairs).astype(np.float64)
+    pred = (np.bincount(pair, weights=w * np.nan_to_num(predicted[shown]), minlength=n_pairs).astype(np.float64)
             if predicted is not None else np.zeros(n_pairs))
-    searches = np.bincount(log.query, weights=log.weight, minlength=log.n_queries)
+    searches = np.bincount(log.query, weights=log.weight, minlength=log.n_queries).astype(np.float64)
     return exam, clk, pred, searches
 
 

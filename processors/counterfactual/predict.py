@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from processors.click_models import get_model
 from processors.click_models.common import gather
 from processors.click_models.evaluate import evaluate, split_sessions
+from processors.click_models.pbm import PBM
 from processors.counterfactual.direct import (
     LINEAR_METRICS,
     METRICS,
@@ -207,7 +208,7 @@ class _Fit:
 
     def __init__(self, patterns: SessionPatterns, model: str, swaps: SwapSessions | None,
                  swap_weight: NDArray[np.float64] | None, options: Mapping[str, Any]) -> None:
-        self.pbm: Any = get_model("pbm", **dict(options)).fit(patterns)
+        self.pbm = PBM(**dict(options)).fit(patterns)
         self.model: Any = self.pbm if model == "pbm" else get_model(model, **dict(options)).fit(patterns)
         k = patterns.max_rank
         raw = np.asarray(self.pbm.theta, dtype=np.float64)[:k]
@@ -227,20 +228,28 @@ class _Fit:
                        unseen: float | None = None) -> tuple[PositionProbs, NDArray[np.bool_]]:
         """Per-position probabilities of the candidate's lists and where they rest on the prior only.
 
+        Parameters per position come from the model itself (``_alpha_at`` / ``_params_at``), so a pair the log
+        never showed gets the model's prior as the model defines it (rank-informed under the empirical prior).
         ``unseen``: the click probability at rank 1 given to documents on the prior instead of the prior.
         """
         m = self.model
-        alpha = gather(m.alpha, cand.docs, m.prior_alpha)
+        lists = SessionPatterns(m.pairs, np.arange(len(cand.length), dtype=np.int64), cand.docs,
+                                np.zeros(cand.docs.shape, dtype=bool), np.ones(len(cand.length), dtype=np.int64))
         on_prior = (cand.docs >= 0) & ((cand.docs >= len(m.alpha)) |
                                         np.isnan(m.alpha[np.clip(cand.docs, 0, max(len(m.alpha) - 1, 0))]))
         if m.name == "pbm":
             theta = np.asarray(m.theta, dtype=np.float64)
+            alpha = (m._alpha_at(lists) if hasattr(m, "_alpha_at")
+                     else gather(m.alpha, cand.docs, m.prior_alpha))
             if unseen is not None:  # α on the raw EM scale: click probability at rank 1 is α·θ_1
                 alpha = np.where(on_prior, unseen / theta[0] if theta[0] > 0 else unseen, alpha)
             return pbm_position_probs(theta, alpha), on_prior
+        if hasattr(m, "_params_at"):
+            alpha, sigma = m._params_at(lists)
+        else:
+            alpha, sigma = gather(m.alpha, cand.docs, m.prior_alpha), gather(m.sigma, cand.docs, m.prior_sigma)
         if unseen is not None:
             alpha = np.where(on_prior, unseen, alpha)
-        sigma = gather(m.sigma, cand.docs, m.prior_sigma)
         return dbn_position_probs(alpha, sigma, float(m.gamma)), on_prior
 
 

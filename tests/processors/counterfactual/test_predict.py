@@ -8,6 +8,8 @@ from processors.counterfactual.predict import PredictionError, candidate_arrays,
 from processors.sessions import patterns_from_sessions
 from schemas.sessions import Session
 
+MLE = {"prior": "none"}  # hand-worked numbers need the maximum-likelihood fit (no prior on α)
+
 
 def _log() -> list[Session]:
     """80 "shoes" searches whose cell click rates fit PBM exactly: θ = (1, 0.5, 0.25), α_a = 0.8, α_b = α_c = 0.4.
@@ -36,11 +38,11 @@ def test_candidate_arrays_map_seen_unseen_and_unlogged() -> None:
 
 
 def test_predict_the_logged_ranking_reproduces_the_logged_clicks() -> None:
-    # the PBM fit reproduces the cells exactly, so every method predicts what order a, b, c logged:
+    # the PBM fit (MLE, no prior) reproduces the cells exactly, so every method predicts what order a, b, c logged:
     # (32 + 8 + 4) / 40 = 1.1 clicks per search
     sessions = _log()
     pat = patterns_from_sessions(sessions, max_rank=3)
-    pred = predict(pat, {"shoes": ["a", "b", "c"]}, replicates=30, seed=1)
+    pred = predict(pat, {"shoes": ["a", "b", "c"]}, replicates=30, seed=1, model_options=MLE)
     shown = [s for s in sessions if s.doc_ids == ("a", "b", "c")]
     logged = sum(sum(s.clicked) for s in shown) / len(shown)
     assert logged == pytest.approx(1.1)
@@ -77,11 +79,12 @@ def test_prior_free_interval_by_hand() -> None:
     # CTR@3 over 80·3 + 10·1 = 250 shown: (80·0.4 + 5)/250 = 0.148 and (80·(1.4 + θ_3) + 5)/250.
     # θ_3 is not identified (c is only ever at rank 3: only θ_3·α_c is), so it is read from the fit.
     pat = patterns_from_sessions(_log(), max_rank=3)
-    pred = predict(pat, {"shoes": ["new1", "a", "new2"], "hats": ["h"]}, replicates=0, k=3)
+    pred = predict(pat, {"shoes": ["new1", "a", "new2"], "hats": ["h"]}, replicates=0, k=3, model_options=MLE)
     high = (80 * (1.4 + pred.theta_ratio[2]) + 5) / 250
     for method in ("dm", "ips", "dr"):
         fig = pred.figures[method]["ctr@k"]
         assert (fig.bound_low, fig.bound_high) == (pytest.approx(0.148, abs=1e-4), pytest.approx(high, abs=1e-4))
     assert pred.figures["snips"]["ctr@k"].bound_low != pred.figures["snips"]["ctr@k"].bound_low  # NaN: no bound
-    boot = predict(pat, {"shoes": ["new1", "a", "new2"], "hats": ["h"]}, replicates=20, k=3).figures["dm"]["ctr@k"]
+    boot = predict(pat, {"shoes": ["new1", "a", "new2"], "hats": ["h"]}, replicates=20, k=3,
+                   model_options=MLE).figures["dm"]["ctr@k"]
     assert boot.bound_low <= boot.low <= boot.value <= boot.high <= boot.bound_high
