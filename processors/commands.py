@@ -12,7 +12,6 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from collector.store import reading
 from processors.judgments import JUDGMENT_MODELS, process
 from processors.review import (
     export_candidates,
@@ -24,6 +23,7 @@ from processors.review import (
 )
 from schemas.errors import UbiError
 from schemas.settings import Settings
+from store.client import reading
 
 _PROCESS_HELP = """\
 Build search sessions from the stored UBI queries and events, filter implausible traffic, fit a click

@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from collector.store import reading
 from processors.counterfactual.direct import METRICS
 from processors.counterfactual.ips import DEFAULT_CLIP
 from processors.counterfactual.predict import DEFAULT_REPLICATES, METHODS, Prediction, predict
@@ -30,6 +29,7 @@ from reports.runs import load_run
 from reports.systems import DEFAULT_SPLIT_KEYS, file_run, load_searches, run_system_name
 from schemas.errors import UbiError
 from schemas.settings import Settings
+from store.client import reading
 
 _EPILOG = """\
 methods: dm = direct method (expected clicks of the candidate's lists under the fitted click model; unseen

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from collector.app import create_app
 from collector.interleaving import InterleavingError, team_draft
-from collector.store import reading
 from reports.interleaving import interleaving_results
 from schemas.settings import Settings
+from store.client import reading
 from ubi.cli import main
 
 docs = st.lists(st.sampled_from([f"d{i}" for i in range(30)]), min_size=0, max_size=15, unique=True)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from collector.ingest import ingest, parse_bulk, validate_items
-from collector.store import Store
 from processors.counterfactual.direct import aggregate, pbm_position_probs, query_metrics
 from processors.simulation import simulate
+from store.duckdb_store import Store
 from ubi.cli import main
 
 
