@@ -71,7 +71,7 @@ def main() -> int:
     parser.add_argument("--model", default="auto", help="click model of the direct method (pbm, dbn, auto)")
     parser.add_argument("--replicates", type=int, default=100)
     parser.add_argument("--prior", default=None, help="click-model prior: empirical, pseudocount, none (default: "
-                                                       "the models' default)")
+                                                       "predict's, none)")
     parser.add_argument("--generators", nargs="+", default=list(GENERATORS))
     args = parser.parse_args()
 

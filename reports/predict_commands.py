@@ -70,7 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", choices=("pbm", "dbn", "auto"), default="pbm",
                    help="click model of the direct method (auto: the better held-out log-likelihood; default pbm)")
     p.add_argument("--prior", choices=("empirical", "pseudocount", "none"),
-                   help="prior of the click model on per-pair parameters (default: the model's, see ubi process)")
+                   help="prior of the click model on per-pair parameters (default none: the rank-informed empirical "
+                        "prior pulls documents the log showed deep down, which a candidate that promotes them "
+                        "contradicts; see README)")
     p.add_argument("--method", default="all", metavar="LIST",
                    help=f"comma-separated subset of {','.join(METHODS)}, or all (default)")
     p.add_argument("--k", type=int, default=10, help="cutoff of CTR@k (default 10)")
@@ -192,7 +194,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         logged = logged_figures(con, settings, args.k, settings.seed)
     pred = predict(data.patterns, rankings, model=args.model, methods=methods, k=args.k, clip=args.clip,
                    replicates=args.replicates, seed=settings.seed, swaps=swaps,
-                   model_options={} if args.prior is None else {"prior": args.prior})
+                   model_options=None if args.prior is None else {"prior": args.prior})
     inputs = {"db": str(settings.db), "run": f"{path} ({len(run)} queries, {run.n_docs()} ranked docs)"}
     if args.json:
         _write(args.out, json.dumps(prediction_json(name, pred, logged, inputs), indent=2) + "\n")

@@ -91,7 +91,7 @@ def run_pair(
 ) -> PairResult:
     """Log A (``epochs`` ranking changes, a ``randomize`` share of rank-1 swaps), predict B, measure B.
 
-    ``prior``: the click model's prior keyword (``processors.click_models.priors``; None: the model's default).
+    ``prior``: the click model's prior keyword (``processors.click_models.priors``; None: ``predict``'s default).
     """
     cfg = SimConfig(sessions=sessions, seed=seed, model=model, rankers=1, ranker_noise=(noise_a,), epochs=epochs,
                     randomize=randomize, eps_minus=eps_minus, eps_plus=eps_plus)
@@ -101,9 +101,8 @@ def run_pair(
     rankings = {normalize_query(cat.query_texts[q]): [str(cat.doc_ids[q, j]) for j in b[q]]
                 for q in range(cat.n_queries)}
     swaps = log.swap_sessions() if use_swaps and randomize > 0 else None
-    options = {} if prior is None else {"prior": prior}
     pred = predict(log.patterns(), rankings, model=click_model, k=k, replicates=replicates, seed=seed, swaps=swaps,
-                   model_options=options)
+                   model_options=None if prior is None else {"prior": prior})
     exact_b = exact_metrics(truth, log.query, b[log.query], k)
     exact_a = exact_metrics(truth, log.query, log.slots, k)
     # B served: the same number of searches, queries drawn from A's logged distribution, the same click kernel
