@@ -61,11 +61,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_consume)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    flags = {k: v for k, v in vars(args).items() if v is not None and k in Settings.model_fields}
-    return Settings(**flags)
-
-
 def cmd_consume(args: argparse.Namespace) -> int:
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # its reconnect chatter; our own lines say enough
     from loader.admin import AdminServer, serve_admin
@@ -73,7 +68,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from loader.targets import DuckDBLoader, ParquetLoader
     from store.duckdb_store import Store
 
-    settings = _settings(args)
+    settings = Settings.from_flags(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

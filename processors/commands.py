@@ -76,11 +76,6 @@ def _date(text: str) -> datetime:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
-    flags = {"db": getattr(args, "db", None), **extra}
-    return Settings(**{k: v for k, v in flags.items() if v is not None})
-
-
 def _dump(obj: Any) -> None:
     sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
 
@@ -94,7 +89,7 @@ def _fmt(x: Any) -> str:
 
 
 def cmd_process(args: argparse.Namespace) -> int:
-    settings = _settings(args, max_rank=args.max_rank, min_support=args.min_support, max_ci_width=args.max_ci_width)
+    settings = Settings.from_flags(args, only=("db", "max_rank", "min_support", "max_ci_width"))
     with Console(stderr=True).status("starting", spinner="dots") as status:
         res = process(settings.db, args.model, settings, calibrate_with=args.calibrate, store=not args.no_store,
                       out=args.out, out_format=args.format, progress=status.update, prior=args.prior)
@@ -138,7 +133,7 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def cmd_review_export(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = Settings.from_flags(args, only=("db",))
     queries = read_query_set(args.queries) if args.queries else None
     with reading(settings.db) as con:
         source = resolve_source(con, args.source)
@@ -156,7 +151,7 @@ def cmd_review_export(args: argparse.Namespace) -> int:
 
 
 def cmd_review_import(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = Settings.from_flags(args, only=("db",))
     result = import_review(settings.db, args.file, assessor=args.assessor, rubric=args.rubric, judged_at=args.date,
                            settings=settings)
     summary = {"file": str(args.file), "db": str(settings.db), "rows": result.rows, "imported": result.table.num_rows,

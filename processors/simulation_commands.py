@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -72,6 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=(
             "Estimate how much less often results at rank k are examined than at rank 1 (θ_k/θ_1), from the "
             "sessions in the store. Methods: em = PBM fitted by EM (Wang et al. 2018; no intervention needed); "
+            "marginal = PBM with each pair's attractiveness integrated out under the rank-informed empirical "
+            "prior (no per-pair parameters, so no incidental-parameter bias); "
             "harvest = intervention harvesting, AllPairs (Agarwal et al. 2019; the same (query, doc) shown at "
             "different ranks by different rankers or at different times); randomized = searches of a swap "
             "experiment marked in query_attributes.randomized (Joachims et al. 2017); all = every method the "
@@ -98,17 +99,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_propensity)
 
 
-def _settings(args: argparse.Namespace, *names: str) -> Settings:
-    """Settings from the named flags that were given, then UBI_* variables; bad values name the flag."""
-    flags = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
-    try:
-        return Settings(**flags)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "a setting"
-        raise UbiError(f"{flag}: {first['msg']}") from exc
-
-
 @contextmanager
 def _progress(console: Console, label: str, total: int, enabled: bool) -> Iterator[Callable[[int], None]]:
     if not enabled:
@@ -127,7 +117,7 @@ def _progress(console: Console, label: str, total: int, enabled: bool) -> Iterat
 def cmd_simulate(args: argparse.Namespace) -> int:
     from processors.simulation.traffic import SimConfig, simulate
 
-    settings = _settings(args, "seed")
+    settings = Settings.from_flags(args, only=("seed",))
     config = SimConfig(
         sessions=args.sessions, seed=settings.seed, model=args.model, eta=args.eta, rankers=args.rankers,
         queries=args.queries, docs_per_query=args.docs_per_query, max_rank=args.max_rank,
@@ -217,7 +207,7 @@ def cmd_propensity(args: argparse.Namespace) -> int:
     from processors.propensity.common import PropensityError, PropensityEstimate
     from processors.propensity.load import read_patterns, read_swaps
 
-    settings = _settings(args, "db", "max_rank", "seed")
+    settings = Settings.from_flags(args, only=("db", "max_rank", "seed"))
     if not settings.db.exists():
         raise UbiError(f"{settings.db}: no such database; load traffic first (`ubi import`, `ubi serve`)")
     k = settings.max_rank
@@ -297,7 +287,7 @@ def _num(x: float) -> float | None:
 
 _SUPPORT_HEADERS = {"impressions": "impr.", "clicks": "clicks", "pairs_at_other_ranks": "pairs also at k'≠k",
                     "arm_searches": "searches in arm (1,k)", "arm_clicks_at_rank": "clicks at k in arm"}
-_TITLES = {"em": "PBM EM", "harvest": "Intervention harvesting (AllPairs)", "randomized": "Randomised swaps"}
+_TITLES = {"em": "PBM EM", "marginal": "PBM by marginal likelihood (attractiveness integrated out)", "harvest": "Intervention harvesting (AllPairs)", "randomized": "Randomised swaps"}
 
 
 def _print_estimate(console: Console, est: Any, truth: np.ndarray | None) -> None:

@@ -326,7 +326,7 @@ class Store:
             cur.register("_load", data)
             cur.execute(f"INSERT OR REPLACE INTO {name} ({cols}) SELECT {cols} FROM _load")
             cur.unregister("_load")
-        return data.num_rows
+        return int(data.num_rows)
 
     def snapshot(self, dest: Path | None = None) -> Path:
         """Copy the whole database, as of one committed state, to a new file opened by nobody.

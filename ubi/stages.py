@@ -54,9 +54,23 @@ def stage_parser(*more: Callable[[Any], None]) -> argparse.ArgumentParser:
     return parser
 
 
+def flag_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """``dest`` -> the flag as typed (its longest option string) of the (sub)command that ``args`` ran."""
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest, None)
+            if isinstance(chosen, str) and chosen in action.choices:
+                names.update(flag_names(action.choices[chosen], args))
+        elif action.option_strings:
+            names.setdefault(action.dest, max(action.option_strings, key=len))
+    return names
+
+
 def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the subcommand, mapping errors to exit codes (module docstring)."""
     args = parser.parse_args(argv)
+    args.flag_names = flag_names(parser, args)  # so that Settings.from_flags names a bad flag as typed
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -35,6 +35,7 @@ from processors.propensity.bootstrap import SCHEME, CellMap, basic_log_interval,
 from processors.propensity.common import METHODS, PropensityError, PropensityEstimate
 from processors.propensity.em import em_ratios
 from processors.propensity.harvest import allpairs_from_stats, connected_to_first, harvest_stats
+from processors.propensity.marginal import marginal_ratios
 from processors.propensity.randomized import SwapSessions, arm_counts, swap_ratios
 from processors.stats import ClickCells, SessionPatterns
 
@@ -45,7 +46,8 @@ FEW_LINKING_PAIRS = 20
 #: bootstrap bias below this share of the standard error is not worth a note (Efron & Tibshirani 1993, §10.3)
 BIAS_NOTE_SHARE = 0.25
 INTERVALS = {"em": "basic bootstrap interval of log θ (reflected around the estimate: corrects a bias the "
-                   "replicates share)", "harvest": "percentile", "randomized": "percentile"}
+                   "replicates share)", "marginal": "percentile", "harvest": "percentile",
+             "randomized": "percentile"}
 
 UNIDENTIFIED = (
     "no (query, doc) was shown at two different ranks (one fixed ranking per query), so {what} cannot tell "
@@ -89,9 +91,9 @@ def estimate_from_patterns(
     ``replicates = 0`` skips the bootstrap (intervals are NaN). The interval resamples whole sessions
     (multinomial counts over the distinct patterns), so it carries the dependence between ranks of a session.
     """
-    if method not in ("em", "harvest"):
+    if method not in ("em", "marginal", "harvest"):
         raise PropensityError(f"method {method!r} works on swap experiments or is unknown; "
-                              f"from session patterns choose em or harvest (all: {', '.join(METHODS)})")
+                              f"from session patterns choose em, marginal or harvest (all: {', '.join(METHODS)})")
     k = sessions.max_rank if max_rank is None else int(max_rank)
     if k < 2:
         raise PropensityError(f"max rank must be at least 2 to compare ranks, got {k}")
@@ -104,13 +106,15 @@ def estimate_from_patterns(
 
     hs = harvest_stats(cells)
     if len(hs.k) == 0:
-        raise PropensityError(UNIDENTIFIED.format(what="PBM EM" if method == "em" else "harvesting"))
+        raise PropensityError(UNIDENTIFIED.format(what="harvesting" if method == "harvest" else "PBM EM"))
     # EM gives every shown rank a number, but only ranks linked to rank 1 through shared pairs are identified
     reached = connected_to_first(hs.k[hs.n_pairs > 0], hs.k2[hs.n_pairs > 0], k)
 
     def stat(cells_b: ClickCells) -> NDArray[np.float64]:
         if method == "em":
             return np.where(reached, em_ratios(cells_b), np.nan)
+        if method == "marginal":
+            return np.where(reached, marginal_ratios(cells_b), np.nan)
         return allpairs_from_stats(harvest_stats(cells_b))
 
     ratio = stat(cells)
@@ -150,6 +154,8 @@ def estimate_from_patterns(
     }
     if method == "em":
         details["model"] = "pbm"
+    elif method == "marginal":
+        details["model"] = "pbm, attractiveness integrated out under the rank-informed empirical prior"
     else:
         details["weighting"] = "harmonic mean of the pair's impressions at the two ranks"
     return PropensityEstimate(method, ratio, low, high, level, done, SCHEME if replicates else "none",
