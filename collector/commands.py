@@ -19,22 +19,6 @@ from schemas.settings import Settings
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)"
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    """Settings from the flags that were given (those named like a Settings field), then UBI_* variables."""
-    from pydantic import ValidationError
-
-    flags = {k: v for k, v in vars(args).items() if v is not None and k in Settings.model_fields}
-    try:
-        return Settings(**flags)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        name = str(first["loc"][0]) if first["loc"] else "settings"
-        flag = {"cors_allow_origins": "--allow-origin"}.get(name, f"--{name.replace('_', '-')}")
-        where = flag if name in flags else f"UBI_{name.upper()}"
-        message = str(first["msg"]).removeprefix("Value error, ").removeprefix("cors_allow_origins (--allow-origin): ")
-        raise UbiError(f"{where}: {message}") from None
-
-
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from collector.sinks import add_sink_arguments, available_sinks
 
@@ -131,7 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from collector.sinks import create_sink
     from store.client import advertise
 
-    settings = settings_from(args)
+    settings = Settings.from_flags(args)
     sock = bind_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
@@ -170,7 +154,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from collector.app import extension_filters
     from collector.importer import import_files
 
-    settings = settings_from(args)
+    settings = Settings.from_flags(args)
     for path in args.files:
         if not path.is_file():
             raise UbiError(f"{path}: no such file")
@@ -242,7 +226,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_failed(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+    settings = Settings.from_flags(args)
     if args.limit < 1 or args.offset < 0:
         raise UbiError("--limit must be at least 1 and --offset at least 0")
     from store.client import failed_records

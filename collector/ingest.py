@@ -413,7 +413,8 @@ def parse_bulk(
     ``/{index}/_bulk`` path) names the kind through ``indices`` (default ``ubi_queries`` and ``ubi_events``),
     and an event's ``_id`` becomes its ``event_id``, so replaying an export deduplicates. ``_id`` is
     validated as ``event_id`` is. A bad pair rejects that record only; items are numbered by record, and
-    messages name the line.
+    messages name the line. Each item's ``line`` is its document's line in the body (the action line's when
+    there is no document).
     """
     indices = _BULK_INDEX if indices is None else indices
     lines = list(_lines(strip_bom(body)))
@@ -436,6 +437,7 @@ def parse_bulk(
                     None,
                     line,
                     error=f"line {number}, column {exc.colno}: malformed action line: {exc.msg}",
+                    line=number,
                 )
             )
             i += 1
@@ -446,7 +448,7 @@ def parse_bulk(
                 _repeat_error(repeat) if repeat is not None
                 else 'expected an action line such as {"index": {"_index": "ubi_events"}}'
             )
-            items.append(RawItem(index, None, None, line, error=error, field=repeat))
+            items.append(RawItem(index, None, None, line, error=error, field=repeat, line=number))
             i += 1
             continue
         verb, meta = next(iter(action.items()))
@@ -460,6 +462,7 @@ def parse_bulk(
                     error=f"line {number}: unsupported bulk action {verb!r}; expected 'index' or 'create'",
                     field="action",
                     action=str(verb),
+                    line=number,
                 )
             )
             i += 1 if verb == "delete" else 2
@@ -471,7 +474,7 @@ def parse_bulk(
             items.append(
                 RawItem(
                     index, kind, None, line, error=f"line {number}: action line without a document after it",
-                    action=verb, index_name=name,
+                    action=verb, index_name=name, line=number,
                 )
             )
             break
@@ -495,6 +498,7 @@ def parse_bulk(
                     error=error,
                     action=verb,
                     index_name=name,
+                    line=doc_number,
                 )
             )
             continue
@@ -518,6 +522,7 @@ def parse_bulk(
                     action=verb,
                     index_name=name,
                     event_id=doc_id,
+                    line=doc_number,
                 )
             )
             continue
@@ -657,10 +662,6 @@ class Prepared:
     @property
     def failed(self) -> pa.Table | None:
         return failed_table(self.failed_rows) if self.failed_rows else None
-
-    def query_dicts(self) -> list[dict[str, Any]]:
-        """Query rows as dicts keyed by stored column name."""
-        return [dict(zip(QUERY_SCHEMA.names, r, strict=True)) for r in self.query_rows]
 
     def event_dicts(self) -> list[dict[str, Any]]:
         """Event rows as dicts keyed by stored column name."""

@@ -33,7 +33,7 @@ REMOTE = ("203.0.113.7", 50000)  # TEST-NET-3: a documentation address, never lo
 @contextmanager
 def collector(db: Path, peer: tuple[str, int] = LOCAL, **overrides: Any) -> Iterator[TestClient]:
     app = create_app(Settings(db=db, **overrides))
-    with TestClient(app, client=peer, raise_server_exceptions=False) as c:
+    with TestClient(app, client=peer, base_url="http://localhost", raise_server_exceptions=False) as c:
         yield c
 
 
@@ -270,9 +270,9 @@ def test_browsers_may_write_from_the_collectors_own_page_only_by_default(
         r = c.post("/v1/events", json=make_event(), headers={"Origin": "https://evil.example"})
         assert r.status_code == 403 and "UBI_CORS_ALLOW_ORIGINS" in r.json()["message"]
         assert "access-control-allow-origin" not in r.headers
-        # The test client's own origin is http://testserver: the collector's page may write.
+        # The test client's own origin is http://localhost (base_url): the collector's page may write.
         assert (
-            c.post("/v1/events", json=make_event(), headers={"Origin": "http://testserver"}).status_code
+            c.post("/v1/events", json=make_event(), headers={"Origin": "http://localhost"}).status_code
             == 202
         )
         assert c.post("/v1/events", json=make_event()).status_code == 202  # no Origin: not a browser page
@@ -348,19 +348,26 @@ def test_refused_writes_are_counted_by_reason(db: Path, make_event: Callable[...
     assert 'ubi_requests_refused_total{reason="unauthorized"} 1' in metrics
 
 
-def test_allow_origin_is_a_flag_of_ubi_serve_and_origins_are_checked() -> None:
+def test_allow_origin_is_a_flag_of_ubi_serve_and_origins_are_checked(tmp_path: Path) -> None:
     import argparse
+    import subprocess
+    import sys
 
-    from collector.commands import register, settings_from
-    from schemas.errors import UbiError
+    from collector.commands import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(["serve", "--allow-origin", "https://shop.example", "--allow-origin", "http://localhost:3000"])
-    assert settings_from(args).cors_allow_origins == ["https://shop.example", "http://localhost:3000"]
-    args = parser.parse_args(["serve", "--allow-origin", "https://shop.example/"])
-    with pytest.raises(UbiError, match=r"--allow-origin: 'https://shop.example/' is not an origin.*did you mean"):
-        settings_from(args)
+    assert Settings.from_flags(args).cors_allow_origins == ["https://shop.example", "http://localhost:3000"]
+    # A trailing slash is the usual mistake (browsers send none): exit 2, naming the flag and the fix.
+    done = subprocess.run(
+        [sys.executable, "-m", "ubi", "serve", "--db", str(tmp_path / "x.duckdb"), "--port", "0",
+         "--allow-origin", "https://shop.example/"],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 2, done.stderr
+    told = " ".join(done.stderr.split())
+    assert "--allow-origin" in told and "is not an origin" in told and "did you mean 'https://shop.example'" in told
 
 
 def test_admin_routes_are_for_loopback_clients(db: Path) -> None:
@@ -650,7 +657,7 @@ def test_browser_and_server_requests_of_one_client_share_its_rate_bucket(
 ) -> None:
     # Server-side senders are checked outside the middleware (collector.app.IngestFrontDoor), browsers inside
     # it: one Gate, so one bucket per client. Two buckets would let this client send 4 at once, not 2.
-    own_page = {"origin": "http://testserver"}
+    own_page = {"origin": "http://localhost"}
     with collector(db, rate_limit_per_second=0.001, rate_limit_burst=2) as c:
         codes = [
             c.post("/v1/events", json=make_event()).status_code,
