@@ -185,13 +185,10 @@ async def _bulk(request: Request, index: str | None) -> Response:
 _BULK_DOC = "OpenSearch _bulk: index and create actions into the UBI indices, answered item by item."
 
 
-@router.api_route("/_bulk", methods=["POST", "PUT"], summary="OpenSearch _bulk", description=_BULK_DOC)
 async def bulk(request: Request) -> Response:
     return await _bulk(request, None)
 
 
-@router.api_route("/{index}/_bulk", methods=["POST", "PUT"], summary="OpenSearch _bulk into one index",
-                  description=_BULK_DOC + " Action lines without _index go to {index}.")
 async def index_bulk(index: str, request: Request) -> Response:
     return await _bulk(request, index)
 
@@ -237,14 +234,26 @@ async def index_document(index: str, request: Request) -> Response:
     return await _document(request, index, None, "index")
 
 
-@router.api_route("/{index}/_doc/{doc_id}", methods=["POST", "PUT"], summary="OpenSearch index document")
 async def index_document_with_id(index: str, doc_id: str, request: Request) -> Response:
     return await _document(request, index, doc_id, "index")
 
 
-@router.api_route("/{index}/_create/{doc_id}", methods=["POST", "PUT"], summary="OpenSearch create document")
 async def create_document(index: str, doc_id: str, request: Request) -> Response:
     return await _document(request, index, doc_id, "create")
+
+
+# POST and PUT each, with an operation id of their own (one route with both methods would share one).
+for _method in ("POST", "PUT"):
+    _m = _method.lower()
+    router.add_api_route("/_bulk", bulk, methods=[_method], operation_id=f"opensearch_bulk_{_m}",
+                         summary="OpenSearch _bulk", description=_BULK_DOC)
+    router.add_api_route("/{index}/_bulk", index_bulk, methods=[_method], operation_id=f"opensearch_index_bulk_{_m}",
+                         summary="OpenSearch _bulk into one index",
+                         description=_BULK_DOC + " Action lines without _index go to {index}.")
+    router.add_api_route("/{index}/_doc/{doc_id}", index_document_with_id, methods=[_method],
+                         operation_id=f"opensearch_index_document_{_m}", summary="OpenSearch index document")
+    router.add_api_route("/{index}/_create/{doc_id}", create_document, methods=[_method],
+                         operation_id=f"opensearch_create_document_{_m}", summary="OpenSearch create document")
 
 
 __all__: Sequence[str] = ["error_response", "item_answer", "router"]
