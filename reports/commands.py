@@ -201,6 +201,17 @@ def _propensity(path: Path | None) -> dict[str, Any] | None:
     return doc
 
 
+def _sessions(con: Any, settings: Settings) -> Any:
+    """The logged sessions with a held-out split (for identifiability and the recommended source), or None."""
+    from processors.selection import DEFAULT_HOLDOUT
+    from processors.sessions import SessionError, load_sessions
+
+    try:
+        return load_sessions(con, settings, holdout=DEFAULT_HOLDOUT)
+    except SessionError:  # a store without UBI tables: the report of run files and labels alone still works
+        return None
+
+
 def _write(path: Path | None, data: str | bytes) -> None:
     if path is None:
         if isinstance(data, bytes):
@@ -267,11 +278,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         if not len(labels):
             raise UbiError("no judgments at all: give human judgments with --qrels FILE, or run `ubi process` to "
                            "derive implicit ones")
+        sessions = _sessions(con, settings)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                       transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("report", total=None)
             report = build_report(con, labels, config, thresholds=thresholds, propensity=propensity, inputs=inputs,
-                                  progress=lambda name: bar.update(task, description=name), file_runs=file_runs)
+                                  progress=lambda name: bar.update(task, description=name), file_runs=file_runs,
+                                  sessions=sessions)
 
     if fmt == "text":
         if args.out is None:

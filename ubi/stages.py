@@ -22,9 +22,9 @@ from rich.markup import escape
 from collector import commands as collector_commands
 from loader import commands as loader_commands
 from processors import commands as processors_commands
-from processors import simulation_commands
+from processors import selection_commands, simulation_commands
 from reports import commands as reports_commands
-from reports import evaluate_commands, judgment_commands
+from reports import evaluate_commands, judgment_commands, predict_commands
 from schemas.errors import UbiError
 
 
@@ -45,9 +45,11 @@ def stage_parser(*more: Callable[[Any], None]) -> argparse.ArgumentParser:
     loader_commands.register(sub)  # consume
     processors_commands.register(sub)  # process, review
     simulation_commands.register(sub)  # simulate, propensity
+    selection_commands.register(sub)  # select
     evaluate_commands.register(sub)  # evaluate
     reports_commands.register(sub)  # report, queryset
     judgment_commands.register(sub)  # judgments export / import
+    predict_commands.register(sub)  # predict (counterfactual evaluation)
     for register in more:
         register(sub)
     return parser
