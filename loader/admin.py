@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
@@ -24,8 +24,12 @@ from store.duckdb_store import Store
 class LoaderAdmin:
     """The loader as the host of the admin routes (:class:`store.admin.AdminHost`)."""
 
-    def __init__(self, store: Store, status: Callable[[], dict[str, Any]], max_load_bytes: int) -> None:
+    def __init__(
+        self, store: Store, status: Callable[[], dict[str, Any]], max_load_bytes: int,
+        admin_hosts: Sequence[str] = (),
+    ) -> None:
         self.store, self.status, self.max_load_bytes = store, status, max_load_bytes
+        self.admin_hosts = list(admin_hosts)
 
     def admin_store(self) -> Store:
         return self.store
@@ -55,10 +59,10 @@ def admin_app(host: admin.AdminHost) -> FastAPI:
 
 
 def serve_admin(store: Store, status: Callable[[], dict[str, Any]], *, max_load_bytes: int,
-                host: str = "127.0.0.1", port: int = 0) -> AdminServer:
+                admin_hosts: Sequence[str] = (), host: str = "127.0.0.1", port: int = 0) -> AdminServer:
     """Serve the admin routes for ``store`` on ``host:port`` (0: a free port) and advertise them."""
-    config = uvicorn.Config(admin_app(LoaderAdmin(store, status, max_load_bytes)), host=host, port=port,
-                            log_level="warning", lifespan="off", access_log=False)
+    config = uvicorn.Config(admin_app(LoaderAdmin(store, status, max_load_bytes, admin_hosts)), host=host,
+                            port=port, log_level="warning", lifespan="off", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="ubi-loader-admin", daemon=True)
     thread.start()

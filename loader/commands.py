@@ -77,11 +77,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
     store = None
     if args.db is not None:
         try:
-            store = Store(args.db)
+            store = Store.from_settings(settings, args.db)
         except StoreLocked as exc:
-            raise StoreLocked(f"{args.db} is held by another process (another `ubi consume --db`, or `ubi serve`). "
-                              "DuckDB has one writer: run one loader per store, or use --parquet DIR to run "
-                              "several loaders side by side.") from exc
+            raise StoreLocked(f"{exc} DuckDB has one writer: run one loader per store, or use --parquet DIR to "
+                              "run several loaders side by side.") from exc
         loader: Any = DuckDBLoader(store)
         target = f"DuckDB {args.db}"
     else:
@@ -91,7 +90,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     consumer = Consumer(settings, loader)
     if store is not None:
         admin = serve_admin(store, lambda: {"loader": consumer.progress.public()},
-                            max_load_bytes=settings.max_load_bytes)
+                            max_load_bytes=settings.max_load_bytes, admin_hosts=settings.admin_hosts)
     emit = _JsonOut() if args.json else _HumanOut(target, settings)
     try:
         emit.start()

@@ -24,6 +24,17 @@ class Settings(BaseSettings):
 
     # --- store ---
     db: Path = Field(Path("ubi.duckdb"), description="DuckDB file of the embedded store")
+    snapshot_dir: Path | None = Field(
+        None, description="where POST /v1/admin/snapshot writes its copies of the database (default: beside the db)"
+    )
+    snapshot_grace_seconds: float = Field(
+        60.0, ge=0, description="a snapshot no reader has opened is removed this long after it was made "
+        "(on the next snapshot; all unused ones at the writer's start-up and shutdown)",
+    )
+    store_wait_seconds: float = Field(
+        30.0, ge=0, description="`ubi serve` / `ubi consume --db`: how long to wait, retrying, while a read-only "
+        "reader (`ubi report`, `ubi process`) holds the DuckDB file before giving up",
+    )
 
     # --- collector ---
     host: str = "127.0.0.1"
@@ -130,6 +141,11 @@ class Settings(BaseSettings):
     rate_limit_burst: float = Field(default=60.0, ge=1.0, description="requests a client may send at once (bucket size)")
     trusted_proxies: int = Field(
         default=0, ge=0, description="reverse proxies in front of the collector; the client IP is read from X-Forwarded-For"
+    )
+    admin_hosts: list[str] = Field(
+        default_factory=list,
+        description='host names (beside localhost, 127.0.0.1, [::1]) admin routes answer to in Host and Origin, '
+        'e.g. ["collector.internal"] (JSON in UBI_ADMIN_HOSTS); other names get 403 (DNS rebinding)',
     )
     admin_remote: bool = Field(
         default=False, description="allow /v1/admin/* and /v1/failed from other hosts than loopback (default: loopback only)"

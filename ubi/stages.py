@@ -24,7 +24,7 @@ from loader import commands as loader_commands
 from processors import commands as processors_commands
 from processors import selection_commands, simulation_commands
 from reports import commands as reports_commands
-from reports import evaluate_commands, judgment_commands
+from reports import evaluate_commands, judgment_commands, predict_commands
 from schemas.errors import UbiError
 
 
@@ -49,6 +49,7 @@ def stage_parser(*more: Callable[[Any], None]) -> argparse.ArgumentParser:
     evaluate_commands.register(sub)  # evaluate
     reports_commands.register(sub)  # report, queryset
     judgment_commands.register(sub)  # judgments export / import
+    predict_commands.register(sub)  # predict (counterfactual evaluation)
     for register in more:
         register(sub)
     return parser
