@@ -373,11 +373,13 @@ class ProcessResult:
 def process(db: Path | str, model_name: str, settings: Settings | None = None, *, calibrate_with: Path | None = None,
             store: bool = True, out: Path | None = None, out_format: str | None = None,
             min_support: int | None = None, max_ci_width: float | None = None,
-            max_rank: int | None = None, progress: Callable[[str], None] | None = None) -> ProcessResult:
+            max_rank: int | None = None, progress: Callable[[str], None] | None = None,
+            sessions: Callable[[], SessionData] | None = None) -> ProcessResult:
     """The ``ubi process`` stage: sessions from the store, one model's judgments, stored and/or written.
 
     ``out_format`` is ``jsonl`` or ``trec`` (default: ``trec`` for .trec/.qrels/.txt files, else ``jsonl``);
-    ``progress`` is told what each step is doing.
+    ``progress`` is told what each step is doing. ``sessions`` builds the session statistics another way
+    (``processors.spark_sessions`` on a Parquet folder); by default they are read from ``db`` with DuckDB.
     """
     settings = settings or Settings()
     say = progress or (lambda _: None)
@@ -390,7 +392,7 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
     resolve_model(model_name)  # fail on a bad name before reading the store
     human = load_human_grades(calibrate_with) if calibrate_with else None
     say(f"building sessions from {db}")
-    data = read_sessions(db, settings, max_rank=max_rank)
+    data = sessions() if sessions is not None else read_sessions(db, settings, max_rank=max_rank)
     say(f"fitting {model_name} on {data.filters.sessions:,} sessions ({data.patterns.docs.shape[0]:,} patterns)")
     run = make_judgments(data, model_name, settings, human=human, qrels_name=str(calibrate_with or ""),
                          min_support=min_support, max_ci_width=max_ci_width)

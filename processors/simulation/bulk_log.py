@@ -4,7 +4,8 @@ Shape, close to what ``ubi simulate`` and real shops produce (about 12 events pe
 search with 20 hit ids (two rankers order the same candidates differently), 10 ``impression`` events at
 0-based ordinals, position-biased ``click`` events (examination 1/k times a per-doc attractiveness), and an
 ``add_to_cart`` after about one click in three. Ids look like the reference client's (UUIDs), so strings
-weigh what they weigh in production. Deterministic for a seed.
+weigh what they weigh in production. Deterministic for a seed (draws are hashes, not ``random()``, whose
+sequence depends on DuckDB's threads).
 
 Two outputs: a DuckDB store (stored-shape rows, as ``ubi serve`` writes them) and UBI files to import
 (NDJSON, a JSON array, or an OpenSearch ``_bulk`` export, optionally gzip-compressed), both from the same rows.
@@ -38,7 +39,6 @@ def build_rows(con: duckdb.DuckDBPyConnection, events: int, *, seed: int = 0, qu
     nq = queries or max(200, s // 40)
     clients = max(1, s // 5)
     con.execute("SET enable_progress_bar = false")
-    con.execute(f"SELECT setseed({(seed % 997) / 997})")
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE gen_queries AS
         SELECT {_uuid("'q' || i || '/' || " + str(seed))} AS query_id,
@@ -56,7 +56,8 @@ def build_rows(con: duckdb.DuckDBPyConnection, events: int, *, seed: int = 0, qu
         CREATE OR REPLACE TEMP TABLE gen_events AS
         WITH imp AS (
             SELECT q.query_id, q.client_id, q.timestamp, q.i, j AS ordinal, q.query_response_hit_ids[j + 1] AS object_id,
-                   random() AS u, random() AS u2
+                   (hash(q.i, j, {seed}) % 1000003) / 1000003.0 AS u,
+                   (hash(q.i, j, {seed}, 'cart') % 1000003) / 1000003.0 AS u2
             FROM gen_queries q, range(10) r(j)
         ), ev AS (
             SELECT query_id, client_id, 'impression' AS action_name, timestamp + to_milliseconds(100 + ordinal) AS ts,
@@ -152,5 +153,47 @@ def write_files(out: Path, events: int, *, fmt: str = "ndjson", seed: int = 0, g
                         f"(FORMAT json, ARRAY {array}, COMPRESSION {comp})")
             files.append(path)
         return files
+    finally:
+        con.close()
+
+
+def write_parquet(root: Path, events: int, *, seed: int = 0, redeliver: float = 0.05) -> tuple[int, int]:
+    """A Parquet folder of about ``events`` generated events (see :func:`store_to_parquet`).
+
+    Returns the distinct (query records, events): what a reader that deduplicates must find.
+    """
+    db = root.with_suffix(".gen.duckdb")
+    try:
+        counts = write_store(db, events, seed=seed)
+        store_to_parquet(db, root, redeliver=redeliver)
+    finally:
+        db.unlink(missing_ok=True)
+    return counts
+
+
+def store_to_parquet(db: Path, root: Path, *, redeliver: float = 0.05) -> None:
+    """The UBI tables of the DuckDB store ``db`` as a Parquet folder in the layout ``ubi consume --parquet``
+    writes (one topic partition per table), with a share ``redeliver`` of the rows written again in a later
+    file with a later ``received_at``, as a re-delivered Kafka batch is: readers must deduplicate them.
+    """
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        con.execute("SET enable_progress_bar = false")
+        for table, topic in (("ubi_queries", "ubi.queries"), ("ubi_events", "ubi.events")):
+            folder = root / table / f"{topic}.0"
+            folder.mkdir(parents=True, exist_ok=True)
+            key = "query_key" if table == "ubi_queries" else "event_key"
+            # JSON columns as plain strings, as the Kafka loader writes them
+            js = "query_attributes" if table == "ubi_queries" else "event_attributes"
+            cols = f"* REPLACE ({js}::VARCHAR AS {js}, extra::VARCHAR AS extra)"
+            origin = (f"0::INTEGER AS kafka_partition, (row_number() OVER (ORDER BY {key}))::BIGINT AS kafka_offset, "
+                      "0::INTEGER AS kafka_line")
+            first = folder / "part-00000000000000000000-00000000000000000000-first.parquet"
+            again = folder / "part-00000000000000000001-00000000000000000001-again.parquet"
+            con.execute(f"COPY (SELECT {cols}, {origin} FROM {table}) TO '{first}' (FORMAT parquet)")
+            con.execute(f"""COPY (SELECT * REPLACE (received_at + INTERVAL 1 HOUR AS received_at)
+                                  FROM (SELECT {cols}, {origin} FROM {table})
+                                  WHERE hash({key}) % 1000 < {int(redeliver * 1000)})
+                            TO '{again}' (FORMAT parquet)""")
     finally:
         con.close()
