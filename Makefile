@@ -39,7 +39,7 @@ java:
 	  || echo "warning: could not install Java; Spark tests will be skipped"; }
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check schemas collector processors reports ubi tests bench
+	$(VENV)/bin/ruff check schemas store collector loader processors reports ubi tests bench
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)

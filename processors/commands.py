@@ -12,7 +12,6 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from collector.store import reading
 from processors.judgments import JUDGMENT_MODELS, process
 from processors.review import (
     export_candidates,
@@ -24,6 +23,7 @@ from processors.review import (
 )
 from schemas.errors import UbiError
 from schemas.settings import Settings
+from store.client import reading
 
 _PROCESS_HELP = """\
 Build search sessions from the stored UBI queries and events, filter implausible traffic, fit a click
@@ -121,7 +121,7 @@ def cmd_process(args: argparse.Namespace) -> int:
             raise UbiError("--engine spark: judgments are stored in a DuckDB file; give --db FILE, or --no-store "
                            "with --out FILE")
     elif args.parquet is not None:
-        db = args.parquet  # the DuckDB engine reads a Parquet folder through collector.parquet_store
+        db = args.parquet  # the DuckDB engine reads a Parquet folder through store.parquet_store
     with Console(stderr=True).status("starting", spinner="dots") as status:
         res = process(db, args.model, settings, calibrate_with=args.calibrate, store=not args.no_store,
                       out=args.out, out_format=args.format, progress=status.update, sessions=sessions)

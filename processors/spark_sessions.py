@@ -2,7 +2,7 @@
 
 ``ubi process --engine spark --parquet DIR [--master URL]`` runs here what :mod:`processors.sessions` runs in
 DuckDB: dedup of the append-only Parquet log (per ``query_key`` and ``event_key`` the earliest
-``received_at``, then Kafka partition, offset and line, as ``collector.parquet_store`` does), each search's
+``received_at``, then Kafka partition, offset and line, as ``store.parquet_store`` does), each search's
 record and displayed ranking, click placement, the traffic filters (empty queries, bot clients, click on
 every result), the cut at K, and the aggregation to pairs, PBM cells and weighted click patterns. The rules
 are the ones documented in :mod:`processors.sessions`, statement for statement, in Spark SQL; a test runs both
@@ -171,7 +171,7 @@ def spark_sessions(spark: Any, parquet: Path | str, settings: Settings | None = 
     """Sessions of the Parquet folder ``parquet`` built on ``spark``: pairs, cells, UBM cells, patterns, filters.
 
     The same rules and the same results as :func:`processors.sessions.load_sessions` on
-    ``collector.parquet_store.open_parquet_reader(parquet)``, except the data-quality counts (left zero).
+    ``store.parquet_store.open_parquet_reader(parquet)``, except the data-quality counts (left zero).
     """
     from pyspark.sql import types as T
 

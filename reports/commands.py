@@ -15,7 +15,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from collector.store import reading
 from processors.bounded import apply_limits
 from reports.gates import Threshold, load_thresholds, parse_flag
 from reports.joint import ReportConfig, build_report, load_class_rules
@@ -34,6 +33,7 @@ from reports.runs import load_run
 from reports.systems import DEFAULT_SPLIT_KEYS, run_system_name
 from schemas.errors import InputFileError, UbiError
 from schemas.settings import Settings
+from store.client import reading
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb); works while `ubi serve` runs"
 _FORMATS = ("text", "json", "md", "html")

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collector.parquet_store import open_parquet_reader
 from processors.sessions import SessionData, load_sessions
 from processors.simulation.bulk_log import store_to_parquet, write_parquet
 from schemas.settings import Settings
+from store.parquet_store import open_parquet_reader
 from tests.processors.ubi_records import build_sample_store, build_store, make_event, make_query
 
 pyspark = pytest.importorskip("pyspark", reason="PySpark is not installed (the dev extra has it)")
