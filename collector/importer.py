@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import io
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -124,9 +124,9 @@ def _read(path: Path) -> bytes:
         raise InputFileError(str(path), None, f"cannot read: {exc.strerror or exc}") from exc
 
 
-def _open(path: Path) -> BinaryIO:
+def _open(path: Path) -> io.BufferedReader:
     """The file, decompressed on the fly when it is gzip (by its magic bytes, whatever its name)."""
-    raw = open(path, "rb", buffering=_BUFFER)  # noqa: SIM115 - returned open; the caller closes it
+    raw = io.BufferedReader(io.FileIO(path, "rb"), _BUFFER)  # returned open; the caller closes it
     if raw.peek(2)[:2] == b"\x1f\x8b":
         # buffered, so that peek() sees a whole first line
         return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), _BUFFER)  # type: ignore[arg-type]
@@ -172,7 +172,7 @@ def iter_items(path: Path, kind: Kind | None = None, cursor: FileCursor | None =
         cursor.attach(fh)
     with fh:
         try:
-            head = fh.peek(_BUFFER)[:_BUFFER]  # type: ignore[attr-defined]
+            head = fh.peek(_BUFFER)[:_BUFFER]
         except OSError as exc:
             raise InputFileError(str(path), None, f"cannot read: {exc}") from exc
         if head.startswith(_BOM):  # Windows tools write one; it is not JSON, and not worth rejecting a file for
@@ -266,7 +266,7 @@ def _bulk_stream(fh: BinaryIO) -> Iterator[RawItem]:
         yield from _bulk_run(lines, offset)
 
 
-def _bulk_run(lines: list[tuple[int, bytes]], offset: int) -> Iterator[RawItem]:
+def _bulk_run(lines: list[tuple[int, bytes]], offset: int) -> Generator[RawItem, None, int]:
     items = parse_bulk(b"\n".join(line for _, line in lines) + b"\n")
     doc_lines = [n for n, _ in lines][1::2]  # action line, then document
     for it in items:
@@ -276,7 +276,7 @@ def _bulk_run(lines: list[tuple[int, bytes]], offset: int) -> Iterator[RawItem]:
 
 
 def chunks(
-    items: Sequence[RawItem], max_items: int = CHUNK_ITEMS, max_bytes: int = CHUNK_BYTES
+    items: Iterable[RawItem], max_items: int = CHUNK_ITEMS, max_bytes: int = CHUNK_BYTES
 ) -> Iterator[list[RawItem]]:
     """Consecutive runs of items, each at most ``max_items`` items and about ``max_bytes`` raw bytes."""
     chunk: list[RawItem] = []

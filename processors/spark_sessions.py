@@ -222,8 +222,8 @@ def spark_sessions(spark: Any, parquet: Path | str, settings: Settings | None = 
     ct = spark.sql("""SELECT pair, CAST(rank AS BIGINT) AS rank, count(*) AS impressions,
                              count(CASE WHEN clicked THEN 1 END) AS clicks
                       FROM s_kp GROUP BY pair, rank""").toArrow().sort_by([("pair", "ascending"), ("rank", "ascending")])
-    cells = ClickCells(pairs, *(ct.column(c).to_numpy().astype(np.int64) for c in ("pair", "rank", "impressions",
-                                                                                 "clicks")), k)
+    col = {c: ct.column(c).to_numpy().astype(np.int64) for c in ("pair", "rank", "impressions", "clicks")}
+    cells = ClickCells(pairs, col["pair"], col["rank"], col["impressions"], col["clicks"], k)
     patterns = _patterns(spark, pairs, k)
     try:
         cells.check()
