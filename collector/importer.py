@@ -268,10 +268,10 @@ def _bulk_stream(fh: BinaryIO) -> Iterator[RawItem]:
 
 def _bulk_run(lines: list[tuple[int, bytes]], offset: int) -> Generator[RawItem, None, int]:
     items = parse_bulk(b"\n".join(line for _, line in lines) + b"\n")
-    doc_lines = [n for n, _ in lines][1::2]  # action line, then document
+    numbers = [n for n, _ in lines]  # the run's body line k is the file's line numbers[k - 1]
     for it in items:
-        yield RawItem(offset + it.index, it.kind, it.value, it.raw, it.error, it.field, it.event_id,
-                      line=doc_lines[it.index] if it.index < len(doc_lines) else None)
+        line = numbers[it.line - 1] if it.line is not None and 0 < it.line <= len(numbers) else None
+        yield dataclasses.replace(it, index=offset + it.index, line=line)
     return offset + len(items)
 
 

@@ -12,7 +12,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from processors.judgments import JUDGMENT_MODELS, process
+from processors.judgments import AUTO, JUDGMENT_MODELS, process
 from processors.review import (
     export_candidates,
     import_review,
@@ -21,6 +21,7 @@ from processors.review import (
     resolve_source,
     write_review,
 )
+from processors.selection import source_name
 from schemas.errors import UbiError
 from schemas.settings import Settings
 from store.client import reading
@@ -32,7 +33,15 @@ score, interval, support and a grade on the human scale (0..UBI_GRADE_MAX) where
 The judgments replace the stored rows of the same source (implicit:<model>); --out also writes a file.
 
 Models: ctr (clicks/impressions), coec (clicks over expected clicks), pbm, ubm (EM, position-debiased),
-cascade, dcm, sdbn, dbn (cascade family).
+cascade, dcm, sdbn, dbn (cascade family), or auto: per application, every one of them is fitted on 75% of
+the searches (split by a hash of query_id) and the one with the lowest held-out conditional perplexity
+judges (source implicit:auto; parameters.selection records the choice and every model's figures; see
+`ubi select`).
+
+Identifiability: position-debiased sources (coec, pbm, ubm, dbn) grade only pairs shown at ranks that
+pairs displayed at several ranks link to rank 1; in a log where no pair was shown at two ranks they grade
+nothing and their rows say why (parameters.identifiability). `ubi propensity` and `ubi report` use the
+same verdict.
 
 Which pairs get a grade: every pair gets a score, but a grade only when it has a confidence interval no
 wider than --max-ci-width AND at least --min-support observations counted the model's way: impressions
@@ -76,11 +85,6 @@ def _date(text: str) -> datetime:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
-    flags = {"db": getattr(args, "db", None), **extra}
-    return Settings(**{k: v for k, v in flags.items() if v is not None})
-
-
 def _dump(obj: Any) -> None:
     sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
 
@@ -111,7 +115,7 @@ def _spark_sessions(args: argparse.Namespace, settings: Settings) -> Any:
 
 
 def cmd_process(args: argparse.Namespace) -> int:
-    settings = _settings(args, max_rank=args.max_rank, min_support=args.min_support, max_ci_width=args.max_ci_width)
+    settings = Settings.from_flags(args, only=("db", "max_rank", "min_support", "max_ci_width"))
     sessions = None
     db: Path = settings.db
     if args.engine == "spark":
@@ -124,7 +128,8 @@ def cmd_process(args: argparse.Namespace) -> int:
         db = args.parquet  # the DuckDB engine reads a Parquet folder through store.parquet_store
     with Console(stderr=True).status("starting", spinner="dots") as status:
         res = process(db, args.model, settings, calibrate_with=args.calibrate, store=not args.no_store,
-                      out=args.out, out_format=args.format, progress=status.update, sessions=sessions)
+                      out=args.out, out_format=args.format, progress=status.update, prior=args.prior,
+                      sessions=sessions)
     data, run, stored, written, out_fmt = res.data, res.run, res.stored, res.rows_written, res.out_format
     result = {"db": str(settings.db), "engine": args.engine, **res.summary()}
     if args.json:
@@ -148,6 +153,18 @@ def cmd_process(args: argparse.Namespace) -> int:
         for app, ev in q.ordinal_base_evidence.items():
             con.print(f"  ordinals of {app or '(no application)'}: {ev['base0']:,} fit base 0, {ev['base1']:,} fit base 1 "
                       f"(of {ev['checked']:,} checked against hit lists)")
+    for sel in res.selections:
+        con.print(f"--model auto, {'application ' + repr(sel.application) if sel.application else 'the log'}: "
+                  f"[bold]{source_name(sel.best) if sel.best else 'none'}[/] ({sel.why()}; identifiability: "
+                  f"{sel.identifiability})", highlight=False)
+    if run.identifiability is not None:
+        ident = run.identifiability
+        style = "green" if ident.identifiable else "yellow"
+        con.print(f"[{style}]identifiability: {ident.verdict}[/] ({ident.reason()})", highlight=False)
+        if run.withheld_unidentified:
+            con.print(f"[yellow]{run.source} is position-debiased: {run.withheld_unidentified:,} pairs that met the "
+                      "support and interval rules get no grade, because this log cannot separate position from "
+                      "relevance for them[/]", highlight=False)
     grades = run.summary()["grade_counts"]
     con.print("grades: " + (", ".join(f"{g}: {c:,}" for g, c in grades.items()) or "none") +
               f"; mapping {run.mapping.method} thresholds " + ", ".join(f"{t:.4g}" for t in run.mapping.thresholds))
@@ -168,7 +185,7 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def cmd_review_export(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = Settings.from_flags(args, only=("db",))
     queries = read_query_set(args.queries) if args.queries else None
     with reading(settings.db) as con:
         source = resolve_source(con, args.source)
@@ -186,7 +203,7 @@ def cmd_review_export(args: argparse.Namespace) -> int:
 
 
 def cmd_review_import(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = Settings.from_flags(args, only=("db",))
     result = import_review(settings.db, args.file, assessor=args.assessor, rubric=args.rubric, judged_at=args.date,
                            settings=settings)
     summary = {"file": str(args.file), "db": str(settings.db), "rows": result.rows, "imported": result.table.num_rows,
@@ -205,7 +222,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description=_PROCESS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", type=Path, help="DuckDB store (default: UBI_DB or ./ubi.duckdb); works while a collector runs")
     p.add_argument("--model", "--source", dest="model", default="pbm", metavar="MODEL",
-                   help=f"click model, one of {', '.join(JUDGMENT_MODELS)} (default: pbm; --source is an alias)")
+                   help=f"click model, one of {', '.join((*JUDGMENT_MODELS, AUTO))} (default: pbm; --source is an "
+                        "alias)")
     p.add_argument("--out", type=Path, help="also write the judgments to this file")
     p.add_argument("--format", choices=("jsonl", "trec"),
                    help="file format of --out (needs --out): jsonl (every row) or trec (qrels of graded rows); "
@@ -219,6 +237,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="widest interval that still gets a grade, on the attractiveness scale, > 0 (default 0.5); "
                         "pairs without an interval never get one")
     p.add_argument("--max-rank", type=int, help="deepest rank kept (default 10)")
+    p.add_argument("--prior", choices=("empirical", "pseudocount", "none"),
+                   help="prior on the model's per-pair parameters: empirical (default; rank-informed, empirical "
+                        "Bayes), pseudocount (+1/+2) or none (maximum likelihood)")
     p.add_argument("--no-store", action="store_true", help="do not write the judgments into the store")
     p.add_argument("--engine", choices=("duckdb", "spark"), default="duckdb",
                    help="where sessions are aggregated: duckdb (default, in this process) or spark (over --parquet "

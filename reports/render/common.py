@@ -52,6 +52,13 @@ def header_lines(report: Report) -> list[str]:
         f"({'most frequent ranking per query' if cfg.mode == 'modal' else 'every search on its own'}), "
         f"intervals: {int(cfg.confidence * 100)}%, seed {cfg.seed}"
     )
+    if report.identifiability is not None:
+        lines.append(f"identifiability: {report.identifiability['verdict']} ({report.identifiability['reason']})")
+    rec = report.recommendation
+    if rec is not None:
+        lines.append(f"recommended implicit source: {rec['source'] or 'none'} ({rec['why']})")
+        for source, why in rec["not_recommended"].items():
+            lines.append(f"not recommended: {source} ({why})")
     return lines
 
 

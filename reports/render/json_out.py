@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from reports import interleaving
 from reports.intervals import Interval
 from reports.joint import Report
 
@@ -104,6 +105,7 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
         "coverage": _clean(report.coverage),
         "offline": offline,
         "online": online,
+        "interleaving": interleaving.to_json(report.interleaving),
         "agreement": _clean(report.agreement),
         "comparisons": [{**_clean(c), "significant": c.significant()} for c in report.comparisons],
         "orderings": _clean(report.orderings),
@@ -113,6 +115,8 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
             "failed": [g.describe() for g in report.failed_gates],
         },
         "propensity": _clean(report.propensity),
+        "identifiability": _clean(report.identifiability),
+        "recommendation": _clean(report.recommendation),
         "notes": report.notes,
     }
 
