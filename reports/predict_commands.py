@@ -20,7 +20,7 @@ from processors.propensity.common import PropensityError
 from processors.propensity.load import load_swaps
 from processors.propensity.randomized import SwapSessions
 from processors.sessions import load_sessions
-from reports.commands import _run_arg, _settings, _write
+from reports.commands import _run_arg, _write
 from reports.joint import query_id_texts
 from reports.merge import LabelSet, labels_from_human, labels_from_store
 from reports.online import OnlineMetrics, online_metrics
@@ -176,7 +176,7 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = Settings.from_flags(args)
     methods = _methods(args.method)
     path, given = args.run
     run = load_run(path)
