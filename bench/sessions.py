@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument(
         "--reuse", action="store_true", help="--db already holds a generated store: only time the build"
     )
-    ap.add_argument("--memory-limit", help="Settings.session_memory_limit, e.g. 2GB (default: DuckDB's)")
+    ap.add_argument("--memory-limit", help="Settings.memory_limit, e.g. 2GB (default: 1GB)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         db = args.db or Path(tmp) / "bench.duckdb"
@@ -77,7 +77,7 @@ def main() -> None:
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         t0 = time.perf_counter()
         cpu0 = time.process_time()
-        data = read_sessions(db, Settings(session_memory_limit=args.memory_limit))
+        data = read_sessions(db, Settings(**({"memory_limit": args.memory_limit} if args.memory_limit else {})))
         t_build = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -5,12 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from schemas.errors import UbiError
@@ -162,7 +170,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        DownloadColumn(),
+        TextColumn("{task.fields[records]:,} records"),
+        TransferSpeedColumn(),
         TimeElapsedColumn(),
         console=console,
         disable=args.json or not console.is_terminal,
@@ -170,10 +180,17 @@ def cmd_import(args: argparse.Namespace) -> int:
     )
     tasks: dict[str, Any] = {}
 
-    def on_progress(path: str, done: int, total: int) -> None:
+    plain = not args.json and not console.is_terminal
+    last = [0.0]
+
+    def on_progress(path: str, done: int, total: int, records: int) -> None:
         if path not in tasks:
-            tasks[path] = progress.add_task(Path(path).name, total=total)
-        progress.update(tasks[path], completed=done, total=total)
+            tasks[path] = progress.add_task(Path(path).name, total=total, records=0)
+        progress.update(tasks[path], completed=done, total=total, records=records)
+        now = time.monotonic()
+        if plain and (now - last[0] >= 5 or done >= total):  # not a terminal: a plain line now and then
+            last[0] = now
+            console.print(f"{path}: {done:,} of {total:,} bytes, {records:,} records", highlight=False)
 
     with progress:
         reports, mode = import_files(

@@ -9,10 +9,12 @@ collector's ``/v1/bulk`` route in chunks instead, so the one writer stays the on
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+import gzip
+import io
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -116,35 +118,86 @@ def _is_bulk_action(line: bytes) -> bool:
 
 def _read(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        with _open(path) as fh:
+            return fh.read()
     except OSError as exc:
         raise InputFileError(str(path), None, f"cannot read: {exc.strerror or exc}") from exc
 
 
-def read_items(path: Path, kind: Kind | None = None) -> tuple[list[RawItem], int]:
-    """Every item of a file with its line number, and the file's size. ``kind`` None: per item, by its keys."""
-    body = _read(path)
-    if body.startswith(_BOM):  # Windows tools write one; it is not JSON, and not worth rejecting a file for
-        body = body[len(_BOM) :]
-    text = body.lstrip()
-    if not text.strip():
-        return [], len(body)
-    first_line = text.split(b"\n", 1)[0].strip()
-    if _is_bulk_action(first_line):
-        return parse_bulk(body), len(body)  # each item carries its document's line
-    if text[:1] == b"[" or (text[:1] == b"{" and not _parses(first_line)):
+def _open(path: Path) -> io.BufferedReader:
+    """The file, decompressed on the fly when it is gzip (by its magic bytes, whatever its name)."""
+    raw = io.BufferedReader(io.FileIO(path, "rb"), _BUFFER)  # returned open; the caller closes it
+    if raw.peek(2)[:2] == b"\x1f\x8b":
+        # buffered, so that peek() sees a whole first line
+        return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), _BUFFER)  # type: ignore[arg-type]
+    return raw
+
+
+class FileCursor:
+    """How far into a file its reader is, in (compressed) bytes of the file on disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = path.stat().st_size
+        self._raw: BinaryIO | None = None
+
+    def attach(self, fh: BinaryIO) -> None:
+        inner = getattr(fh, "raw", None)  # the GzipFile under a BufferedReader
+        self._raw = getattr(inner, "fileobj", None) or fh
+
+    @property
+    def done(self) -> int:
         try:
-            value = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise InputFileError(
-                str(path), exc.lineno, f"malformed JSON at column {exc.colno}: {exc.msg}"
-            ) from exc
-        values = value if isinstance(value, list) else [value]
-        default: Kind = kind or _dominant(values)
-        return [
-            RawItem(i, kind or guess_kind(v, default), v, orjson.dumps(v)) for i, v in enumerate(values)
-        ], len(body)
-    return _ndjson_items(body, kind), len(body)
+            return int(self._raw.tell()) if self._raw is not None else 0
+        except (OSError, ValueError):  # closed at the end
+            return self.size
+
+
+def read_items(path: Path, kind: Kind | None = None) -> tuple[list[RawItem], int]:
+    """Every item of a file with its line number, and the file's size (all in memory: small files, tests)."""
+    return list(iter_items(path, kind)), path.stat().st_size
+
+
+def iter_items(path: Path, kind: Kind | None = None, cursor: FileCursor | None = None) -> Iterator[RawItem]:
+    """The items of a file one by one, with their line numbers; ``kind`` None: per item, by its keys.
+
+    NDJSON and ``_bulk`` files (plain or gzip) are read a line at a time, so memory does not grow with the
+    file; a file holding one JSON document (an array or an object over several lines) is parsed whole.
+    """
+    try:
+        fh = _open(path)
+    except OSError as exc:
+        raise InputFileError(str(path), None, f"cannot read: {exc.strerror or exc}") from exc
+    if cursor is not None:
+        cursor.attach(fh)
+    with fh:
+        try:
+            head = fh.peek(_BUFFER)[:_BUFFER]
+        except OSError as exc:
+            raise InputFileError(str(path), None, f"cannot read: {exc}") from exc
+        if head.startswith(_BOM):  # Windows tools write one; it is not JSON, and not worth rejecting a file for
+            fh.read(len(_BOM))
+            head = head[len(_BOM):]
+        text = head.lstrip()
+        first_line = text.split(b"\n", 1)[0].strip()
+        if not text.strip() and not fh.read(1):
+            return
+        if _is_bulk_action(first_line):
+            yield from _bulk_stream(fh)
+        elif text[:1] == b"[" or (text[:1] == b"{" and not _parses(first_line)):
+            body = fh.read()
+            try:
+                value = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise InputFileError(
+                    str(path), exc.lineno, f"malformed JSON at column {exc.colno}: {exc.msg}"
+                ) from exc
+            values = value if isinstance(value, list) else [value]
+            default: Kind = kind or _dominant(values)
+            for i, v in enumerate(values):
+                yield RawItem(i, kind or guess_kind(v, default), v, orjson.dumps(v))
+        else:
+            yield from _ndjson_stream(fh, kind)
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -164,27 +217,66 @@ def _dominant(values: Sequence[Any]) -> Kind:
     return "query" if kinds.count("query") > kinds.count("event") else "event"
 
 
-def _ndjson_items(body: bytes, kind: Kind | None) -> list[RawItem]:
+#: read buffer: the format is decided from the first line, which must fit in it
+_BUFFER = 1 << 20
+#: items read ahead to decide a file's dominant kind (``_dominant`` looks at the first 100)
+_LOOKAHEAD = 100
+#: ``_bulk`` records parsed together (one ``parse_bulk`` call each)
+_BULK_RECORDS = 2000
+
+
+def _ndjson_stream(fh: BinaryIO, kind: Kind | None) -> Iterator[RawItem]:
     parsed: list[tuple[int, bytes, Any, str | None]] = []
-    for number, line in enumerate(body.split(b"\n"), start=1):
+    default: Kind | None = kind
+    index = 0
+    for number, line in enumerate(fh, start=1):
         line = line.strip()
         if not line:
             continue
         try:
             parsed.append((number, line, orjson.loads(line), None))
         except orjson.JSONDecodeError as exc:
-            parsed.append(
-                (number, line, None, f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}")
-            )
-    default: Kind = kind or _dominant([v for _, _, v, _ in parsed])
-    return [
-        RawItem(i, kind or guess_kind(value, default), value, line, error=error, line=number)
-        for i, (number, line, value, error) in enumerate(parsed)
-    ]
+            parsed.append((number, line, None, f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}"))
+        if default is None:
+            if len(parsed) < _LOOKAHEAD:
+                continue
+            default = _dominant([v for _, _, v, _ in parsed])
+        for n, raw, value, error in parsed:
+            yield RawItem(index, kind or guess_kind(value, default), value, raw, error=error, line=n)
+            index += 1
+        parsed.clear()
+    default = default or _dominant([v for _, _, v, _ in parsed])
+    for n, raw, value, error in parsed:
+        yield RawItem(index, kind or guess_kind(value, default), value, raw, error=error, line=n)
+        index += 1
+
+
+def _bulk_stream(fh: BinaryIO) -> Iterator[RawItem]:
+    """``_bulk`` records in runs of about ``_BULK_RECORDS``, each run cut before an action line."""
+    lines: list[tuple[int, bytes]] = []
+    offset = 0
+    for number, line in enumerate(fh, start=1):
+        if not line.strip():
+            continue
+        if len(lines) >= 2 * _BULK_RECORDS and _is_bulk_action(line.strip()):
+            offset = yield from _bulk_run(lines, offset)
+            lines = []
+        lines.append((number, line.rstrip(b"\r\n")))
+    if lines:
+        yield from _bulk_run(lines, offset)
+
+
+def _bulk_run(lines: list[tuple[int, bytes]], offset: int) -> Generator[RawItem, None, int]:
+    items = parse_bulk(b"\n".join(line for _, line in lines) + b"\n")
+    numbers = [n for n, _ in lines]  # the run's body line k is the file's line numbers[k - 1]
+    for it in items:
+        line = numbers[it.line - 1] if it.line is not None and 0 < it.line <= len(numbers) else None
+        yield dataclasses.replace(it, index=offset + it.index, line=line)
+    return offset + len(items)
 
 
 def chunks(
-    items: Sequence[RawItem], max_items: int = CHUNK_ITEMS, max_bytes: int = CHUNK_BYTES
+    items: Iterable[RawItem], max_items: int = CHUNK_ITEMS, max_bytes: int = CHUNK_BYTES
 ) -> Iterator[list[RawItem]]:
     """Consecutive runs of items, each at most ``max_items`` items and about ``max_bytes`` raw bytes."""
     chunk: list[RawItem] = []
@@ -289,11 +381,16 @@ def import_files(
     kind: Kind | None = None,
     filters: Sequence[RecordFilter] = (),
     max_errors: int = 20,
-    on_progress: Callable[[str, int, int], None] | None = None,
+    on_progress: Callable[[str, int, int, int], None] | None = None,
 ) -> tuple[list[FileReport], str]:
     """Import every file; returns a report per file and how the store was reached (``direct`` or a URL).
 
-    ``on_progress(path, items_done, items_total)`` is called after each chunk.
+    Files are read as streams (NDJSON and ``_bulk``, plain or gzip) and written in chunks of
+    ``CHUNK_ITEMS``, each one transaction: memory stays flat whatever the file's size. An import that is
+    interrupted can simply be run again: the dedup keys (``event_id`` or the canonical hash, ``query_id`` +
+    ``query_response_id``) make every record already stored a duplicate, so each is stored once.
+    ``on_progress(path, bytes_done, bytes_total, records_done)`` is called after each chunk (bytes of the
+    file on disk, compressed when it is gzip).
     """
     store: Store | None = None
     remote: CollectorWriter | None = None
@@ -307,18 +404,20 @@ def import_files(
     reports = []
     try:
         for path in paths:
-            items, _size = read_items(path, kind)
             report = FileReport(str(path))
-            done = 0
+            cursor = FileCursor(path)
             if on_progress:
-                on_progress(str(path), 0, len(items))
-            for chunk in chunks(items):
+                on_progress(str(path), 0, cursor.size, 0)
+            records = 0
+            for chunk in chunks(iter_items(path, kind, cursor)):
                 # Items keep their position in the file: it is the item_index failed_records keeps for them.
                 result = write(chunk, str(path))
                 report.add(result, chunk, max_errors)
-                done += len(chunk)
+                records += len(chunk)
                 if on_progress:
-                    on_progress(str(path), done, len(items))
+                    on_progress(str(path), cursor.done, cursor.size, records)
+            if on_progress:
+                on_progress(str(path), cursor.size, cursor.size, records)
             reports.append(report)
     finally:
         if store is not None:

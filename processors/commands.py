@@ -97,13 +97,41 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
+def _spark_sessions(args: argparse.Namespace, settings: Settings) -> Any:
+    """``--engine spark``: the session statistics of ``--parquet DIR`` built on Spark (``--master``)."""
+    if args.parquet is None:
+        raise UbiError("--engine spark reads a Parquet folder (`ubi consume --parquet DIR`): give --parquet DIR")
+
+    def build() -> Any:
+        from processors.spark_sessions import spark_session, spark_sessions
+
+        spark = spark_session(args.master)
+        try:
+            return spark_sessions(spark, args.parquet, settings, max_rank=args.max_rank)
+        finally:
+            spark.stop()
+
+    return build
+
+
 def cmd_process(args: argparse.Namespace) -> int:
     settings = Settings.from_flags(args, only=("db", "max_rank", "min_support", "max_ci_width"))
+    sessions = None
+    db: Path = settings.db
+    if args.engine == "spark":
+        sessions = _spark_sessions(args, settings)
+        if args.db is None and not args.no_store:
+            # a Parquet folder holds the raw log only: judgments go to a DuckDB store named with --db
+            raise UbiError("--engine spark: judgments are stored in a DuckDB file; give --db FILE, or --no-store "
+                           "with --out FILE")
+    elif args.parquet is not None:
+        db = args.parquet  # the DuckDB engine reads a Parquet folder through store.parquet_store
     with Console(stderr=True).status("starting", spinner="dots") as status:
-        res = process(settings.db, args.model, settings, calibrate_with=args.calibrate, store=not args.no_store,
-                      out=args.out, out_format=args.format, progress=status.update, prior=args.prior)
+        res = process(db, args.model, settings, calibrate_with=args.calibrate, store=not args.no_store,
+                      out=args.out, out_format=args.format, progress=status.update, prior=args.prior,
+                      sessions=sessions)
     data, run, stored, written, out_fmt = res.data, res.run, res.stored, res.rows_written, res.out_format
-    result = {"db": str(settings.db), **res.summary()}
+    result = {"db": str(settings.db), "engine": args.engine, **res.summary()}
     if args.json:
         _dump(result)
         return 0
@@ -116,12 +144,15 @@ def cmd_process(args: argparse.Namespace) -> int:
     con.print(f"filtered: {f.bot_searches:,} searches of {f.bot_clients:,} bot clients, {f.click_all_searches:,} "
               f"click-on-everything searches, {f.empty_query_searches:,} empty queries, "
               f"{f.clicks_without_search:,} clicks without a matching search")
-    con.print(f"data quality: {q.searches_without_ranking:,} searches without ranking, {q.duplicate_query_records:,} "
-              f"duplicate query records, {q.clicks_on_undisplayed:,} clicks on undisplayed docs, "
-              f"{q.click_rank_disagreements:,}/{q.click_rank_checked:,} click ordinals disagree with the ranking")
-    for app, ev in q.ordinal_base_evidence.items():
-        con.print(f"  ordinals of {app or '(no application)'}: {ev['base0']:,} fit base 0, {ev['base1']:,} fit base 1 "
-                  f"(of {ev['checked']:,} checked against hit lists)")
+    if args.engine == "spark":
+        con.print("data quality: not counted on Spark (run `ubi process --parquet DIR` for the counts)")
+    else:
+        con.print(f"data quality: {q.searches_without_ranking:,} searches without ranking, {q.duplicate_query_records:,} "
+                  f"duplicate query records, {q.clicks_on_undisplayed:,} clicks on undisplayed docs, "
+                  f"{q.click_rank_disagreements:,}/{q.click_rank_checked:,} click ordinals disagree with the ranking")
+        for app, ev in q.ordinal_base_evidence.items():
+            con.print(f"  ordinals of {app or '(no application)'}: {ev['base0']:,} fit base 0, {ev['base1']:,} fit base 1 "
+                      f"(of {ev['checked']:,} checked against hit lists)")
     for sel in res.selections:
         con.print(f"--model auto, {'application ' + repr(sel.application) if sel.application else 'the log'}: "
                   f"[bold]{source_name(sel.best) if sel.best else 'none'}[/] ({sel.why()}; identifiability: "
@@ -210,6 +241,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="prior on the model's per-pair parameters: empirical (default; rank-informed, empirical "
                         "Bayes), pseudocount (+1/+2) or none (maximum likelihood)")
     p.add_argument("--no-store", action="store_true", help="do not write the judgments into the store")
+    p.add_argument("--engine", choices=("duckdb", "spark"), default="duckdb",
+                   help="where sessions are aggregated: duckdb (default, in this process) or spark (over --parquet "
+                        "DIR; needs the spark extra and Java 17); the fit and judgments run here either way")
+    p.add_argument("--parquet", type=Path, metavar="DIR",
+                   help="a Parquet folder written by `ubi consume --parquet` to read the log from")
+    p.add_argument("--master", default="local[*]", metavar="URL",
+                   help="Spark master for --engine spark: local[*] (default), spark://host:7077, yarn, k8s://...")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON) instead")
     p.set_defaults(func=_guard(cmd_process))
 

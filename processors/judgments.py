@@ -423,11 +423,13 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
             store: bool = True, out: Path | None = None, out_format: str | None = None,
             min_support: int | None = None, max_ci_width: float | None = None,
             max_rank: int | None = None, progress: Callable[[str], None] | None = None,
-            prior: str | None = None) -> ProcessResult:
+            prior: str | None = None, sessions: Callable[[], SessionData] | None = None) -> ProcessResult:
     """The ``ubi process`` stage: sessions from the store, one model's judgments, stored and/or written.
 
     ``out_format`` is ``jsonl`` or ``trec`` (default: ``trec`` for .trec/.qrels/.txt files, else ``jsonl``);
-    ``progress`` is told what each step is doing; ``prior`` is the click model's prior (default: empirical).
+    ``progress`` is told what each step is doing; ``prior`` is the click model's prior (default: empirical). ``sessions``
+    builds the session statistics another way (``processors.spark_sessions`` on a Parquet folder); by default
+    they are read from ``db`` with DuckDB.
     """
     settings = settings or Settings()
     say = progress or (lambda _: None)
@@ -443,12 +445,15 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
     human = load_human_grades(calibrate_with) if calibrate_with else None
     say(f"building sessions from {db}")
     selections: list[Selection] = []
+    if auto and sessions is not None:
+        raise JudgmentError("--model auto fits per application from the DuckDB reader; it does not run on "
+                            "sessions built elsewhere (--engine spark): name a model")
     if auto:
         data, run, selections = auto_judgments(db, settings, human=human, qrels_name=str(calibrate_with or ""),
                                                min_support=min_support, max_ci_width=max_ci_width,
                                                max_rank=max_rank, progress=say, prior=prior)
     else:
-        data = read_sessions(db, settings, max_rank=max_rank)
+        data = sessions() if sessions is not None else read_sessions(db, settings, max_rank=max_rank)
         say(f"fitting {model_name} on {data.filters.sessions:,} sessions ({data.patterns.docs.shape[0]:,} patterns)")
         run = make_judgments(data, model_name, settings, human=human, qrels_name=str(calibrate_with or ""),
                              min_support=min_support, max_ci_width=max_ci_width, prior=prior)

@@ -44,6 +44,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from processors.bounded import apply_limits
 from processors.stats import ClickCells, PairIndex, SessionPatterns, StatsError, UbmCells
 from schemas.errors import StoreError, UbiError
 from schemas.sessions import Session
@@ -156,20 +157,19 @@ class SessionData:
 
 _SEARCH = """
 CREATE OR REPLACE TEMP TABLE _ubi_search0 AS
-SELECT (row_number() OVER ())::BIGINT AS sid, query_id, r.user_query, r.client_id, r.application, r.ts, r.hits,
+SELECT (row_number() OVER ())::BIGINT AS sid, query_id, user_query, client_id, application, ts, hits,
        n_records, n_rankings
 FROM (
-    SELECT query_id,
-           arg_min({'user_query': user_query, 'client_id': client_id, 'application': application, 'ts': ts,
-                    'hits': hits},
-                   {'no_hits': hits IS NULL, 'ts': coalesce(ts, TIMESTAMP '9999-12-31'), 'key': query_key}) AS r,
-           count(*) AS n_records, count(hits) AS n_rankings
-    FROM (
-        SELECT query_id, user_query, client_id, application, "timestamp" AS ts, query_key,
-               CASE WHEN coalesce(len(query_response_hit_ids), 0) > 0 THEN query_response_hit_ids END AS hits
-        FROM ubi_queries
-    )
-    GROUP BY query_id
+    SELECT query_id, user_query, client_id, application, "timestamp" AS ts,
+           CASE WHEN coalesce(len(query_response_hit_ids), 0) > 0 THEN query_response_hit_ids END AS hits,
+           count(*) OVER w AS n_records,
+           count(CASE WHEN coalesce(len(query_response_hit_ids), 0) > 0 THEN 1 END) OVER w AS n_rankings
+    FROM ubi_queries
+    WINDOW w AS (PARTITION BY query_id)
+    -- the earliest record with a non-empty hit list, else the earliest record (ties: the record key)
+    QUALIFY row_number() OVER (PARTITION BY query_id
+                               ORDER BY coalesce(len(query_response_hit_ids), 0) = 0,
+                                        coalesce("timestamp", TIMESTAMP '9999-12-31'), query_key) = 1
 );
 CREATE OR REPLACE TEMP TABLE _ubi_hits AS SELECT sid, hits FROM _ubi_search0 WHERE hits IS NOT NULL;
 CREATE OR REPLACE TEMP TABLE _ubi_search AS
@@ -179,9 +179,13 @@ DROP TABLE _ubi_search0;
 """
 
 # Clicks and impressions with everything later stages need; ord_rank is NULL for a missing or sub-base ordinal.
+# eid (the event key, a long string) is kept only where _IMPRESSIONS needs it: to order impressions that have
+# neither a hit list nor an ordinal.
 _EVENTS = """
 CREATE OR REPLACE TEMP TABLE _ubi_ev AS
-SELECT e.event_key AS eid, s.sid, e.action_name = $imp AS is_imp, nullif(e.object_id, '') AS object_id,
+SELECT CASE WHEN e.action_name = $imp AND NOT coalesce(s.has_hits, false) AND e.position_ordinal IS NULL
+            THEN e.event_key END AS eid,
+       s.sid, e.action_name = $imp AS is_imp, nullif(e.object_id, '') AS object_id,
        e."timestamp" AS ts, e.position_ordinal AS ordinal,
        CASE WHEN e.position_ordinal - coalesce(b.base, $base) >= 0
             THEN e.position_ordinal - coalesce(b.base, $base) + 1 END AS ord_rank,
@@ -216,12 +220,11 @@ CREATE OR REPLACE TEMP TABLE _ubi_impdoc AS
 SELECT sid, doc_id, min(rank) AS rank, min(ts) AS ts, count(*) AS n FROM _ubi_imp WHERE rank IS NOT NULL GROUP BY ALL;
 CREATE OR REPLACE TEMP TABLE _ubi_shown0 AS
 WITH imp_shown AS (
-    SELECT sid, rank, arg_min(doc_id, {'ts': ts, 'doc_id': doc_id}) AS doc_id, 'impressions' AS origin
-    FROM _ubi_impdoc GROUP BY sid, rank
+    SELECT sid, rank, doc_id, 'impressions' AS origin
+    FROM _ubi_impdoc QUALIFY row_number() OVER (PARTITION BY sid, rank ORDER BY ts, doc_id) = 1
 ), hit_rows AS (
     SELECT sid, unnest(hits) AS doc_id, unnest(range(1, len(hits) + 1)) AS rank
-    FROM _ubi_hits
-    WHERE sid NOT IN (SELECT sid FROM _ubi_impdoc)
+    FROM _ubi_hits ANTI JOIN (SELECT DISTINCT sid FROM _ubi_impdoc) USING (sid)
 )
 SELECT * FROM imp_shown
 UNION ALL
@@ -632,16 +635,12 @@ def read_sessions(db: Path | str, settings: Settings | None = None, *, max_rank:
                   **options: Any) -> SessionData:
     """:func:`load_sessions` on the store at ``db``, read through ``open_reader`` (works while a collector runs).
 
-    ``Settings.session_memory_limit`` bounds DuckDB's memory on this connection (it spills to ``<db>.tmp``).
+    ``Settings.memory_limit`` bounds DuckDB's memory on this connection (it spills to ``Settings.temp_directory``).
     ``options`` (``application``, ``holdout``) go to :func:`load_sessions`.
     """
     settings = settings or Settings()
     with reading(db) as con:
-        if settings.session_memory_limit:
-            try:
-                con.execute("SET memory_limit = ?", [settings.session_memory_limit])
-            except duckdb.Error as exc:
-                raise SessionError(f"session_memory_limit {settings.session_memory_limit!r}: {exc}") from exc
+        apply_limits(con, settings)
         return load_sessions(con, settings, max_rank=max_rank, **options)
 
 

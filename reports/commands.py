@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from processors.bounded import apply_limits
 from reports.gates import Threshold, load_thresholds, parse_flag
 from reports.joint import ReportConfig, build_report, load_class_rules
 from reports.merge import DEFAULT_PRECEDENCE, LabelSet, labels_from_human, labels_from_store
@@ -274,6 +275,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         inputs.setdefault("runs", []).append(
             f"{path} as {system} ({len(run)} queries, {run.n_docs()} ranked docs{', tag ' + run.tag if run.tag else ''})")
     with reading(settings.db) as con:
+        apply_limits(con, settings)
         labels.add(labels_from_store(con))
         if not len(labels):
             raise UbiError("no judgments at all: give human judgments with --qrels FILE, or run `ubi process` to "

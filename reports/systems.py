@@ -88,7 +88,9 @@ def load_searches(
     ``session_id`` of its events, else its ``client_id``), ``ranking`` (list of doc ids), ``ranking_source``
     (``hits`` | ``impressions`` | ``none``), ``result_count`` (NULL when unknown), ``zero_result`` (bool),
     ``duplicate_hits`` (ids dropped from the hit list), ``query_class`` (value of ``class_key`` or NULL).
-    ``_ubi_search_events`` holds every event that belongs to an instance, with its ``instance``.
+    ``_ubi_search_events`` holds every event that belongs to an instance, with its ``instance`` (only the
+    columns the online metrics read: ``action_name``, ``object_id``, ``timestamp``, ``position_ordinal``,
+    ``session_id``, so a report of tens of millions of events does not copy their JSON columns).
     """
     parts = ["coalesce(application, '" + NO_APPLICATION + "')"]
     params: list[str] = []
@@ -135,7 +137,8 @@ def load_searches(
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _ubi_search_events AS
-        SELECT e.*, i.instance FROM ubi_events e JOIN _ubi_inst i USING (query_id)
+        SELECT i.instance, e.action_name, e.object_id, e.timestamp, e.position_ordinal, e.session_id
+        FROM ubi_events e JOIN _ubi_inst i USING (query_id)
         """
     )
     imp = _sql_list(impression_actions)

@@ -107,8 +107,13 @@ class Settings(BaseSettings):
     calibration_fraction: float = Field(
         0.5, gt=0.0, lt=1.0, description="share of human-graded pairs used to fit the grade mapping (rest: held out)"
     )
-    session_memory_limit: str | None = Field(
-        None, description="DuckDB memory limit while building sessions, e.g. '2GB' (spills to disk above; default: DuckDB's)"
+    memory_limit: str | None = Field(
+        "1GB",
+        description="DuckDB memory limit of every reader (`ubi process`, `ubi propensity`, `ubi report`), e.g. '1GB': "
+        "sorts, joins and temporary tables spill to temp_directory above it; empty or unset: DuckDB's default (80% of RAM)",
+    )
+    temp_directory: Path | None = Field(
+        None, description="where DuckDB spills above memory_limit (default: DuckDB's, <db>.tmp beside the store)"
     )
     seed: int = 0
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from processors.bounded import apply_limits
 from processors.propensity.common import PropensityError
 from processors.propensity.randomized import SwapSessions
 from processors.sessions import SessionData, iter_sessions, load_sessions
@@ -35,6 +36,7 @@ GROUP BY query_id
 def read_patterns(db: Path | str, settings: Settings, max_rank: int) -> SessionData:
     """Sessions of the store at ``db`` aggregated to patterns and cells (``processors.sessions``)."""
     with reading(db) as con:
+        apply_limits(con, settings)
         return load_sessions(con, settings, max_rank=max_rank)
 
 
@@ -78,4 +80,5 @@ def load_swaps(con: duckdb.DuckDBPyConnection, settings: Settings, max_rank: int
 def read_swaps(db: Path | str, settings: Settings, max_rank: int) -> tuple[SwapSessions, int]:
     """:func:`load_swaps` on the store at ``db`` (read-only, or a snapshot while a collector runs)."""
     with reading(db) as con:
+        apply_limits(con, settings)
         return load_swaps(con, settings, max_rank)

@@ -1,0 +1,137 @@
+"""How each step's cost grows with the log: import, process per model, propensity, report, beside plain SQL.
+
+For each size (events) it generates a store in DuckDB SQL (``processors.simulation.bulk_log``: about 12
+events per search, UUID ids), then runs every step as its own ``ubi`` process and prints per step wall time,
+CPU time (user + system of that process and its threads), peak RSS and the disk the store takes. The
+baseline is one plain DuckDB query computing the same PBM cells (query text, doc, rank -> impressions,
+clicks) from the same store, run the same way, so ``process / baseline`` is measured in the same run.
+``import`` writes the log as NDJSON and ``_bulk`` files and imports them into a fresh store (sizes up to
+``--import-max``: it is the slow step).
+
+    .venv/bin/python bench/scale.py                    # 1M, 5M, 20M events
+    .venv/bin/python bench/scale.py --sizes 1000000 --big   # --big adds 50M
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+
+UBI = [sys.executable, "-m", "ubi.cli"]
+
+BASELINE = """
+import sys, duckdb
+con = duckdb.connect(sys.argv[1], read_only=True)
+con.execute("SET memory_limit = '1GB'")
+n = len(con.sql('''
+WITH s AS (
+    SELECT query_id, arg_min(user_query, "timestamp") AS user_query, arg_min(query_response_hit_ids, "timestamp") AS hits
+    FROM ubi_queries GROUP BY query_id
+), e AS (
+    SELECT s.user_query, e.object_id, e.query_id, list_position(s.hits, e.object_id) AS rank,
+           e.action_name = 'click' AS click
+    FROM ubi_events e JOIN s USING (query_id) WHERE e.action_name IN ('impression', 'click')
+), d AS (
+    SELECT query_id, user_query, object_id, min(rank) AS rank, bool_or(click) AS clicked FROM e
+    WHERE rank BETWEEN 1 AND 10 GROUP BY ALL
+)
+SELECT user_query, object_id, rank, count(*) AS impressions, count(*) FILTER (WHERE clicked) AS clicks
+FROM d GROUP BY ALL''').fetchall())
+print(n, "cells")
+"""
+
+
+def run(cmd: list[str], cwd: Path) -> tuple[float, float, float, int]:
+    """(wall s, CPU s, peak RSS MB, exit code) of one child process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        print(f"    ! {' '.join(cmd[2:5])} exited {code}: {err[-400:]}", flush=True)
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
+
+
+def disk_mb(path: Path) -> float:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*")) / 1e6
+
+
+def row(size: int, step: str, res: tuple[float, float, float, int], disk: float, base: float | None) -> None:
+    wall, cpu, rss, code = res
+    ratio = f"{wall / base:5.1f}x" if base else "     "
+    flag = "" if code == 0 else f"  (exit {code})"
+    print(f"{size:>11,} {step:<26} {wall:8.1f} {cpu:8.1f} {rss:8,.0f} {disk:9,.0f}  {ratio}{flag}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 5_000_000, 20_000_000])
+    ap.add_argument("--big", action="store_true", help="also 50M events")
+    ap.add_argument("--models", nargs="+", default=["pbm", "ubm", "dbn"])
+    ap.add_argument("--import-max", type=int, default=1_000_000, help="largest size whose import is timed")
+    ap.add_argument("--dir", type=Path, help="work folder (default: a temporary one, removed)")
+    args = ap.parse_args()
+    sizes = args.sizes + ([50_000_000] if args.big else [])
+    root = Path(__file__).resolve().parents[1]
+    work = args.dir or Path(tempfile.mkdtemp(prefix="ubi-scale-"))
+    load = os.getloadavg()
+    print(f"{os.cpu_count()} cores, load average {load[0]:.1f} at start; memory_limit of readers: 1GB (default)")
+    print(f"{'events':>11} {'step':<26} {'wall s':>8} {'CPU s':>8} {'RSS MB':>8} {'disk MB':>9}  /baseline")
+    try:
+        for size in sizes:
+            db = work / f"s{size}.duckdb"
+            for p in work.glob(db.name + "*"):
+                p.unlink()
+            # in a child process: a child's peak RSS starts at its parent's, so this process must stay small
+            gen = run([sys.executable, "-c", "import sys; from pathlib import Path; from processors.simulation."
+                       "bulk_log import write_store; write_store(Path(sys.argv[1]), int(sys.argv[2]))",
+                       str(db), str(size)], root)
+            with duckdb.connect(str(db), read_only=True) as con:
+                ((ne,),) = con.execute("SELECT count(*) FROM ubi_events").fetchall()
+            row(size, f"generate ({ne:,} events)", gen, disk_mb(db), None)
+            base = run([sys.executable, "-c", BASELINE, str(db)], root)
+            row(size, "baseline: cells in one SQL", base, disk_mb(db), None)
+            for model in args.models:
+                store = [] if model == "pbm" else ["--no-store"]
+                res = run([*UBI, "process", "--db", str(db), "--model", model, *store], root)
+                row(size, f"process --model {model}", res, disk_mb(db), base[0])
+            res = run([*UBI, "propensity", "--db", str(db), "--method", "em", "--json"], root)
+            row(size, "propensity --method em", res, disk_mb(db), base[0])
+            res = run([*UBI, "report", "--db", str(db), "--format", "json", "--out", os.devnull], root)
+            row(size, "report (pbm labels)", res, disk_mb(db), base[0])
+            if size <= args.import_max:
+                for fmt in ("ndjson", "bulk"):
+                    folder = work / f"in{size}{fmt}"
+                    run([sys.executable, "-c", "import sys; from pathlib import Path; from processors.simulation."
+                         "bulk_log import write_files; write_files(Path(sys.argv[1]), int(sys.argv[2]), fmt=sys.argv[3])",
+                         str(folder), str(size), fmt], root)
+                    files = sorted(folder.iterdir(), key=lambda p: "0" if "queries" in p.name else p.name)
+                    target = work / f"import{size}{fmt}.duckdb"
+                    res = run([*UBI, "import", *map(str, files), "--db", str(target)], root)
+                    rate = ne / res[0] if res[0] else 0
+                    row(size, f"import {fmt} ({rate:,.0f} ev/s)", res, disk_mb(target), None)
+                    shutil.rmtree(work / f"in{size}{fmt}", ignore_errors=True)
+                    for p in work.glob(target.name + "*"):
+                        p.unlink()
+            for p in work.glob(db.name + "*"):
+                p.unlink()
+    finally:
+        if args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end (shared machine: compare CPU s, not wall s)")
+
+
+if __name__ == "__main__":
+    main()

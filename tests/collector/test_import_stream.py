@@ -1,0 +1,114 @@
+"""`ubi import` streams its files: gzip and plain NDJSON / _bulk / arrays, bounded memory, safe re-runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from collector.importer import import_files, iter_items
+from processors.simulation.bulk_log import write_files
+
+UBI = [sys.executable, "-m", "ubi.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _counts(db: Path) -> tuple[int, int]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        ((q, e),) = con.execute("SELECT (SELECT count(*) FROM ubi_queries), (SELECT count(*) FROM ubi_events)").fetchall()
+    finally:
+        con.close()
+    return int(q), int(e)
+
+
+@pytest.mark.parametrize(("fmt", "gz"), [("ndjson", True), ("bulk", True), ("bulk", False), ("array", False)])
+def test_every_format_and_gzip_imports_exactly(tmp_path: Path, fmt: str, gz: bool) -> None:
+    files = write_files(tmp_path / "in", 6_000, fmt=fmt, gzip=gz, seed=4)
+    seen: list[tuple[int, int, int]] = []
+    reports, mode = import_files(files, tmp_path / "ubi.duckdb",
+                                 on_progress=lambda _p, done, total, n: seen.append((done, total, n)))
+    # bulk_log's rows for 6,000 events and seed 4: 500 searches, 6,075 events (counted in DuckDB below too)
+    assert mode == "direct"
+    assert (sum(r.queries for r in reports), sum(r.events for r in reports)) == (500, 6_075)
+    assert sum(r.rejected for r in reports) == 0
+    assert _counts(tmp_path / "ubi.duckdb") == (500, 6_075)
+    done, total, n = seen[-1]
+    assert done == total == files[-1].stat().st_size  # progress ends at the file's size on disk
+    assert n == (6_575 if fmt == "bulk" else 6_075)  # records of the last file
+
+
+def test_bulk_lines_and_indexes_survive_the_runs(tmp_path: Path) -> None:
+    """Records are parsed in runs of 2,000: indexes and line numbers still count from the file's start."""
+    (path,) = write_files(tmp_path, 60_000, fmt="bulk", seed=1)
+    items = list(iter_items(path))
+    assert [it.index for it in items[:3]] == [0, 1, 2] and items[-1].index == len(items) - 1
+    assert (items[0].line, items[2_000].line, items[-1].line) == (2, 4_002, 2 * len(items))
+    assert items[0].kind == "query" and items[-1].kind == "event"
+
+
+def _limit_address_space(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def test_reading_a_file_larger_than_the_memory_cap(tmp_path: Path) -> None:
+    """A 600 MB NDJSON file read under a 560 MB address-space cap: the reader holds a line at a time.
+
+    (Python with the importer's modules loaded already maps about 430 MB here; the old reader, which read
+    the whole file and kept every record, needed the file's size several times over.)
+    """
+    path = tmp_path / "big.ndjson"
+    line = ('{"action_name": "impression", "query_id": "q%09d", "timestamp": "2025-01-01T00:00:00Z", '
+            '"event_attributes": {"object": {"object_id": "sku-%d"}, "position": {"ordinal": 3}}, '
+            '"message": "' + "x" * 200 + '"}\n')
+    with open(path, "w") as f:
+        n = 0
+        while f.tell() < 600 * 1024 * 1024:
+            f.writelines(line % (n + i, i) for i in range(10_000))
+            n += 10_000
+    code = ("import sys; from pathlib import Path; from collector.importer import iter_items, chunks; "
+            "print(sum(len(c) for c in chunks(iter_items(Path(sys.argv[1]), 'event'))))")
+    cap = 560 * 1024 * 1024
+    assert path.stat().st_size > cap
+    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, preexec_fn=lambda: _limit_address_space(cap))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout) == n
+    # the same cap is too small for reading the whole file at once: the limit is real
+    whole = subprocess.run([sys.executable, "-c", "import sys; open(sys.argv[1], 'rb').read()", str(path)],
+                           capture_output=True, timeout=120, preexec_fn=lambda: _limit_address_space(cap))
+    assert whole.returncode != 0 and b"MemoryError" in whole.stderr
+
+
+def test_a_killed_import_run_again_stores_every_record_once(tmp_path: Path) -> None:
+    files = write_files(tmp_path / "in", 120_000, fmt="ndjson", seed=6)
+    db = tmp_path / "ubi.duckdb"
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.Popen([*UBI, "import", *map(str, files), "--db", str(db)], cwd=ROOT, env=env,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 300
+    for progress_line in proc.stderr:  # not a terminal: plain progress lines, the first at 0 records
+        if "ubi_events" in progress_line and ", 0 records" not in progress_line:
+            break
+        assert time.monotonic() < deadline, "no progress"
+    proc.send_signal(signal.SIGKILL)  # mid-file: some chunks of events committed, the rest not
+    proc.wait(timeout=30)
+    partial = _counts(db)
+    assert partial[0] == 10_000 and 0 < partial[1] < 121_347  # every query record, some events
+    again = subprocess.run([*UBI, "import", *map(str, files), "--db", str(db), "--json"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    summary = json.loads(again.stdout)
+    # bulk_log's rows for 120,000 events, seed 6: 10,000 searches and 121,347 events
+    assert _counts(db) == (10_000, 121_347)
+    assert summary["duplicates"] == 10_000 + partial[1]  # what the first run had stored counts as duplicates
+    assert summary["events"] == 121_347 - partial[1] and summary["rejected"] == 0
