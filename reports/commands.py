@@ -13,11 +13,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from processors.bounded import apply_limits
-from reports.gates import Threshold, load_thresholds, parse_flag
-from reports.joint import ReportConfig, build_report, load_class_rules
-from reports.merge import DEFAULT_PRECEDENCE, LabelSet, labels_from_human, labels_from_store
-from reports.metrics.names import GAINS
-from reports.qrels import (
+from processors.qrels import (
     ESCI_RATINGS,
     QRELS_FORMATS,
     QUERYSET_FORMATS,
@@ -25,6 +21,10 @@ from reports.qrels import (
     format_queryset,
     load_qrels,
 )
+from reports.gates import Threshold, load_thresholds, parse_flag
+from reports.joint import ReportConfig, build_report, load_class_rules
+from reports.merge import DEFAULT_PRECEDENCE, LabelSet, labels_from_human, labels_from_store
+from reports.metrics.names import GAINS
 from reports.queryset import STRATEGIES, query_frequencies, sample, to_queryset
 from reports.runs import load_run
 from reports.systems import DEFAULT_SPLIT_KEYS, run_system_name

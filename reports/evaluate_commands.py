@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from processors.qrels import QRELS_FORMATS, RatingMap, load_corpus_ids, load_qrels
 from reports.metrics import DEFAULT_METRICS, GAINS, KNOWN, MetricTable, compute, parse_metrics
-from reports.qrels import QRELS_FORMATS, RatingMap, load_corpus_ids, load_qrels
 from reports.runs import load_run
 from schemas.errors import UbiError
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from processors.qrels import ESCI_RATINGS, QRELS_FORMATS, RatingMap
 from reports.commands import _write
 from reports.judgment_io import export_judgments, import_human
 from reports.merge import DEFAULT_PRECEDENCE
-from reports.qrels import ESCI_RATINGS, QRELS_FORMATS, RatingMap
 from schemas.errors import UbiError
 from schemas.settings import Settings
 from store.client import reading

@@ -19,12 +19,12 @@ from processors.counterfactual.predict import DEFAULT_REPLICATES, METHODS, Predi
 from processors.propensity.common import PropensityError
 from processors.propensity.load import load_swaps
 from processors.propensity.randomized import SwapSessions
+from processors.qrels import load_qrels
 from processors.sessions import load_sessions
 from reports.commands import _run_arg, _write
 from reports.joint import query_id_texts
 from reports.merge import LabelSet, labels_from_human, labels_from_store
 from reports.online import OnlineMetrics, online_metrics
-from reports.qrels import load_qrels
 from reports.runs import load_run
 from reports.systems import DEFAULT_SPLIT_KEYS, file_run, load_searches, run_system_name
 from schemas.errors import UbiError

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from processors.qrels import load_qrels
 from reports.evaluate_commands import register
-from reports.qrels import load_qrels
 from reports.runs import write_jsonl_run
 from schemas.errors import UbiError
 from tests.conftest import ESCI_JUDGMENTS, shared_path

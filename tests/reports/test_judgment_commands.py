@@ -16,7 +16,7 @@ import duckdb
 import pytest
 from joint_fixtures import HUMAN_JSONL, build_store
 
-from reports.qrels import load_qrels
+from processors.qrels import load_qrels
 from tests.conftest import ESCI_JUDGMENTS, shared_path
 from ubi.cli import main
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from joint_fixtures import build_store, query, ubi
 
-from reports.qrels import load_queryset
+from processors.qrels import load_queryset
 from reports.queryset import QuerySetError, SampledQuery, query_frequencies, sample
 from store.client import open_reader
 from tests.conftest import shared_path

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.qrels import (
+from processors.qrels import (
     ESCI_RATINGS,
     INTEGER_RATINGS,
     Qrels,
