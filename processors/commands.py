@@ -10,10 +10,18 @@ from typing import Any
 
 import orjson
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from collector.store import reading
 from processors.judgments import JUDGMENT_MODELS, process
+from processors.ordinal_base import (
+    POSITION_BASE_CHOICES,
+    POSITION_BASE_HELP,
+    describe,
+    position_base_flags,
+    suggestion,
+)
 from processors.review import (
     export_candidates,
     import_review,
@@ -94,12 +102,14 @@ def _fmt(x: Any) -> str:
 
 
 def cmd_process(args: argparse.Namespace) -> int:
-    settings = _settings(args, max_rank=args.max_rank, min_support=args.min_support, max_ci_width=args.max_ci_width)
+    settings = _settings(args, max_rank=args.max_rank, min_support=args.min_support, max_ci_width=args.max_ci_width,
+                         **position_base_flags(args.position_base))
     with Console(stderr=True).status("starting", spinner="dots") as status:
         res = process(settings.db, args.model, settings, calibrate_with=args.calibrate, store=not args.no_store,
                       out=args.out, out_format=args.format, progress=status.update)
     data, run, stored, written, out_fmt = res.data, res.run, res.stored, res.rows_written, res.out_format
-    result = {"db": str(settings.db), **res.summary()}
+    result = {"db": str(settings.db), **res.summary(),
+              "suggested_setting": suggestion(data.quality.ordinal_bases, settings)}
     if args.json:
         _dump(result)
         return 0
@@ -115,9 +125,11 @@ def cmd_process(args: argparse.Namespace) -> int:
     con.print(f"data quality: {q.searches_without_ranking:,} searches without ranking, {q.duplicate_query_records:,} "
               f"duplicate query records, {q.clicks_on_undisplayed:,} clicks on undisplayed docs, "
               f"{q.click_rank_disagreements:,}/{q.click_rank_checked:,} click ordinals disagree with the ranking")
-    for app, ev in q.ordinal_base_evidence.items():
-        con.print(f"  ordinals of {app or '(no application)'}: {ev['base0']:,} fit base 0, {ev['base1']:,} fit base 1 "
-                  f"(of {ev['checked']:,} checked against hit lists)")
+    for choice in q.ordinal_bases.values():
+        con.print("  " + escape(describe(choice)), highlight=False)
+    hint = suggestion(q.ordinal_bases, settings)
+    if hint:
+        con.print(f"  [yellow]suggested setting:[/] {escape(hint)} (or --position-base auto)", highlight=False)
     grades = run.summary()["grade_counts"]
     con.print("grades: " + (", ".join(f"{g}: {c:,}" for g, c in grades.items()) or "none") +
               f"; mapping {run.mapping.method} thresholds " + ", ".join(f"{t:.4g}" for t in run.mapping.thresholds))
@@ -189,6 +201,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="widest interval that still gets a grade, on the attractiveness scale, > 0 (default 0.5); "
                         "pairs without an interval never get one")
     p.add_argument("--max-rank", type=int, help="deepest rank kept (default 10)")
+    p.add_argument("--position-base", choices=POSITION_BASE_CHOICES, help=POSITION_BASE_HELP)
     p.add_argument("--no-store", action="store_true", help="do not write the judgments into the store")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON) instead")
     p.set_defaults(func=_guard(cmd_process))
