@@ -10,10 +10,12 @@ Exit codes: 0 done, 1 a gate fell short, 2 bad input or usage, 3 a bug, 130 inte
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 
 from rich.console import Console
 from rich.markup import escape
@@ -40,7 +42,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Width rich renders at when stdout is not a terminal (a pipe, a file, a CI log): wide enough that no table
+#: is cut or folded and no message hard-wrapped at rich's default of 80 columns.
+LOG_WIDTH = 10_000
+
+
+@contextlib.contextmanager
+def _log_width() -> Iterator[None]:
+    """Give every rich Console of this command :data:`LOG_WIDTH` when stdout is not a terminal.
+
+    Consoles are created all over the stages; rich reads ``COLUMNS`` when it builds one, so this is set for
+    the command's duration (and put back, so a caller's process is left as it was). An explicit ``COLUMNS``
+    is kept.
+    """
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        yield
+        return
+    os.environ["COLUMNS"] = str(LOG_WIDTH)
+    try:
+        yield
+    finally:
+        os.environ.pop("COLUMNS", None)
+
+
 def main(argv: list[str] | None = None) -> int:
+    with _log_width():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -49,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UbiError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True,
+                                   soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         return 130
