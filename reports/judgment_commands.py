@@ -13,7 +13,7 @@ from collector.store import reading
 from reports.commands import _settings, _write
 from reports.judgment_io import export_judgments, import_human
 from reports.merge import DEFAULT_PRECEDENCE
-from reports.qrels import ESCI_RATINGS, QRELS_FORMATS, RatingMap
+from reports.qrels import ESCI_RATINGS, QRELS_FORMATS, WORKBENCH_NAME_MAX, RatingMap, check_workbench_text
 from schemas.errors import UbiError
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb); works while `ubi serve` runs"
@@ -114,6 +114,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.format == "workbench":  # before reading anything: a name the Workbench refuses is bad input (exit 2)
+        check_workbench_text(args.name, "--name", WORKBENCH_NAME_MAX)
     settings = _settings(args)
     with reading(settings.db) as con:
         body, summary = export_judgments(con, args.format, source=args.source, precedence=tuple(args.precedence),
