@@ -337,7 +337,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             # the online metrics place clicks by ordinal with the same bases `ubi process` uses
             bases = position_bases(con, settings)
             config.position_base_by_application = effective_bases(bases)
-            warnings = [describe(c) for c in bases.values() if c.disagrees or c.how == "detected"]
+            # a base detected as the default changes nothing: only a change or a disagreement is worth a warning
+            warnings = [describe(c) for c in bases.values()
+                        if c.disagrees or (c.how == "detected" and c.base != settings.position_base)]
             hint = suggestion(bases, settings)
             if hint:
                 warnings.append(f"suggested setting: {hint}")
