@@ -119,6 +119,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     try:
         sink = create_sink(settings)
+    except StoreLocked as exc:
+        sock.close()
+        raise StoreLocked(_held_store_message(settings.db)) from exc
     except BaseException:
         sock.close()
         raise
@@ -150,6 +153,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+
+
+def _held_store_message(db: Path) -> str:
+    """What a second `ubi serve` on a store another process writes should be told (one writer per DuckDB file)."""
+    from collector.store import collector_url
+
+    try:
+        holder = f"the collector at {collector_url(db)}"
+    except StoreLocked:
+        holder = "another process (no collector advertises it)"
+    return (f"{db} is already held by {holder}: a DuckDB store has one writer, so a second `ubi serve` cannot open "
+            f"it. Send records to that collector, stop it before starting this one, or serve another file with --db")
 
 
 def _fast_loop() -> dict[str, Any]:
