@@ -32,7 +32,7 @@ browser:
 	  || echo "warning: could not install chromium; browser tests will be skipped"; }
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check schemas collector processors reports ubi tests bench
+	$(VENV)/bin/ruff check schemas store collector loader processors reports ubi tests bench
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)

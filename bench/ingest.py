@@ -73,7 +73,7 @@ def make_events(n: int, tag: str, seed: int = 0) -> list[dict]:
 def in_process(n_events: int, workdir: Path) -> dict:
     from collector.app import tune_gc
     from collector.ingest import ingest_many, parse_items, prepare, validate_items
-    from collector.store import Store
+    from store.duckdb_store import Store
 
     events = make_events(n_events, "inproc")
     bodies = [orjson.dumps(events[i : i + BATCH]) for i in range(0, n_events, BATCH)]

@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from collector.store import Store
 from processors.sessions import read_sessions
 from schemas.settings import Settings
+from store.duckdb_store import Store
 
 
 def generate(db: Path, searches: int, queries: int, seed: int) -> tuple[int, int]:

@@ -39,7 +39,7 @@ def build_store(db: Path, n: int) -> None:
     """``n`` events of the stored shape (10-result searches, impressions and a tenth clicks), in one INSERT."""
     import duckdb
 
-    from collector.store import ensure_tables
+    from store.duckdb_store import ensure_tables
 
     con = duckdb.connect(str(db))
     try:

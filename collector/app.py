@@ -5,9 +5,12 @@ Extension points (used by the security and Kafka work, and by tests):
 * ``create_app(settings, sink=None)``: any :class:`~collector.sinks.base.Sink`; default from ``settings.sink``.
 * ``app.state.collector.record_filters``: :data:`~collector.ingest.RecordFilter` steps run on every validated
   batch before the sink.
-* Modules in :data:`EXTENSION_MODULES` that exist are loaded: ``record_filters(settings) -> list`` (also used
-  by ``ubi import``), ``body_filters(settings) -> list`` (:data:`BodyFilter` steps run on a body refused as a
-  whole before it is kept) and ``install(app, settings)`` (middleware, extra routes), called in that order.
+* The extensions (:mod:`collector.security`, :mod:`collector.browser`) are imported like any module:
+  ``security.record_filters(settings)`` (also used by ``ubi import``), ``security.body_filters(settings)``
+  (:data:`~collector.deps.BodyFilter` steps run on a body refused as a whole before it is kept) and each
+  one's ``install(app, settings)`` (middleware, extra routes), called in that order.
+* The store's admin protocol (``/healthz``, ``/v1/failed``, ``/v1/admin/*``) is :mod:`store.admin`, mounted
+  here for the sink's store as ``ubi consume --db`` mounts it for the loader's.
 * ``app.state.collector.request_checks``: checks run on every request before its body is read. Middleware
   that refuses requests must register its check here too: ingest POSTs of server-side senders are served
   by :class:`IngestFrontDoor` ahead of all middleware (``collector.security`` registers its ``Gate``).
@@ -19,54 +22,37 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
-import orjson
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from collector.errors import RequestError, TooLarge, Unprocessable
-from collector.ingest import (
-    BodyError,
-    IngestContext,
-    IngestResult,
-    Kind,
-    RecordFilter,
-    apply_filters,
-    parse_bulk,
-    parse_items,
-    validate_items,
+from collector import browser, security
+from collector.deps import (
+    Collector,
+    InternalError,
+    ORJSONResponse,
+    error_answer,
+    request_error_handler,
 )
+from collector.errors import RequestError
+from collector.ingest import Kind, RecordFilter
 from collector.metrics import Metrics
+from collector.routes import INGEST_ROUTES, ingest, router
 from collector.sinks import create_sink
 from collector.sinks.base import Sink
 from schemas.settings import Settings
 from schemas.ubi import UbiEvent, UbiQuery
+from store import admin
+from store.duckdb_store import Store
 
 log = logging.getLogger("ubi.collector")
-
-#: A step run on a body refused as a whole before ``failed_records`` keeps it (e.g. the privacy scrub).
-BodyFilter = Callable[[bytes], bytes]
-
-#: Optional modules that extend the collector (each may define ``record_filters``, ``body_filters``, ``install``).
-EXTENSION_MODULES: tuple[str, ...] = ("collector.security", "collector.browser")
-
-
-class TooManyItems(TooLarge):
-    """More items in one body than ``max_items`` (413); the body is within the byte limit, so it is kept."""
-
-    keep = True
-
 
 def tune_gc() -> None:
     """Collect garbage less often: the collector allocates many short-lived, acyclic objects per request.
@@ -80,130 +66,33 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 20)
 
 
-def extension_modules() -> list[ModuleType]:
-    """The extension modules that are present."""
-    found = []
-    for name in EXTENSION_MODULES:
-        try:
-            found.append(importlib.import_module(name))
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-    return found
-
-
 def extension_filters(settings: Settings) -> list[RecordFilter]:
-    """Record filters contributed by the extension modules, in order."""
-    steps: list[RecordFilter] = []
-    for module in extension_modules():
-        if hasattr(module, "record_filters"):
-            steps.extend(module.record_filters(settings))
-    return steps
+    """Record filters of the extensions (the security module's), in order; ``ubi import`` runs them too."""
+    return list(security.record_filters(settings))
 
 
-@dataclass
-class Collector:
-    """What routes use: settings, the sink, the record filters and the metrics of one app."""
+class SinkAdmin:
+    """The collector as the host of the store's admin routes (:class:`store.admin.AdminHost`)."""
 
-    settings: Settings
-    sink: Sink
-    record_filters: list[RecordFilter] = field(default_factory=list)
-    metrics: Metrics = field(default_factory=Metrics)
-    body_filters: list[BodyFilter] = field(default_factory=list)
-    #: Checks run on a request before its body is read; one returning an error refuses the request with it.
-    request_checks: list[Callable[[Scope], RequestError | None]] = field(default_factory=list)
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.max_load_bytes = collector.settings.max_load_bytes
 
-    async def accept(
-        self, body: bytes, *, kind: Kind | None, ndjson: bool, ctx: IngestContext
-    ) -> IngestResult:
-        """Parse, validate, filter and durably write one body (``kind`` None: an OpenSearch ``_bulk`` body)."""
-        try:
-            items = parse_bulk(body) if kind is None else parse_items(body, kind, ndjson=ndjson)
-            if len(items) > self.settings.max_items:
-                raise TooManyItems(
-                    f"{len(items)} items in one request; at most {self.settings.max_items} "
-                    "(UBI_MAX_ITEMS): split the batch"
-                )
-            validated = apply_filters(validate_items(items), self.record_filters, ctx)
-        except RequestError as exc:
-            if exc.keep:
-                await self.keep_body(body, ctx, reason=exc.message, kind=exc.kind)
-            raise
-        except Exception as exc:  # a bug met by some input: keep the input, answer with a typed error
-            log.exception("unexpected error on %s", ctx.source)
-            reason = f"unexpected {type(exc).__name__} while reading the body: {exc}"
-            await self.keep_body(body, ctx, reason=reason, kind="unprocessable")
-            raise Unprocessable(reason + " (kept in failed_records)") from exc
-        try:
-            result = await self.sink.submit_async(validated, source=ctx.source)
-        except RequestError:
-            raise
-        except Exception as exc:  # not SinkUnavailable: something in this input broke the sink's row building
-            log.exception("sink %s failed on %s", self.sink.name, ctx.source)
-            reason = f"unexpected {type(exc).__name__} while storing the body: {exc}"
-            await self.keep_body(body, ctx, reason=reason, kind="unprocessable")
-            raise Unprocessable(reason + " (kept in failed_records)") from exc
-        self.count(result, ctx.source)
-        return result
-
-    async def keep_body(self, body: bytes, ctx: IngestContext, *, reason: str, kind: str) -> None:
-        """Keep a refused body in ``failed_records``; a sink failure here is logged, not raised over the cause."""
-        for scrub in self.body_filters:
-            try:
-                body = await asyncio.to_thread(scrub, body)  # up to max_body_bytes of JSON: off the loop
-            except Exception:  # never keep a body a filter could not scrub: its length says it came
-                log.exception("could not scrub a refused body from %s", ctx.source)
-                body, reason = b"", f"{reason} (body not kept: scrubbing it failed, {len(body)} bytes)"
-        try:
-            await asyncio.wrap_future(
-                self.sink.keep_unparseable(body, source=ctx.source, reason=reason, kind=kind)
+    def admin_store(self) -> Store:
+        sink = self.collector.sink
+        if sink.store is None:
+            raise admin.NoStore(
+                f"the {sink.name} sink has no local store; read it where it is loaded "
+                "(`ubi failed --db PATH` on the consumer's database)"
             )
-        except Exception:
-            log.exception("could not keep a refused body from %s", ctx.source)
-            return
-        self.metrics.inc("ubi_bodies_kept_total", route=ctx.source, kind=kind)
+        return sink.store
 
-    def count(self, result: IngestResult, route: str) -> None:
-        m = self.metrics
-        m.inc("ubi_records_accepted_total", result.queries, kind="query", route=route)
-        m.inc("ubi_records_accepted_total", result.events, kind="event", route=route)
-        m.inc("ubi_records_duplicate_total", result.query_duplicates, kind="query", route=route)
-        m.inc("ubi_records_duplicate_total", result.event_duplicates, kind="event", route=route)
-        for err in result.errors:
-            if err.kind == "conflict":  # a re-used key: event_id for events, query_id for query records
-                kind = "event" if err.field == "event_id" else "query"
-            else:
-                kind = err.kind
-            m.inc("ubi_records_rejected_total", 1, kind=kind, route=route)
-
-
-class ORJSONResponse(JSONResponse):
-    """JSON responses rendered by orjson (several times faster than ``json.dumps`` on long error lists)."""
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
-
-
-async def get_collector(request: Request) -> Collector:
-    """The :class:`Collector` of the app serving ``request`` (async: sync dependencies cost a thread hop)."""
-    collector: Collector = request.app.state.collector
-    return collector
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        state = self.collector.sink.health()
+        return bool(state.get("ok", True)), state
 
 
 # ---------------------------------------------------------------- errors and metrics
-
-
-def error_body(exc: RequestError) -> dict[str, Any]:
-    body: dict[str, Any] = {"error": type(exc).__name__, "message": exc.message}
-    if isinstance(exc, BodyError) and exc.line is not None:
-        body["line"], body["column"] = exc.line, exc.column
-    return body
-
-
-async def _request_error(request: Request, exc: Exception) -> JSONResponse:
-    if not isinstance(exc, RequestError):  # registered for RequestError only
-        raise exc
-    return JSONResponse(error_body(exc), status_code=exc.status_code, headers=exc.headers)
 
 
 class MetricsMiddleware:
@@ -320,22 +209,6 @@ class IngestFrontDoor:
             self.collector.metrics.request_done(seconds, route=path, method="POST", status=status)
 
 
-class InternalError(RequestError):
-    """A bug met while serving a request (500); the request's body was kept by ``Collector.accept``."""
-
-    status_code = 500
-    keep = False
-
-
-def error_answer(exc: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """(status, headers, body) of the JSON answer to a refused request."""
-    body = orjson.dumps(error_body(exc))
-    headers = [(b"content-type", b"application/json")]
-    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
-    headers.append((b"content-length", str(len(body)).encode()))
-    return exc.status_code, headers, body
-
-
 class CollectorAPI(FastAPI):
     """FastAPI that lets :class:`IngestFrontDoor` serve the requests it takes before anything else runs."""
 
@@ -361,9 +234,8 @@ def create_app(
     extensions: bool = True,
 ) -> FastAPI:
     """The collector app. Without ``sink``, the sink named by ``settings.sink`` is created (and closed at
-    shutdown); a given sink is left open for its owner. ``extensions=False`` skips the extension modules."""
-    from collector.routes import INGEST_ROUTES, ingest, router  # routes import this module
-
+    shutdown); a given sink is left open for its owner. ``extensions=False`` skips the extensions (security
+    and the browser client's static files)."""
     settings = settings or Settings()
     own_sink = sink is None
     the_sink = sink if sink is not None else create_sink(settings)
@@ -385,20 +257,18 @@ def create_app(
     )
     app.state.collector = collector
     app.state.settings = settings
-    app.add_exception_handler(RequestError, _request_error)
+    app.add_exception_handler(RequestError, request_error_handler)
     app.include_router(router)
+    admin.install(app, SinkAdmin(collector))
     routes = {r.path: r for r in router.routes if isinstance(r, APIRoute) and r.path in INGEST_ROUTES}
     app.ingest_door = IngestFrontDoor(collector, INGEST_ROUTES, ingest)
     # first added: innermost
     app.add_middleware(IngestFastLane, collector=collector, kinds=INGEST_ROUTES, routes=routes, serve=ingest)
     if extensions:
-        for module in extension_modules():
-            if hasattr(module, "record_filters"):
-                collector.record_filters.extend(module.record_filters(settings))
-            if hasattr(module, "body_filters"):
-                collector.body_filters.extend(module.body_filters(settings))
-            if hasattr(module, "install"):
-                module.install(app, settings)
+        collector.record_filters.extend(security.record_filters(settings))
+        collector.body_filters.extend(security.body_filters(settings))
+        security.install(app, settings)
+        browser.install(app, settings)
     # Added last so it is outermost: it times everything, extension middleware included.
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.openapi = lambda: _openapi_with_records(app)  # type: ignore[method-assign]

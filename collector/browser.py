@@ -1,6 +1,6 @@
 """What the collector serves to browsers: the UBI client script at ``/static/ubi-client.js``.
 
-A collector extension (see ``collector.app.EXTENSION_MODULES``): pages load the client from the collector
+A collector extension (installed by ``collector.app.create_app``): pages load the client from the collector
 they send to, so the script and the collector's routes always match. The files are the package's
 ``collector/static/`` folder (shipped as package data).
 """

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from schemas.errors import StoreError, StoreLocked, UbiError
+from schemas.errors import StoreLocked, UbiError
 from schemas.settings import Settings
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)"
@@ -111,7 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from collector.app import create_app, tune_gc
     from collector.server import bind_socket, make_server
     from collector.sinks import create_sink
-    from collector.store import advertise
+    from store.client import advertise
 
     settings = settings_from(args)
     sock = bind_socket(settings.host, settings.port)
@@ -157,7 +157,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _held_store_message(db: Path) -> str:
     """What a second `ubi serve` on a store another process writes should be told (one writer per DuckDB file)."""
-    from collector.store import collector_url
+    from store.client import collector_url
 
     try:
         holder = f"the collector at {collector_url(db)}"
@@ -291,39 +291,12 @@ def _import_verdict(code: int, total: dict[str, int], hints: list[str]) -> None:
 # ---------------------------------------------------------------- failed
 
 
-def failed_records(db: Path, *, limit: int, offset: int, kind: str | None) -> dict[str, Any]:
-    """A page of failed records: from the file, or from the collector that holds it."""
-    from collector.routes import failed_page
-    from collector.store import Store, collector_url
-
-    if not db.exists():
-        raise StoreError(f"{db}: no such database; ingest something first (`ubi serve`, `ubi import`)")
-    try:
-        store = Store(db, create=False)
-    except StoreLocked:
-        import httpx
-
-        url = collector_url(db)
-        params: dict[str, Any] = {"limit": limit, "offset": offset}
-        if kind:
-            params["kind"] = kind
-        try:
-            resp = httpx.get(url + "/v1/failed", params=params, timeout=60)
-            resp.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise StoreError(
-                f"the collector at {url} holding {db} did not list failed records: {exc}"
-            ) from exc
-        page: dict[str, Any] = resp.json()
-        return page
-    with store:
-        return failed_page(store, limit=limit, offset=offset, kind=kind)
-
-
 def cmd_failed(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if args.limit < 1 or args.offset < 0:
         raise UbiError("--limit must be at least 1 and --offset at least 0")
+    from store.client import failed_records
+
     page = failed_records(settings.db, limit=min(args.limit, 1000), offset=args.offset, kind=args.kind)
     if args.json:
         print(json.dumps(page, indent=2))

@@ -28,8 +28,10 @@ from collector.ingest import (
     parse_bulk,
     validate_items,
 )
-from collector.store import Store, collector_url
 from schemas.errors import InputFileError, StoreError, StoreLocked
+from store.client import collector_url
+from store.duckdb_store import Store
+from store.rows import Counts
 
 #: Records per write (and per request to a running collector): under the default ``max_items`` of 10,000.
 CHUNK_ITEMS = 5000
@@ -279,16 +281,8 @@ class CollectorWriter:
                 )
         errors.sort(key=lambda e: e.index)
         q, ev = totals["query"], totals["event"]
-        return IngestResult(
-            accepted=q[0] + ev[0],
-            duplicates=q[1] + ev[1],
-            rejected=q[2] + ev[2],
-            errors=tuple(errors),
-            queries=q[0],
-            events=ev[0],
-            query_duplicates=q[1],
-            event_duplicates=ev[1],
-        )
+        counts = Counts(queries=q[0], query_duplicates=q[1], events=ev[0], event_duplicates=ev[1])
+        return IngestResult(counts=counts, rejected=q[2] + ev[2], errors=tuple(errors))
 
     def _post(self, part: list[RawItem]) -> dict[str, Any]:
         import httpx

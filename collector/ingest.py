@@ -9,7 +9,6 @@ and raw bytes, for the ``failed_records`` table.
 from __future__ import annotations
 
 import bisect
-import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,9 +19,19 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from collector.errors import RequestError, TooLarge  # noqa: F401  (TooLarge: re-exported)
-from collector.store import DUPLICATE, INSERTED, Store, failed_row, failed_table, utcnow
-from schemas import tables
-from schemas.ubi import CANONICAL_OPTIONS, UbiEvent, UbiQuery
+from schemas.ubi import UbiEvent, UbiQuery
+from store.duckdb_store import Store
+from store.rows import (
+    EVENT_SCHEMA,
+    QUERY_SCHEMA,
+    Counts,
+    event_values,
+    failed_row,
+    failed_table,
+    query_values,
+    rows_table,
+    utcnow,
+)
 
 Kind = Literal["query", "event"]
 
@@ -139,14 +148,25 @@ def apply_filters(validated: Validated, filters: Sequence[RecordFilter], ctx: In
 class IngestResult:
     """The collector's answer for one body: ``{"accepted", "duplicates", "rejected", "errors"}``."""
 
-    accepted: int
-    duplicates: int
-    rejected: int
+    counts: Counts  # what the write stored (per kind) and found stored already
+    rejected: int  # items refused (conflicts included); each is kept in failed_records
     errors: tuple[ItemError, ...]
-    queries: int = 0  # accepted query records
-    events: int = 0  # accepted events
-    query_duplicates: int = 0
-    event_duplicates: int = 0
+
+    @property
+    def accepted(self) -> int:
+        return self.counts.accepted
+
+    @property
+    def duplicates(self) -> int:
+        return self.counts.duplicates
+
+    @property
+    def queries(self) -> int:
+        return self.counts.queries
+
+    @property
+    def events(self) -> int:
+        return self.counts.events
 
     def public(self, max_errors: int = 1000) -> dict[str, Any]:
         return {
@@ -410,122 +430,6 @@ def _json_type(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
-# ---------------------------------------------------------------- rows
-
-
-def _json(value: Any) -> str | None:
-    if value is None:
-        return None
-    return orjson.dumps(value).decode()
-
-
-def _naive_utc(ts: datetime | None) -> datetime | None:
-    return ts.replace(tzinfo=None) if ts is not None else None
-
-
-#: Arrow types of the stored columns that are not strings (VARCHAR and JSON columns travel as strings).
-_ARROW_TYPES: dict[str, pa.DataType] = {
-    "timestamp": pa.timestamp("us"),
-    "received_at": pa.timestamp("us"),
-    "position_ordinal": pa.int32(),
-    "position_x": pa.float64(),
-    "position_y": pa.float64(),
-    "query_response_hit_ids": pa.list_(pa.string()),
-}
-
-
-def _arrow_schema(columns: Sequence[str]) -> pa.Schema:
-    """The Arrow schema of stored rows, in the column order of ``schemas.tables``."""
-    return pa.schema([(c, _ARROW_TYPES.get(c, pa.string())) for c in columns])
-
-
-QUERY_SCHEMA = _arrow_schema(tables.QUERY_COLUMNS)
-EVENT_SCHEMA = _arrow_schema(tables.EVENT_COLUMNS)
-
-
-def _query_values(q: UbiQuery, received_at: datetime) -> tuple[Any, ...]:
-    """One query record in ``QUERY_SCHEMA`` column order (hashing the canonical dump once)."""
-    digest = hashlib.sha256(
-        orjson.dumps(q.model_dump(exclude_none=True), option=CANONICAL_OPTIONS)
-    ).hexdigest()[:32]
-    qid = q.query_id or ("h:" + digest)
-    extra = q.__pydantic_extra__
-    return (
-        qid + "\x1f" + (q.query_response_id or ""),
-        qid,
-        q.user_query,
-        q.client_id,
-        q.application,
-        _naive_utc(q.timestamp),
-        _json(q.query_attributes),
-        q.object_id_field,
-        q.query_response_id,
-        q.query_response_hit_ids,
-        orjson.dumps(extra).decode() if extra else None,
-        digest,
-        received_at,
-    )
-
-
-def _event_values(e: UbiEvent, received_at: datetime, bulk_id: str | None) -> tuple[Any, ...]:
-    """One event in ``EVENT_SCHEMA`` column order; the key is ``schemas.ubi.event_key`` (computed once)."""
-    event_id = e.event_id or bulk_id
-    attrs = e.event_attributes
-    if event_id:
-        key = "id:" + event_id
-        attrs_json = attrs.model_dump_json(exclude_none=True) if attrs is not None else None
-    else:
-        dump = e.model_dump(exclude_none=True)
-        key = "h:" + hashlib.sha256(orjson.dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
-        attrs_json = orjson.dumps(dump["event_attributes"]).decode() if attrs is not None else None
-    obj = attrs.object if attrs is not None else None
-    pos = attrs.position if attrs is not None else None
-    extra = e.__pydantic_extra__
-    return (
-        key,
-        event_id,
-        e.action_name,
-        e.query_id,
-        e.session_id,
-        e.client_id,
-        e.user_id,
-        e.application,
-        e.timestamp.replace(tzinfo=None),
-        e.message_type,
-        e.message,
-        e.user_query,
-        obj.object_id if obj is not None else None,
-        obj.object_id_field if obj is not None else None,
-        obj.object_id_type if obj is not None else None,
-        obj.internal_id if obj is not None else None,
-        pos.ordinal if pos is not None else None,
-        pos.x if pos is not None else None,
-        pos.y if pos is not None else None,
-        attrs_json,
-        orjson.dumps(extra).decode() if extra else None,
-        received_at,
-    )
-
-
-def query_row(q: UbiQuery, received_at: datetime) -> dict[str, Any]:
-    """The stored shape of a query record (``schemas.tables.UBI_QUERIES``)."""
-    return dict(zip(QUERY_SCHEMA.names, _query_values(q, received_at), strict=True))
-
-
-def event_row(e: UbiEvent, received_at: datetime, bulk_id: str | None = None) -> dict[str, Any]:
-    """The stored shape of an event (``schemas.tables.UBI_EVENTS``); ``bulk_id`` is a ``_bulk`` ``_id``."""
-    return dict(zip(EVENT_SCHEMA.names, _event_values(e, received_at, bulk_id), strict=True))
-
-
-def rows_table(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
-    """Stored rows (column-ordered tuples) as an Arrow table of ``schema``."""
-    # Column-wise conversion is several times faster than Table.from_pylist over dicts.
-    columns = list(zip(*rows, strict=True))
-    return pa.Table.from_arrays(
-        [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)], schema=schema
-    )
-
-
 # ---------------------------------------------------------------- the stage
 
 
@@ -599,12 +503,12 @@ def prepare(validated: Validated, *, source: str, received_at: datetime | None =
     queries, events = validated.queries, validated.events
     for index, q in validated.queries:
         try:
-            qrows.append(_query_values(q, now))
+            qrows.append(query_values(q, now))
         except _ROW_ERRORS as exc:
             late.append(ItemError(index, None, _unstorable(exc), "query", validated.raws.get(index, b"")))
     for index, e, bulk_id in validated.events:
         try:
-            erows.append(_event_values(e, now, bulk_id))
+            erows.append(event_values(e, now, bulk_id))
         except _ROW_ERRORS as exc:
             late.append(ItemError(index, None, _unstorable(exc), "event", validated.raws.get(index, b"")))
     if late:
@@ -716,26 +620,12 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
     for b, p in enumerate(batches):
         qs = outcome.query_status[q_offsets[b] : q_offsets[b] + p.n_queries]
         es = outcome.event_status[e_offsets[b] : e_offsets[b] + p.n_events]
-        q_ins = sum(1 for s in qs if s == INSERTED)
-        q_dup = sum(1 for s in qs if s == DUPLICATE)
-        e_ins = sum(1 for s in es if s == INSERTED)
-        e_dup = sum(1 for s in es if s == DUPLICATE)
         errors = list(p.validated.errors)
         if b in conflict_errors:
             errors.extend(conflict_errors[b])
             errors.sort(key=lambda e: e.index)
-        results.append(
-            IngestResult(
-                accepted=q_ins + e_ins,
-                duplicates=q_dup + e_dup,
-                rejected=len(errors),
-                errors=tuple(errors),
-                queries=q_ins,
-                events=e_ins,
-                query_duplicates=q_dup,
-                event_duplicates=e_dup,
-            )
-        )
+        counts = Counts.of(qs, es, failed=len(p.validated.errors))
+        results.append(IngestResult(counts=counts, rejected=len(errors), errors=tuple(errors)))
     return results
 
 

@@ -1,31 +1,25 @@
 """The collector's HTTP routes. Each is a few lines: read the body, call the stage, answer.
 
 Typed errors become status codes in :mod:`collector.app` (``RequestError.status_code``); the work is in
-:class:`collector.app.Collector` and :mod:`collector.ingest`.
+:class:`collector.deps.Collector` and :mod:`collector.ingest`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 from collections.abc import Mapping
-from enum import Enum
 from typing import Annotated, Any
 
 import orjson
-import pyarrow as pa
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, Field
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope
 
-from collector.app import Collector, ORJSONResponse, error_answer, get_collector
-from collector.errors import NotSupported, RequestError, TooLarge
+from collector.deps import Collector, ORJSONResponse, error_answer, get_collector
+from collector.errors import RequestError, TooLarge
 from collector.ingest import IngestContext, Kind
 from collector.metrics import Labels
-from collector.store import LOADABLE_TABLES, Store
-from schemas.errors import StoreError
 
 router = APIRouter()
 
@@ -34,19 +28,7 @@ INGEST_ROUTES: dict[str, Kind | None] = {}
 
 # ---------------------------------------------------------------- dependencies
 
-
-async def get_store(collector: Annotated[Collector, Depends(get_collector)]) -> Store:
-    """The sink's local store; 501 when the sink has none (e.g. Kafka)."""
-    if collector.sink.store is None:
-        raise NotSupported(
-            f"the {collector.sink.name} sink has no local store; read it where it is loaded "
-            "(`ubi failed --db PATH` on the consumer's database)"
-        )
-    return collector.sink.store
-
-
 CollectorDep = Annotated[Collector, Depends(get_collector)]
-StoreDep = Annotated[Store, Depends(get_store)]
 
 # ---------------------------------------------------------------- response models (OpenAPI)
 
@@ -238,100 +220,9 @@ _ingest_route(
 _ingest_route("/ubi_events", "event", "Store UBI events as the OpenSearch reference client posts them.")
 _ingest_route("/v1/bulk", None, "Replay an OpenSearch _bulk export of ubi_queries and ubi_events.")
 
-# ---------------------------------------------------------------- failed records
-
-
-class FailedOut(BaseModel):
-    """One kept failed record; ``raw`` is text when it is UTF-8, else base64 (see ``raw_encoding``)."""
-
-    failed_id: str
-    received_at: str
-    source: str
-    kind: str
-    item_index: int | None
-    field: str | None
-    reason: str
-    raw: str | None
-    raw_encoding: str | None = Field(description="utf-8 or base64")
-    kafka_topic: str | None = None
-    kafka_partition: int | None = None
-    kafka_offset: int | None = None
-
-
-class FailedPage(BaseModel):
-    """A page of failed records, newest first."""
-
-    total: int
-    offset: int
-    items: list[FailedOut]
-    next_offset: int | None
-
-
-def raw_text(raw: bytes | None) -> tuple[str | None, str | None]:
-    """Bytes as UTF-8 text when they are, else base64; with the encoding used."""
-    if raw is None:
-        return None, None
-    try:
-        return raw.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        return base64.b64encode(raw).decode("ascii"), "base64"
-
-
-def failed_page(store: Store, *, limit: int, offset: int, kind: str | None = None) -> dict[str, Any]:
-    """A page of ``failed_records``, newest first (shared by ``GET /v1/failed`` and ``ubi failed``)."""
-    where, params = ("WHERE kind = ?", [kind]) if kind else ("", [])
-    ((total,),) = store.read(f"SELECT count(*) FROM failed_records {where}", params)
-    rows = store.read(
-        "SELECT failed_id, received_at, source, kind, item_index, field, reason, raw, kafka_topic, "
-        f"kafka_partition, kafka_offset FROM failed_records {where} "
-        "ORDER BY received_at DESC, failed_id LIMIT ? OFFSET ?",
-        [*params, limit, offset],
-    )
-    items = []
-    for r in rows:
-        raw, enc = raw_text(r[7])
-        items.append(
-            {
-                "failed_id": r[0],
-                "received_at": r[1].isoformat() + "Z",
-                "source": r[2],
-                "kind": r[3],
-                "item_index": r[4],
-                "field": r[5],
-                "reason": r[6],
-                "raw": raw,
-                "raw_encoding": enc,
-                "kafka_topic": r[8],
-                "kafka_partition": r[9],
-                "kafka_offset": r[10],
-            }
-        )
-    nxt = offset + len(items)
-    return {"total": total, "offset": offset, "items": items, "next_offset": nxt if nxt < total else None}
-
-
-@router.get("/v1/failed", response_model=FailedPage, tags=["failed"])
-async def get_failed(
-    store: StoreDep,
-    limit: Annotated[int, Query(ge=1, le=1000, description="records per page")] = 100,
-    offset: Annotated[int, Query(ge=0, le=2**62, description="records to skip (newest first)")] = 0,
-    kind: Annotated[
-        str | None, Query(max_length=100, description="only this kind (event, query, body, ...)")
-    ] = None,
-) -> Any:
-    """List kept failed records (rejected items and unparseable bodies), newest first."""
-    return await asyncio.to_thread(failed_page, store, limit=limit, offset=offset, kind=kind)
-
-
-# ---------------------------------------------------------------- health and metrics
-
-
-@router.get("/healthz", tags=["ops"])
-async def healthz(collector: CollectorDep) -> Response:
-    """Liveness and sink state: 200 when the sink is healthy, else 503."""
-    state = collector.sink.health()
-    ok = bool(state.get("ok", True))
-    return ORJSONResponse({"status": "ok" if ok else "degraded", **state}, status_code=200 if ok else 503)
+# ---------------------------------------------------------------- metrics
+# (``/healthz``, ``/v1/failed`` and the store admin routes are the store's admin protocol, ``store.admin``,
+# mounted by ``collector.app.create_app``.)
 
 
 @router.get("/metrics", response_class=PlainTextResponse, tags=["ops"])
@@ -344,57 +235,3 @@ async def metrics(collector: CollectorDep) -> Response:
         for name, value in sink.gauges().items()
     }
     return PlainTextResponse(collector.metrics.render(gauges), media_type="text/plain; version=0.0.4")
-
-
-# ---------------------------------------------------------------- store admin (one writer, many readers)
-
-
-class BadArrow(RequestError):
-    """A load body that is not an Arrow IPC stream, or does not fit the table (400)."""
-
-    status_code = 400
-    keep = False
-
-
-LoadableTable = Enum("LoadableTable", {name: name for name in LOADABLE_TABLES}, type=str)  # type: ignore[misc]
-
-
-@router.post("/v1/admin/snapshot", tags=["admin"])
-async def admin_snapshot(store: StoreDep) -> dict[str, str]:
-    """Copy the database, between two commits, to a new file that readers open read-only."""
-    path = await asyncio.to_thread(store.snapshot)
-    return {"path": str(path)}
-
-
-@router.post(
-    "/v1/admin/load/{table}",
-    tags=["admin"],
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary"}}
-            },
-        }
-    },
-)
-async def admin_load(
-    table: LoadableTable,
-    request: Request,
-    store: StoreDep,
-    collector: CollectorDep,
-    replace_source: Annotated[str | None, Query(max_length=200)] = None,
-) -> dict[str, Any]:
-    """Insert or replace rows of a derived table from an Arrow IPC stream; ``replace_source`` first deletes that source's rows."""
-    body = await read_body(request.scope, request.receive, collector.settings.max_load_bytes)
-    try:
-        data = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-    except (pa.ArrowException, ValueError, OSError) as exc:
-        raise BadArrow(f"body is not an Arrow IPC stream: {exc}") from exc
-    try:
-        rows = await asyncio.to_thread(store.load_table, table.value, data, replace_source=replace_source)
-    except StoreError as exc:
-        raise BadArrow(str(exc)) from exc
-    except Exception as exc:  # duckdb rejects columns or types that do not fit
-        raise BadArrow(f"rows do not fit table {table.value}: {type(exc).__name__}: {exc}") from exc
-    return {"table": table.value, "rows": rows}

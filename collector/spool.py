@@ -33,6 +33,7 @@ from pathlib import Path
 
 from collector.errors import SinkUnavailable
 from schemas.errors import UbiError
+from store.files import fsync_dir
 
 MAGIC = b"UBIS"
 HEADER = struct.Struct("<4sIII")  # magic, payload length, records, crc32(payload)
@@ -68,15 +69,6 @@ class Entry:
     records: int
     payload: bytes
     end: Position
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a folder's entries (files created, renamed or removed in it) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _frames(data: bytes, start: int = 0) -> Iterator[tuple[int, int, bytes]]:

@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from collector.store import reading
 from processors.judgments import JUDGMENT_MODELS, process
 from processors.ordinal_base import (
     POSITION_BASE_CHOICES,
@@ -32,6 +31,7 @@ from processors.review import (
 )
 from schemas.errors import UbiError
 from schemas.settings import Settings
+from store.client import reading
 
 _PROCESS_HELP = """\
 Build search sessions from the stored UBI queries and events, filter implausible traffic, fit a click

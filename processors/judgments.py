@@ -46,7 +46,6 @@ import orjson
 import pyarrow as pa
 from pydantic import ValidationError
 
-from collector.store import load_derived, utcnow
 from processors.click_models.base import ClickModel, RelevanceEstimate
 from processors.grades import (
     Agreement,
@@ -64,6 +63,8 @@ from schemas.errors import InputFileError, UbiError
 from schemas.judgments import Judgment, Qrel
 from schemas.settings import Settings
 from schemas.text import normalize_query
+from store.client import load_derived
+from store.rows import utcnow
 
 SOURCE_PREFIX = "implicit:"
 #: models ``ubi process`` accepts; gctr and rctr give every pair the same (or a rank-only) score
@@ -344,7 +345,7 @@ def store_judgments(db: Path | str, table: pa.Table, source: str) -> tuple[int, 
     """Replace the stored rows of ``source`` with ``table``; returns (rows written, stale rows removed).
 
     One transaction, directly when the file is free or through the running collector that holds it
-    (``collector.store.load_derived`` with ``replace_source``): rows of pairs absent from this run go.
+    (``store.client.load_derived`` with ``replace_source``): rows of pairs absent from this run go.
     """
     return load_derived(db, "judgments", table, replace_source=source), True
 

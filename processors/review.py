@@ -28,12 +28,13 @@ import duckdb
 import orjson
 import pyarrow as pa
 
-from collector.store import load_derived, utcnow
 from processors.judgments import SOURCE_PREFIX, trec_query_id
 from schemas.errors import InputFileError, StoreError, UbiError
 from schemas.settings import Settings
 from schemas.text import normalize_query
 from schemas.ubi import parse_timestamp
+from store.client import load_derived
+from store.rows import utcnow
 
 REVIEW_COLUMNS = ("query_id", "query", "doc_id", "source", "score", "ci_low", "ci_high", "impressions", "clicks",
                   "sessions", "suggested_grade", "grade", "assessor", "judged_at", "rubric", "notes")

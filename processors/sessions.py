@@ -44,13 +44,13 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from collector.store import reading
 from processors.ordinal_base import BaseChoice, BaseEvidence, choose_bases, effective_bases
 from processors.stats import ClickCells, PairIndex, SessionPatterns, StatsError, UbmCells
 from schemas.errors import StoreError, UbiError
 from schemas.sessions import Session
 from schemas.settings import Settings
 from schemas.text import normalize_query
+from store.client import reading
 
 
 class SessionError(UbiError):
@@ -392,7 +392,7 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict
     Returns the raw counts the quality summary is made of, gathered before each intermediate table is dropped.
     """
     for table in ("ubi_queries", "ubi_events"):
-        # tables of a DuckDB store, or views over a Parquet folder (collector.parquet_store)
+        # tables of a DuckDB store, or views over a Parquet folder (store.parquet_store)
         if not _ints(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table])[0]:
             raise SessionError(f"the store has no {table} table; ingest UBI records first (`ubi import`, `ubi serve`)")
     c: dict[str, Any] = {}
@@ -543,7 +543,7 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
                   max_rank: int | None = None) -> SessionData:
     """Build sessions from the UBI tables on ``con`` and aggregate them to PBM cells, UBM cells and patterns.
 
-    ``con`` may be read-only (``collector.store.open_reader``): only temporary tables are created, and
+    ``con`` may be read-only (``store.client.open_reader``): only temporary tables are created, and
     dropped before returning. ``max_rank`` defaults to ``Settings.max_rank``.
     """
     settings = settings or Settings()

@@ -15,7 +15,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from collector.store import reading
 from processors.ordinal_base import (
     POSITION_BASE_CHOICES,
     POSITION_BASE_HELP,
@@ -41,6 +40,7 @@ from reports.runs import load_run
 from reports.systems import DEFAULT_SPLIT_KEYS, run_system_name
 from schemas.errors import InputFileError, UbiError
 from schemas.settings import Settings
+from store.client import reading
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb); works while `ubi serve` runs"
 _FORMATS = ("text", "json", "md", "html")

@@ -1,6 +1,6 @@
 """The joint report: every system in the logs (and in run files), offline on each source, online, agreement, comparison.
 
-:func:`build_report` is the stage: a store connection (``collector.store.open_reader``) and a
+:func:`build_report` is the stage: a store connection (``store.client.open_reader``) and a
 :class:`~reports.merge.LabelSet` in, one :class:`Report` out, which the renderers in ``reports.render`` turn
 into text, Markdown, JSON, HTML and dashboard rows. Nothing here prints or writes files.
 

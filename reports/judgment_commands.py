@@ -9,12 +9,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from collector.store import reading
 from reports.commands import _settings, _write
 from reports.judgment_io import export_judgments, import_human
 from reports.merge import DEFAULT_PRECEDENCE
 from reports.qrels import ESCI_RATINGS, QRELS_FORMATS, WORKBENCH_NAME_MAX, RatingMap, check_workbench_text
 from schemas.errors import UbiError
+from store.client import reading
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb); works while `ubi serve` runs"
 _MAP_HELP = ("Workbench ratings <-> grades: esci (default: 0->0, 1->1, 10->2, 100->3), integer (the rating is the "

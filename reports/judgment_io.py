@@ -19,7 +19,7 @@ Import (:func:`import_human`) validates a JSONL, TREC or Workbench file with :fu
 (nothing skipped or coerced), gives every query its text (the file's; else a query set mapping ids to
 texts; else the id itself, percent-decoded for TREC), and stores the judgments in ``human_judgments`` as
 source ``human`` with their provenance (assessor, date and rubric from the file, else from the command line,
-and the file as origin), through ``collector.store.load_derived``: directly, or through the running
+and the file as origin), through ``store.client.load_derived``: directly, or through the running
 collector that holds the store.
 """
 
@@ -34,7 +34,6 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from collector.store import load_derived, reading
 from processors.judgments import query_from_trec_id, trec_query_id
 from processors.review import HUMAN_SCHEMA
 from reports.merge import DEFAULT_PRECEDENCE, KINDS, Label, LabelSet, labels_from_store
@@ -50,6 +49,7 @@ from reports.qrels import (
 )
 from schemas.errors import StoreError, UbiError
 from schemas.text import normalize_query
+from store.client import load_derived, reading
 
 HUMAN_SOURCE = "human"
 

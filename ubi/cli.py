@@ -1,98 +1,24 @@
-"""``ubi``: one command whose subcommands map to the pipeline stages.
+"""``ubi``: one command whose subcommands map to the pipeline stages (:mod:`ubi.stages`), plus ``ubi demo``.
 
-Each stage package has a ``cli`` module with ``register(subparsers)``, which adds its subcommands; every
-subcommand sets ``func`` (taking the parsed namespace, returning an exit code). Typed errors from the
-package become a one-line message on stderr and exit code 2; anything else is a bug: it shows a traceback
-and exits 3, so that it can never be mistaken for a failed quality gate (``ubi report`` exits 1 for that).
-Exit codes: 0 done, 1 a gate fell short, 2 bad input or usage, 3 a bug, 130 interrupted.
+Exit codes: 0 done, 1 a gate fell short, 2 bad input or usage, 3 a bug, 130 interrupted (see
+:func:`ubi.stages.run`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import os
 import sys
-import traceback
-from collections.abc import Iterator
 
-from rich.console import Console
-from rich.markup import escape
-
-from schemas.errors import UbiError
-
-#: Stage modules that contribute subcommands, in pipeline order.
-STAGES = ("collector.cli", "processors.cli", "reports.cli", "ubi.demo")
+from ubi import demo
+from ubi.stages import run, stage_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ubi",
-        description=(
-            "ubi-pipeline: collect User Behavior Insights (UBI) queries and events, estimate position bias, "
-            "derive candidate relevance judgments with their evidence, and report offline and online metrics."
-        ),
-        epilog="Run `ubi COMMAND --help` for each command's options. Settings also come from UBI_* variables.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in STAGES:
-        importlib.import_module(name).register(sub)
-    return parser
-
-
-#: Width rich renders at when stdout is not a terminal (a pipe, a file, a CI log): wide enough that no table
-#: is cut or folded and no message hard-wrapped at rich's default of 80 columns.
-LOG_WIDTH = 10_000
-
-
-@contextlib.contextmanager
-def _log_width() -> Iterator[None]:
-    """Give every rich Console of this command :data:`LOG_WIDTH` when stdout is not a terminal.
-
-    Consoles are created all over the stages; rich reads ``COLUMNS`` when it builds one, so this is set for
-    the command's duration (and put back, so a caller's process is left as it was). An explicit ``COLUMNS``
-    is kept.
-    """
-    if sys.stdout.isatty() or "COLUMNS" in os.environ:
-        yield
-        return
-    os.environ["COLUMNS"] = str(LOG_WIDTH)
-    try:
-        yield
-    finally:
-        os.environ.pop("COLUMNS", None)
+    return stage_parser(demo.register)
 
 
 def main(argv: list[str] | None = None) -> int:
-    with _log_width():
-        return _main(argv)
-
-
-def _main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except UbiError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True,
-                                   soft_wrap=True)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        # `ubi schema | head`: the reader left; point stdout at /dev/null so the exit flush stays quiet.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except Exception:  # a bug, not bad input: show where, and exit with the code reserved for it
-        traceback.print_exc()
-        Console(stderr=True).print("[bold red]internal error[/]: this is a bug in ubi-pipeline; please report it "
-                                   "with the traceback above", highlight=False)
-        return 3
+    return run(build_parser(), argv)
 
 
 if __name__ == "__main__":

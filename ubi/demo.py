@@ -29,7 +29,7 @@ from rich.table import Table
 
 from processors.simulation import SimConfig, simulate
 from schemas.errors import UbiError
-from ubi.cli import main as ubi_main
+from ubi.stages import main as ubi_main
 
 #: Click models the demo derives candidate judgments with (each becomes a source ``implicit:<model>``).
 DEMO_MODELS = ("ctr", "coec", "pbm", "dbn")

@@ -26,9 +26,9 @@ import orjson
 
 from collector.demo_site import DemoCatalog, DemoDoc, demo_router
 from collector.server import bind_socket, make_server
-from collector.store import Store
 from schemas.errors import UbiError
 from schemas.settings import Settings
+from store.duckdb_store import Store
 
 #: The two rankers of the demo, best first: name and noise σ (grade + N(0, σ²), as in the simulator).
 RANKERS: tuple[tuple[str, float], ...] = (("ranker-a", 0.5), ("ranker-b", 2.0))
@@ -164,7 +164,7 @@ def serve_demo(settings: Settings | argparse.Namespace, *,
     import uvicorn
 
     from collector.sinks import create_sink
-    from collector.store import advertise
+    from store.client import advertise
 
     if not isinstance(settings, Settings):
         settings = demo_settings(settings)

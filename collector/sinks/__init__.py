@@ -1,59 +1,44 @@
-"""Sinks: where validated records go. ``duckdb`` (embedded, default) here; other sinks plug in by name.
+"""Sinks: where validated records go. ``duckdb`` (the embedded store, default) and ``kafka``.
 
-A sink module listed in :data:`SINK_MODULES` provides a :class:`~collector.sinks.base.Sink` subclass and
-``create(settings) -> Sink``; it may also provide ``add_arguments(parser)`` to add its ``ubi serve`` flags
-(their ``dest`` must be :class:`~schemas.settings.Settings` field names: ``ubi serve`` passes every set flag
-that names a field into ``Settings``).
+Each sink module provides a :class:`~collector.sinks.base.Sink` subclass and ``create(settings) -> Sink``;
+the Kafka one also ``add_arguments(parser)`` for its ``ubi serve`` flags (their ``dest`` are
+:class:`~schemas.settings.Settings` field names).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-from types import ModuleType
+from collections.abc import Callable
 
+from collector.sinks import duckdb as duckdb_sink
+from collector.sinks import kafka as kafka_sink
 from collector.sinks.base import Sink
 from schemas.errors import UbiError
 from schemas.settings import Settings
 
-#: Sink name -> module. Modules not written yet are skipped (the name is not offered).
-SINK_MODULES: dict[str, str] = {
-    "duckdb": "collector.sinks.duckdb",
-    "kafka": "collector.sinks.kafka",
+#: Sink name -> its factory.
+SINKS: dict[str, Callable[[Settings], Sink]] = {
+    "duckdb": duckdb_sink.create,
+    "kafka": kafka_sink.create,
 }
 
 
-def _module(name: str) -> ModuleType | None:
-    modname = SINK_MODULES[name]
-    try:
-        return importlib.import_module(modname)
-    except ModuleNotFoundError as exc:
-        if exc.name == modname:
-            return None
-        raise
-
-
 def available_sinks() -> list[str]:
-    """Names of the sinks whose module is present."""
-    return [name for name in SINK_MODULES if _module(name) is not None]
+    """Names of the sinks ``--sink`` accepts."""
+    return list(SINKS)
 
 
 def add_sink_arguments(parser: argparse.ArgumentParser) -> None:
-    """Let each present sink module add its own ``ubi serve`` flags."""
-    for name in SINK_MODULES:
-        module = _module(name)
-        if module is not None and hasattr(module, "add_arguments"):
-            module.add_arguments(parser)
+    """The sinks' own ``ubi serve`` flags."""
+    kafka_sink.add_arguments(parser)
 
 
 def create_sink(settings: Settings) -> Sink:
     """The sink named by ``settings.sink``, built from the settings."""
-    name = getattr(settings, "sink", "duckdb")
-    module = _module(name) if name in SINK_MODULES else None
-    if module is None:
-        raise UbiError(f"unknown sink {name!r}; available: {', '.join(available_sinks())}")
-    sink: Sink = module.create(settings)
-    return sink
+    factory = SINKS.get(settings.sink)
+    if factory is None:
+        raise UbiError(f"unknown sink {settings.sink!r}; available: {', '.join(SINKS)}")
+    return factory(settings)
 
 
-__all__ = ["Sink", "available_sinks", "add_sink_arguments", "create_sink", "SINK_MODULES"]
+__all__ = ["Sink", "SINKS", "available_sinks", "add_sink_arguments", "create_sink"]

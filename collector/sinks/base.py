@@ -15,11 +15,10 @@ from __future__ import annotations
 import abc
 import asyncio
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    from collector.ingest import IngestResult, Validated
-    from collector.store import Store
+from collector.ingest import IngestResult, Validated
+from store.duckdb_store import Store
 
 
 class Sink(abc.ABC):

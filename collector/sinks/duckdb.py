@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from collector.errors import SinkUnavailable
-from collector.ingest import EVENT_SCHEMA, IngestResult, Prepared, Validated, ingest_many, prepare, rows_table
+from collector.ingest import IngestResult, Prepared, Validated, ingest_many, prepare
 from collector.sinks.base import Sink
-from collector.store import Store, failed_row
 from schemas.settings import Settings
+from store.duckdb_store import Store
+from store.rows import EVENT_SCHEMA, failed_row, rows_table
 
 log = logging.getLogger("ubi.collector.sink")
 
@@ -96,7 +97,7 @@ def _gil_handover() -> Iterator[None]:
 
 
 class DuckDBSink(Sink):
-    """Writes to a :class:`~collector.store.Store` through one group-committing writer thread."""
+    """Writes to a :class:`~store.duckdb_store.Store` through one group-committing writer thread."""
 
     name = "duckdb"
 

@@ -27,18 +27,81 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from collector.errors import SinkUnavailable
-from collector.ingest import IngestResult, Validated
-from collector.kafka_client import ensure_topics, make_producer
-from collector.kafka_records import TOPIC_KINDS, Message, Topics, body_message, encode, topics
+from collector.ingest import IngestResult, ItemError, Validated
 from collector.sinks.base import Sink
 from collector.spool import Spool, SpoolError, SpoolLocked, claim, orphaned_slots
 from schemas.settings import Settings
+from store.kafka_client import ensure_topics, make_producer
+from store.rows import Counts, event_row, failed_row, query_row, utcnow
+from store.wire import TOPIC_KINDS, Message, Topics, failed_value, group_rows, row_line, topics
 
 log = logging.getLogger("ubi.collector.kafka")
+
+
+# ---------------------------------------------------------------- validated bodies as messages
+
+#: What building a stored row can raise for a record that validated (as in ``collector.ingest.prepare``).
+_ROW_ERRORS = (orjson.JSONEncodeError, ValueError, OverflowError, TypeError)
+
+
+@dataclass
+class Encoded:
+    """One validated body as messages, with what the 202 reports about it."""
+
+    msgs: list[Message]
+    queries: int
+    events: int
+    errors: list[ItemError]
+
+
+#: What building a stored row can raise for a record that validated (as in ``collector.ingest.prepare``).
+_ROW_ERRORS = (orjson.JSONEncodeError, ValueError, OverflowError, TypeError)
+
+
+def encode(validated: Validated, *, source: str, received_at: datetime | None = None) -> Encoded:
+    """The messages of one validated body: its stored rows, and its rejected items with their reasons.
+
+    Rows go straight from the validated records to JSON (no Arrow round trip). A record that validated
+    but cannot be stored is rejected on its own, as :func:`collector.ingest.prepare` does.
+    """
+    now = received_at or utcnow()
+    errors = list(validated.errors)
+    late: list[ItemError] = []
+    qrows: list[tuple[str, bytes]] = []
+    erows: list[tuple[str, bytes]] = []
+    for index, q in validated.queries:
+        try:
+            row = query_row(q, now)
+            qrows.append((row["query_id"], row_line(row)))
+        except _ROW_ERRORS as exc:
+            late.append(ItemError(index, None, f"cannot be stored: {exc}", "query", validated.raws.get(index, b"")))
+    for index, e, bulk_id in validated.events:
+        try:
+            row = event_row(e, now, bulk_id)
+            erows.append((row["query_id"] or row["event_key"], row_line(row)))
+        except _ROW_ERRORS as exc:
+            late.append(ItemError(index, None, f"cannot be stored: {exc}", "event", validated.raws.get(index, b"")))
+    if late:
+        errors = sorted([*errors, *late], key=lambda err: err.index)
+    msgs = group_rows("queries", qrows) + group_rows("events", erows)
+    for err in errors:
+        row = failed_row(source=source, kind=err.kind, reason=err.message, raw=err.raw, item_index=err.index,
+                         field=err.field, received_at=now)
+        msgs.append(Message("failed", None, failed_value(row)))
+    return Encoded(msgs, len(qrows), len(erows), errors)
+
+
+def body_message(body: bytes, *, source: str, reason: str, kind: str) -> Message:
+    """A whole refused body (unparseable, wrong type) as a ``.failed`` message."""
+    return Message("failed", None, failed_value(failed_row(source=source, kind=kind, reason=reason, raw=body)))
+
 
 # ---------------------------------------------------------------- spool payloads
 
@@ -148,14 +211,9 @@ class KafkaSink(Sink):
         except Exception as exc:  # a bug met by some record: acknowledge nothing
             fut.set_exception(exc)
             return fut
-        result = IngestResult(
-            accepted=enc.queries + enc.events,
-            duplicates=0,  # known only where the records are loaded (the loader's dedup keys)
-            rejected=len(enc.errors),
-            errors=tuple(enc.errors),
-            queries=enc.queries,
-            events=enc.events,
-        )
+        # Duplicates are known only where the records are loaded (the loader's dedup keys).
+        counts = Counts(queries=enc.queries, events=enc.events, failed=len(enc.errors))
+        result = IngestResult(counts=counts, rejected=len(enc.errors), errors=tuple(enc.errors))
         msgs = enc.msgs
         self._enqueue(_Job(msgs, result, fut))
         return fut

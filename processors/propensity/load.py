@@ -14,12 +14,12 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from collector.store import reading
 from processors.propensity.common import PropensityError
 from processors.propensity.randomized import SwapSessions
 from processors.sessions import SessionData, iter_sessions, load_sessions
 from schemas.errors import StoreError
 from schemas.settings import Settings
+from store.client import reading
 
 #: Where a swap is recorded: ``query_attributes.randomized.ranks`` = [i, j] (1-based; [1, 1] = control).
 _MARKED = """

@@ -7,17 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.ingest import (
-    BodyError,
-    ingest,
-    ingest_many,
-    parse_bulk,
-    parse_items,
-    prepare,
-    validate_items,
-)
-from collector.store import Store
+from collector.ingest import BodyError, ingest, ingest_many, parse_bulk, parse_items, prepare, validate_items
 from schemas.ubi import UbiEvent, event_key
+from store.duckdb_store import Store
 
 
 def test_parse_one_object_array_and_ndjson(make_event):

@@ -261,7 +261,7 @@ def test_unforeseen_error_is_422_and_the_body_is_kept(client, monkeypatch):
     def broken(items):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("collector.app.validate_items", broken)
+    monkeypatch.setattr("collector.deps.validate_items", broken)
     r = client.post("/v1/events", content=b'{"action_name": "c"}')
     assert r.status_code == 422 and "boom" in r.json()["message"]
     assert [(k, raw) for k, _, _, _, raw in failed(client)] == [("unprocessable", b'{"action_name": "c"}')]
@@ -502,7 +502,7 @@ def test_browser_and_server_requests_get_the_same_answer(db, body):
 
 
 def test_an_unforeseen_error_outside_the_middleware_is_a_json_500_and_counted(db, make_event, monkeypatch):
-    from collector.app import Collector
+    from collector.deps import Collector
 
     async def broken(self, *args, **kwargs):
         raise RuntimeError("a bug")

@@ -15,7 +15,7 @@ import pytest
 from tests_collector_support import SAMPLE_BULK, SAMPLE_EVENTS, SAMPLE_QUERIES, start_server
 from tests_collector_support import run_ubi as ubi_main
 
-from collector.store import load_derived, open_reader, sidecar_path
+from store.client import load_derived, open_reader, sidecar_path
 
 
 def stored_ids(db, table: str, column: str) -> set[str]:

@@ -16,7 +16,7 @@ import pytest
 from collector.errors import SinkUnavailable
 from collector.ingest import Prepared, Validated, parse_items, prepare, validate_items
 from collector.sinks.duckdb import DuckDBSink, _Job
-from collector.store import Store
+from store.duckdb_store import Store
 
 
 def batch(*records) -> Validated:

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collector.ingest import ingest, parse_bulk, validate_items
-from collector.store import Store
 from processors.propensity import (
     PropensityError,
     SwapSessions,
@@ -35,6 +34,7 @@ from processors.sessions import patterns_from_sessions
 from processors.simulation import SimConfig, simulate
 from processors.stats import ClickCells, PairIndex, cells_from_sessions
 from schemas.sessions import Session
+from store.duckdb_store import Store
 from ubi.cli import main
 
 TRUE = 1.0 / np.arange(1, 11)  # θ_k/θ_1 of the simulator's default (η = 1)

@@ -14,7 +14,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ubi_records import build_sample_store, build_store, make_event, make_query
 
-from collector.store import open_reader
 from processors.ordinal_base import suggestion
 from processors.sessions import (
     SessionError,
@@ -27,6 +26,7 @@ from processors.stats import cells_from_sessions, ubm_cells_from_sessions
 from schemas.sessions import Session
 from schemas.settings import Settings
 from schemas.text import normalize_query
+from store.client import open_reader
 
 
 @pytest.fixture(scope="module")

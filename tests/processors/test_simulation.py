@@ -14,12 +14,12 @@ import orjson
 import pytest
 
 from collector.ingest import ingest, parse_bulk, validate_items
-from collector.store import Store
 from processors.sessions import read_sessions
 from processors.simulation import SimConfig, SimulationError, build_catalog, simulate, simulate_patterns
 from processors.stats import cells_from_sessions
 from schemas.settings import Settings
 from schemas.ubi import UbiEvent, UbiQuery
+from store.duckdb_store import Store
 from ubi.cli import main
 
 N = 300  # sessions in the small logs below

@@ -11,7 +11,7 @@ import orjson
 
 from collector.ingest import ingest as ingest_validated
 from collector.ingest import parse_bulk, parse_items, validate_items
-from collector.store import Store
+from store.duckdb_store import Store
 
 #: ``../shared`` next to the repository (see the foundation issue)
 SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"

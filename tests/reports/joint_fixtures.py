@@ -36,7 +36,8 @@ import pyarrow as pa
 import pytest
 
 from collector.ingest import ingest, parse_items, validate_items
-from collector.store import Store, open_reader
+from store.client import open_reader
+from store.duckdb_store import Store
 
 T0 = datetime(2025, 1, 1, 10, 0, 0, tzinfo=UTC)
 _ids = itertools.count()

@@ -8,9 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from collector.store import Store, open_reader
 from processors.review import HUMAN_SCHEMA
 from reports.judgment_io import JudgmentIOError, export_judgments, source_name, stored_qrels
+from store.client import open_reader
+from store.duckdb_store import Store
 
 
 def _human(query_id, query, doc, grade, assessor=None):

@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from joint_fixtures import build_store, write_human
 
-from collector.store import open_reader
 from reports.merge import (
     Label,
     LabelSet,
@@ -20,6 +19,7 @@ from reports.merge import (
     merge_view,
 )
 from reports.qrels import load_qrels
+from store.client import open_reader
 
 
 def _labels(tmp_path) -> LabelSet:

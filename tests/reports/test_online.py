@@ -7,9 +7,9 @@ import orjson
 import pytest
 from joint_fixtures import SAMPLE_LOG, build_store, event, query
 
-from collector.store import open_reader
 from reports.online import OnlineError, online_metrics
 from reports.systems import load_searches
+from store.client import open_reader
 
 esci_db, esci_con = joint_fixtures.esci_db, joint_fixtures.esci_con  # the sample store, as fixtures
 

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from joint_fixtures import SAMPLES, build_store, query, ubi
 
-from collector.store import open_reader
 from reports.qrels import load_queryset
 from reports.queryset import QuerySetError, SampledQuery, query_frequencies, sample
+from store.client import open_reader
 
 esci_db = joint_fixtures.esci_db
 

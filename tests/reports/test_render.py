@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from joint_fixtures import build_store, write_human
 
-from collector.store import open_reader
 from reports.gates import Threshold
 from reports.joint import ReportConfig, build_report
 from reports.merge import LabelSet, labels_from_human, labels_from_store
@@ -18,6 +17,7 @@ from reports.render.html import render_html
 from reports.render.json_out import render_json
 from reports.render.markdown import render_markdown
 from reports.render.text import render_text
+from store.client import open_reader
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")

@@ -338,7 +338,7 @@ def test_esci_sample_end_to_end_with_hand_checks(esci_db, tmp_path):
 def test_reviewed_labels_class_key_and_propensity(tmp_path):
     import pyarrow as pa
 
-    from collector.store import Store
+    from store.duckdb_store import Store
 
     queries = copy.deepcopy(joint_fixtures.QUERIES)
     for q in queries:  # a query class in query_attributes

@@ -7,8 +7,8 @@ import joint_fixtures
 import pytest
 from joint_fixtures import build_store, event, query
 
-from collector.store import open_reader
 from reports.systems import SystemsError, load_searches, logged_runs
+from store.client import open_reader
 
 esci_db, esci_con = joint_fixtures.esci_db, joint_fixtures.esci_con  # the sample store, as fixtures
 

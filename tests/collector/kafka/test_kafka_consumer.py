@@ -8,13 +8,19 @@ import sys
 from pathlib import Path
 
 import duckdb
+import httpx
+import pyarrow as pa
 import pytest
 
-from collector.consumer import Consumer, DuckDBLoader, conflict_id, serve_admin, stop_admin
-from collector.ingest import event_row, parse_bulk, parse_items, query_row, validate_items
+from collector.ingest import parse_bulk, parse_items, validate_items
 from collector.sinks.kafka import KafkaSink
-from collector.store import Store, event_content_hash, request_snapshot
+from loader.admin import serve_admin
+from loader.consumer import Consumer
+from loader.targets import DuckDBLoader, conflict_id
 from schemas.settings import Settings
+from store.client import failed_records, load_derived, request_snapshot
+from store.duckdb_store import Store
+from store.rows import event_content_hash, event_row, query_row, utcnow
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 
@@ -105,7 +111,7 @@ def test_one_duckdb_loader_per_store_and_readers_use_its_snapshots(broker, prefi
     _produce(settings, (b'{"query_id": "q1", "user_query": "shoes"}', "query"))
     db = tmp_path / "ubi.duckdb"
     store = Store(db)
-    admin = serve_admin(store, lambda: {"loader": "test"})
+    admin = serve_admin(store, lambda: {"loader": "test"}, max_load_bytes=1 << 20)
     consumer = Consumer(settings, DuckDBLoader(store), group=f"{prefix}-g")
     try:
         consumer.run(exit_idle=0.5)
@@ -116,9 +122,20 @@ def test_one_duckdb_loader_per_store_and_readers_use_its_snapshots(broker, prefi
         con = duckdb.connect(str(request_snapshot(db)), read_only=True)
         assert con.execute("SELECT query_id FROM ubi_queries").fetchall() == [("q1",)]
         con.close()
+        # What `ubi process` does next: load its judgments through the loader, always with replace_source.
+        # The loader's own http.server copy of the protocol read the table as "judgments?replace_source=..."
+        # and answered 400; it now serves store.admin's router, as the collector does.
+        rows = pa.table({"query": ["shoes", "boots"], "doc_id": ["d1", "d2"], "source": ["implicit:t"] * 2,
+                         "created_at": pa.array([utcnow()] * 2, pa.timestamp("us"))})
+        assert load_derived(db, "judgments", rows, replace_source="implicit:t") == 2
+        assert load_derived(db, "judgments", rows.slice(0, 1), replace_source="implicit:t") == 1
+        assert store.read("SELECT query, doc_id FROM judgments") == [("shoes", "d1")]
+        assert failed_records(db, limit=10, offset=0, kind=None)["total"] == 0
+        assert httpx.get(admin.url + "/healthz", timeout=10).json() == {"status": "ok", "loader": "test"}
     finally:
-        stop_admin(admin, store)
+        admin.stop()
         consumer.close()
+    assert not (tmp_path / "ubi.duckdb.collector.json").exists()
 
 
 def test_lag_is_reported_and_goes_to_zero(broker, prefix, tmp_path):

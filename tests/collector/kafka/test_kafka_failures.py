@@ -31,11 +31,10 @@ from kafka_support import (
 )
 
 from collector.ingest import parse_bulk, parse_items, validate_items
-from collector.kafka_records import encode
-from collector.parquet_store import open_parquet_reader
-from collector.sinks.kafka import KafkaSink
-from collector.store import open_reader
+from collector.sinks.kafka import KafkaSink, encode
 from schemas.settings import Settings
+from store.client import open_reader
+from store.parquet_store import open_parquet_reader
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -295,7 +294,7 @@ def test_poison_records_go_to_failed_records_and_the_loader_keeps_going(broker, 
                                    b'"event_id":"e2","query_id":"q2"}]', "event"))
     good = [m.value for m in encode(v, source="test").msgs]  # two searches: two messages
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    from collector.kafka_client import ensure_topics
+    from store.kafka_client import ensure_topics
 
     ensure_topics(Settings(kafka_bootstrap=broker.bootstrap, kafka_topic_prefix=prefix), [f"{prefix}.events",
                                                                                           f"{prefix}.failed"])

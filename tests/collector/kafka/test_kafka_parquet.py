@@ -8,15 +8,17 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from collector.consumer import Consumer, DuckDBLoader
 from collector.ingest import parse_bulk, parse_items, validate_items
-from collector.kafka_records import InRecord, decode, encode, topics
-from collector.parquet_store import ParquetLoader, is_parquet_store, open_parquet_reader
-from collector.sinks.kafka import KafkaSink
-from collector.store import Store
+from collector.sinks.kafka import KafkaSink, encode
+from loader.consumer import Consumer
+from loader.decode import InRecord, decode
+from loader.targets import DuckDBLoader, ParquetLoader
 from schemas import tables
 from schemas.errors import StoreError
 from schemas.settings import Settings
+from store.duckdb_store import Store
+from store.parquet_store import is_parquet_store, open_parquet_reader
+from store.wire import topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 
@@ -88,7 +90,7 @@ def test_parquet_views_equal_the_duckdb_store_and_absorb_redelivery(broker, pref
         pq_con.close()
         db_con.close()
 
-    # The processors read the Parquet folder as they read the DuckDB store (collector.store.open_reader).
+    # The processors read the Parquet folder as they read the DuckDB store (store.client.open_reader).
     from processors.sessions import read_sessions
 
     from_parquet, from_duckdb = read_sessions(out), read_sessions(db)

@@ -11,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collector.ingest import parse_bulk, parse_items, prepare, validate_items
-from collector.kafka_records import InRecord, decode, encode, poison_id, topics
+from collector.sinks.kafka import encode
+from loader.decode import InRecord, decode, poison_id
 from schemas.errors import UbiError
+from store.wire import topics
 
 SAMPLE_BULK = Path(__file__).resolve().parents[4] / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
 NAMES = topics("ubi")
@@ -100,7 +102,7 @@ def test_rows_of_one_search_share_a_message_and_a_bad_line_costs_only_itself():
 
 
 def test_a_big_search_is_split_into_messages_under_the_size_limit():
-    from collector.kafka_records import MAX_VALUE_BYTES
+    from store.wire import MAX_VALUE_BYTES
 
     big = [{"action_name": "impression", "timestamp": "2024-05-16T12:00:00Z", "query_id": "q1", "message": "x" * 900,
             "event_id": f"e{i}"} for i in range(600)]

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collector.errors import SinkUnavailable
-from collector.kafka_records import Message
 from collector.sinks.kafka import decode_messages, encode_messages
 from collector.spool import HEADER, Spool, SpoolFull, SpoolLocked, claim, orphaned_slots
+from store.wire import Message
 
 
 def drain(spool: Spool, max_records: int = 7) -> list[bytes]:

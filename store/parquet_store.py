@@ -16,7 +16,7 @@ Files are an append-only log: a record delivered twice (a batch re-delivered aft
 after a timeout) is in two files. The views of :func:`open_parquet_reader` apply the store's dedup keys,
 so what processors read is exactly-once: per ``query_key`` and per ``event_key`` the first one (earliest
 ``received_at``, then partition and offset), the others with different content (a different
-``content_hash``; for events :func:`collector.store.event_content_hash`) shown as ``conflict`` rows in
+``content_hash``; for events :func:`store.rows.event_content_hash`) shown as ``conflict`` rows in
 ``failed_records``, as the DuckDB store keeps them.
 """
 
@@ -29,14 +29,12 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from collector.kafka_records import Decoded, Origin, failed_arrow
-from collector.spool import fsync_dir
-from collector.store import EVENT_CONTENT_COLUMNS, event_content_digest
 from schemas import tables
 from schemas.errors import StoreError
+from store.files import fsync_dir
+from store.rows import EVENT_CONTENT_COLUMNS, event_content_digest
 
 TABLE_DIRS = ("ubi_queries", "ubi_events", "failed_records")
 #: Where a row came from (partition, offset, line in the message); kept in the Parquet files of
@@ -64,63 +62,6 @@ class PartitionWriter:
         fsync_dir(folder)
         self.files += 1
         return final
-
-
-class ParquetLoader:
-    """A loader (see :class:`collector.consumer.Loader`) writing one Parquet file per table and partition per batch."""
-
-    def __init__(self, root: Path | str) -> None:
-        self.root = Path(root)
-        try:
-            for d in TABLE_DIRS:
-                (self.root / d).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"{self.root}: cannot create the Parquet store: {exc}") from exc
-        self._cleanup_temporaries()
-        self.writers: dict[tuple[str, int], PartitionWriter] = {}
-
-    def _cleanup_temporaries(self) -> None:
-        # Left by a loader killed mid-write: never renamed, never committed, so the batch comes again.
-        for tmp in self.root.glob("*/*/.part-*.parquet.tmp"):
-            tmp.unlink(missing_ok=True)
-
-    def _writer(self, topic: str, partition: int) -> PartitionWriter:
-        key = (topic, partition)
-        if key not in self.writers:
-            self.writers[key] = PartitionWriter(self.root, topic, partition)
-        return self.writers[key]
-
-    def _write_rows(self, table_dir: str, table: pa.Table | None, origin: list[Origin]) -> int:
-        if table is None or not table.num_rows:
-            return 0
-        parts = pa.array([o.record.partition for o in origin], pa.int32())
-        table = (table.append_column(ORIGIN.field("kafka_partition"), parts)
-                 .append_column(ORIGIN.field("kafka_offset"), pa.array([o.record.offset for o in origin], pa.int64()))
-                 .append_column(ORIGIN.field("kafka_line"), pa.array([o.line for o in origin], pa.int32())))
-        topic = origin[0].record.topic
-        for p in sorted(set(parts.to_pylist())):
-            rows = table.filter(pc.equal(table.column("kafka_partition"), p))
-            offs = rows.column("kafka_offset")
-            self._writer(topic, p).write(table_dir, rows, pc.min(offs).as_py(), pc.max(offs).as_py())
-        return table.num_rows
-
-    def write(self, batch: Decoded) -> Any:
-        from collector.consumer import LoadResult
-
-        q = self._write_rows("ubi_queries", batch.queries, batch.query_origin)
-        e = self._write_rows("ubi_events", batch.events, batch.event_origin)
-        groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        for f in batch.failed:
-            groups.setdefault((f["kafka_topic"] or "", f["kafka_partition"] or 0), []).append(f)
-        for (topic, part), rows in sorted(groups.items()):
-            offs = [r["kafka_offset"] or 0 for r in rows]
-            self._writer(topic, part).write("failed_records", failed_arrow(rows), min(offs), max(offs))
-        # Dedup happens when reading (the views), so every row counts as loaded here.
-        poison = sum(1 for f in batch.failed if f["kind"] == "poison")
-        return LoadResult(queries=q, events=e, failed=len(batch.failed) - poison, poison=poison)
-
-    def close(self) -> None:
-        return
 
 
 # ---------------------------------------------------------------- reading
@@ -160,7 +101,7 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
         con.execute(f"""CREATE VIEW ubi_events AS
             SELECT {_cols(tables.EVENT_COLUMNS)} FROM {read.format(e_glob)}
             QUALIFY row_number() OVER (PARTITION BY event_key {order}) = 1""")
-        # Another event under a taken event_key, as the DuckDB store judges it (collector.store): rows whose
+        # Another event under a taken event_key, as the DuckDB store judges it (store.duckdb_store): rows whose
         # content differs from the first one's, compared key-order free by the store's own digest (a Python
         # function, called only on rows whose values differ), one conflict row per distinct content.
         content = _cols(EVENT_CONTENT_COLUMNS)

@@ -6,20 +6,22 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from collector.ingest import EVENT_SCHEMA, QUERY_SCHEMA, event_row, query_row
-from collector.store import (
-    CONFLICT,
-    DUPLICATE,
-    INSERTED,
-    Store,
-    collector_url,
-    failed_row,
-    failed_table,
-    open_reader,
-    utcnow,
-)
 from schemas.errors import StoreError, StoreLocked
 from schemas.ubi import UbiEvent, UbiQuery
+from store.client import collector_url, open_reader
+from store.duckdb_store import Store
+from store.rows import (
+    EVENT_SCHEMA,
+    QUERY_SCHEMA,
+    RowStatus,
+    event_row,
+    failed_row,
+    failed_table,
+    query_row,
+    utcnow,
+)
+
+INSERTED, DUPLICATE, CONFLICT = RowStatus.INSERTED, RowStatus.DUPLICATE, RowStatus.CONFLICT
 
 
 def queries(*records) -> pa.Table:
@@ -52,12 +54,8 @@ def test_query_outcomes_and_conflicts_kept_in_the_same_transaction(tmp_path, mak
         assert out.query_status == (DUPLICATE, CONFLICT, INSERTED, DUPLICATE, CONFLICT)
         assert kept == [1, 4]
         assert store.read("SELECT count(*) FROM failed_records") == [(2,)]
-        summary = out.summary()
-        assert (summary.queries_inserted, summary.queries_duplicate, summary.query_conflicts) == (
-            1,
-            2,
-            (1, 4),
-        )
+        counts = out.counts()
+        assert (counts.queries, counts.query_duplicates, counts.conflicts, counts.failed) == (1, 2, 2, 2)
 
 
 def events(*records, bulk_ids=None) -> pa.Table:
@@ -73,8 +71,8 @@ def test_event_outcomes(tmp_path, make_event):
     e1, e2 = make_event(), make_event()
     rows = events(e1, e2, e1)
     with Store(tmp_path / "s.duckdb") as store:
-        assert store.write_rows(events=rows).event_inserted == (True, True, False)
-        assert store.write_rows(events=rows).event_inserted == (False, False, False)
+        assert store.write_rows(events=rows).event_status == (INSERTED, INSERTED, DUPLICATE)
+        assert store.write_rows(events=rows).event_status == (DUPLICATE, DUPLICATE, DUPLICATE)
 
 
 def test_an_event_id_reused_for_other_content_is_a_conflict_kept_once(tmp_path, make_event):
@@ -104,8 +102,8 @@ def test_an_event_id_reused_for_other_content_is_a_conflict_kept_once(tmp_path, 
         out = store.write_rows(events=events(make_event(), other, a_again), event_conflicts=keep)
         assert out.event_status == (INSERTED, CONFLICT, DUPLICATE)
         assert kept == [[2], [1]]
-        summary = out.summary()
-        assert (summary.events_inserted, summary.events_duplicate, summary.event_conflicts) == (1, 1, (1,))
+        counts = out.counts()
+        assert (counts.events, counts.event_duplicates, counts.conflicts) == (1, 1, 1)
         assert store.read("SELECT count(*) FROM failed_records") == [(2,)]
         assert store.read("SELECT action_name FROM ubi_events WHERE event_id = 'e1'") == [("click",)]
 

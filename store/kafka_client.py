@@ -1,6 +1,6 @@
 """kafka-python at the boundary: client settings tuned for this pipeline, topic creation, error wrapping.
 
-Only this module, the Kafka sink and the loader import ``kafka``. Settings that matter:
+Only this module, the collector's Kafka sink and the loader import ``kafka``. Settings that matter:
 
 * producer: ``acks=all``, idempotent, large batches with a short linger, compression (lz4 when installed,
   else gzip: kafka-python computes the CRC-32C of every record batch in pure Python, so smaller compressed
@@ -16,10 +16,14 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from collector.kafka_records import KafkaError
+from schemas.errors import UbiError
 from schemas.settings import Settings
 
 log = logging.getLogger("ubi.kafka")
+
+
+class KafkaError(UbiError):
+    """The Kafka broker could not be reached or refused a request (wraps kafka-python's errors)."""
 
 _CODECS = ("gzip", "lz4", "snappy", "zstd")
 

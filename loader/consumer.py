@@ -1,178 +1,42 @@
-"""The loader: a Kafka consumer group that moves ``<prefix>.*`` topics into the store, exactly once.
+"""The loader's consumer-group loop: move the ``<prefix>.*`` topics into the store, exactly once.
 
 Each round: poll until ``consumer_batch_records`` records are buffered or ``consumer_batch_seconds`` passed,
-decode the batch (:func:`collector.kafka_records.decode`: stored-shape rows; unreadable records become
-``poison`` failed rows carrying topic, partition and offset), write it durably through a :class:`Loader`,
-and only then commit the offsets. A crash between the write and the commit re-delivers the batch; the dedup
-keys (``event_key``, ``query_key``, deterministic ``failed_id`` s) make the second write a no-op. Before
-partitions move to another consumer (a rebalance) the buffered batch is written and committed first.
-
-Two loaders:
-
-* :class:`DuckDBLoader`: the DuckDB store. DuckDB has one writing process, so one loader per store file
-  (a second one fails with :class:`~schemas.errors.StoreLocked`); readers get snapshots from it as from a
-  collector (:func:`serve_admin`).
-* :class:`collector.parquet_store.ParquetLoader`: a folder of Parquet files, one writer per partition, so
-  several loaders in one group scale out.
+decode the batch (:func:`loader.decode.decode`: stored-shape rows; unreadable records become
+``poison`` failed rows carrying topic, partition and offset), write it durably through a
+:class:`~loader.targets.Loader`, and only then commit the offsets. A crash between the write and the commit
+re-delivers the batch; the dedup keys (``event_key``, ``query_key``, deterministic ``failed_id`` s) make the
+second write a no-op. Before partitions move to another consumer (a rebalance) the buffered batch is
+written and committed first.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import pyarrow as pa
 from kafka import ConsumerRebalanceListener, KafkaConsumer
 from kafka.errors import KafkaError as _KE
 from kafka.structs import OffsetAndMetadata
 
-from collector.kafka_client import consumer_config, ensure_topics, make_admin
-from collector.kafka_records import Decoded, InRecord, KafkaError, Topics, decode, failed_arrow, topics
-from collector.store import (
-    CONFLICT,
-    DUPLICATE,
-    INSERTED,
-    Store,
-    advertise,
-    event_content_hash,
-    failed_row,
-    sidecar_path,
-    utcnow,
-)
-from schemas.errors import StoreError
+from loader.decode import InRecord, decode
+from loader.targets import Loader
 from schemas.settings import Settings
+from store.kafka_client import KafkaError, consumer_config, ensure_topics, make_admin
+from store.rows import Counts
+from store.wire import Topics, topics
 
 log = logging.getLogger("ubi.consumer")
-
-
-@dataclass
-class LoadResult:
-    """What one durable write did."""
-
-    queries: int = 0
-    query_duplicates: int = 0
-    conflicts: int = 0  # query records and events re-using a stored key with different content
-    events: int = 0
-    event_duplicates: int = 0
-    failed: int = 0  # rejected items from the .failed topic
-    poison: int = 0
-
-    def add(self, other: LoadResult) -> None:
-        for k, v in asdict(other).items():
-            setattr(self, k, getattr(self, k) + v)
-
-
-class Loader(Protocol):
-    """Where loaded batches go. ``write`` returns only once the batch is durable."""
-
-    def write(self, batch: Decoded) -> LoadResult: ...
-
-    def close(self) -> None: ...
-
-
-# ---------------------------------------------------------------- DuckDB
-
-
-def conflict_id(key: str, content_hash: str) -> str:
-    """Deterministic ``failed_id`` of a conflicting query record (``query_key``) or event (``event_key``):
-    one row however often it is delivered."""
-    return "conflict:" + hashlib.sha256(f"{key}\x1f{content_hash}".encode()).hexdigest()[:32]
-
-
-class DuckDBLoader:
-    """Writes batches into the DuckDB store, one transaction per batch."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    @classmethod
-    def open(cls, db: Path) -> DuckDBLoader:
-        return cls(Store(db))
-
-    def write(self, batch: Decoded) -> LoadResult:
-        queries, events = batch.queries, batch.events
-        q_keys = queries.column("query_key").to_pylist() if queries is not None else []
-        q_hashes = queries.column("content_hash").to_pylist() if queries is not None else []
-        c_ids = [conflict_id(k, h) for k, h in zip(q_keys, q_hashes, strict=True)]
-        # Rows kept before (a re-delivered batch) must not be inserted twice: failed_id is their key.
-        candidates = [f["failed_id"] for f in batch.failed] + c_ids
-        stored: set[str] = set()
-        if candidates:
-            stored = {fid for (fid,) in self.store.read(
-                "SELECT failed_id FROM failed_records WHERE failed_id IN (SELECT unnest(?))", [candidates])}
-        failed: list[dict[str, Any]] = []
-        seen: set[str] = set(stored)
-        for f in batch.failed:
-            if f["failed_id"] not in seen:
-                seen.add(f["failed_id"])
-                failed.append(f)
-        now = utcnow()
-
-        def conflict_row(fid: str, origin: Any, field: str, reason: str) -> dict[str, Any] | None:
-            """The failed_records row of one conflict, once per failed_id (a second copy in this batch is
-            skipped; a copy kept by an earlier delivery the store ignores)."""
-            if fid in seen:
-                return None
-            seen.add(fid)
-            rec = origin.record
-            row = failed_row(
-                source=rec.topic, kind="conflict", field=field, received_at=now, raw=origin.raw(),
-                item_index=origin.line, kafka=(rec.topic, rec.partition, rec.offset), reason=reason)
-            row["failed_id"] = fid
-            return row
-
-        def keep_conflicts(positions: Any) -> pa.Table | None:
-            rows = [conflict_row(
-                c_ids[pos], batch.query_origin[pos], "query_id",
-                f"query_key {q_keys[pos]!r} is already stored with different content; first write wins, "
-                "this record is kept as a conflict") for pos in positions]
-            kept = [r for r in rows if r is not None]
-            return failed_arrow(kept) if kept else None
-
-        def keep_event_conflicts(positions: Any) -> pa.Table | None:
-            if events is None:
-                return None
-            taken = events.take(pa.array(positions, pa.int64())).to_pylist()
-            rows = [conflict_row(
-                conflict_id(row["event_key"], event_content_hash(row)), batch.event_origin[pos], "event_id",
-                f"event_id {row['event_id']!r} is already stored for an event with different content; first "
-                "write wins, this event is kept as a conflict") for pos, row in zip(positions, taken, strict=True)]
-            kept = [r for r in rows if r is not None]
-            return failed_arrow(kept) if kept else None
-
-        outcome = self.store.write_rows(queries, events, failed_arrow(failed) if failed else None,
-                                        conflicts=keep_conflicts, event_conflicts=keep_event_conflicts)
-        qs, es = outcome.query_status, outcome.event_status
-        return LoadResult(
-            queries=sum(1 for s in qs if s == INSERTED),
-            query_duplicates=sum(1 for s in qs if s == DUPLICATE),
-            conflicts=sum(1 for s in qs if s == CONFLICT) + sum(1 for s in es if s == CONFLICT),
-            events=sum(1 for s in es if s == INSERTED),
-            event_duplicates=sum(1 for s in es if s == DUPLICATE),
-            failed=sum(1 for f in failed if f["kind"] != "poison"),
-            poison=sum(1 for f in failed if f["kind"] == "poison"),
-        )
-
-    def close(self) -> None:
-        self.store.close()
-
-
-# ---------------------------------------------------------------- the consumer loop
 
 
 @dataclass
 class Progress:
     """The loader's running totals and current lag (what ``ubi consume`` prints)."""
 
-    loaded: LoadResult = field(default_factory=LoadResult)
+    loaded: Counts = field(default_factory=Counts)
     records: int = 0  # Kafka records (messages) consumed and written, all topics
     rows: int = 0  # rows they held (query and event rows, failed records, poison)
     batches: int = 0
@@ -442,74 +306,3 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         log.info("assigned %d partitions", len(assigned))
-
-
-# ---------------------------------------------------------------- readers while a DuckDB loader runs
-
-
-def serve_admin(store: Store, status: Callable[[], dict[str, Any]], host: str = "127.0.0.1",
-                port: int = 0) -> ThreadingHTTPServer:
-    """Serve snapshot / load / failed / healthz for ``store`` (as a collector does) and advertise it.
-
-    ``ubi process`` and ``ubi report`` find the loader through the sidecar file and read snapshots, so
-    they work while ``ubi consume --db`` holds the file.
-    """
-    from collector.routes import failed_page
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            return
-
-        def _send(self, code: int, obj: Any) -> None:
-            body = json.dumps(obj, default=str).encode()
-            self.send_response(code)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            from urllib.parse import parse_qs, urlparse
-
-            url = urlparse(self.path)
-            if url.path == "/healthz":
-                self._send(200, {"status": "ok", **status()})
-            elif url.path == "/v1/failed":
-                q = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                try:
-                    page = failed_page(store, limit=min(int(q.get("limit", 100)), 1000),
-                                       offset=int(q.get("offset", 0)), kind=q.get("kind"))
-                except ValueError as exc:
-                    self._send(400, {"error": "BadRequest", "message": str(exc)})
-                    return
-                self._send(200, page)
-            else:
-                self._send(404, {"error": "NotFound", "message": self.path})
-
-        def do_POST(self) -> None:  # noqa: N802
-            length = int(self.headers.get("content-length") or 0)
-            body = self.rfile.read(length) if length else b""
-            try:
-                if self.path == "/v1/admin/snapshot":
-                    self._send(200, {"path": str(store.snapshot())})
-                elif self.path.startswith("/v1/admin/load/"):
-                    table = self.path.rsplit("/", 1)[-1]
-                    data = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-                    self._send(200, {"table": table, "rows": store.load_table(table, data)})
-                else:
-                    self._send(404, {"error": "NotFound", "message": self.path})
-            except (StoreError, pa.ArrowException, ValueError, OSError) as exc:
-                self._send(400, {"error": type(exc).__name__, "message": str(exc)})
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="ubi-loader-admin", daemon=True).start()
-    port_bound = int(server.server_address[1])
-    advertise(store.path, f"http://{host}:{port_bound}")
-    return server
-
-
-def stop_admin(server: ThreadingHTTPServer, store: Store) -> None:
-    server.shutdown()
-    server.server_close()
-    sidecar_path(store.path).unlink(missing_ok=True)

@@ -68,16 +68,17 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def cmd_consume(args: argparse.Namespace) -> int:
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # its reconnect chatter; our own lines say enough
-    from collector.consumer import Consumer, DuckDBLoader, serve_admin, stop_admin
-    from collector.parquet_store import ParquetLoader
-    from collector.store import Store
+    from loader.admin import AdminServer, serve_admin
+    from loader.consumer import Consumer
+    from loader.targets import DuckDBLoader, ParquetLoader
+    from store.duckdb_store import Store
 
     settings = _settings(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
-    admin = None
+    admin: AdminServer | None = None
     store = None
     if args.db is not None:
         try:
@@ -94,7 +95,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
     consumer = Consumer(settings, loader)
     if store is not None:
-        admin = serve_admin(store, lambda: {"loader": consumer.progress.public()})
+        admin = serve_admin(store, lambda: {"loader": consumer.progress.public()},
+                            max_load_bytes=settings.max_load_bytes)
     emit = _JsonOut() if args.json else _HumanOut(target, settings)
     try:
         emit.start()
@@ -105,8 +107,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
         try:
             consumer.close()
         finally:
-            if admin is not None and store is not None:
-                stop_admin(admin, store)
+            if admin is not None:
+                admin.stop()
             emit.done(consumer.progress)
     return 0
 

@@ -1,0 +1,164 @@
+"""What the collector's routes depend on: the :class:`Collector` of an app, its JSON answers and errors.
+
+Routes (:mod:`collector.routes`) and the app (:mod:`collector.app`, which includes the routes) both import
+this module, so neither imports the other's internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.types import Scope
+
+from collector.errors import RequestError, TooLarge, Unprocessable
+from collector.ingest import (
+    BodyError,
+    IngestContext,
+    IngestResult,
+    Kind,
+    RecordFilter,
+    apply_filters,
+    parse_bulk,
+    parse_items,
+    validate_items,
+)
+from collector.metrics import Metrics
+from collector.sinks.base import Sink
+from schemas.settings import Settings
+
+log = logging.getLogger("ubi.collector")
+
+#: A step run on a body refused as a whole before ``failed_records`` keeps it (e.g. the privacy scrub).
+BodyFilter = Callable[[bytes], bytes]
+
+class TooManyItems(TooLarge):
+    """More items in one body than ``max_items`` (413); the body is within the byte limit, so it is kept."""
+
+    keep = True
+
+
+@dataclass
+class Collector:
+    """What routes use: settings, the sink, the record filters and the metrics of one app."""
+
+    settings: Settings
+    sink: Sink
+    record_filters: list[RecordFilter] = field(default_factory=list)
+    metrics: Metrics = field(default_factory=Metrics)
+    body_filters: list[BodyFilter] = field(default_factory=list)
+    #: Checks run on a request before its body is read; one returning an error refuses the request with it.
+    request_checks: list[Callable[[Scope], RequestError | None]] = field(default_factory=list)
+
+    async def accept(
+        self, body: bytes, *, kind: Kind | None, ndjson: bool, ctx: IngestContext
+    ) -> IngestResult:
+        """Parse, validate, filter and durably write one body (``kind`` None: an OpenSearch ``_bulk`` body)."""
+        try:
+            items = parse_bulk(body) if kind is None else parse_items(body, kind, ndjson=ndjson)
+            if len(items) > self.settings.max_items:
+                raise TooManyItems(
+                    f"{len(items)} items in one request; at most {self.settings.max_items} "
+                    "(UBI_MAX_ITEMS): split the batch"
+                )
+            validated = apply_filters(validate_items(items), self.record_filters, ctx)
+        except RequestError as exc:
+            if exc.keep:
+                await self.keep_body(body, ctx, reason=exc.message, kind=exc.kind)
+            raise
+        except Exception as exc:  # a bug met by some input: keep the input, answer with a typed error
+            log.exception("unexpected error on %s", ctx.source)
+            reason = f"unexpected {type(exc).__name__} while reading the body: {exc}"
+            await self.keep_body(body, ctx, reason=reason, kind="unprocessable")
+            raise Unprocessable(reason + " (kept in failed_records)") from exc
+        try:
+            result = await self.sink.submit_async(validated, source=ctx.source)
+        except RequestError:
+            raise
+        except Exception as exc:  # not SinkUnavailable: something in this input broke the sink's row building
+            log.exception("sink %s failed on %s", self.sink.name, ctx.source)
+            reason = f"unexpected {type(exc).__name__} while storing the body: {exc}"
+            await self.keep_body(body, ctx, reason=reason, kind="unprocessable")
+            raise Unprocessable(reason + " (kept in failed_records)") from exc
+        self.count(result, ctx.source)
+        return result
+
+    async def keep_body(self, body: bytes, ctx: IngestContext, *, reason: str, kind: str) -> None:
+        """Keep a refused body in ``failed_records``; a sink failure here is logged, not raised over the cause."""
+        for scrub in self.body_filters:
+            try:
+                body = await asyncio.to_thread(scrub, body)  # up to max_body_bytes of JSON: off the loop
+            except Exception:  # never keep a body a filter could not scrub: its length says it came
+                log.exception("could not scrub a refused body from %s", ctx.source)
+                body, reason = b"", f"{reason} (body not kept: scrubbing it failed, {len(body)} bytes)"
+        try:
+            await asyncio.wrap_future(
+                self.sink.keep_unparseable(body, source=ctx.source, reason=reason, kind=kind)
+            )
+        except Exception:
+            log.exception("could not keep a refused body from %s", ctx.source)
+            return
+        self.metrics.inc("ubi_bodies_kept_total", route=ctx.source, kind=kind)
+
+    def count(self, result: IngestResult, route: str) -> None:
+        m = self.metrics
+        m.inc("ubi_records_accepted_total", result.queries, kind="query", route=route)
+        m.inc("ubi_records_accepted_total", result.events, kind="event", route=route)
+        m.inc("ubi_records_duplicate_total", result.counts.query_duplicates, kind="query", route=route)
+        m.inc("ubi_records_duplicate_total", result.counts.event_duplicates, kind="event", route=route)
+        for err in result.errors:
+            if err.kind == "conflict":  # a re-used key: event_id for events, query_id for query records
+                kind = "event" if err.field == "event_id" else "query"
+            else:
+                kind = err.kind
+            m.inc("ubi_records_rejected_total", 1, kind=kind, route=route)
+
+
+class ORJSONResponse(JSONResponse):
+    """JSON responses rendered by orjson (several times faster than ``json.dumps`` on long error lists)."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+async def get_collector(request: Request) -> Collector:
+    """The :class:`Collector` of the app serving ``request`` (async: sync dependencies cost a thread hop)."""
+    collector: Collector = request.app.state.collector
+    return collector
+
+
+def error_body(exc: RequestError) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": type(exc).__name__, "message": exc.message}
+    if isinstance(exc, BodyError) and exc.line is not None:
+        body["line"], body["column"] = exc.line, exc.column
+    return body
+
+
+async def request_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    if not isinstance(exc, RequestError):  # registered for RequestError only
+        raise exc
+    return JSONResponse(error_body(exc), status_code=exc.status_code, headers=exc.headers)
+
+
+class InternalError(RequestError):
+    """A bug met while serving a request (500); the request's body was kept by ``Collector.accept``."""
+
+    status_code = 500
+    keep = False
+
+
+def error_answer(exc: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """(status, headers, body) of the JSON answer to a refused request."""
+    body = orjson.dumps(error_body(exc))
+    headers = [(b"content-type", b"application/json")]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
+    headers.append((b"content-length", str(len(body)).encode()))
+    return exc.status_code, headers, body
+
+

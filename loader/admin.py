@@ -1,0 +1,82 @@
+"""The DuckDB loader's admin server: the store's admin protocol (:mod:`store.admin`) while it holds the file.
+
+``ubi consume --db`` is the one writer of its store, as ``ubi serve`` is of its own: readers (``ubi
+process``, ``ubi report``, ``ubi failed``) find it through the sidecar file and ask it for snapshots, loads
+and failed records, over loopback, through the very routes the collector mounts.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from schemas.errors import StoreError
+from store import admin
+from store.client import advertise, sidecar_path
+from store.duckdb_store import Store
+
+
+class LoaderAdmin:
+    """The loader as the host of the admin routes (:class:`store.admin.AdminHost`)."""
+
+    def __init__(self, store: Store, status: Callable[[], dict[str, Any]], max_load_bytes: int) -> None:
+        self.store, self.status, self.max_load_bytes = store, status, max_load_bytes
+
+    def admin_store(self) -> Store:
+        return self.store
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        return True, self.status()
+
+
+class AdminServer:
+    """uvicorn serving the admin app on a thread of its own; :meth:`stop` ends it and removes the sidecar."""
+
+    def __init__(self, store: Store, server: uvicorn.Server, thread: threading.Thread, url: str) -> None:
+        self.store, self.server, self.thread, self.url = store, server, thread, url
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        sidecar_path(self.store.path).unlink(missing_ok=True)
+
+
+def admin_app(host: admin.AdminHost) -> FastAPI:
+    """A FastAPI app with nothing but the admin routes."""
+    app = FastAPI(title="ubi consume admin", version="0.1.0",
+                  summary="The store's admin protocol while `ubi consume --db` holds it")
+    admin.install(app, host)
+    return app
+
+
+def serve_admin(store: Store, status: Callable[[], dict[str, Any]], *, max_load_bytes: int,
+                host: str = "127.0.0.1", port: int = 0) -> AdminServer:
+    """Serve the admin routes for ``store`` on ``host:port`` (0: a free port) and advertise them."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StoreError(f"cannot listen on {host}:{port} for the loader's admin routes: {exc}") from exc
+    sock.listen(128)
+    config = uvicorn.Config(admin_app(LoaderAdmin(store, status, max_load_bytes)), log_level="warning",
+                            lifespan="off", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="ubi-loader-admin",
+                              daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise StoreError(f"the loader's admin server on {host}:{sock.getsockname()[1]} did not start")
+        time.sleep(0.01)
+    url = f"http://{host}:{int(sock.getsockname()[1])}"
+    advertise(store.path, url)
+    return AdminServer(store, server, thread, url)

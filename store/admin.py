@@ -1,0 +1,203 @@
+"""The one admin protocol of a store's writer: snapshot, load, failed, health.
+
+DuckDB has one writing process: a running collector (``ubi serve``) or a DuckDB loader (``ubi consume
+--db``). Readers find that process through the sidecar file (:func:`store.client.sidecar_path`) and ask it,
+over HTTP on loopback, for what they cannot do themselves while it holds the file:
+
+* ``POST /v1/admin/snapshot``: a consistent copy of the database (:meth:`Store.snapshot`) to read;
+* ``POST /v1/admin/load/{table}?replace_source=...``: rows of a derived table as an Arrow IPC stream;
+* ``GET /v1/failed``: a page of ``failed_records``;
+* ``GET /healthz``: whether the writer is healthy, and its own state.
+
+Both processes mount this one router with :func:`install` (the loader in a small app of its own), so
+the protocol cannot drift between them. What differs is the :class:`AdminHost`: where the store is (the
+collector's sink may have none) and what health says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from enum import Enum
+from typing import Annotated, Any, ClassVar, Protocol
+
+import pyarrow as pa
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from schemas.errors import StoreError
+from store.duckdb_store import LOADABLE_TABLES, Store
+from store.failed import failed_page
+
+
+class AdminError(StoreError):
+    """An admin request that cannot be served; ``status_code`` is the answer."""
+
+    status_code: ClassVar[int] = 400
+
+
+class NoStore(AdminError):
+    """The process serving the admin routes writes to no local store (e.g. the Kafka sink): 501."""
+
+    status_code = 501
+
+
+class LoadTooLarge(AdminError):
+    """A load body over ``max_load_bytes`` (413)."""
+
+    status_code = 413
+
+
+class BadLoad(AdminError):
+    """A load body that is not an Arrow IPC stream, or does not fit the table (400)."""
+
+    status_code = 400
+
+
+class AdminHost(Protocol):
+    """What the process mounting the admin routes provides."""
+
+    #: Largest body ``POST /v1/admin/load`` reads, in bytes.
+    max_load_bytes: int
+
+    def admin_store(self) -> Store:
+        """The store this process writes; raises :class:`NoStore` when it has none."""
+        ...
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, state shown by ``/healthz``)."""
+        ...
+
+
+async def get_host(request: Request) -> AdminHost:
+    """The :class:`AdminHost` of the app serving ``request`` (set by :func:`install`)."""
+    host: AdminHost = request.app.state.admin_host
+    return host
+
+
+async def get_store(host: Annotated[AdminHost, Depends(get_host)]) -> Store:
+    """The host's store; 501 when it has none."""
+    return host.admin_store()
+
+
+HostDep = Annotated[AdminHost, Depends(get_host)]
+StoreDep = Annotated[Store, Depends(get_store)]
+
+router = APIRouter()
+
+LoadableTable = Enum("LoadableTable", {name: name for name in LOADABLE_TABLES}, type=str)  # type: ignore[misc]
+
+
+class FailedOut(BaseModel):
+    """One kept failed record; ``raw`` is text when it is UTF-8, else base64 (see ``raw_encoding``)."""
+
+    failed_id: str
+    received_at: str
+    source: str
+    kind: str
+    item_index: int | None
+    field: str | None
+    reason: str
+    raw: str | None
+    raw_encoding: str | None = Field(description="utf-8 or base64")
+    kafka_topic: str | None = None
+    kafka_partition: int | None = None
+    kafka_offset: int | None = None
+
+
+class FailedPage(BaseModel):
+    """A page of failed records, newest first."""
+
+    total: int
+    offset: int
+    items: list[FailedOut]
+    next_offset: int | None
+
+
+@router.get("/healthz", tags=["ops"])
+async def healthz(host: HostDep) -> JSONResponse:
+    """Liveness and the writer's state: 200 when it is healthy, else 503."""
+    ok, state = host.health()
+    return JSONResponse({"status": "ok" if ok else "degraded", **state}, status_code=200 if ok else 503)
+
+
+@router.get("/v1/failed", response_model=FailedPage, tags=["failed"])
+async def get_failed(
+    store: StoreDep,
+    limit: Annotated[int, Query(ge=1, le=1000, description="records per page")] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**62, description="records to skip (newest first)")] = 0,
+    kind: Annotated[
+        str | None, Query(max_length=100, description="only this kind (event, query, body, ...)")
+    ] = None,
+) -> Any:
+    """List kept failed records (rejected items and unparseable bodies), newest first."""
+    return await asyncio.to_thread(failed_page, store, limit=limit, offset=offset, kind=kind)
+
+
+@router.post("/v1/admin/snapshot", tags=["admin"])
+async def admin_snapshot(store: StoreDep) -> dict[str, str]:
+    """Copy the database, between two commits, to a new file that readers open read-only."""
+    path = await asyncio.to_thread(store.snapshot)
+    return {"path": str(path)}
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it is over ``limit`` bytes, whatever Content-Length says."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise LoadTooLarge(f"body of {declared} bytes is over the load limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise LoadTooLarge(f"body is over the load limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@router.post(
+    "/v1/admin/load/{table}",
+    tags=["admin"],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
+)
+async def admin_load(
+    table: LoadableTable,
+    request: Request,
+    host: HostDep,
+    replace_source: Annotated[str | None, Query(max_length=200)] = None,
+) -> dict[str, Any]:
+    """Insert or replace rows of a derived table from an Arrow IPC stream; ``replace_source`` first deletes that source's rows."""
+    store = host.admin_store()
+    body = await _read_limited(request, host.max_load_bytes)
+    try:
+        data = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise BadLoad(f"body is not an Arrow IPC stream: {exc}") from exc
+    try:
+        rows = await asyncio.to_thread(store.load_table, table.value, data, replace_source=replace_source)
+    except StoreError as exc:
+        raise BadLoad(str(exc)) from exc
+    except Exception as exc:  # duckdb rejects columns or types that do not fit
+        raise BadLoad(f"rows do not fit table {table.value}: {type(exc).__name__}: {exc}") from exc
+    return {"table": table.value, "rows": rows}
+
+
+async def _admin_error(request: Request, exc: Exception) -> JSONResponse:
+    if not isinstance(exc, AdminError):  # registered for AdminError only
+        raise exc
+    return JSONResponse({"error": type(exc).__name__, "message": str(exc)}, status_code=exc.status_code)
+
+
+def install(app: FastAPI, host: AdminHost) -> None:
+    """Mount the admin routes on ``app``, served for ``host``."""
+    app.state.admin_host = host
+    app.include_router(router)
+    app.add_exception_handler(AdminError, _admin_error)

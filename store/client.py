@@ -1,0 +1,159 @@
+"""What readers and the derived-table writers call: open the store for reading, load a derived table.
+
+Works the same whether the file is free (opened directly), held by a running collector or a DuckDB loader
+(``ubi consume --db``: both advertise their admin URL in ``<db>.collector.json`` and serve the same admin
+protocol, :mod:`store.admin`), or is a Parquet folder written by ``ubi consume --parquet``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import httpx
+import pyarrow as pa
+
+from schemas.errors import StoreError, StoreLocked
+from store.duckdb_store import Store, is_lock_error
+from store.failed import failed_page
+from store.parquet_store import is_parquet_store, open_parquet_reader
+
+
+def sidecar_path(db: Path) -> Path:
+    """Where a running collector (or DuckDB loader) advertises its URL for the database ``db``."""
+    return Path(str(db) + ".collector.json")
+
+
+def open_reader(db: Path | str) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the store, or to a fresh snapshot of it when a collector holds the file.
+
+    ``db`` may also be a Parquet folder written by ``ubi consume --parquet``: its tables are then views with the
+    same dedup rules. Raises :class:`StoreError` when the file does not exist, or is locked and no collector
+    answers.
+    """
+    path = Path(db)
+    if is_parquet_store(path):
+        return open_parquet_reader(path)
+    if not path.exists():
+        raise StoreError(f"{path}: no such database; ingest something first (`ubi serve`, `ubi import`)")
+    try:
+        return duckdb.connect(str(path), read_only=True)
+    except duckdb.IOException as exc:
+        if not is_lock_error(exc):
+            raise StoreError(f"{path}: cannot open: {exc}") from exc
+    snap = request_snapshot(path)
+    try:
+        return duckdb.connect(str(snap), read_only=True)
+    except duckdb.Error as exc:
+        raise StoreError(f"{snap}: cannot open the snapshot: {exc}") from exc
+
+
+@contextmanager
+def reading(db: Path | str) -> Iterator[duckdb.DuckDBPyConnection]:
+    """:func:`open_reader` for the length of a block; a snapshot it had to take is deleted afterwards.
+
+    While a collector holds the file every reader gets a fresh copy of the whole database; without this
+    each ``ubi process`` or ``ubi report`` would leave one behind.
+    """
+    con = open_reader(db)
+    try:
+        rows = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
+        opened = Path(rows[0][0]) if rows and rows[0][0] else None
+        yield con
+    finally:
+        con.close()
+    if opened is not None and opened.resolve() != Path(db).resolve() and ".snapshot-" in opened.name:
+        for leftover in (opened, opened.with_name(opened.name + ".wal")):
+            leftover.unlink(missing_ok=True)
+
+
+def collector_url(db: Path) -> str:
+    """URL of the collector that holds ``db``, from its sidecar file."""
+    side = sidecar_path(db)
+    try:
+        info = json.loads(side.read_text())
+        return str(info["url"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise StoreLocked(
+            f"{db} is locked by another process and no running collector advertises it ({side} missing or "
+            "unreadable). Stop the process holding the file, or run this command again once it has finished."
+        ) from exc
+
+
+def request_snapshot(db: Path) -> Path:
+    """Ask the collector holding ``db`` for a consistent snapshot; return the snapshot's path."""
+    url = collector_url(db)
+    try:
+        resp = httpx.post(url + "/v1/admin/snapshot", timeout=600)
+        resp.raise_for_status()
+        return Path(resp.json()["path"])
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        raise StoreLocked(
+            f"{db} is held by the collector at {url}, which did not give a snapshot: {exc}"
+        ) from exc
+
+
+def load_derived(db: Path | str, name: str, data: pa.Table, *, replace_source: str | None = None) -> int:
+    """Write a derived table into the store: directly when the file is free, else through the collector.
+
+    ``replace_source`` replaces every stored row of that source (see :meth:`Store.load_table`).
+    """
+    path = Path(db)
+    try:
+        with Store(path) as store:
+            return store.load_table(name, data, replace_source=replace_source)
+    except StoreLocked:
+        pass
+    url = collector_url(path)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write_table(data)
+    try:
+        resp = httpx.post(
+            f"{url}/v1/admin/load/{name}",
+            params={"replace_source": replace_source} if replace_source is not None else None,
+            content=sink.getvalue().to_pybytes(),
+            headers={"content-type": "application/vnd.apache.arrow.stream"},
+            timeout=600,
+        )
+        resp.raise_for_status()
+        return int(resp.json()["rows"])
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        raise StoreError(f"could not load {name} through the collector at {url}: {exc}") from exc
+
+
+def advertise(db: Path, url: str) -> Path:
+    """Write the sidecar that tells readers where the collector holding ``db`` listens."""
+    side = sidecar_path(db)
+    side.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    return side
+
+
+def failed_records(db: Path, *, limit: int, offset: int, kind: str | None) -> dict[str, Any]:
+    """A page of failed records (:func:`store.failed.failed_page`): from the file, or from the collector or
+    loader that holds it."""
+    if not db.exists():
+        raise StoreError(f"{db}: no such database; ingest something first (`ubi serve`, `ubi import`)")
+    try:
+        store = Store(db, create=False)
+    except StoreLocked:
+        url = collector_url(db)
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if kind:
+            params["kind"] = kind
+        try:
+            resp = httpx.get(url + "/v1/failed", params=params, timeout=60)
+            resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise StoreError(
+                f"the process at {url} holding {db} did not list failed records: {exc}"
+            ) from exc
+        page: dict[str, Any] = resp.json()
+        return page
+    with store:
+        return failed_page(store, limit=limit, offset=offset, kind=kind)

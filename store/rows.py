@@ -1,0 +1,276 @@
+"""The stored shape: Arrow schemas of the stored tables, stored rows built from validated records,
+``failed_records`` rows, and what a write did to each row (:class:`RowStatus`, :class:`Counts`).
+
+Every way records arrive (HTTP routes, ``ubi import``, the Kafka sink and loader) builds rows here, so the
+dedup keys (``query_key``, ``event_key``) and the content hashes are computed in one place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from enum import IntEnum
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from schemas import tables
+from schemas.ubi import CANONICAL_OPTIONS, UbiEvent, UbiQuery
+
+
+def utcnow() -> datetime:
+    """Now, as a naive UTC datetime (the stored convention for TIMESTAMP columns)."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+# ---------------------------------------------------------------- what a write did
+
+
+class RowStatus(IntEnum):
+    """What a committed write did to one query record or event."""
+
+    INSERTED = 0
+    DUPLICATE = 1  # the key was stored with the same content: a retry or a replay
+    CONFLICT = 2  # the key was stored with different content: first write wins, this one is kept as failed
+
+
+@dataclass
+class Counts:
+    """How many rows a write (or a run of writes) stored, found stored already, or kept as failed."""
+
+    queries: int = 0
+    query_duplicates: int = 0
+    events: int = 0
+    event_duplicates: int = 0
+    conflicts: int = 0  # query records and events re-using a stored key with different content
+    failed: int = 0  # rejected items kept in failed_records (conflicts and poison not included)
+    poison: int = 0  # Kafka records the loader could not read
+
+    @classmethod
+    def of(cls, query_status: Iterable[RowStatus], event_status: Iterable[RowStatus], *, failed: int = 0,
+           poison: int = 0) -> Counts:
+        """Counts of per-row statuses."""
+        out = cls(failed=failed, poison=poison)
+        for s in query_status:
+            if s == RowStatus.INSERTED:
+                out.queries += 1
+            elif s == RowStatus.DUPLICATE:
+                out.query_duplicates += 1
+            else:
+                out.conflicts += 1
+        for s in event_status:
+            if s == RowStatus.INSERTED:
+                out.events += 1
+            elif s == RowStatus.DUPLICATE:
+                out.event_duplicates += 1
+            else:
+                out.conflicts += 1
+        return out
+
+    @property
+    def accepted(self) -> int:
+        """Records newly stored."""
+        return self.queries + self.events
+
+    @property
+    def duplicates(self) -> int:
+        """Records already stored."""
+        return self.query_duplicates + self.event_duplicates
+
+    def add(self, other: Counts) -> None:
+        for k, v in asdict(other).items():
+            setattr(self, k, getattr(self, k) + v)
+
+    def public(self) -> dict[str, int]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- Arrow schemas of stored rows
+
+#: Arrow types of the stored columns that are not strings (VARCHAR and JSON columns travel as strings).
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "timestamp": pa.timestamp("us"),
+    "received_at": pa.timestamp("us"),
+    "position_ordinal": pa.int32(),
+    "position_x": pa.float64(),
+    "position_y": pa.float64(),
+    "query_response_hit_ids": pa.list_(pa.string()),
+    "item_index": pa.int32(),
+    "raw": pa.binary(),
+    "kafka_partition": pa.int32(),
+    "kafka_offset": pa.int64(),
+}
+
+
+def _arrow_schema(columns: Sequence[str]) -> pa.Schema:
+    """The Arrow schema of stored rows, in the column order of ``schemas.tables``."""
+    return pa.schema([(c, _ARROW_TYPES.get(c, pa.string())) for c in columns])
+
+
+QUERY_SCHEMA = _arrow_schema(tables.QUERY_COLUMNS)
+EVENT_SCHEMA = _arrow_schema(tables.EVENT_COLUMNS)
+FAILED_SCHEMA = _arrow_schema(tables.FAILED_COLUMNS)
+
+
+# ---------------------------------------------------------------- query and event rows
+
+
+def _json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return orjson.dumps(value).decode()
+
+
+def _naive_utc(ts: datetime | None) -> datetime | None:
+    return ts.replace(tzinfo=None) if ts is not None else None
+
+
+def query_values(q: UbiQuery, received_at: datetime) -> tuple[Any, ...]:
+    """One query record in ``QUERY_SCHEMA`` column order (hashing the canonical dump once)."""
+    digest = hashlib.sha256(
+        orjson.dumps(q.model_dump(exclude_none=True), option=CANONICAL_OPTIONS)
+    ).hexdigest()[:32]
+    qid = q.query_id or ("h:" + digest)
+    extra = q.__pydantic_extra__
+    return (
+        qid + "\x1f" + (q.query_response_id or ""),
+        qid,
+        q.user_query,
+        q.client_id,
+        q.application,
+        _naive_utc(q.timestamp),
+        _json(q.query_attributes),
+        q.object_id_field,
+        q.query_response_id,
+        q.query_response_hit_ids,
+        orjson.dumps(extra).decode() if extra else None,
+        digest,
+        received_at,
+    )
+
+
+def event_values(e: UbiEvent, received_at: datetime, bulk_id: str | None) -> tuple[Any, ...]:
+    """One event in ``EVENT_SCHEMA`` column order; the key is ``schemas.ubi.event_key`` (computed once)."""
+    event_id = e.event_id or bulk_id
+    attrs = e.event_attributes
+    if event_id:
+        key = "id:" + event_id
+        attrs_json = attrs.model_dump_json(exclude_none=True) if attrs is not None else None
+    else:
+        dump = e.model_dump(exclude_none=True)
+        key = "h:" + hashlib.sha256(orjson.dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
+        attrs_json = orjson.dumps(dump["event_attributes"]).decode() if attrs is not None else None
+    obj = attrs.object if attrs is not None else None
+    pos = attrs.position if attrs is not None else None
+    extra = e.__pydantic_extra__
+    return (
+        key,
+        event_id,
+        e.action_name,
+        e.query_id,
+        e.session_id,
+        e.client_id,
+        e.user_id,
+        e.application,
+        e.timestamp.replace(tzinfo=None),
+        e.message_type,
+        e.message,
+        e.user_query,
+        obj.object_id if obj is not None else None,
+        obj.object_id_field if obj is not None else None,
+        obj.object_id_type if obj is not None else None,
+        obj.internal_id if obj is not None else None,
+        pos.ordinal if pos is not None else None,
+        pos.x if pos is not None else None,
+        pos.y if pos is not None else None,
+        attrs_json,
+        orjson.dumps(extra).decode() if extra else None,
+        received_at,
+    )
+
+
+def query_row(q: UbiQuery, received_at: datetime) -> dict[str, Any]:
+    """The stored shape of a query record (``schemas.tables.UBI_QUERIES``)."""
+    return dict(zip(QUERY_SCHEMA.names, query_values(q, received_at), strict=True))
+
+
+def event_row(e: UbiEvent, received_at: datetime, bulk_id: str | None = None) -> dict[str, Any]:
+    """The stored shape of an event (``schemas.tables.UBI_EVENTS``); ``bulk_id`` is a ``_bulk`` ``_id``."""
+    return dict(zip(EVENT_SCHEMA.names, event_values(e, received_at, bulk_id), strict=True))
+
+
+def rows_table(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
+    """Stored rows (column-ordered tuples) as an Arrow table of ``schema``."""
+    # Column-wise conversion is several times faster than Table.from_pylist over dicts.
+    columns = list(zip(*rows, strict=True))
+    return pa.Table.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)], schema=schema
+    )
+
+
+# ---------------------------------------------------------------- event content (retry or conflict)
+
+#: Columns of an event that are its content: all but the dedup key and the server's arrival time.
+EVENT_CONTENT_COLUMNS = tuple(c for c in tables.EVENT_COLUMNS if c not in ("event_key", "received_at"))
+_EVENT_JSON = frozenset({"event_attributes", "extra"})
+
+
+def event_content_hash(row: Mapping[str, Any]) -> str:
+    """SHA-256 (first 32 hex) of a stored event row's content, the same whatever its JSON key order.
+
+    Compared only for rows whose ``event_key`` is already taken, to tell a retry (same content) from a
+    different event re-using an ``event_id`` (a conflict). The JSON columns are parsed so that
+    ``{"a": 1, "b": 2}`` and ``{"b": 2, "a": 1}`` count as the same content.
+    """
+    return event_content_digest([row[c] for c in EVENT_CONTENT_COLUMNS])
+
+
+def event_content_digest(values: Sequence[Any]) -> str:
+    """:func:`event_content_hash` of the values of :data:`EVENT_CONTENT_COLUMNS`, in that order."""
+    parsed = [
+        orjson.loads(v) if c in _EVENT_JSON and v is not None else v
+        for c, v in zip(EVENT_CONTENT_COLUMNS, values, strict=True)
+    ]
+    return hashlib.sha256(
+        orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS | orjson.OPT_NAIVE_UTC)
+    ).hexdigest()[:32]
+
+
+# ---------------------------------------------------------------- failed records
+
+
+def failed_row(
+    *,
+    source: str,
+    kind: str,
+    reason: str,
+    raw: bytes | None,
+    item_index: int | None = None,
+    field: str | None = None,
+    received_at: datetime | None = None,
+    kafka: tuple[str, int, int] | None = None,
+) -> dict[str, Any]:
+    """One ``failed_records`` row as a dict (see ``schemas.tables.FAILED_RECORDS``)."""
+    topic, partition, offset = kafka or (None, None, None)
+    return {
+        "failed_id": uuid.uuid4().hex,
+        "received_at": received_at or utcnow(),
+        "source": source,
+        "kind": kind,
+        "item_index": item_index,
+        "field": field,
+        "reason": reason,
+        "raw": raw,
+        "kafka_topic": topic,
+        "kafka_partition": partition,
+        "kafka_offset": offset,
+    }
+
+
+def failed_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """``failed_records`` rows as an Arrow table of the store's schema."""
+    return pa.Table.from_pylist(rows, schema=FAILED_SCHEMA)
