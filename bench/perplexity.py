@@ -1,6 +1,11 @@
 """Held-out click prediction of every click model on PBM-, cascade- and DBN-simulated traffic.
 
 Usage: .venv/bin/python bench/perplexity.py [--sessions 500000] [--queries 1000] [--json]
+       .venv/bin/python bench/perplexity.py --sessions 2000 20000 --priors   (prior comparison)
+
+With ``--priors`` every model is fitted three times, with ``prior="empirical"`` (ours, the default),
+``prior="pseudocount"`` (PyClick's +1/+2 convention) and ``prior="none"`` (the MLE), and the table shows the
+three side by side with a check that ours is lower than the pseudo-count baseline, full and conditional.
 
 Each log (queries x 20 graded docs, 3 rankers of differing noise, θ_k = 1/k, attractiveness from the
 position-bias.md grade protocol; DBN: σ = 0.2 + 0.6·g/4, γ = 0.9) is split 80/20 by session; every model
@@ -36,11 +41,15 @@ def main() -> int:
     from processors.click_models.evaluate import evaluate, split_sessions
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sessions", type=int, default=500_000)
+    ap.add_argument("--sessions", type=int, nargs="+", default=[500_000])
+    ap.add_argument("--priors", action="store_true", help="compare the priors of every model (see above)")
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     args = ap.parse_args()
+    if args.priors:
+        return compare_priors(args)
+    args.sessions = args.sessions[0]
 
     results: dict[str, dict[str, dict[str, float]]] = {}
     for traffic in TRAFFIC:
@@ -92,6 +101,58 @@ def main() -> int:
             f"  {t:8s} traffic: {OWN[t]} {own:.4f}, rank {order.index(OWN[t]) + 1} of {len(order)}, "
             f"{gap:.4f} above the best ({order[0]})"
         )
+    return 0
+
+
+PRIORS = ("empirical", "pseudocount", "none")
+
+
+def compare_priors(args: argparse.Namespace) -> int:
+    """Held-out mean perplexity (full / conditional) of every model under each prior, ours first."""
+    import numpy as np
+    from _clicklog import simulate_log
+
+    from processors.click_models import MODEL_NAMES, get_model
+    from processors.click_models.evaluate import evaluate, split_sessions
+
+    names = [n for n in MODEL_NAMES if n not in ("gctr", "rctr")]  # no per-pair parameter to put a prior on
+    rows: list[dict[str, object]] = []
+    for n in args.sessions:
+        for traffic in TRAFFIC:
+            s, _ = simulate_log(n, model=traffic, seed=args.seed, n_queries=args.queries)
+            train, test = split_sessions(s, 0.25, np.random.default_rng(args.seed))
+            for name in names:
+                row: dict[str, object] = {"sessions": n, "traffic": traffic, "model": name}
+                for prior in PRIORS:
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    ev = evaluate(get_model(name, prior=prior).fit(train), test)
+                    row[prior] = {"perplexity": ev.perplexity_mean, "conditional": ev.conditional_perplexity_mean,
+                                  "fit_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+                rows.append(row)
+                print(f"{n:>8,} {traffic:8s} {name:8s} done", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"queries": args.queries, "split": "75/25 by session", "rows": rows}, indent=2))
+        return 0
+    print(f"\nHeld-out (25 %) mean perplexity over ranks 1-10, full / conditional; {args.queries:,} queries x 20 "
+          f"docs, 3 rankers, seed {args.seed}")
+    print(f"{'sessions':>8s} {'traffic':8s} {'model':8s} {'ours (empirical)':>17s} {'pseudo-count':>17s} "
+          f"{'MLE':>17s}  ours < pseudo (full, cond)")
+    wins = total = 0
+    for r in rows:
+        cells = []
+        for prior in PRIORS:
+            v = r[prior]
+            assert isinstance(v, dict)
+            cells.append(f"{v['perplexity']:8.4f}/{v['conditional']:<8.4f}")
+        ours, base = r["empirical"], r["pseudocount"]
+        assert isinstance(ours, dict) and isinstance(base, dict)
+        full_ok = ours["perplexity"] < base["perplexity"]
+        cond_ok = ours["conditional"] < base["conditional"]
+        wins += full_ok + cond_ok
+        total += 2
+        print(f"{r['sessions']:>8,} {r['traffic']:8s} {r['model']:8s} {' '.join(cells)}  "
+              f"{'yes' if full_ok else 'NO'}, {'yes' if cond_ok else 'NO'}")
+    print(f"ours lower than the pseudo-count baseline in {wins} of {total} comparisons")
     return 0
 
 

@@ -77,6 +77,11 @@ class SinkAdmin:
     def __init__(self, collector: Collector) -> None:
         self.collector = collector
         self.max_load_bytes = collector.settings.max_load_bytes
+        # The address the collector was told to bind is the name its sidecar gives readers: allow it too (a
+        # rebinding page sends its own DNS name, never this literal). Wildcards are no name.
+        bound = collector.settings.host
+        extra = [bound] if bound not in ("", "0.0.0.0", "::") else []
+        self.admin_hosts = [*collector.settings.admin_hosts, *extra]
 
     def admin_store(self) -> Store:
         sink = self.collector.sink

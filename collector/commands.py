@@ -19,12 +19,6 @@ from schemas.settings import Settings
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)"
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    """Settings from the flags that were given (those named like a Settings field), then UBI_* variables."""
-    flags = {k: v for k, v in vars(args).items() if v is not None and k in Settings.model_fields}
-    return Settings(**flags)
-
-
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from collector.sinks import add_sink_arguments, available_sinks
 
@@ -113,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from collector.sinks import create_sink
     from store.client import advertise
 
-    settings = settings_from(args)
+    settings = Settings.from_flags(args)
     sock = bind_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
@@ -193,7 +187,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from collector.import_hints import likely_command
     from collector.importer import import_files
 
-    settings = settings_from(args)
+    settings = Settings.from_flags(args)
     for path in args.files:
         if not path.is_file():
             raise UbiError(f"{path}: no such file")
@@ -292,7 +286,7 @@ def _import_verdict(code: int, total: dict[str, int], hints: list[str]) -> None:
 
 
 def cmd_failed(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+    settings = Settings.from_flags(args)
     if args.limit < 1 or args.offset < 0:
         raise UbiError("--limit must be at least 1 and --offset at least 0")
     from store.client import failed_records

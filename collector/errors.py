@@ -36,13 +36,6 @@ class TooLarge(RequestError):
     keep = False
 
 
-class UnsupportedMediaType(RequestError):
-    """A content type the route cannot read (415)."""
-
-    status_code = 415
-    kind = "body"
-
-
 class Unprocessable(RequestError):
     """An input that broke the collector in a way nobody foresaw: kept, answered 422, logged as a bug."""
 

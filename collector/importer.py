@@ -131,7 +131,7 @@ def read_items(path: Path, kind: Kind | None = None) -> tuple[list[RawItem], int
         return [], len(body)
     first_line = text.split(b"\n", 1)[0].strip()
     if _is_bulk_action(first_line):
-        return _bulk_items(body), len(body)
+        return parse_bulk(body), len(body)  # each item carries its document's line
     if text[:1] == b"[" or (text[:1] == b"{" and not _parses(first_line)):
         try:
             value = orjson.loads(body)
@@ -181,30 +181,6 @@ def _ndjson_items(body: bytes, kind: Kind | None) -> list[RawItem]:
         RawItem(i, kind or guess_kind(value, default), value, line, error=error, line=number)
         for i, (number, line, value, error) in enumerate(parsed)
     ]
-
-
-def _bulk_items(body: bytes) -> list[RawItem]:
-    items = parse_bulk(body)
-    # parse_bulk numbers records; recover each document's line for messages (action line, then document).
-    doc_lines = _bulk_doc_lines(body)
-    return [
-        RawItem(
-            it.index,
-            it.kind,
-            it.value,
-            it.raw,
-            it.error,
-            it.field,
-            it.event_id,
-            line=doc_lines[it.index] if it.index < len(doc_lines) else None,
-        )
-        for it in items
-    ]
-
-
-def _bulk_doc_lines(body: bytes) -> list[int]:
-    numbers = [n for n, line in enumerate(body.split(b"\n"), start=1) if line.strip()]
-    return numbers[1::2]
 
 
 def chunks(

@@ -267,7 +267,8 @@ def parse_bulk(body: bytes) -> list[RawItem]:
 
     ``index`` and ``create`` actions are supported; ``_index`` says the kind (``ubi_queries`` or
     ``ubi_events``) and an event's ``_id`` becomes its ``event_id``, so replaying an export deduplicates.
-    A bad pair rejects that record only; items are numbered by record, and messages name the line.
+    A bad pair rejects that record only; items are numbered by record, and messages name the line. Each
+    item's ``line`` is its document's line in the body (the action line's when there is no document).
     """
     lines = list(_lines(strip_bom(body)))
     if not lines:
@@ -289,6 +290,7 @@ def parse_bulk(body: bytes) -> list[RawItem]:
                     None,
                     line,
                     error=f"line {number}, column {exc.colno}: malformed action line: {exc.msg}",
+                    line=number,
                 )
             )
             i += 1
@@ -302,6 +304,7 @@ def parse_bulk(body: bytes) -> list[RawItem]:
                     line,
                     error=f"line {number}: expected an action line such as "
                     '{"index": {"_index": "ubi_events"}}',
+                    line=number,
                 )
             )
             i += 1
@@ -316,6 +319,7 @@ def parse_bulk(body: bytes) -> list[RawItem]:
                     line,
                     error=f"line {number}: unsupported bulk action {verb!r}; expected 'index' or 'create'",
                     field="action",
+                    line=number,
                 )
             )
             i += 1 if verb == "delete" else 2
@@ -324,7 +328,12 @@ def parse_bulk(body: bytes) -> list[RawItem]:
         if i + 1 >= len(lines):
             items.append(
                 RawItem(
-                    index, kind, None, line, error=f"line {number}: action line without a document after it"
+                    index,
+                    kind,
+                    None,
+                    line,
+                    error=f"line {number}: action line without a document after it",
+                    line=number,
                 )
             )
             break
@@ -339,6 +348,7 @@ def parse_bulk(body: bytes) -> list[RawItem]:
                     doc,
                     field="_index",
                     error=f"line {number}: _index {meta.get('_index')!r} is not ubi_queries or ubi_events",
+                    line=doc_number,
                 )
             )
             continue
@@ -352,11 +362,13 @@ def parse_bulk(body: bytes) -> list[RawItem]:
                     None,
                     doc,
                     error=f"line {doc_number}, column {exc.colno}: malformed JSON: {exc.msg}",
+                    line=doc_number,
                 )
             )
             continue
         doc_id = meta.get("_id")
-        items.append(RawItem(index, kind, value, doc, event_id=str(doc_id) if doc_id is not None else None))
+        event_id = str(doc_id) if doc_id is not None else None
+        items.append(RawItem(index, kind, value, doc, event_id=event_id, line=doc_number))
     return items
 
 
@@ -469,10 +481,6 @@ class Prepared:
     @property
     def failed(self) -> pa.Table | None:
         return failed_table(self.failed_rows) if self.failed_rows else None
-
-    def query_dicts(self) -> list[dict[str, Any]]:
-        """Query rows as dicts keyed by stored column name."""
-        return [dict(zip(QUERY_SCHEMA.names, r, strict=True)) for r in self.query_rows]
 
     def event_dicts(self) -> list[dict[str, Any]]:
         """Event rows as dicts keyed by stored column name."""

@@ -235,3 +235,36 @@ async def metrics(collector: CollectorDep) -> Response:
         for name, value in sink.gauges().items()
     }
     return PlainTextResponse(collector.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+
+
+# ---------------------------------------------------------------- interleaving (collector.interleaving)
+
+
+class InterleaveRequest(BaseModel):
+    """Two rankings of one search to interleave; the first is the reference (e.g. the production ranker)."""
+
+    query_id: str = Field(min_length=1, description="the search's query_id: the same id always gets the same list")
+    rankings: dict[str, list[str]] = Field(
+        description='exactly two rankings, name -> doc ids best first, e.g. {"baseline": [...], "candidate": [...]}')
+    size: int | None = Field(None, ge=0, description="results to return (default: the longer ranking's length)")
+
+
+class InterleaveResponse(BaseModel):
+    """The interleaved list to show, the team of each result, and the block to log in query_attributes."""
+
+    query_id: str
+    hits: list[str]
+    teams: dict[str, str] = Field(description="doc id -> name of the ranking that contributed it")
+    method: str = Field(description="team_draft (Radlinski, Kurup & Joachims, CIKM 2008)")
+    query_attributes: dict[str, Any] = Field(
+        description="merge into the query record's query_attributes so that `ubi report` can credit the clicks")
+
+
+@router.post("/v1/interleave", response_model=InterleaveResponse, tags=["interleaving"])
+async def interleave(body: InterleaveRequest, collector: CollectorDep) -> dict[str, Any]:
+    """Team-draft interleave two rankings, seeded per query_id (a retry gets the same list)."""
+    from collector.interleaving import METHOD, team_draft
+
+    result = team_draft(body.query_id, body.rankings, size=body.size, seed=collector.settings.seed)
+    return {"query_id": result.query_id, "hits": result.hits, "teams": result.teams, "method": METHOD,
+            "query_attributes": result.query_attributes()}

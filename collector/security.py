@@ -658,20 +658,6 @@ def record_filters(settings: Settings) -> list[RecordFilter]:
     return filters
 
 
-def describe_stored(settings: Settings) -> dict[str, Any]:
-    """What the collector stores about people under these settings (for ``/healthz`` and the README)."""
-    return {
-        "pseudonymised": list(settings.pseudonymise_fields) if settings.pseudonymise_key else [],
-        "dropped": list(settings.drop_fields),
-        "api_keys": sorted(settings.api_keys),
-        "cors_allow_origins": list(settings.cors_allow_origins),
-        "rate_limit_per_second": settings.rate_limit_per_second,
-        "failed_records": "scrubbed; bodies that are not JSON kept as length and digest"
-        if Privacy.from_settings(settings).enabled
-        else "as received",
-    }
-
-
 __all__ = [
     "ApiKeys",
     "ApplicationCheck",

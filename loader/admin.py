@@ -7,10 +7,9 @@ and failed records, over loopback, through the very routes the collector mounts.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
@@ -25,8 +24,12 @@ from store.duckdb_store import Store
 class LoaderAdmin:
     """The loader as the host of the admin routes (:class:`store.admin.AdminHost`)."""
 
-    def __init__(self, store: Store, status: Callable[[], dict[str, Any]], max_load_bytes: int) -> None:
+    def __init__(
+        self, store: Store, status: Callable[[], dict[str, Any]], max_load_bytes: int,
+        admin_hosts: Sequence[str] = (),
+    ) -> None:
         self.store, self.status, self.max_load_bytes = store, status, max_load_bytes
+        self.admin_hosts = list(admin_hosts)
 
     def admin_store(self) -> Store:
         return self.store
@@ -56,27 +59,19 @@ def admin_app(host: admin.AdminHost) -> FastAPI:
 
 
 def serve_admin(store: Store, status: Callable[[], dict[str, Any]], *, max_load_bytes: int,
-                host: str = "127.0.0.1", port: int = 0) -> AdminServer:
+                admin_hosts: Sequence[str] = (), host: str = "127.0.0.1", port: int = 0) -> AdminServer:
     """Serve the admin routes for ``store`` on ``host:port`` (0: a free port) and advertise them."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise StoreError(f"cannot listen on {host}:{port} for the loader's admin routes: {exc}") from exc
-    sock.listen(128)
-    config = uvicorn.Config(admin_app(LoaderAdmin(store, status, max_load_bytes)), log_level="warning",
-                            lifespan="off", access_log=False)
+    config = uvicorn.Config(admin_app(LoaderAdmin(store, status, max_load_bytes, admin_hosts)), host=host,
+                            port=port, log_level="warning", lifespan="off", access_log=False)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="ubi-loader-admin",
-                              daemon=True)
+    thread = threading.Thread(target=server.run, name="ubi-loader-admin", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise StoreError(f"the loader's admin server on {host}:{sock.getsockname()[1]} did not start")
+            raise StoreError(f"the loader's admin routes could not listen on {host}:{port} (see the log above)")
         time.sleep(0.01)
-    url = f"http://{host}:{int(sock.getsockname()[1])}"
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    url = f"http://{host}:{int(bound)}"
     advertise(store.path, url)
     return AdminServer(store, server, thread, url)

@@ -61,11 +61,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_consume)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    flags = {k: v for k, v in vars(args).items() if v is not None and k in Settings.model_fields}
-    return Settings(**flags)
-
-
 def cmd_consume(args: argparse.Namespace) -> int:
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # its reconnect chatter; our own lines say enough
     from loader.admin import AdminServer, serve_admin
@@ -73,7 +68,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from loader.targets import DuckDBLoader, ParquetLoader
     from store.duckdb_store import Store
 
-    settings = _settings(args)
+    settings = Settings.from_flags(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -82,11 +77,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
     store = None
     if args.db is not None:
         try:
-            store = Store(args.db)
+            store = Store.from_settings(settings, args.db)
         except StoreLocked as exc:
-            raise StoreLocked(f"{args.db} is held by another process (another `ubi consume --db`, or `ubi serve`). "
-                              "DuckDB has one writer: run one loader per store, or use --parquet DIR to run "
-                              "several loaders side by side.") from exc
+            raise StoreLocked(f"{exc} DuckDB has one writer: run one loader per store, or use --parquet DIR to "
+                              "run several loaders side by side.") from exc
         loader: Any = DuckDBLoader(store)
         target = f"DuckDB {args.db}"
     else:
@@ -96,7 +90,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     consumer = Consumer(settings, loader)
     if store is not None:
         admin = serve_admin(store, lambda: {"loader": consumer.progress.public()},
-                            max_load_bytes=settings.max_load_bytes)
+                            max_load_bytes=settings.max_load_bytes, admin_hosts=settings.admin_hosts)
     emit = _JsonOut() if args.json else _HumanOut(target, settings)
     try:
         emit.start()

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from processors.judgments import JUDGMENT_MODELS, process
+from processors.judgments import AUTO, JUDGMENT_MODELS, process
 from processors.ordinal_base import (
     POSITION_BASE_CHOICES,
     POSITION_BASE_HELP,
@@ -29,6 +29,7 @@ from processors.review import (
     resolve_source,
     write_review,
 )
+from processors.selection import source_name
 from schemas.errors import UbiError
 from schemas.settings import Settings
 from store.client import reading
@@ -40,7 +41,15 @@ score, interval, support and a grade on the human scale (0..UBI_GRADE_MAX) where
 The judgments replace the stored rows of the same source (implicit:<model>); --out also writes a file.
 
 Models: ctr (clicks/impressions), coec (clicks over expected clicks), pbm, ubm (EM, position-debiased),
-cascade, dcm, sdbn, dbn (cascade family).
+cascade, dcm, sdbn, dbn (cascade family), or auto: per application, every one of them is fitted on 75% of
+the searches (split by a hash of query_id) and the one with the lowest held-out conditional perplexity
+judges (source implicit:auto; parameters.selection records the choice and every model's figures; see
+`ubi select`).
+
+Identifiability: position-debiased sources (coec, pbm, ubm, dbn) grade only pairs shown at ranks that
+pairs displayed at several ranks link to rank 1; in a log where no pair was shown at two ranks they grade
+nothing and their rows say why (parameters.identifiability). `ubi propensity` and `ubi report` use the
+same verdict.
 
 Which pairs get a grade: every pair gets a score, but a grade only when it has a confidence interval no
 wider than --max-ci-width AND at least --min-support observations counted the model's way: impressions
@@ -84,11 +93,6 @@ def _date(text: str) -> datetime:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
-    flags = {"db": getattr(args, "db", None), **extra}
-    return Settings(**{k: v for k, v in flags.items() if v is not None})
-
-
 def _dump(obj: Any) -> None:
     sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
 
@@ -102,11 +106,11 @@ def _fmt(x: Any) -> str:
 
 
 def cmd_process(args: argparse.Namespace) -> int:
-    settings = _settings(args, max_rank=args.max_rank, min_support=args.min_support, max_ci_width=args.max_ci_width,
-                         **position_base_flags(args.position_base))
+    settings = Settings.from_flags(args, only=("db", "max_rank", "min_support", "max_ci_width"),
+                                   **position_base_flags(args.position_base_flag))
     with Console(stderr=True).status("starting", spinner="dots") as status:
         res = process(settings.db, args.model, settings, calibrate_with=args.calibrate, store=not args.no_store,
-                      out=args.out, out_format=args.format, progress=status.update)
+                      out=args.out, out_format=args.format, progress=status.update, prior=args.prior)
     data, run, stored, written, out_fmt = res.data, res.run, res.stored, res.rows_written, res.out_format
     result = {"db": str(settings.db), **res.summary(),
               "suggested_setting": suggestion(data.quality.ordinal_bases, settings)}
@@ -130,6 +134,18 @@ def cmd_process(args: argparse.Namespace) -> int:
     hint = suggestion(q.ordinal_bases, settings)
     if hint:
         con.print(f"  [yellow]suggested setting:[/] {escape(hint)} (or --position-base auto)", highlight=False)
+    for sel in res.selections:
+        con.print(f"--model auto, {'application ' + repr(sel.application) if sel.application else 'the log'}: "
+                  f"[bold]{source_name(sel.best) if sel.best else 'none'}[/] ({sel.why()}; identifiability: "
+                  f"{sel.identifiability})", highlight=False)
+    if run.identifiability is not None:
+        ident = run.identifiability
+        style = "green" if ident.identifiable else "yellow"
+        con.print(f"[{style}]identifiability: {ident.verdict}[/] ({ident.reason()})", highlight=False)
+        if run.withheld_unidentified:
+            con.print(f"[yellow]{run.source} is position-debiased: {run.withheld_unidentified:,} pairs that met the "
+                      "support and interval rules get no grade, because this log cannot separate position from "
+                      "relevance for them[/]", highlight=False)
     grades = run.summary()["grade_counts"]
     con.print("grades: " + (", ".join(f"{g}: {c:,}" for g, c in grades.items()) or "none") +
               f"; mapping {run.mapping.method} thresholds " + ", ".join(f"{t:.4g}" for t in run.mapping.thresholds))
@@ -150,7 +166,7 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def cmd_review_export(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = Settings.from_flags(args, only=("db",))
     queries = read_query_set(args.queries) if args.queries else None
     with reading(settings.db) as con:
         source = resolve_source(con, args.source)
@@ -168,7 +184,7 @@ def cmd_review_export(args: argparse.Namespace) -> int:
 
 
 def cmd_review_import(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = Settings.from_flags(args, only=("db",))
     result = import_review(settings.db, args.file, assessor=args.assessor, rubric=args.rubric, judged_at=args.date,
                            settings=settings)
     summary = {"file": str(args.file), "db": str(settings.db), "rows": result.rows, "imported": result.table.num_rows,
@@ -187,7 +203,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description=_PROCESS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", type=Path, help="DuckDB store (default: UBI_DB or ./ubi.duckdb); works while a collector runs")
     p.add_argument("--model", "--source", dest="model", default="pbm", metavar="MODEL",
-                   help=f"click model, one of {', '.join(JUDGMENT_MODELS)} (default: pbm; --source is an alias)")
+                   help=f"click model, one of {', '.join((*JUDGMENT_MODELS, AUTO))} (default: pbm; --source is an "
+                        "alias)")
     p.add_argument("--out", type=Path, help="also write the judgments to this file")
     p.add_argument("--format", choices=("jsonl", "trec"),
                    help="file format of --out (needs --out): jsonl (every row) or trec (qrels of graded rows); "
@@ -201,7 +218,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="widest interval that still gets a grade, on the attractiveness scale, > 0 (default 0.5); "
                         "pairs without an interval never get one")
     p.add_argument("--max-rank", type=int, help="deepest rank kept (default 10)")
-    p.add_argument("--position-base", choices=POSITION_BASE_CHOICES, help=POSITION_BASE_HELP)
+    p.add_argument("--position-base", dest="position_base_flag", choices=POSITION_BASE_CHOICES, help=POSITION_BASE_HELP)
+    p.add_argument("--prior", choices=("empirical", "pseudocount", "none"),
+                   help="prior on the model's per-pair parameters: empirical (default; rank-informed, empirical "
+                        "Bayes), pseudocount (+1/+2) or none (maximum likelihood)")
     p.add_argument("--no-store", action="store_true", help="do not write the judgments into the store")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON) instead")
     p.set_defaults(func=_guard(cmd_process))

@@ -57,18 +57,22 @@ from processors.grades import (
     mapping_from_thresholds,
     scale_factor,
 )
-from processors.sessions import SessionData, read_sessions
-from processors.stats import SessionPatterns
+from processors.identifiability import IDENTIFIED, Identifiability, assess, is_position_debiased
+from processors.selection import CHOOSABLE, DEFAULT_HOLDOUT, Selection, select
+from processors.sessions import SessionData, applications, read_sessions
+from processors.stats import ClickCells, SessionPatterns, cells_from_sessions
 from schemas.errors import InputFileError, UbiError
 from schemas.judgments import Judgment, Qrel
 from schemas.settings import Settings
 from schemas.text import normalize_query
-from store.client import load_derived
+from store.client import load_derived, reading
 from store.rows import utcnow
 
 SOURCE_PREFIX = "implicit:"
 #: models ``ubi process`` accepts; gctr and rctr give every pair the same (or a rank-only) score
 JUDGMENT_MODELS = ("ctr", "coec", "pbm", "ubm", "cascade", "dcm", "sdbn", "dbn")
+#: ``ubi process --model auto``: the model with the best held-out conditional perplexity, per application
+AUTO = "auto"
 #: registry names shown to users under another name (the registry's ``dctr`` is "the CTR of a result")
 _SOURCE_NAMES = {"dctr": "ctr"}
 #: what each model's relevance score measures, for the default grade mapping (others: probability)
@@ -89,8 +93,11 @@ class JudgmentError(UbiError):
 # ----------------------------------------------------------------------------- models
 
 
-def resolve_model(name: str) -> tuple[str, ClickModel]:
-    """``(source name, new unfitted model)`` for a model name; errors say which models exist and which are missing."""
+def resolve_model(name: str, prior: str | None = None) -> tuple[str, ClickModel]:
+    """``(source name, new unfitted model)`` for a model name; errors say which models exist and which are missing.
+
+    ``prior`` (``empirical``, ``pseudocount``, ``none``) goes to the model; ``None`` keeps its default.
+    """
     key = name.strip().lower()
     registry = importlib.import_module("processors.click_models.registry")
     if key in ("gctr", "rctr"):
@@ -99,14 +106,14 @@ def resolve_model(name: str) -> tuple[str, ClickModel]:
     if key not in JUDGMENT_MODELS and _SOURCE_NAMES.get(key) not in JUDGMENT_MODELS:
         raise JudgmentError(f"unknown model {name!r}; choose one of {', '.join(JUDGMENT_MODELS)}")
     try:
-        model: ClickModel = registry.get_model(key)
+        model: ClickModel = registry.get_model(key) if prior is None else registry.get_model(key, prior=prior)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("processors.click_models"):
             ready = [m for m in JUDGMENT_MODELS if model_available(m)]
             raise JudgmentError(f"click model {key!r} is not available in this build ({exc.name} is missing); "
                                 f"available: {', '.join(ready) or 'none'}") from exc
         raise
-    except UbiError as exc:
+    except (UbiError, TypeError) as exc:
         raise JudgmentError(str(exc)) from exc
     canonical = str(getattr(model, "name", key))
     return _SOURCE_NAMES.get(canonical, canonical), model
@@ -290,6 +297,8 @@ class JudgmentRun:
     max_ci_width: float | None
     calibration: CalibrationReport | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    identifiability: Identifiability | None = None
+    withheld_unidentified: int = 0  # pairs that would have been graded but for the identifiability verdict
 
     @property
     def graded(self) -> int:
@@ -307,23 +316,34 @@ class JudgmentRun:
                                                     zip(*np.unique(grades, return_counts=True), strict=True)},
             "min_support": self.min_support, "max_ci_width": self.max_ci_width, "mapping": self.mapping.as_dict(),
             "calibration": self.calibration.as_dict() if self.calibration else None,
+            "identifiability": self.identifiability.as_dict() if self.identifiability else None,
+            "position_debiased": is_position_debiased(self.model),
+            "withheld_unidentified": self.withheld_unidentified,
         }
 
 
 def make_judgments(data: SessionData | SessionPatterns, model_name: str, settings: Settings | None = None, *,
                    human: Mapping[tuple[str, str], int] | None = None, qrels_name: str = "",
                    min_support: int | None = None, max_ci_width: float | None = None,
-                   created_at: datetime | None = None) -> JudgmentRun:
-    """Fit ``model_name`` on the sessions, grade its relevance estimates, and calibrate when ``human`` is given."""
+                   created_at: datetime | None = None, source: str | None = None,
+                   extra_parameters: dict[str, Any] | None = None, prior: str | None = None) -> JudgmentRun:
+    """Fit ``model_name`` on the sessions, grade its relevance estimates, and calibrate when ``human`` is given.
+
+    ``source`` overrides the stored source (default ``implicit:<model>``); ``extra_parameters`` are added to
+    every row's parameters (``--model auto`` records its selection there); ``prior`` chooses the click model's
+    prior (default: the model's own, the empirical one).
+    """
     settings = settings or Settings()
     patterns = data.patterns if isinstance(data, SessionData) else data
     support, width = check_limits(settings.min_support if min_support is None else min_support,
                                   settings.max_ci_width if max_ci_width is None else max_ci_width)
-    source_name, model = resolve_model(model_name)
+    source_name, model = resolve_model(model_name, prior)
     model.fit(patterns)
     estimate = model.relevance()
     kind = score_kind(source_name, model)
     ok = eligible(estimate, min_support=support, max_ci_width=width, kind=kind, grade_max=settings.grade_max)
+    cells = data.cells if isinstance(data, SessionData) else cells_from_sessions(patterns)
+    ident, ok, withheld = identifiable_only(source_name, cells, ok)
     report = None
     split = None
     if human is not None:
@@ -331,11 +351,38 @@ def make_judgments(data: SessionData | SessionPatterns, model_name: str, setting
                                            fraction=settings.calibration_fraction, qrels_name=qrels_name)
     else:
         mapping = default_mapping(kind, settings.grade_max)
-    params = {"min_support": support, "max_ci_width": width, "max_rank": patterns.max_rank}
-    source = SOURCE_PREFIX + source_name
+    params = {"min_support": support, "max_ci_width": width, "max_rank": patterns.max_rank,
+              "identifiability": identifiability_parameters(ident, source_name), **(extra_parameters or {})}
+    source = source or SOURCE_PREFIX + source_name
     table = build_judgments(estimate, source=source, model_version=str(getattr(model, "version", "")) or None,
                             mapping=mapping, ok=ok, parameters=params, split=split, created_at=created_at)
-    return JudgmentRun(source, source_name, kind, table, mapping, support, width, report, params)
+    return JudgmentRun(source, source_name, kind, table, mapping, support, width, report, params, ident, withheld)
+
+
+def identifiable_only(source_name: str, cells: ClickCells, ok: np.ndarray) -> tuple[Identifiability, np.ndarray, int]:
+    """The log's identifiability verdict, and ``ok`` without the pairs a position-debiased source may not grade.
+
+    Raw CTR is kept as it is; a position-debiased source (``processors.identifiability.POSITION_DEBIASED``)
+    grades only pairs shown at a rank linked to rank 1 (none when the log is ``unidentified``). Returns the
+    verdict, the new mask and how many pairs it withheld.
+    """
+    ident = assess(cells)
+    if not is_position_debiased(source_name) or ident.verdict == IDENTIFIED:
+        return ident, ok, 0
+    keep = ok & ident.gradable(cells)
+    return ident, keep, int(ok.sum() - keep.sum())
+
+
+def identifiability_parameters(ident: Identifiability, source_name: str) -> dict[str, Any]:
+    """What each judgment row records about the verdict (the full evidence is in the run summary)."""
+    out: dict[str, Any] = {"verdict": ident.verdict, "pairs_at_several_ranks": ident.pairs_at_several_ranks,
+                           "linked_ranks": list(ident.linked_ranks), "unlinked_ranks": list(ident.unlinked_ranks),
+                           "position_debiased": is_position_debiased(source_name)}
+    if out["position_debiased"] and ident.verdict != IDENTIFIED:
+        out["note"] = ("position and relevance cannot be separated in this log" if ident.verdict != "partial" else
+                       f"position and relevance are separable only at ranks {list(ident.linked_ranks)}") + \
+                      "; pairs outside them get no grade from this source"
+    return out
 
 
 # ----------------------------------------------------------------------------- storage
@@ -361,10 +408,11 @@ class ProcessResult:
     out: Path | None
     out_format: str | None
     rows_written: int | None
+    selections: tuple[Selection, ...] = ()  # --model auto: one per application
 
     def summary(self) -> dict[str, Any]:
         return {
-            **self.run.summary(), "stored": self.stored, "stale_rows_removed": self.stale_rows_removed,
+            **self.run.summary(), "selections": [s.as_dict() for s in self.selections], "stored": self.stored, "stale_rows_removed": self.stale_rows_removed,
             "out": str(self.out) if self.out else None, "out_format": self.out_format,
             "rows_written": self.rows_written, "sessions": self.data.filters.as_dict(),
             "quality": self.data.quality.as_dict(),
@@ -374,11 +422,12 @@ class ProcessResult:
 def process(db: Path | str, model_name: str, settings: Settings | None = None, *, calibrate_with: Path | None = None,
             store: bool = True, out: Path | None = None, out_format: str | None = None,
             min_support: int | None = None, max_ci_width: float | None = None,
-            max_rank: int | None = None, progress: Callable[[str], None] | None = None) -> ProcessResult:
+            max_rank: int | None = None, progress: Callable[[str], None] | None = None,
+            prior: str | None = None) -> ProcessResult:
     """The ``ubi process`` stage: sessions from the store, one model's judgments, stored and/or written.
 
     ``out_format`` is ``jsonl`` or ``trec`` (default: ``trec`` for .trec/.qrels/.txt files, else ``jsonl``);
-    ``progress`` is told what each step is doing.
+    ``progress`` is told what each step is doing; ``prior`` is the click model's prior (default: empirical).
     """
     settings = settings or Settings()
     say = progress or (lambda _: None)
@@ -388,13 +437,21 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
         raise JudgmentError(f"unknown output format {out_format!r}; expected jsonl or trec")
     check_limits(settings.min_support if min_support is None else min_support,
                  settings.max_ci_width if max_ci_width is None else max_ci_width)
-    resolve_model(model_name)  # fail on a bad name before reading the store
+    auto = model_name.strip().lower() == AUTO
+    # fail on a bad name or prior before reading the store (auto: any model checks the prior)
+    resolve_model("pbm" if auto else model_name, prior)
     human = load_human_grades(calibrate_with) if calibrate_with else None
     say(f"building sessions from {db}")
-    data = read_sessions(db, settings, max_rank=max_rank)
-    say(f"fitting {model_name} on {data.filters.sessions:,} sessions ({data.patterns.docs.shape[0]:,} patterns)")
-    run = make_judgments(data, model_name, settings, human=human, qrels_name=str(calibrate_with or ""),
-                         min_support=min_support, max_ci_width=max_ci_width)
+    selections: list[Selection] = []
+    if auto:
+        data, run, selections = auto_judgments(db, settings, human=human, qrels_name=str(calibrate_with or ""),
+                                               min_support=min_support, max_ci_width=max_ci_width,
+                                               max_rank=max_rank, progress=say, prior=prior)
+    else:
+        data = read_sessions(db, settings, max_rank=max_rank)
+        say(f"fitting {model_name} on {data.filters.sessions:,} sessions ({data.patterns.docs.shape[0]:,} patterns)")
+        run = make_judgments(data, model_name, settings, human=human, qrels_name=str(calibrate_with or ""),
+                             min_support=min_support, max_ci_width=max_ci_width, prior=prior)
     stored = replaced = None
     if store:
         say(f"storing {run.table.num_rows:,} judgments")
@@ -406,7 +463,76 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
         if fmt not in ("jsonl", "trec"):
             raise JudgmentError(f"unknown output format {fmt!r}; expected jsonl or trec")
         written = write_trec(run.table, out) if fmt == "trec" else write_jsonl(run.table, out)
-    return ProcessResult(data, run, stored, replaced, Path(out) if out else None, fmt, written)
+    return ProcessResult(data, run, stored, replaced, Path(out) if out else None, fmt, written, tuple(selections))
+
+
+def auto_judgments(db: Path | str, settings: Settings, *, human: Mapping[tuple[str, str], int] | None = None,
+                   qrels_name: str = "", min_support: int | None = None, max_ci_width: float | None = None,
+                   max_rank: int | None = None, holdout: float | None = None,
+                   progress: Callable[[str], None] | None = None,
+                   prior: str | None = None) -> tuple[SessionData, JudgmentRun, list[Selection]]:
+    """``--model auto``: per application, choose a model by held-out conditional perplexity, then judge with it.
+
+    Each application's searches are split by query_id hash (``processors.selection``); every judgment model
+    is fitted on the training part and scored on the held-out part; the winner is refitted on all of that
+    application's searches and its rows (source ``implicit:auto``) record the choice and every model's
+    figures in ``parameters.selection``. A (query, doc) pair seen in several applications keeps the row of
+    the application that displayed it most. Returns the whole log's sessions (for the summary), the run and
+    the selections.
+    """
+    say = progress or (lambda _m: None)
+    fraction = DEFAULT_HOLDOUT if holdout is None else holdout
+    with reading(db) as con:
+        apps = applications(con)
+    whole = read_sessions(db, settings, max_rank=max_rank, holdout=fraction)
+    per_app: list[tuple[str | None, SessionData]] = []
+    if len(apps) <= 1:
+        per_app.append((apps[0] if apps else None, whole))
+    else:
+        for app in apps:
+            say(f"building sessions of application {app or '(none)'}")
+            part = read_sessions(db, settings, max_rank=max_rank, holdout=fraction, application=app)
+            if part.patterns.n_sessions:
+                per_app.append((app, part))
+    runs: list[JudgmentRun] = []
+    selections: list[Selection] = []
+    for app, data in per_app:
+        train, test = data.split()
+        ident = assess(data.cells)
+        options = {m: {"prior": prior} for m in CHOOSABLE} if prior is not None else None
+        sel = select(train, test, models=CHOOSABLE, identifiability=ident, holdout=fraction, application=app,
+                     progress=say, model_options=options)
+        if sel.best is None:
+            raise JudgmentError(f"--model auto: no model could be fitted on application {app!r}: "
+                                + "; ".join(f"{s.model}: {s.error}" for s in sel.scores if s.error))
+        selections.append(sel)
+        say(f"{app or 'log'}: {sel.why()}; fitting {sel.best} on all {data.patterns.n_sessions:,} searches")
+        runs.append(make_judgments(data, sel.best, settings, human=human, qrels_name=qrels_name,
+                                   min_support=min_support, max_ci_width=max_ci_width, source=SOURCE_PREFIX + AUTO,
+                                   extra_parameters={"selection": sel.parameters()}, prior=prior))
+    if not runs:
+        raise JudgmentError("--model auto: no application has sessions to fit on")
+    first = runs[0]
+    table = _one_row_per_pair(pa.concat_tables([r.table for r in runs])) if len(runs) > 1 else first.table
+    run = JudgmentRun(SOURCE_PREFIX + AUTO, AUTO, first.kind, table, first.mapping, first.min_support,
+                      first.max_ci_width, first.calibration if len(runs) == 1 else None,
+                      {**first.parameters, "selections": [s.as_dict() for s in selections]},
+                      first.identifiability if len(runs) == 1 else None,
+                      sum(r.withheld_unidentified for r in runs))
+    return whole, run, selections
+
+
+def _one_row_per_pair(table: pa.Table) -> pa.Table:
+    """Keep, per (query, doc), the row with the most impressions (ties: the first), sorted by (query, doc)."""
+    keys = list(zip(table.column("query").to_pylist(), table.column("doc_id").to_pylist(), strict=True))
+    imps = table.column("impressions").to_pylist()
+    best: dict[tuple[str, str], int] = {}
+    for i, key in enumerate(keys):
+        j = best.get(key)
+        if j is None or imps[i] > imps[j]:
+            best[key] = i
+    order = [best[k] for k in sorted(best)]
+    return table.take(pa.array(order, pa.int64()))
 
 
 # ----------------------------------------------------------------------------- files

@@ -52,6 +52,9 @@ from schemas.settings import Settings
 from schemas.text import normalize_query
 from store.client import reading
 
+#: ``load_sessions(application=...)`` default: every application
+ALL_APPLICATIONS = object()
+
 
 class SessionError(UbiError):
     """Sessions could not be built (store lacks the UBI tables, bad settings)."""
@@ -138,6 +141,17 @@ class SessionData:
     quality: QualitySummary
     filters: FilterCounts
     max_rank: int
+    held_out: np.ndarray | None = None  # per pattern: its searches are in the held-out split (``holdout``)
+    application: str | None = None  # the one application these sessions were restricted to, if any
+
+    def split(self) -> tuple[SessionPatterns, SessionPatterns]:
+        """(training, held-out) patterns of a log read with ``holdout``; both keep the same pair index."""
+        if self.held_out is None:
+            raise SessionError("these sessions were read without a held-out split (load_sessions(..., holdout=f))")
+        p, out = self.patterns, []
+        for mask in (~self.held_out, self.held_out):
+            out.append(SessionPatterns(p.pairs, p.query[mask], p.docs[mask], p.clicks[mask], p.weight[mask]))
+        return out[0], out[1]
 
 
 # ----------------------------------------------------------------------------- SQL stages
@@ -282,7 +296,14 @@ _KEPT = """
 CREATE OR REPLACE TEMP TABLE _ubi_kept AS
 SELECT d.sid, s.qkey, d.rank, d.doc_id, d.clicked
 FROM _ubi_disp d JOIN _ubi_sess s USING (sid)
-WHERE s.dropped IS NULL AND d.rank <= $k
+WHERE s.dropped IS NULL AND d.rank <= $k AND ($all_apps OR s.application IS NOT DISTINCT FROM $app)
+"""
+
+# Held-out flag per search for model selection: the first 32 bits of md5(query_id), below the cut-off, are
+# held out (``holdout_flags`` computes the same in Python, so a simulated log splits as the store would).
+_FOLD = """
+CREATE OR REPLACE TEMP TABLE _ubi_fold AS
+SELECT sid, ('0x' || left(md5(query_id), 8))::UBIGINT < $cut AS fold FROM _ubi_search
 """
 
 # qkey follows the text order of the queries, so (qkey, doc_id) order is (query, doc_id) order.
@@ -316,6 +337,19 @@ FROM (
 )
 """
 
+# The same patterns kept apart by held-out flag (a pattern seen in both folds is two rows).
+_PATTERNS_FOLD = """
+CREATE OR REPLACE TEMP TABLE _ubi_pat AS
+SELECT (row_number() OVER (ORDER BY qi, sig, fold) - 1)::BIGINT AS pattern, qi, sig, fold, count::BIGINT AS weight
+FROM (
+    SELECT qi, sig, fold, count(*) AS count FROM (
+        SELECT any_value(k.qi) AS qi, any_value(f.fold) AS fold,
+               list(((k.rank::BIGINT * $n_pairs) + k.pair) * 2 + k.clicked::BIGINT ORDER BY k.rank) AS sig
+        FROM _ubi_kp k JOIN _ubi_fold f USING (sid) GROUP BY sid
+    ) GROUP BY qi, sig, fold
+)
+"""
+
 _PATTERN_ROWS = """
 CREATE OR REPLACE TEMP TABLE _ubi_patrows AS
 SELECT pattern, weight, (code // 2 // $n_pairs)::BIGINT AS rank, (code // 2 % $n_pairs)::BIGINT AS pair,
@@ -337,7 +371,7 @@ FROM (
 
 _TEMP_TABLES = ("_ubi_search0", "_ubi_search", "_ubi_hits", "_ubi_ev", "_ubi_imp", "_ubi_impdoc", "_ubi_shown0",
                 "_ubi_clk", "_ubi_placed", "_ubi_disp", "_ubi_sess", "_ubi_kept", "_ubi_pairs", "_ubi_kp",
-                "_ubi_pat", "_ubi_patrows")
+                "_ubi_pat", "_ubi_patrows", "_ubi_fold")
 
 
 # ----------------------------------------------------------------------------- building
@@ -540,19 +574,28 @@ def _np(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
 
 
 def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, *,
-                  max_rank: int | None = None) -> SessionData:
+                  max_rank: int | None = None, application: str | None | object = ALL_APPLICATIONS,
+                  holdout: float | None = None) -> SessionData:
     """Build sessions from the UBI tables on ``con`` and aggregate them to PBM cells, UBM cells and patterns.
 
     ``con`` may be read-only (``store.client.open_reader``): only temporary tables are created, and
-    dropped before returning. ``max_rank`` defaults to ``Settings.max_rank``.
+    dropped before returning. ``max_rank`` defaults to ``Settings.max_rank``. ``application`` keeps the
+    searches of one application (``None``: those without one; filters and counts still cover the whole log).
+    ``holdout`` (a fraction in (0, 1)) marks each pattern as held out or not by its searches' ``query_id``
+    (:func:`holdout_flags`), for model selection; ``SessionData.split`` then gives both halves.
     """
     settings = settings or Settings()
     k = int(max_rank if max_rank is not None else settings.max_rank)
     if k < 1:
         raise SessionError(f"max_rank must be at least 1, got {k}")
+    if holdout is not None and not 0.0 < holdout < 1.0:
+        raise SessionError(f"the held-out fraction must lie strictly between 0 and 1, got {holdout}")
+    every = application is ALL_APPLICATIONS
     try:
         quality = _quality(_build_displayed(con, settings))
-        con.execute(_KEPT, {"k": k})
+        if holdout is not None:
+            con.execute(_FOLD, {"cut": holdout_cut(holdout)})
+        con.execute(_KEPT, {"k": k, "all_apps": every, "app": None if every else application})
         filters = _filters(con, k, quality)
         _drop(con, "_ubi_disp")
         con.execute(_PAIRS)
@@ -569,13 +612,14 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
         cells = ClickCells(pairs, _np(ct, "pair", np.int64), _np(ct, "rank", np.int64),
                            _np(ct, "impressions", np.int64), _np(ct, "clicks", np.int64), k)
         n_pairs = {"n_pairs": max(len(pairs), 1)}
-        con.execute(_PATTERNS, n_pairs)
+        con.execute(_PATTERNS if holdout is None else _PATTERNS_FOLD, n_pairs)
         _drop(con, "_ubi_kp")
         con.execute(_PATTERN_ROWS, n_pairs)
         ut = con.sql(_UBM).to_arrow_table()
         ubm = UbmCells(pairs, _np(ut, "pair", np.int64), _np(ut, "rank", np.int64), _np(ut, "prev_click", np.int64),
                        _np(ut, "impressions", np.int64), _np(ut, "clicks", np.int64), k)
-        wt = con.sql("SELECT qi, weight FROM _ubi_pat ORDER BY pattern").to_arrow_table()
+        wt = con.sql(f"SELECT qi, weight, {'fold' if holdout is not None else 'false AS fold'} FROM _ubi_pat "
+                     "ORDER BY pattern").to_arrow_table()
         rows = con.sql("SELECT pattern, rank, pair, clicked FROM _ubi_patrows").to_arrow_table()
     except duckdb.Error as exc:
         raise StoreError(f"building sessions failed in DuckDB: {exc}") from exc
@@ -594,13 +638,44 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
         patterns.check()
     except StatsError as exc:
         raise SessionError(f"session statistics are inconsistent (a bug): {exc}") from exc
-    return SessionData(pairs, cells, ubm, patterns, quality, filters, k)
+    held = wt.column("fold").to_numpy(zero_copy_only=False).astype(bool) if holdout is not None else None
+    return SessionData(pairs, cells, ubm, patterns, quality, filters, k, held,
+                       None if every else application)  # type: ignore[arg-type]
 
 
-def read_sessions(db: Path | str, settings: Settings | None = None, *, max_rank: int | None = None) -> SessionData:
+#: held-out flags use the first 32 bits of md5(query_id)
+_HASH_SPACE = 1 << 32
+
+
+def holdout_cut(fraction: float) -> int:
+    """The 32-bit threshold below which a search's hash puts it in the held-out split."""
+    return int(round(fraction * _HASH_SPACE))
+
+
+def holdout_flags(query_ids: Iterable[str], fraction: float) -> np.ndarray:
+    """Per search: held out? The first 32 bits of md5(query_id) below ``fraction`` of 2^32 (as the SQL does)."""
+    import hashlib
+
+    cut = holdout_cut(fraction)
+    return np.fromiter((int(hashlib.md5(q.encode()).hexdigest()[:8], 16) < cut for q in query_ids), dtype=bool)
+
+
+def applications(con: duckdb.DuckDBPyConnection) -> list[str | None]:
+    """Applications of the stored searches (None for searches without one), sorted, None last."""
+    try:
+        rows = con.execute("SELECT DISTINCT application FROM ubi_queries").fetchall()
+    except duckdb.Error as exc:
+        raise StoreError(f"reading applications failed in DuckDB: {exc}") from exc
+    names = sorted(r[0] for r in rows if r[0] is not None)
+    return [*names, *([None] if any(r[0] is None for r in rows) else [])]
+
+
+def read_sessions(db: Path | str, settings: Settings | None = None, *, max_rank: int | None = None,
+                  **options: Any) -> SessionData:
     """:func:`load_sessions` on the store at ``db``, read through ``open_reader`` (works while a collector runs).
 
     ``Settings.session_memory_limit`` bounds DuckDB's memory on this connection (it spills to ``<db>.tmp``).
+    ``options`` (``application``, ``holdout``) go to :func:`load_sessions`.
     """
     settings = settings or Settings()
     with reading(db) as con:
@@ -609,7 +684,7 @@ def read_sessions(db: Path | str, settings: Settings | None = None, *, max_rank:
                 con.execute("SET memory_limit = ?", [settings.session_memory_limit])
             except duckdb.Error as exc:
                 raise SessionError(f"session_memory_limit {settings.session_memory_limit!r}: {exc}") from exc
-        return load_sessions(con, settings, max_rank=max_rank)
+        return load_sessions(con, settings, max_rank=max_rank, **options)
 
 
 def iter_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, *,

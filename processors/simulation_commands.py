@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -33,7 +32,7 @@ DEFAULT_OUT = Path("ubi-simulated.ndjson")
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from processors.propensity.common import METHODS
-    from processors.simulation.traffic import TRAFFIC_MODELS
+    from processors.simulation.traffic import SCENARIOS, TRAFFIC_MODELS
 
     p = sub.add_parser(
         "simulate",
@@ -49,21 +48,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         epilog="Example: ubi simulate --sessions 20000 --seed 7 --out sim.ndjson --truth truth.json && "
                "ubi import sim.ndjson && ubi propensity --method harvest",
     )
+    p.add_argument("--scenario", choices=tuple(SCENARIOS), default="demo",
+                   help="preset: demo (40 queries, 3 rankers, the easy case; default) or hard (1,000 Zipf-distributed "
+                        "queries with a long tail of rare ones, 4 rankers from good to nearly random, 5%% of searches "
+                        "from crawlers the session filter must drop); other flags override the preset")
     p.add_argument("--sessions", type=int, default=10_000, help="searches to simulate (default 10000)")
     p.add_argument("--seed", type=int, help="random seed (default: $UBI_SEED or 0)")
     p.add_argument("--model", choices=TRAFFIC_MODELS, default="pbm",
                    help="click model generating clicks (default pbm; trust = PBM with trust bias, Agarwal et al. 2019)")
-    p.add_argument("--eta", type=float, default=1.0, help="severity of position bias: θ_k = (1/k)^η (default 1)")
-    p.add_argument("--rankers", type=int, default=3,
+    p.add_argument("--eta", type=float, help="severity of position bias: θ_k = (1/k)^η (default 1)")
+    p.add_argument("--rankers", type=int,
                    help="rankers of differing quality; noise σ from 0.5 (best) to 2.0 (worst) (default 3)")
-    p.add_argument("--queries", type=int, default=40, help="queries in the catalog (default 40)")
-    p.add_argument("--docs-per-query", type=int, default=20, help="candidate docs per query (default 20)")
-    p.add_argument("--max-rank", type=int, default=10, help="results displayed per search (default 10)")
-    p.add_argument("--randomize", type=float, default=0.0, metavar="FRACTION",
+    p.add_argument("--queries", type=int, help="queries in the catalog (default 40)")
+    p.add_argument("--docs-per-query", type=int, help="candidate docs per query (default 20)")
+    p.add_argument("--max-rank", type=int, help="results displayed per search (default 10)")
+    p.add_argument("--randomize", type=float, metavar="FRACTION",
                    help="share of searches in a rank-1 swap experiment, marked in query_attributes.randomized "
                         "(default 0; needed by `ubi propensity --method randomized`)")
-    p.add_argument("--epochs", type=int, default=1,
+    p.add_argument("--epochs", type=int,
                    help="times each ranker re-draws its noise over the log (ranking changes over time; default 1)")
+    p.add_argument("--query-skew", type=float, help="query popularity ∝ 1/rank^skew (default 0.5; hard: 1)")
+    p.add_argument("--crawlers", type=float, metavar="SHARE", dest="crawler_share",
+                   help="share of searches made by crawlers (bots clicking at random; default 0, hard: 0.05)")
     p.add_argument("--application", default="ubi-sim", help="application field of every record (default ubi-sim)")
     dest = p.add_mutually_exclusive_group()
     dest.add_argument("--out", type=Path, help=f"write an OpenSearch _bulk file (default {DEFAULT_OUT})")
@@ -80,6 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=(
             "Estimate how much less often results at rank k are examined than at rank 1 (θ_k/θ_1), from the "
             "sessions in the store. Methods: em = PBM fitted by EM (Wang et al. 2018; no intervention needed); "
+            "marginal = PBM with each pair's attractiveness integrated out under the rank-informed empirical "
+            "prior (no per-pair parameters, so no incidental-parameter bias); "
             "harvest = intervention harvesting, AllPairs (Agarwal et al. 2019; the same (query, doc) shown at "
             "different ranks by different rankers or at different times); randomized = searches of a swap "
             "experiment marked in query_attributes.randomized (Joachims et al. 2017); all = every method the "
@@ -108,17 +116,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_propensity)
 
 
-def _settings(args: argparse.Namespace, *names: str) -> Settings:
-    """Settings from the named flags that were given, then UBI_* variables; bad values name the flag."""
-    flags = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
-    try:
-        return Settings(**flags)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "a setting"
-        raise UbiError(f"{flag}: {first['msg']}") from exc
-
-
 @contextmanager
 def _progress(console: Console, label: str, total: int, enabled: bool) -> Iterator[Callable[[int], None]]:
     if not enabled:
@@ -135,14 +132,16 @@ def _progress(console: Console, label: str, total: int, enabled: bool) -> Iterat
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from processors.simulation.traffic import SimConfig, simulate
+    from processors.simulation.traffic import scenario, simulate
 
-    settings = _settings(args, "seed")
-    config = SimConfig(
-        sessions=args.sessions, seed=settings.seed, model=args.model, eta=args.eta, rankers=args.rankers,
-        queries=args.queries, docs_per_query=args.docs_per_query, max_rank=args.max_rank,
-        randomize=args.randomize, epochs=args.epochs, application=args.application,
-    )
+    settings = Settings.from_flags(args, only=("seed",))
+    given = {name: getattr(args, name) for name in ("eta", "rankers", "queries", "docs_per_query", "max_rank",
+                                                     "randomize", "epochs", "query_skew", "crawler_share")
+             if getattr(args, name) is not None}
+    if "rankers" in given and args.scenario != "demo":
+        given["ranker_noise"] = None  # the preset's noise list has the preset's number of rankers
+    config = scenario(args.scenario, sessions=args.sessions, seed=settings.seed, model=args.model,
+                      application=args.application, **given)
     err = Console(stderr=True)
     traffic = simulate(config)
     summary: dict[str, Any] = traffic.summary()
@@ -182,7 +181,8 @@ def _post(traffic: Any, url: str, headers: dict[str, str] | None, tick: Callable
 def _print_simulation(console: Console, s: dict[str, Any]) -> None:
     console.print(f"[bold]Simulated {s['sessions']:,} searches[/] ({s['model']} clicks, seed {s['seed']}) over "
                   f"{s['queries']} queries: {s['impressions']:,} impressions, {s['clicks']:,} clicks"
-                  + (f", {s['randomized_searches']:,} in the swap experiment" if s["randomized_searches"] else ""))
+                  + (f", {s['randomized_searches']:,} in the swap experiment" if s["randomized_searches"] else "")
+                  + (f", {s['crawler_searches']:,} by crawlers" if s.get("crawler_searches") else ""))
     table = Table(title="rankers")
     for col in ("ranker", "noise σ", "searches", "clicks", "CTR (clicks / impressions)", "searches with a click"):
         table.add_column(col, justify="right" if col != "ranker" else "left")
@@ -223,13 +223,12 @@ def _read_truth(path: Path) -> np.ndarray:
 
 
 def cmd_propensity(args: argparse.Namespace) -> int:
-    for key, value in position_base_flags(args.position_base_flag).items():
-        setattr(args, key, value)
     from processors.propensity import estimate_from_patterns, estimate_randomized, plot_curve
     from processors.propensity.common import PropensityError, PropensityEstimate
     from processors.propensity.load import read_patterns, read_swaps
 
-    settings = _settings(args, "db", "max_rank", "seed", "position_base_auto", "position_base")
+    settings = Settings.from_flags(args, only=("db", "max_rank", "seed"),
+                                   **position_base_flags(args.position_base_flag))
     if not settings.db.exists():
         raise UbiError(f"{settings.db}: no such database; load traffic first (`ubi import`, `ubi serve`)")
     k = settings.max_rank
@@ -316,7 +315,7 @@ def _num(x: float) -> float | None:
 
 _SUPPORT_HEADERS = {"impressions": "impr.", "clicks": "clicks", "pairs_at_other_ranks": "pairs also at k'≠k",
                     "arm_searches": "searches in arm (1,k)", "arm_clicks_at_rank": "clicks at k in arm"}
-_TITLES = {"em": "PBM EM", "harvest": "Intervention harvesting (AllPairs)", "randomized": "Randomised swaps"}
+_TITLES = {"em": "PBM EM", "marginal": "PBM by marginal likelihood (attractiveness integrated out)", "harvest": "Intervention harvesting (AllPairs)", "randomized": "Randomised swaps"}
 
 
 def _print_estimate(console: Console, est: Any, truth: np.ndarray | None) -> None:
@@ -325,8 +324,10 @@ def _print_estimate(console: Console, est: Any, truth: np.ndarray | None) -> Non
         basis = (f"{est.sessions:,} searches of the swap experiment ({est.details['control']} as control), "
                  f"{est.rank_pairs} swap arms")
     else:
+        verdict = est.details.get("identifiability", {}).get("verdict", "?")
         basis = (f"{est.sessions:,} sessions, {est.rank_pairs} rank pairs linked by "
-                 f"{est.details['pairs_at_several_ranks']:,} (query, doc) pairs shown at several ranks")
+                 f"{est.details['pairs_at_several_ranks']:,} (query, doc) pairs shown at several ranks "
+                 f"(identifiability: {verdict})")
     boot = f"{est.replicates} bootstrap replicates" if est.replicates else "no bootstrap"
     table = Table(title=f"{_TITLES.get(est.method, est.method)}: θ̂_k/θ̂_1", caption=f"{basis}; {boot}")
     table.add_column("rank", justify="right")

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -184,42 +181,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q.set_defaults(func=cmd_queryset)
 
 
-INTERNAL_ERROR = 3  # exit code of a crash: 1 is reserved for "a gate failed", which CI acts on
-
-
-def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
-    from pydantic import ValidationError
-
-    flags = {k: v for k, v in vars(args).items() if v is not None and k in Settings.model_fields}
-    flags.update(extra)
-    try:
-        return Settings(**flags)
-    except ValidationError as exc:  # a bad flag or UBI_* value is bad input (exit 2), not a crash
-        first = exc.errors(include_url=False)[0]
-        raise UbiError(f"setting {'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from exc
-
-
-def crash_is_not_a_gate(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Run a command whose exit code 1 means "a gate failed": an unexpected exception (a bug) prints its
-    traceback and exits :data:`INTERNAL_ERROR`, since Python's own exit code for it, 1, would read as a gate
-    failure to a CI job. Typed errors (exit 2) and Ctrl-C pass through to ``ubi.cli``."""
-
-    @functools.wraps(fn)
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except (UbiError, KeyboardInterrupt):
-            raise
-        except Exception:
-            traceback.print_exc()
-            Console(stderr=True).print(
-                f"[bold red]internal error[/] (a bug, not a failed gate): exit code {INTERNAL_ERROR}; please report "
-                "the traceback above", highlight=False)
-            return INTERNAL_ERROR
-
-    return run
-
-
 def _thresholds(args: argparse.Namespace) -> list[Threshold]:
     out: list[Threshold] = []
     if args.thresholds is not None:
@@ -263,6 +224,17 @@ def _has_log(con: Any) -> bool:
     return {"ubi_queries", "ubi_events"} <= tables
 
 
+def _sessions(con: Any, settings: Settings) -> Any:
+    """The logged sessions with a held-out split (for identifiability and the recommended source), or None."""
+    from processors.selection import DEFAULT_HOLDOUT
+    from processors.sessions import SessionError, load_sessions
+
+    try:
+        return load_sessions(con, settings, holdout=DEFAULT_HOLDOUT)
+    except SessionError:  # a store without UBI tables: the report of run files and labels alone still works
+        return None
+
+
 def _write(path: Path | None, data: str | bytes) -> None:
     if path is None:
         if isinstance(data, bytes):
@@ -280,7 +252,6 @@ def _write(path: Path | None, data: str | bytes) -> None:
         raise UbiError(f"{path}: cannot write: {exc.strerror or exc}") from exc
 
 
-@crash_is_not_a_gate
 def cmd_report(args: argparse.Namespace) -> int:
     from processors.sessions import position_bases
     from reports.render.dashboard import render_dashboard
@@ -289,7 +260,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from reports.render.markdown import render_markdown
     from reports.render.text import print_report, render_text
 
-    settings = _settings(args, **position_base_flags(args.position_base_flag))
+    settings = Settings.from_flags(args, **position_base_flags(args.position_base_flag))
     fmt = "json" if args.json else args.format
     thresholds = _thresholds(args)
     propensity = _propensity(args.propensity)
@@ -343,12 +314,13 @@ def cmd_report(args: argparse.Namespace) -> int:
             hint = suggestion(bases, settings)
             if hint:
                 warnings.append(f"suggested setting: {hint}")
+        sessions = _sessions(con, settings)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                       transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("report", total=None)
             report = build_report(con, labels, config, thresholds=thresholds, propensity=propensity, inputs=inputs,
                                   progress=lambda name: bar.update(task, description=name), file_runs=file_runs,
-                                  warnings=warnings)
+                                  warnings=warnings, sessions=sessions)
 
     if fmt == "text":
         if args.out is None:
@@ -374,7 +346,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_queryset(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = Settings.from_flags(args)
     with reading(settings.db) as con:
         population = query_frequencies(con, application=args.application)
     chosen = sample(population, args.strategy, args.size, seed=settings.seed)

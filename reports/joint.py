@@ -39,9 +39,14 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from processors.identifiability import assess
+from processors.interleaving import InterleavingResult
+from processors.sessions import SessionData
 from reports.agreement import Agreement, agreement_all
 from reports.compare import Comparison, Ordering, compare_systems, ordering
 from reports.gates import GateResult, Threshold, check
+from reports.interleaving import gate_values as interleaving_gate_values
+from reports.interleaving import interleaving_results
 from reports.intervals import RESAMPLE_LIMIT, Interval, mean_intervals
 from reports.merge import (
     DEFAULT_PRECEDENCE,
@@ -55,6 +60,7 @@ from reports.merge import (
 )
 from reports.metrics import MetricTable, compute
 from reports.online import DEFAULT_CLICK_ACTIONS, ONLINE_METRICS, OnlineMetrics, online_metrics
+from reports.recommend import identifiability_notes, recommend, withhold_unidentified
 from reports.runs import Run
 from reports.systems import (
     DEFAULT_IMPRESSION_ACTIONS,
@@ -219,6 +225,9 @@ class Report:
     inputs: dict[str, Any] = field(default_factory=dict)
     #: data-quality warnings, shown first in every format (events without a query record, bots, ordinals)
     warnings: list[str] = field(default_factory=list)
+    identifiability: dict[str, Any] | None = None  # processors.identifiability verdict of the logged sessions
+    recommendation: dict[str, Any] | None = None  # reports.recommend: the implicit source to trust, and why
+    interleaving: list[InterleavingResult] = field(default_factory=list)  # reports.interleaving
 
     @property
     def run_systems(self) -> list[str]:
@@ -240,6 +249,8 @@ class Report:
         for system, om in self.online.items():
             for metric, iv in om.metrics.items():
                 out.setdefault(system, {})[f"online/{metric}"] = (iv.value, iv.n)
+        for system, values in interleaving_gate_values(self.interleaving).items():
+            out.setdefault(system, {}).update(values)
         return out
 
     @property
@@ -401,15 +412,21 @@ def _run_notes(systems: Mapping[str, SystemRun], labels: LabelSet) -> list[str]:
     return notes
 
 
-def _gate_thresholds(thresholds: Sequence[Threshold], logged: Sequence[str]) -> list[Threshold]:
+def _gate_thresholds(thresholds: Sequence[Threshold], logged: Sequence[str],
+                     interleaved: Sequence[str] = ()) -> list[Threshold]:
     """Online gates without a system list apply to the logged systems only: a run file has no log.
 
     With no logged system at all the gate is left to fail on the run systems: a gate must be able to fail.
+    Interleaving gates without a system list apply to the systems whose searches were interleaved (when any).
     """
-    return [
-        replace(t, systems=tuple(logged)) if t.systems is None and t.metric.startswith("online/") and logged else t
-        for t in thresholds
-    ]
+    out = []
+    for t in thresholds:
+        if t.systems is None and t.metric.startswith("online/") and logged:
+            t = replace(t, systems=tuple(logged))
+        elif t.systems is None and t.metric.startswith("interleaving/") and interleaved:
+            t = replace(t, systems=tuple(interleaved))
+        out.append(t)
+    return out
 
 
 def _label_counts(labels: LabelSet) -> dict[str, dict[str, int]]:
@@ -485,6 +502,7 @@ def build_report(
     progress: Callable[[str], None] | None = None,
     file_runs: Sequence[tuple[str, Run]] = (),
     warnings: Sequence[str] = (),
+    sessions: SessionData | None = None,
 ) -> Report:
     """Build the joint report from a store connection and the labels (see the module docstring).
 
@@ -492,11 +510,20 @@ def build_report(
     quality the caller found, such as ordinal bases) come first in :attr:`Report.warnings`, before events
     without a query record and bot-like clients.
     ``progress`` is called with the name of each step as it starts (the CLI shows it).
+    ``sessions`` (``processors.sessions.load_sessions`` with a ``holdout``) give the identifiability verdict
+    and the held-out comparison behind the recommended source (``reports.recommend``); without them the
+    report has neither.
     """
     step = progress or (lambda _name: None)
     cfg = config or ReportConfig()
     if cfg.k < 1:
         raise ReportError(f"k must be >= 1, got {cfg.k}")
+    ident = assess(sessions.cells) if sessions is not None and len(sessions.cells.pair) else None
+    withheld: dict[str, int] = {}
+    if ident is not None:
+        kept, withheld = withhold_unidentified((lab for ls in labels.by_pair.values() for lab in ls), ident)
+        if withheld:
+            labels = LabelSet().add(kept)
     step("systems and logged rankings")
     searches = load_searches(con, split_keys=cfg.split_keys, class_key=cfg.class_key,
                              impression_actions=cfg.impression_actions)
@@ -524,6 +551,9 @@ def build_report(
         reformulation_window_s=cfg.reformulation_window_s, max_rank=cfg.max_rank, confidence=cfg.confidence,
         n_boot=cfg.n_boot, seed=cfg.seed, resample_limit=cfg.resample_limit,
     )
+    step("interleaving")
+    interleaved, interleaving_notes = interleaving_results(con, cfg.click_actions, n_boot=cfg.n_boot,
+                                                           confidence=cfg.confidence, seed=cfg.seed)
     step("agreement")
     grades_seen = [lab.grade for ls in labels.by_pair.values() for lab in ls if lab.grade is not None]
     n_grades = max([cfg.grade_max, *grades_seen]) + 1
@@ -563,17 +593,27 @@ def build_report(
                              online_higher_is_better=higher)
                 orderings.append(replace(o, offline_queries=n_shared, offline_note=why))
 
+    rec = None
+    if sessions is not None:
+        step("recommended source")
+        rec = recommend((lab for ls in labels.by_pair.values() for lab in ls), sources, sessions, ident, agree)
+    id_notes = identifiability_notes(ident, sources, withheld) if ident is not None else []
     report = Report(
         created_at=datetime.now(UTC).replace(microsecond=0), config=cfg,
         systems=_summaries(searches, logged) + _run_summaries(from_files),
         sources=sources, label_counts=_label_counts(labels), offline=offline, coverage=cov, online=online,
         agreement=agree, comparisons=comparisons, orderings=orderings, propensity=propensity,
         label_pairs=label_pairs, merge=merge,
-        notes=_run_notes(from_files, labels), inputs=dict(inputs or {}),
+        notes=_run_notes(from_files, labels) + id_notes + interleaving_notes,
+        inputs=dict(inputs or {}),
         warnings=[*warnings, *_orphan_notes(con), *_bot_warnings(con, cfg.max_client_queries_per_minute)],
+        identifiability=ident.as_dict() if ident is not None else None,
+        recommendation=rec.as_dict() if rec is not None else None,
+        interleaving=interleaved,
     )
     if thresholds:
-        gates = check(_gate_thresholds(thresholds, sorted(logged)), report.gate_values())
+        with_interleaving = sorted({s for r in interleaved for s in (r.systems or ("(interleaving)",))})
+        gates = check(_gate_thresholds(thresholds, sorted(logged), with_interleaving), report.gate_values())
         report.gates = [
             replace(g, reason=f"a run file has no online metrics ({NO_LOG})")
             if g.system in from_files and g.metric.startswith("online/") else g

@@ -9,11 +9,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from reports.commands import _settings, _write
+from reports.commands import _write
 from reports.judgment_io import export_judgments, import_human
 from reports.merge import DEFAULT_PRECEDENCE
 from reports.qrels import ESCI_RATINGS, QRELS_FORMATS, WORKBENCH_NAME_MAX, RatingMap, check_workbench_text
 from schemas.errors import UbiError
+from schemas.settings import Settings
 from store.client import reading
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb); works while `ubi serve` runs"
@@ -116,7 +117,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "workbench":  # before reading anything: a name the Workbench refuses is bad input (exit 2)
         check_workbench_text(args.name, "--name", WORKBENCH_NAME_MAX)
-    settings = _settings(args)
+    settings = Settings.from_flags(args)
     with reading(settings.db) as con:
         body, summary = export_judgments(con, args.format, source=args.source, precedence=tuple(args.precedence),
                                          rating_map=_rating_map(args.rating_map), name=args.name)
@@ -137,7 +138,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = Settings.from_flags(args)
     result = import_human(settings.db, args.file, format=args.format, rating_map=_rating_map(args.rating_map),
                           assessor=args.assessor, rubric=args.rubric, queries=args.queries, replace_all=args.replace)
     if args.json:

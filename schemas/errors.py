@@ -38,9 +38,21 @@ class InputFileError(UbiError):
         super().__init__(f"{loc}: {message}")
 
 
+class SettingsError(UbiError):
+    """A setting (a command-line flag or a ``UBI_*`` variable) has a value it cannot take; names which."""
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
 class StoreError(UbiError):
     """The DuckDB store could not be opened, read or written."""
 
 
 class StoreLocked(StoreError):
     """Another process (usually a running collector) holds the store's write lock."""
+
+
+class SnapshotFailed(StoreError):
+    """A snapshot of the store could not be written (full disk, unwritable snapshot directory)."""

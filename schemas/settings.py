@@ -1,16 +1,20 @@
 """The one place configuration is read: environment variables (``UBI_*``) and command-line flags.
 
 Nothing else in ubi-pipeline reads the environment. Commands build a :class:`Settings` with
-``Settings(**flags)``; flags left unset fall back to the environment, then to the defaults below.
+:meth:`Settings.from_flags`; flags left unset fall back to the environment, then to the defaults below.
 """
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.errors import SettingsError
 
 
 class Settings(BaseSettings):
@@ -20,6 +24,17 @@ class Settings(BaseSettings):
 
     # --- store ---
     db: Path = Field(Path("ubi.duckdb"), description="DuckDB file of the embedded store")
+    snapshot_dir: Path | None = Field(
+        None, description="where POST /v1/admin/snapshot writes its copies of the database (default: beside the db)"
+    )
+    snapshot_grace_seconds: float = Field(
+        60.0, ge=0, description="a snapshot no reader has opened is removed this long after it was made "
+        "(on the next snapshot; all unused ones at the writer's start-up and shutdown)",
+    )
+    store_wait_seconds: float = Field(
+        30.0, ge=0, description="`ubi serve` / `ubi consume --db`: how long to wait, retrying, while a read-only "
+        "reader (`ubi report`, `ubi process`) holds the DuckDB file before giving up",
+    )
 
     # --- collector ---
     host: str = "127.0.0.1"
@@ -132,6 +147,11 @@ class Settings(BaseSettings):
     trusted_proxies: int = Field(
         default=0, ge=0, description="reverse proxies in front of the collector; the client IP is read from X-Forwarded-For"
     )
+    admin_hosts: list[str] = Field(
+        default_factory=list,
+        description='host names (beside localhost, 127.0.0.1, [::1]) admin routes answer to in Host and Origin, '
+        'e.g. ["collector.internal"] (JSON in UBI_ADMIN_HOSTS); other names get 403 (DNS rebinding)',
+    )
     admin_remote: bool = Field(
         default=False, description="allow /v1/admin/* and /v1/failed from other hosts than loopback (default: loopback only)"
     )
@@ -147,6 +167,36 @@ class Settings(BaseSettings):
         description='fields removed from every record before storage, e.g. ["message"]; dotted paths reach into '
         'objects ("event_attributes.position.x")',
     )
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace | Mapping[str, Any], *, only: Iterable[str] | None = None,
+                   **overrides: Any) -> Settings:
+        """Settings from the command-line flags that were given, then ``UBI_*`` variables, then the defaults.
+
+        Every flag whose ``dest`` names a field counts (``only`` narrows that to the fields named); a flag left
+        at ``None`` is unset. ``overrides`` are set like flags. A value that does not validate raises
+        :class:`~schemas.errors.SettingsError` (exit 2) naming the flag as typed (``--batch-records``; the
+        ``flag_names`` that ``ubi`` records on the parsed namespace, else ``--`` and the field name) or the
+        ``UBI_*`` variable it came from, and what was expected.
+        """
+        values = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args)
+        names: Mapping[str, str] = values.get("flag_names") or {}
+        wanted = set(cls.model_fields) if only is None else set(only) & set(cls.model_fields)
+        flags = {k: v for k, v in values.items() if k in wanted and v is not None}
+        flags.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls(**flags)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            field = str(first["loc"][0]) if first["loc"] else ""
+            if field in flags:
+                where = names.get(field) or "--" + field.replace("_", "-")
+            elif field:
+                where = f"UBI_{field.upper()}"
+            else:
+                where = "settings"
+            value = f" (got {first['input']!r})" if field in flags and not isinstance(first["input"], dict) else ""
+            raise SettingsError(f"{where}: {first['msg']}{value}", setting=field or None) from exc
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -123,3 +123,19 @@ FAILED_COLUMNS = (
     "failed_id", "received_at", "source", "kind", "item_index", "field", "reason", "raw",
     "kafka_topic", "kafka_partition", "kafka_offset",
 )
+JUDGMENT_COLUMNS = (
+    "query", "doc_id", "source", "model_version", "parameters", "score", "ci_low", "ci_high", "impressions",
+    "clicks", "sessions", "grade", "created_at",
+)
+HUMAN_JUDGMENT_COLUMNS = (
+    "query_id", "query", "doc_id", "grade", "source", "assessor", "judged_at", "rubric", "origin",
+)
+
+#: The declared columns of every table, by table name: the one list SQL identifiers are checked against.
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "ubi_queries": QUERY_COLUMNS,
+    "ubi_events": EVENT_COLUMNS,
+    "failed_records": FAILED_COLUMNS,
+    "judgments": JUDGMENT_COLUMNS,
+    "human_judgments": HUMAN_JUDGMENT_COLUMNS,
+}

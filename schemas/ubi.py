@@ -221,7 +221,7 @@ class Position(BaseModel):
         extra="allow",
         frozen=True,
         title="Position",
-        json_schema_extra=lambda schema: schema["properties"].update(xy=_XY_SCHEMA),  # type: ignore[union-attr]
+        json_schema_extra=lambda schema: schema["properties"].update(xy=_XY_SCHEMA),
     )
 
     ordinal: Annotated[StrictInt | None, WithJsonSchema(_ORDINAL_SCHEMA)] = Field(

@@ -17,8 +17,10 @@ collector's sink may have none) and what health says.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Annotated, Any, ClassVar, Protocol
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -54,11 +56,59 @@ class BadLoad(AdminError):
     status_code = 400
 
 
+class WrongHost(AdminError):
+    """An admin request whose ``Host`` (or ``Origin``) names a host not on the allow-list (403)."""
+
+    status_code = 403
+
+
+class SnapshotUnavailable(AdminError):
+    """A snapshot that could not be written, e.g. on a full disk (503: try again once there is room)."""
+
+    status_code = 503
+
+
+#: Host names the admin routes always answer to: the loopback ones.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+def host_name(netloc: str) -> str:
+    """The host of a ``Host`` header or URL netloc, lower-cased, port removed (IPv6 kept in brackets)."""
+    netloc = netloc.strip().lower()
+    if netloc.startswith("["):
+        end = netloc.find("]")
+        return netloc[: end + 1] if end > 0 else netloc
+    if netloc.count(":") > 1:  # a bare IPv6 address, as configured: the Host header brackets it
+        return f"[{netloc}]"
+    return netloc.rsplit(":", 1)[0] if ":" in netloc else netloc
+
+
+def refused_host(host_header: str | None, origin: str | None, extra: Iterable[str]) -> str | None:
+    """Why an admin request is refused for its ``Host``/``Origin``, or ``None`` when both name allowed hosts.
+
+    A page reached through DNS rebinding talks to the loopback collector under its own name
+    (``Host: evil.example:8000``), so the peer address alone cannot tell it from a local tool: the name can.
+    A browser's ``Origin`` must name an allowed host too, so no other page can post to the admin routes.
+    """
+    allowed = {*LOOPBACK_HOSTS, *(host_name(h) for h in extra)}
+    names = ", ".join([*LOOPBACK_HOSTS, *extra])
+    hint = f"admin routes answer only to the host names {names}; add a name to UBI_ADMIN_HOSTS to allow it"
+    if not host_header or host_name(host_header) not in allowed:
+        return f"Host {host_header!r} is not allowed: {hint}"
+    if origin is not None and (origin == "null" or host_name(urlsplit(origin).netloc) not in allowed):
+        return f"Origin {origin!r} is not allowed: {hint}"
+    return None
+
+
 class AdminHost(Protocol):
     """What the process mounting the admin routes provides."""
 
     #: Largest body ``POST /v1/admin/load`` reads, in bytes.
     max_load_bytes: int
+    @property
+    def admin_hosts(self) -> Sequence[str]:
+        """Host names the admin routes answer to besides :data:`LOOPBACK_HOSTS` (``Settings.admin_hosts``)."""
+        ...
 
     def admin_store(self) -> Store:
         """The store this process writes; raises :class:`NoStore` when it has none."""
@@ -80,10 +130,19 @@ async def get_store(host: Annotated[AdminHost, Depends(get_host)]) -> Store:
     return host.admin_store()
 
 
+async def check_host(request: Request, host: Annotated[AdminHost, Depends(get_host)]) -> None:
+    """Refuse (403) a request whose Host or Origin is not an allowed name (:func:`refused_host`)."""
+    why = refused_host(request.headers.get("host"), request.headers.get("origin"), host.admin_hosts)
+    if why is not None:
+        raise WrongHost(f"{request.url.path}: {why}")
+
+
 HostDep = Annotated[AdminHost, Depends(get_host)]
 StoreDep = Annotated[Store, Depends(get_store)]
 
 router = APIRouter()
+#: The routes that read stored bodies or write the store: behind the Host allow-list (``/healthz`` is not).
+guarded = APIRouter(dependencies=[Depends(check_host)])
 
 LoadableTable = Enum("LoadableTable", {name: name for name in LOADABLE_TABLES}, type=str)  # type: ignore[misc]
 
@@ -121,7 +180,7 @@ async def healthz(host: HostDep) -> JSONResponse:
     return JSONResponse({"status": "ok" if ok else "degraded", **state}, status_code=200 if ok else 503)
 
 
-@router.get("/v1/failed", response_model=FailedPage, tags=["failed"])
+@guarded.get("/v1/failed", response_model=FailedPage, tags=["failed"])
 async def get_failed(
     store: StoreDep,
     limit: Annotated[int, Query(ge=1, le=1000, description="records per page")] = 100,
@@ -134,10 +193,13 @@ async def get_failed(
     return await asyncio.to_thread(failed_page, store, limit=limit, offset=offset, kind=kind)
 
 
-@router.post("/v1/admin/snapshot", tags=["admin"])
+@guarded.post("/v1/admin/snapshot", tags=["admin"])
 async def admin_snapshot(store: StoreDep) -> dict[str, str]:
     """Copy the database, between two commits, to a new file that readers open read-only."""
-    path = await asyncio.to_thread(store.snapshot)
+    try:
+        path = await asyncio.to_thread(store.snapshot)
+    except StoreError as exc:  # full disk, unwritable snapshot directory, store closing: try again later
+        raise SnapshotUnavailable(str(exc)) from exc
     return {"path": str(path)}
 
 
@@ -156,7 +218,7 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-@router.post(
+@guarded.post(
     "/v1/admin/load/{table}",
     tags=["admin"],
     openapi_extra={
@@ -200,4 +262,5 @@ def install(app: FastAPI, host: AdminHost) -> None:
     """Mount the admin routes on ``app``, served for ``host``."""
     app.state.admin_host = host
     app.include_router(router)
+    app.include_router(guarded)
     app.add_exception_handler(AdminError, _admin_error)

@@ -17,7 +17,12 @@ The design (README, "One writer, many readers"):
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
+import os
+import struct
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -29,16 +34,68 @@ import duckdb
 import pyarrow as pa
 
 from schemas import tables
-from schemas.errors import StoreError, StoreLocked
+from schemas.errors import SnapshotFailed, StoreError, StoreLocked
+from schemas.settings import Settings
 from store.rows import EVENT_CONTENT_COLUMNS, Counts, RowStatus, event_content_digest
 
 #: Derived tables other processes may load through a running collector.
 LOADABLE_TABLES = ("judgments", "human_judgments")
 
+log = logging.getLogger("ubi.store")
+
 
 def is_lock_error(exc: Exception) -> bool:
     """Whether a DuckDB error says another process holds the file."""
     return "lock" in str(exc).lower()
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier (embedded double quotes doubled)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def checked_columns(table: str, names: Sequence[str]) -> str:
+    """``names`` quoted and joined, after checking each is a declared column of ``table`` (schemas.tables).
+
+    Raises :class:`StoreError` naming the table or the first column that is not declared, so nothing taken
+    from a request or a file reaches SQL unless it is on the fixed list.
+    """
+    declared = tables.TABLE_COLUMNS.get(table)
+    if declared is None:
+        raise StoreError(f"unknown table {table!r}; expected one of {', '.join(tables.TABLE_COLUMNS)}")
+    unknown = [n for n in names if n not in declared]
+    if unknown:
+        raise StoreError(
+            f"table {table} has no column {unknown[0]!r}; its columns are {', '.join(declared)}"
+        )
+    if len(set(names)) != len(names):
+        raise StoreError(f"columns for table {table} are given more than once: {', '.join(names)}")
+    return ", ".join(quote_ident(n) for n in names)
+
+
+_FLOCK = "hhqqi4x"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid (+ padding)
+
+
+def lock_holder(path: Path) -> tuple[str, int] | None:
+    """Who holds a POSIX lock on ``path`` (DuckDB locks the whole file): ``("read"|"write", pid)``, or None.
+
+    A read-only DuckDB connection takes a shared lock, a writer an exclusive one; F_GETLK asks the kernel
+    which lock would stop this process from writing, without taking one.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        kind, _, _, _, pid = struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_GETLK, probe))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if kind == fcntl.F_UNLCK:
+        return None
+    return ("read" if kind == fcntl.F_RDLCK else "write"), int(pid)
 
 
 @dataclass(frozen=True)
@@ -73,19 +130,28 @@ class Store:
     """A DuckDB database file opened for writing by this process. Thread-safe: one lock for writes, none
     held during a snapshot's copy."""
 
-    def __init__(self, path: Path | str, *, create: bool = True, threads: int | None = 1) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        create: bool = True,
+        threads: int | None = 1,
+        snapshot_dir: Path | None = None,
+        snapshot_grace: float = 60.0,
+        wait_for_readers: float = 0.0,
+    ) -> None:
+        """Open ``path`` for writing.
+
+        ``snapshot_dir``: where :meth:`snapshot` writes (default: beside the database). ``snapshot_grace``:
+        seconds a snapshot no reader has open yet is kept (a reader opens it right after the answer).
+        ``wait_for_readers``: seconds to wait, retrying, while read-only readers hold the file.
+        """
         self.path = Path(path)
+        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir is not None else self.path.parent
+        self.snapshot_grace = snapshot_grace
         if not create and not self.path.exists():
             raise StoreError(f"{self.path}: no such database; run `ubi serve` or `ubi import` first")
-        try:
-            self.con = duckdb.connect(str(self.path))
-        except duckdb.IOException as exc:
-            if is_lock_error(exc):
-                raise StoreLocked(
-                    f"{self.path} is held by another process (a running `ubi serve`?). Stop it, or point this "
-                    "command at the running collector instead."
-                ) from exc
-            raise StoreError(f"{self.path}: cannot open: {exc}") from exc
+        self.con = self._connect(wait_for_readers)
         self.lock = threading.Lock()
         # Snapshots copy outside the lock; close() waits for them (notified under the same lock).
         self._idle = threading.Condition(self.lock)
@@ -98,12 +164,90 @@ class Store:
             # other core. None keeps DuckDB's default (one thread per core).
             self.con.execute(f"SET threads = {int(threads)}")
         ensure_tables(self.con)
+        self.remove_snapshots(grace=0.0)  # left by a collector that stopped without cleaning up
+
+    def _connect(self, wait_for_readers: float) -> duckdb.DuckDBPyConnection:
+        """The read-write connection; while readers hold the file, retry for up to ``wait_for_readers`` s."""
+        deadline = time.monotonic() + wait_for_readers
+        told = False
+        while True:
+            try:
+                return duckdb.connect(str(self.path))
+            except duckdb.IOException as exc:
+                if not is_lock_error(exc):
+                    raise StoreError(f"{self.path}: cannot open: {exc}") from exc
+                holder = lock_holder(self.path)
+                if holder is None or holder[0] != "read":
+                    who = f" (process {holder[1]})" if holder else ""
+                    raise StoreLocked(
+                        f"{self.path} is held for writing by another process{who}: a running `ubi serve`, "
+                        "`ubi consume --db` or `ubi import`. Stop it, or point this command at it instead."
+                    ) from exc
+                reader = (
+                    f"{self.path} is open read-only by process {holder[1]} (a reader such as `ubi report` or "
+                    "`ubi process`, started while no collector held the file)"
+                )
+                if time.monotonic() >= deadline:
+                    raise StoreLocked(
+                        f"{reader}; gave up after waiting {wait_for_readers:g} s (UBI_STORE_WAIT_SECONDS). Let it "
+                        "finish and start again, or wait longer with a larger UBI_STORE_WAIT_SECONDS."
+                    ) from exc
+                if not told:
+                    log.warning("%s; waiting up to %g s for it to finish (UBI_STORE_WAIT_SECONDS)",
+                                reader, wait_for_readers)
+                    told = True
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    @classmethod
+    def from_settings(cls, settings: Settings, path: Path | None = None) -> Store:
+        """The writer of ``path`` (default ``settings.db``) with the snapshot and wait settings applied."""
+        return cls(
+            path if path is not None else settings.db,
+            snapshot_dir=settings.snapshot_dir,
+            snapshot_grace=settings.snapshot_grace_seconds,
+            wait_for_readers=settings.store_wait_seconds,
+        )
 
     def close(self) -> None:
         with self._idle:
             self._closed = True
             self._idle.wait_for(lambda: self._copies == 0)
             self.con.close()
+        self.remove_snapshots()  # a fresh one may be on its way to a reader; the next start-up takes it
+
+    def snapshot_files(self) -> list[Path]:
+        """Snapshots of this database in :attr:`snapshot_dir` (their ``.wal`` files aside)."""
+        pattern = f"{self.path.name}.snapshot-*"
+        try:
+            return sorted(p for p in self.snapshot_dir.glob(pattern) if not p.name.endswith(".wal"))
+        except OSError:  # no such directory (yet): a snapshot into it will say why
+            return []
+
+    def remove_snapshots(self, *, grace: float | None = None) -> list[Path]:
+        """Delete snapshots no reader has open and older than ``grace`` s (default :attr:`snapshot_grace`).
+
+        Called before each new snapshot and at close (with the grace), and at start-up (without: no reader
+        can be waiting for an answer of this process yet).
+
+        Readers remove their snapshot when done (:func:`store.client.reading`); this removes what a reader
+        that crashed, or a bare ``POST /v1/admin/snapshot``, left behind. A reader's open connection holds
+        a shared lock on the file (:func:`lock_holder`), so a snapshot in use is never removed.
+        """
+        grace = self.snapshot_grace if grace is None else grace
+        now = time.time()
+        removed: list[Path] = []
+        for snap in self.snapshot_files():
+            try:
+                young = now - snap.stat().st_mtime < grace
+            except OSError:
+                continue
+            if young or lock_holder(snap) is not None:
+                continue
+            for part in (snap, snap.with_name(snap.name + ".wal")):
+                with contextlib.suppress(OSError):
+                    part.unlink()
+            removed.append(snap)
+        return removed
 
     def __enter__(self) -> Store:
         return self
@@ -319,14 +463,15 @@ class Store:
         """
         if name not in LOADABLE_TABLES:
             raise StoreError(f"table {name!r} cannot be loaded; expected one of {', '.join(LOADABLE_TABLES)}")
-        cols = ", ".join(data.column_names)
+        cols = checked_columns(name, data.column_names)
+        table = quote_ident(name)
         with self.transaction() as cur:
             if replace_source is not None:
-                cur.execute(f"DELETE FROM {name} WHERE source = ?", [replace_source])
+                cur.execute(f"DELETE FROM {table} WHERE source = ?", [replace_source])
             cur.register("_load", data)
-            cur.execute(f"INSERT OR REPLACE INTO {name} ({cols}) SELECT {cols} FROM _load")
+            cur.execute(f"INSERT OR REPLACE INTO {table} ({cols}) SELECT {cols} FROM _load")
             cur.unregister("_load")
-        return data.num_rows
+        return int(data.num_rows)
 
     def snapshot(self, dest: Path | None = None) -> Path:
         """Copy the whole database, as of one committed state, to a new file opened by nobody.
@@ -338,7 +483,8 @@ class Store:
         of a committed write or none of it (tests/collector/test_store.py; bench/snapshot.py measures the
         longest request during a snapshot).
         """
-        dest = dest or self.path.with_name(f"{self.path.name}.snapshot-{uuid.uuid4().hex[:12]}")
+        self.remove_snapshots()  # earlier ones no reader has open: each snapshot is a whole copy
+        dest = dest or self.snapshot_dir / f"{self.path.name}.snapshot-{uuid.uuid4().hex[:12]}"
         alias = f"_snap_{uuid.uuid4().hex[:12]}"  # snapshots may run side by side
         if dest.exists():
             raise StoreError(f"{dest} exists; a snapshot goes to a new file")
@@ -353,7 +499,7 @@ class Store:
                 cur.execute("BEGIN TRANSACTION")
                 try:
                     (src,) = cur.execute("SELECT current_database()").fetchone() or ("",)
-                    cur.execute(f'COPY FROM DATABASE "{src}" TO {alias}')
+                    cur.execute(f"COPY FROM DATABASE {quote_ident(src)} TO {alias}")
                     cur.execute("COMMIT")
                 except BaseException:
                     with contextlib.suppress(duckdb.Error):
@@ -363,7 +509,13 @@ class Store:
                 cur.execute(f"DETACH {alias}")
         except BaseException as exc:
             for partial in (dest, dest.with_name(dest.name + ".wal")):  # no half copy left for a reader
-                partial.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # missing, or its directory is not one
+                    partial.unlink()
+            if isinstance(exc, (duckdb.IOException, OSError)):
+                raise SnapshotFailed(
+                    f"could not write a snapshot of {self.path} to {dest.parent}: {exc}. Free space there, or "
+                    "point UBI_SNAPSHOT_DIR at a disk with room for a copy of the database."
+                ) from exc
             if isinstance(exc, duckdb.Error):
                 raise StoreError(f"{self.path}: could not copy a snapshot to {dest}: {exc}") from exc
             raise

@@ -30,6 +30,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+from duckdb import sqltypes
 
 from schemas import tables
 from schemas.errors import StoreError
@@ -105,7 +106,9 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
         # content differs from the first one's, compared key-order free by the store's own digest (a Python
         # function, called only on rows whose values differ), one conflict row per distinct content.
         content = _cols(EVENT_CONTENT_COLUMNS)
-        _register_event_digest(con)
+        # The struct's type is the files' own (written from store.rows.EVENT_SCHEMA): no second type list.
+        content_type = con.sql(f"SELECT struct_pack({content}) FROM {read.format(e_glob)} LIMIT 0").types[0]
+        _register_event_digest(con, content_type)
         con.execute(f"""CREATE VIEW _event_conflicts AS
             WITH versions AS (
                 SELECT *, row_number() OVER w AS _rank,
@@ -168,14 +171,8 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _register_event_digest(con: duckdb.DuckDBPyConnection) -> None:
+def _register_event_digest(con: duckdb.DuckDBPyConnection, row_type: sqltypes.DuckDBPyType) -> None:
     """``ubi_event_digest(struct_pack(<EVENT_CONTENT_COLUMNS>))``: the DuckDB store's content digest in SQL."""
-    from duckdb import sqltypes
-
-    types = {"timestamp": sqltypes.TIMESTAMP, "position_ordinal": sqltypes.INTEGER,
-             "position_x": sqltypes.DOUBLE, "position_y": sqltypes.DOUBLE}
-    row_type = duckdb.struct_type({c: types.get(c, sqltypes.VARCHAR) for c in EVENT_CONTENT_COLUMNS})
-
     def digest(row: dict[str, Any]) -> str:
         return event_content_digest([row[c] for c in EVENT_CONTENT_COLUMNS])
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -54,22 +55,16 @@ class Counts:
     def of(cls, query_status: Iterable[RowStatus], event_status: Iterable[RowStatus], *, failed: int = 0,
            poison: int = 0) -> Counts:
         """Counts of per-row statuses."""
-        out = cls(failed=failed, poison=poison)
-        for s in query_status:
-            if s == RowStatus.INSERTED:
-                out.queries += 1
-            elif s == RowStatus.DUPLICATE:
-                out.query_duplicates += 1
-            else:
-                out.conflicts += 1
-        for s in event_status:
-            if s == RowStatus.INSERTED:
-                out.events += 1
-            elif s == RowStatus.DUPLICATE:
-                out.event_duplicates += 1
-            else:
-                out.conflicts += 1
-        return out
+        queries, events = Counter(query_status), Counter(event_status)
+        return cls(
+            queries=queries[RowStatus.INSERTED],
+            query_duplicates=queries[RowStatus.DUPLICATE],
+            events=events[RowStatus.INSERTED],
+            event_duplicates=events[RowStatus.DUPLICATE],
+            conflicts=queries[RowStatus.CONFLICT] + events[RowStatus.CONFLICT],
+            failed=failed,
+            poison=poison,
+        )
 
     @property
     def accepted(self) -> int:

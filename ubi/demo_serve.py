@@ -144,13 +144,12 @@ def _print_ready(url: str) -> None:
 def demo_settings(args: argparse.Namespace) -> Settings:
     """Settings from ``ubi demo --serve`` arguments: ``--db``/``--host``/``--port``/``--seed`` when given,
     else the database ``<--dir>/serve.duckdb`` (``--dir`` defaults to ``demo-out``)."""
-    flags = {name: getattr(args, name) for name in ("db", "host", "port", "seed")
-             if getattr(args, name, None) is not None}
-    if "db" not in flags:
+    db = getattr(args, "db", None)
+    if db is None:
         folder = Path(getattr(args, "dir", None) or "demo-out")
         folder.mkdir(parents=True, exist_ok=True)
-        flags["db"] = folder / "serve.duckdb"
-    return Settings(**flags)
+        db = folder / "serve.duckdb"
+    return Settings.from_flags(args, only=("host", "port", "seed"), db=db)
 
 
 def serve_demo(settings: Settings | argparse.Namespace, *,

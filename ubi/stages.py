@@ -23,9 +23,9 @@ from rich.markup import escape
 from collector import commands as collector_commands
 from loader import commands as loader_commands
 from processors import commands as processors_commands
-from processors import simulation_commands
+from processors import selection_commands, simulation_commands
 from reports import commands as reports_commands
-from reports import evaluate_commands, judgment_commands
+from reports import evaluate_commands, judgment_commands, predict_commands
 from schemas.errors import UbiError
 
 
@@ -46,9 +46,11 @@ def stage_parser(*more: Callable[[Any], None]) -> argparse.ArgumentParser:
     loader_commands.register(sub)  # consume
     processors_commands.register(sub)  # process, review
     simulation_commands.register(sub)  # simulate, propensity
+    selection_commands.register(sub)  # select
     evaluate_commands.register(sub)  # evaluate
     reports_commands.register(sub)  # report, queryset
     judgment_commands.register(sub)  # judgments export / import
+    predict_commands.register(sub)  # predict (counterfactual evaluation)
     for register in more:
         register(sub)
     return parser
@@ -77,6 +79,19 @@ def _log_width() -> Iterator[None]:
         os.environ.pop("COLUMNS", None)
 
 
+def flag_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """``dest`` -> the flag as typed (its longest option string) of the (sub)command that ``args`` ran."""
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(args, action.dest, None)
+            if isinstance(chosen, str) and chosen in action.choices:
+                names.update(flag_names(action.choices[chosen], args))
+        elif action.option_strings:
+            names.setdefault(action.dest, max(action.option_strings, key=len))
+    return names
+
+
 def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the subcommand, mapping errors to exit codes (module docstring)."""
     with _log_width():
@@ -85,6 +100,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
 
 def _run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
+    args.flag_names = flag_names(parser, args)  # so that Settings.from_flags names a bad flag as typed
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

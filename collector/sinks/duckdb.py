@@ -131,7 +131,7 @@ class DuckDBSink(Sink):
     @classmethod
     def from_settings(cls, settings: Settings) -> DuckDBSink:
         """Open (or create) the store at ``settings.db`` for writing."""
-        return cls(Store(settings.db), commit_delay=settings.commit_delay_ms / 1000)
+        return cls(Store.from_settings(settings), commit_delay=settings.commit_delay_ms / 1000)
 
     # ------------------------------------------------------------ the two verbs
 

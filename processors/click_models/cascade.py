@@ -12,7 +12,11 @@ held-out evaluation clamps to 1e-6 (``common.PROB_EPS``): that cost is the model
 
 :func:`cascade_family_probs` is the shared recursion of DCM, DBN and SDBN: after a click the user goes on
 with probability ``after_click``, after a skipped result with ``after_skip``.
-Unseen pairs get the prior α₀ = Σ first clicks / Σ examined impressions. Interval: Wilson on the counts.
+α carries a Beta prior (``prior``, ``processors.click_models.priors``): α_qd is the posterior mean
+(a + first clicks)/(a + b + examinations); the default empirical prior is rank-informed and fitted by
+maximum Beta-binomial marginal likelihood on those counts. Unseen pairs get the prior (at the rank they are
+shown at, when empirical) or α₀ = Σ first clicks / Σ examined impressions. Interval: the posterior Beta
+(Wilson on the counts with ``prior="none"``).
 """
 
 from __future__ import annotations
@@ -25,11 +29,16 @@ from numpy.typing import NDArray
 from processors.click_models.base import FittedModel, RelevanceEstimate
 from processors.click_models.common import (
     check_sessions,
-    gather,
     pair_support,
     safe_div,
     weighted_count,
     wilson_interval,
+)
+from processors.click_models.priors import (
+    DEFAULT_PRIOR,
+    LogFeatures,
+    beta_posterior_interval,
+    check_prior,
 )
 from processors.stats import PairIndex, SessionPatterns
 
@@ -83,6 +92,9 @@ class Cascade(FittedModel):
     name = "cascade"
     version = "1"
 
+    def __init__(self, prior: str = DEFAULT_PRIOR) -> None:
+        self.prior = check_prior(prior, self.name)
+
     def fit(self, sessions: SessionPatterns) -> Self:
         """α_qd = first clicks / impressions at or above the first click (all ranks if none)."""
         check_sessions(sessions)
@@ -97,7 +109,10 @@ class Cascade(FittedModel):
         n_pairs = len(self.pairs)
         self.examinations = weighted_count(sessions.docs[examined], w[examined], n_pairs)
         self.first_clicks = weighted_count(sessions.docs[first_click], w[first_click], n_pairs)
-        self.alpha = safe_div(self.first_clicks, self.examinations)
+        self.log_features = LogFeatures.from_sessions(sessions)
+        self.alpha_prior = self.log_features.prior(self.prior, self.first_clicks, self.examinations)
+        post = self.alpha_prior.posterior_mean(self.first_clicks, self.examinations)
+        self.alpha = np.where(self.examinations > 0, post, np.nan)
         total = self.examinations.sum()
         self.prior_alpha = float(self.first_clicks.sum() / total) if total > 0 else 0.5
         n_clicks = (sessions.clicks & shown).sum(axis=1)
@@ -108,7 +123,7 @@ class Cascade(FittedModel):
         return self
 
     def _alpha(self, sessions: SessionPatterns) -> NDArray[np.float64]:
-        return gather(self.alpha, sessions.docs, self.prior_alpha)
+        return self.log_features.gather(self.alpha, sessions, self.alpha_prior, self.prior_alpha)
 
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """P(C_k = 1) = α_k Π_{j<k}(1 − α_j)."""
@@ -125,15 +140,26 @@ class Cascade(FittedModel):
     def relevance(self) -> RelevanceEstimate:
         """Score = α_qd with its Wilson interval over (first clicks, examinations); observations = examinations."""
         self._require_fit()
-        lo, hi = wilson_interval(self.first_clicks, self.examinations)
-        score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
+        if self.prior == "none":
+            lo, hi = wilson_interval(self.first_clicks, self.examinations)
+        else:
+            lo, hi = beta_posterior_interval(self.alpha_prior, self.first_clicks, self.examinations)
+        score = np.where(np.isnan(self.alpha), self._unexamined_prior(), self.alpha)
         return self._estimate(score, lo, hi, self.examinations, self.parameters())
+
+    def _unexamined_prior(self) -> NDArray[np.float64]:
+        """Score of pairs never examined: the empirical prior's own mean for them (it uses their display
+        ranks), else the pooled α₀."""
+        if self.alpha_prior.kind == "empirical":
+            return np.asarray(self.alpha_prior.mean)
+        return np.full(len(self.pairs), self.prior_alpha)
 
     def parameters(self) -> dict[str, Any]:
         return {
             "model": self.name,
             "version": self.version,
             "prior_alpha": self.prior_alpha,
+            "prior": self.alpha_prior.parameters(),
             "multi_click_sessions": self.multi_click_sessions,
             "sessions": self.n_sessions,
             "multi_click_handling": "truncated at the first click",

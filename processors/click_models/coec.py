@@ -10,8 +10,15 @@ it is unbounded above.
 As a click model it predicts P(C_k = 1) = min(COEC(q, d)·ρ_k, 1), independent across ranks, so the conditional
 probabilities equal the full ones. Unseen pairs get the prior COEC = 1 (an average result).
 
-Interval: the expected clicks E are treated as fixed (they rest on all pairs' data) and the clicks c as
-Poisson, giving the exact Garwood interval [χ²_{a/2}(2c)/2, χ²_{1−a/2}(2c+2)/2] / E.
+Prior (``prior``, see ``processors.click_models.priors``): COEC is a rate ratio, so its conjugate prior is a
+Gamma: c ~ Poisson(r·E), r ~ Gamma(m·s, s), score = posterior mean (m·s + c)/(s + E). The default empirical
+prior has a log-linear rank-informed mean m and strength s fitted by maximum negative-binomial marginal
+likelihood; ``pseudocount`` is one click in one expected click, (c + 1)/(E + 1) (prior COEC 1); ``none``
+is c/E. Unseen pairs score the prior (at the rank they are shown at, when empirical; else 1).
+
+Interval: the expected clicks E are treated as fixed (they rest on all pairs' data). With a prior, the
+posterior Gamma(a + c, s + E) interval; with ``none``, the clicks c as Poisson, giving the exact Garwood
+interval [χ²_{a/2}(2c)/2, χ²_{1−a/2}(2c+2)/2] / E.
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ from numpy.typing import NDArray
 from scipy.stats import chi2
 
 from processors.click_models.base import RelevanceEstimate
-from processors.click_models.common import CONFIDENCE, AnyArray, gather, safe_div
+from processors.click_models.common import CONFIDENCE, AnyArray, safe_div
 from processors.click_models.ctr import _CountingModel, expected_clicks
+from processors.click_models.priors import LogFeatures, gamma_posterior_interval
 from processors.stats import SessionPatterns
 
 PRIOR_COEC = 1.0
@@ -52,22 +60,31 @@ class COEC(_CountingModel):
     name = "coec"
 
     def fit(self, sessions: SessionPatterns) -> Self:
-        """ρ_k per rank, then COEC(q, d) = clicks(q, d) / Σ over its impressions of ρ_k."""
+        """ρ_k per rank, then COEC(q, d) = posterior mean of clicks(q, d) over Σ_impressions ρ_k."""
         self._fit_counts(sessions)
         self.expected_clicks = expected_clicks(sessions, self.rank_ctr)
-        self.coec = coec_scores(self.clicks, self.expected_clicks)
+        self.log_features = LogFeatures.from_sessions(sessions)
+        self.coec_prior = self.log_features.prior(self.prior, self.clicks, self.expected_clicks, family="gamma")
+        post = self.coec_prior.posterior_mean(self.clicks, self.expected_clicks)
+        self.coec = np.where(self.expected_clicks > 0, post, np.nan)
         return self
 
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         self._require_fit(sessions)
         k = sessions.max_rank
-        ratio = gather(self.coec, sessions.docs, PRIOR_COEC)
+        ratio = self.log_features.gather(self.coec, sessions, self.coec_prior, PRIOR_COEC)
         return np.minimum(ratio * self.rank_ctr[None, :k], 1.0)
 
     def relevance(self) -> RelevanceEstimate:
-        """Score = COEC with its Garwood interval; never-shown pairs score the prior 1 with no interval."""
+        """Score = COEC with its interval; never-shown pairs score the prior 1 with no interval."""
         self._require_fit()
-        lo, hi = poisson_ratio_interval(self.clicks, self.expected_clicks)
+        if self.prior == "none":
+            lo, hi = poisson_ratio_interval(self.clicks, self.expected_clicks)
+        else:
+            p = self.coec_prior
+            lo, hi = gamma_posterior_interval(p.a + self.clicks, p.b + self.expected_clicks)
+            lo = np.where(self.expected_clicks > 0, lo, np.nan)
+            hi = np.where(self.expected_clicks > 0, hi, np.nan)
         score = np.where(np.isnan(self.coec), PRIOR_COEC, self.coec)
         return self._counted(
             score,
@@ -75,6 +92,7 @@ class COEC(_CountingModel):
             hi,
             {
                 "rank_ctr": self.rank_ctr.tolist(),
-                "prior": PRIOR_COEC,
+                "prior_unseen": PRIOR_COEC,
+                "prior": self.coec_prior.parameters(),
             },
         )

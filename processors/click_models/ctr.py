@@ -7,7 +7,13 @@ Counting models (Chuklin, Markov & de Rijke, *Click Models for Web Search*, 2015
 - DCTR: P(C_k = 1) = ρ_qd = clicks of (q, d) / impressions of (q, d), whatever the rank.
 
 Clicks are independent of one another in all three, so the conditional click probabilities equal the full
-ones. Unseen pairs (DCTR) and ranks never shown in training (RCTR) are predicted with the global CTR ρ.
+ones. Ranks never shown in training (RCTR) are predicted with the global CTR ρ.
+
+DCTR's ρ_qd carries a Beta prior (``prior``, see ``processors.click_models.priors``): the score is the
+posterior mean (a + clicks)/(a + b + impressions), exact here since the counts are the model's own trials;
+the default empirical prior is rank-informed and fitted by maximum Beta-binomial marginal likelihood. Unseen
+pairs get the prior at the rank they are shown at (empirical) or the global CTR ρ. GCTR and RCTR have no
+per-pair parameter; they accept ``prior`` for a uniform interface and record that it does not apply.
 """
 
 from __future__ import annotations
@@ -20,11 +26,16 @@ from numpy.typing import NDArray
 from processors.click_models.base import FittedModel, RelevanceEstimate
 from processors.click_models.common import (
     check_sessions,
-    gather,
     pair_support,
     safe_div,
     weighted_count,
     wilson_interval,
+)
+from processors.click_models.priors import (
+    DEFAULT_PRIOR,
+    LogFeatures,
+    beta_posterior_interval,
+    check_prior,
 )
 from processors.stats import PairIndex, SessionPatterns
 
@@ -41,6 +52,9 @@ class _CountingModel(FittedModel):
 
     name = "_counting"
     version = "1"
+
+    def __init__(self, prior: str = DEFAULT_PRIOR) -> None:
+        self.prior = check_prior(prior, self.name)
 
     def _fit_counts(self, sessions: SessionPatterns) -> None:
         check_sessions(sessions)
@@ -69,6 +83,8 @@ class _CountingModel(FittedModel):
     ) -> RelevanceEstimate:
         # every impression is a trial of a CTR
         parameters = {"model": self.name, "version": self.version, **params}
+        if self.name in ("gctr", "rctr"):
+            parameters["prior"] = {"kind": "none", "note": "no per-pair parameter to put a prior on"}
         return self._estimate(score, lo, hi, self.impressions.astype(np.float64), parameters)
 
 
@@ -135,18 +151,27 @@ class DCTR(_CountingModel):
     name = "dctr"
 
     def fit(self, sessions: SessionPatterns) -> Self:
-        """ρ_qd = clicks of (q, d) / impressions of (q, d)."""
+        """ρ_qd = posterior mean of (clicks, impressions) of (q, d) under the prior (MLE with ``none``)."""
         self._fit_counts(sessions)
-        self.pair_ctr = safe_div(self.clicks, self.impressions)  # NaN = never shown -> prior at prediction
+        self.log_features = LogFeatures.from_sessions(sessions)
+        imps = self.impressions.astype(np.float64)
+        self.ctr_prior = self.log_features.prior(self.prior, self.clicks, imps)
+        post = self.ctr_prior.posterior_mean(self.clicks, imps)
+        self.pair_ctr = np.where(imps > 0, post, np.nan)  # NaN = never shown -> prior at prediction
         return self
 
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         self._require_fit(sessions)
-        return gather(self.pair_ctr, sessions.docs, self.global_ctr)
+        return self.log_features.gather(self.pair_ctr, sessions, self.ctr_prior, self.global_ctr)
 
     def relevance(self) -> RelevanceEstimate:
-        """Score = ρ_qd with its Wilson 95 % interval; never-shown pairs score the global CTR, no interval."""
+        """Score = ρ_qd with its 95 % interval (posterior Beta; Wilson without a prior); never-shown pairs score
+        the global CTR, no interval."""
         self._require_fit()
-        lo, hi = wilson_interval(self.clicks, self.impressions)
+        if self.prior == "none":
+            lo, hi = wilson_interval(self.clicks, self.impressions)
+        else:
+            lo, hi = beta_posterior_interval(self.ctr_prior, self.clicks, self.impressions)
         score = np.where(np.isnan(self.pair_ctr), self.global_ctr, self.pair_ctr)
-        return self._counted(score, lo, hi, {"global_ctr": self.global_ctr, "prior": "global CTR"})
+        return self._counted(score, lo, hi, {"global_ctr": self.global_ctr, "prior_unseen": "global CTR",
+                                             "prior": self.ctr_prior.parameters()})

@@ -44,10 +44,24 @@ from processors.click_models.common import (
     weighted_count,
 )
 from processors.click_models.dcm import last_click_counts
+from processors.click_models.pbm import log_beta_kernel
+from processors.click_models.priors import (
+    DEFAULT_PRIOR,
+    BetaPrior,
+    LogFeatures,
+    check_prior,
+    fixed_prior,
+    posterior_interval,
+    same_prior,
+)
 from processors.stats import PairIndex, SessionPatterns
 
 DEFAULT_MAX_ITER = 2000
 DEFAULT_TOL = 1e-7
+#: empirical priors: at most this many rounds of (refit the priors, run EM from where the last round stopped)
+MAX_PRIOR_ROUNDS = 10
+#: EM tolerance of the rounds before the prior has settled
+ROUND_TOL = 1e-5
 
 
 def dbn_click_probs(
@@ -223,9 +237,20 @@ def dbn_em(
     tol: float = DEFAULT_TOL,
     fit_gamma: bool = True,
     accelerate: bool = True,
+    alpha_prior: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None,
+    sigma_prior: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None,
 ) -> DbnFit:
-    """EM for DBN (pure kernel); ``fit_gamma=False`` keeps γ fixed; ``accelerate`` uses ``common.squarem``."""
+    """EM for DBN (pure kernel); ``fit_gamma=False`` keeps γ fixed; ``accelerate`` uses ``common.squarem``.
+
+    With Beta priors (a, b) per pair on α and σ the M-step takes complete-data posterior means
+    (a + Σ P(A = 1 | C))/(a + b + impressions) and (a + Σ P(S = 1 | C))/(a + b + clicks), the maximisers of the
+    log-likelihood plus Σ a ln φ + b ln(1 − φ); the trace is that log posterior and never decreases.
+    """
     n_pairs, imps, clk = lay.n_pairs, lay.imps, lay.clicks
+    zero = np.zeros(n_pairs)
+    aa, ab = alpha_prior if alpha_prior is not None else (zero, zero)
+    sa, sb = sigma_prior if sigma_prior is not None else (zero, zero)
+    has_prior = bool((aa + ab + sa + sb > 0).any())
 
     def split(x: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
         return x[:n_pairs], x[n_pairs : 2 * n_pairs], float(x[-1])
@@ -233,11 +258,14 @@ def dbn_em(
     def step(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
         alpha, sigma, gamma = split(x)
         st = dbn_e_step(lay, alpha, sigma, gamma)
-        alpha = np.where(imps > 0, safe_div(st.attracted, imps, fill=0.0), alpha)
-        sigma = np.where(clk > 0, safe_div(st.satisfied, clk, fill=0.0), sigma)
+        ll = st.log_likelihood
+        if has_prior:
+            ll += log_beta_kernel(alpha, aa, ab, imps > 0) + log_beta_kernel(sigma, sa, sb, clk > 0)
+        alpha = np.where(imps > 0, safe_div(aa + st.attracted, aa + ab + imps, fill=0.0), alpha)
+        sigma = np.where(clk > 0, safe_div(sa + st.satisfied, sa + sb + clk, fill=0.0), sigma)
         if fit_gamma and st.could_continue > 0:
             gamma = min(max(st.continued / st.could_continue, 0.0), 1.0)
-        return st.log_likelihood, np.concatenate([alpha, sigma, [gamma]])
+        return ll, np.concatenate([alpha, sigma, [gamma]])
 
     x0 = np.concatenate([alpha0, sigma0, [gamma0]]).astype(np.float64)
     run = squarem(step, x0, max_iter, tol) if accelerate else plain_em(step, x0, max_iter, tol)
@@ -260,7 +288,11 @@ class DBN(FittedModel):
     version = "1"
 
     def __init__(
-        self, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, gamma: float | None = None
+        self,
+        max_iter: int = DEFAULT_MAX_ITER,
+        tol: float = DEFAULT_TOL,
+        gamma: float | None = None,
+        prior: str = DEFAULT_PRIOR,
     ) -> None:
         if max_iter < 1 or tol <= 0:
             raise ClickModelError(f"DBN needs max_iter >= 1 and tol > 0, got {max_iter}, {tol}")
@@ -269,6 +301,7 @@ class DBN(FittedModel):
         self.max_iter = max_iter
         self.tol = tol
         self.fixed_gamma = gamma
+        self.prior = check_prior(prior, self.name)
 
     def fit(self, sessions: SessionPatterns) -> Self:
         """EM from the SDBN counting estimates (α, σ clipped into [0.01, 0.99]) and γ = 0.9."""
@@ -280,14 +313,49 @@ class DBN(FittedModel):
         alpha0 = np.clip(safe_div(clk, exams, fill=clk.sum() / max(exams.sum(), 1.0)), 0.01, 0.99)
         sigma0 = np.clip(safe_div(lay.last_click, lay.clicks, fill=0.5), 0.01, 0.99)
         gamma0 = self.fixed_gamma if self.fixed_gamma is not None else 0.9
-        res = dbn_em(lay, alpha0, sigma0, gamma0, self.max_iter, self.tol, fit_gamma=self.fixed_gamma is None)
+        fit_gamma = self.fixed_gamma is None
+        n_pairs = lay.n_pairs
+        if self.prior != "empirical":
+            self.alpha_prior = self.sigma_prior = fixed_prior(self.prior, n_pairs)
+            res = dbn_em(lay, alpha0, sigma0, gamma0, self.max_iter, self.tol, fit_gamma=fit_gamma,
+                         alpha_prior=(self.alpha_prior.a, self.alpha_prior.b),
+                         sigma_prior=(self.sigma_prior.a, self.sigma_prior.b))
+            iterations, converged, rounds = res.iterations, res.converged, 0
+        else:
+            # alternate: refit both priors on the current E-step's counts, then EM at those priors
+            self.log_features = feats = LogFeatures.from_sessions(sessions)
+            st = dbn_e_step(lay, alpha0, sigma0, gamma0)
+            a_prior: BetaPrior | None = None
+            s_prior: BetaPrior | None = None
+            alpha, sigma, gamma = alpha0, sigma0, gamma0
+            iterations, rounds, settled = 0, 0, False
+            while rounds < MAX_PRIOR_ROUNDS:
+                rounds += 1
+                # α: clicks on the expected examinations; σ: expected satisfactions on the clicks
+                new_a = feats.prior("empirical", lay.clicks, st.examined, start=a_prior)
+                new_s = feats.prior("empirical", st.satisfied, lay.clicks, start=s_prior)
+                settled = (a_prior is not None and s_prior is not None and same_prior(a_prior, new_a)
+                           and same_prior(s_prior, new_s))
+                a_prior, s_prior = new_a, new_s
+                tol = self.tol if settled or rounds == MAX_PRIOR_ROUNDS else max(self.tol, ROUND_TOL)  # only the last round converges fully
+                res = dbn_em(lay, alpha, sigma, gamma, self.max_iter, tol, fit_gamma=fit_gamma,
+                             alpha_prior=(a_prior.a, a_prior.b), sigma_prior=(s_prior.a, s_prior.b))
+                iterations += res.iterations
+                alpha, sigma, gamma, st = res.alpha, res.sigma, res.gamma, res.stats
+                if settled:
+                    break
+            self.alpha_prior = a_prior if a_prior is not None else fixed_prior("none", n_pairs)
+            self.sigma_prior = s_prior if s_prior is not None else fixed_prior("none", n_pairs)
+            converged = res.converged and settled
+        self.prior_rounds = rounds
         self.impressions, self.clicks, self.sessions = pair_support(sessions)
         self.alpha = np.where(self.impressions > 0, res.alpha, np.nan)
         self.sigma = np.where(self.clicks > 0, res.sigma, np.nan)
         self.gamma = res.gamma
         self.log_likelihood_trace = res.log_likelihood
-        self.iterations = res.iterations
-        self.converged = res.converged
+        self.iterations = iterations
+        self.converged = converged
+        self.log_likelihood = res.stats.log_likelihood
         self.expected_examinations = res.stats.examined
         imps = self.impressions.sum()
         self.prior_alpha = float(res.stats.attracted.sum() / imps) if imps > 0 else 0.5
@@ -300,16 +368,23 @@ class DBN(FittedModel):
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """P(C_k = 1) = ε_k α_k with ε_1 = 1, ε_{k+1} = ε_k γ (1 − α_k σ_k)."""
         self._require_fit(sessions)
-        a = gather(self.alpha, sessions.docs, self.prior_alpha)
-        s = gather(self.sigma, sessions.docs, self.prior_sigma)
+        a, s = self._params_at(sessions)
         return dbn_click_probs(a, s, self.gamma)
 
     def conditional_click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """P(C_k = 1 | clicks above): ε = γ(1 − σ_j) after a click at j, Bayes-updated on every skip since."""
         self._require_fit(sessions)
-        a = gather(self.alpha, sessions.docs, self.prior_alpha)
-        s = gather(self.sigma, sessions.docs, self.prior_sigma)
+        a, s = self._params_at(sessions)
         return dbn_click_probs(a, s, self.gamma, sessions.clicks)
+
+    def _params_at(self, sessions: SessionPatterns) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """α and σ per shown position; unseen pairs get the priors (rank-informed when empirical)."""
+        if self.prior != "empirical":
+            return (gather(self.alpha, sessions.docs, self.prior_alpha),
+                    gather(self.sigma, sessions.docs, self.prior_sigma))
+        f = self.log_features
+        return (f.gather(self.alpha, sessions, self.alpha_prior, self.prior_alpha),
+                f.gather(self.sigma, sessions, self.sigma_prior, self.prior_sigma))
 
     def relevance(self) -> RelevanceEstimate:
         """Score = α·σ; interval = product of the Jeffreys bounds of α (on expected examinations) and σ.
@@ -317,10 +392,18 @@ class DBN(FittedModel):
         Observations: the expected examinations Σ P(E = 1 | clicks) of the pair.
         """
         self._require_fit()
-        a = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
-        s = np.where(np.isnan(self.sigma), self.prior_sigma, self.sigma)
-        a_lo, a_hi = beta_interval(a * self.expected_examinations, self.expected_examinations)
-        s_lo, s_hi = beta_interval(s * self.clicks, self.clicks.astype(np.float64))
+        emp = self.prior == "empirical"
+        a = np.where(np.isnan(self.alpha), self.alpha_prior.mean if emp else self.prior_alpha, self.alpha)
+        s = np.where(np.isnan(self.sigma), self.sigma_prior.mean if emp else self.prior_sigma, self.sigma)
+        exams = self.expected_examinations
+        if self.prior == "none":
+            a_lo, a_hi = beta_interval(a * exams, exams)
+            s_lo, s_hi = beta_interval(s * self.clicks, self.clicks.astype(np.float64))
+        else:  # posterior Beta with the posterior mean and count prior strength + trials
+            pa, ps = self.alpha_prior, self.sigma_prior
+            a_lo, a_hi = posterior_interval(a, pa.a + pa.b + exams)
+            s_lo, s_hi = posterior_interval(s, ps.a + ps.b + self.clicks)
+            a_lo, a_hi = np.where(exams > 0, a_lo, np.nan), np.where(exams > 0, a_hi, np.nan)
         # no clicks: σ is unconstrained by data, so the product's interval spans [0, α_hi]
         s_lo, s_hi = np.where(self.clicks > 0, s_lo, 0.0), np.where(self.clicks > 0, s_hi, 1.0)
         return self._estimate(
@@ -335,9 +418,11 @@ class DBN(FittedModel):
             "gamma_fixed": self.fixed_gamma is not None,
             "iterations": self.iterations,
             "converged": self.converged,
-            "log_likelihood": self.log_likelihood_trace[-1],
+            "log_likelihood": self.log_likelihood,
             "tol": self.tol,
             "prior_alpha": self.prior_alpha,
             "prior_sigma": self.prior_sigma,
+            "prior": {"alpha": self.alpha_prior.parameters(), "sigma": self.sigma_prior.parameters(),
+                      "rounds": self.prior_rounds},
             "score": "alpha * sigma",
         }

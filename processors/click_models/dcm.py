@@ -11,8 +11,12 @@ in a session without clicks), ranks below the last click are left out (the user 
     α_qd = clicks on (q, d) / examined impressions of (q, d)
     λ_k  = 1 − (sessions whose last click is at rank k) / (clicks at rank k)
 
-Unseen pairs get α₀ = Σ clicks / Σ examined impressions; ranks never clicked get the click-weighted
-mean λ. Interval: Wilson on (clicks, examined impressions).
+α carries a Beta prior (``prior``, ``processors.click_models.priors``): α_qd is the posterior mean
+(a + clicks)/(a + b + examined impressions), the default empirical prior rank-informed and fitted by maximum
+Beta-binomial marginal likelihood on those counts. λ_k is per rank, not per pair (thousands of clicks per
+rank), and stays the counting estimate. Unseen pairs get the prior (at the rank they are shown at, when
+empirical) or α₀ = Σ clicks / Σ examined impressions; ranks never clicked get the click-weighted mean λ.
+Interval: the posterior Beta (Wilson on (clicks, examined impressions) with ``prior="none"``).
 """
 
 from __future__ import annotations
@@ -26,11 +30,16 @@ from processors.click_models.base import FittedModel, RelevanceEstimate
 from processors.click_models.cascade import cascade_family_probs, click_extent
 from processors.click_models.common import (
     check_sessions,
-    gather,
     pair_support,
     safe_div,
     weighted_count,
     wilson_interval,
+)
+from processors.click_models.priors import (
+    DEFAULT_PRIOR,
+    LogFeatures,
+    beta_posterior_interval,
+    check_prior,
 )
 from processors.stats import PairIndex, SessionPatterns
 
@@ -62,6 +71,9 @@ class DCM(FittedModel):
     name = "dcm"
     version = "1"
 
+    def __init__(self, prior: str = DEFAULT_PRIOR) -> None:
+        self.prior = check_prior(prior, self.name)
+
     def fit(self, sessions: SessionPatterns) -> Self:
         """Counting estimates of α (ranks at or above the last click) and λ_k (1 − last clicks / clicks)."""
         check_sessions(sessions)
@@ -69,7 +81,9 @@ class DCM(FittedModel):
         self.max_rank = sessions.max_rank
         exams, clk, _, is_last, _ = last_click_counts(sessions)
         self.examinations, self.examined_clicks = exams, clk
-        self.alpha = safe_div(clk, exams)
+        self.log_features = LogFeatures.from_sessions(sessions)
+        self.alpha_prior = self.log_features.prior(self.prior, clk, exams)
+        self.alpha = np.where(exams > 0, self.alpha_prior.posterior_mean(clk, exams), np.nan)
         self.prior_alpha = float(clk.sum() / exams.sum()) if exams.sum() > 0 else 0.5
         w = sessions.weight.astype(np.float64)[:, None]
         shown = sessions.docs >= 0
@@ -84,7 +98,7 @@ class DCM(FittedModel):
         return self
 
     def _inputs(self, sessions: SessionPatterns) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        a = gather(self.alpha, sessions.docs, self.prior_alpha)
+        a = self.log_features.gather(self.alpha, sessions, self.alpha_prior, self.prior_alpha)
         lam = np.broadcast_to(self.lam[None, : sessions.max_rank], a.shape)
         return a, lam
 
@@ -103,8 +117,13 @@ class DCM(FittedModel):
     def relevance(self) -> RelevanceEstimate:
         """Score = α_qd, Wilson interval over (clicks, examined impressions); observations = examined impressions."""
         self._require_fit()
-        lo, hi = wilson_interval(self.examined_clicks, self.examinations)
-        score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
+        if self.prior == "none":
+            lo, hi = wilson_interval(self.examined_clicks, self.examinations)
+        else:
+            lo, hi = beta_posterior_interval(self.alpha_prior, self.examined_clicks, self.examinations)
+        unexamined = (np.asarray(self.alpha_prior.mean) if self.alpha_prior.kind == "empirical"
+                      else np.full(len(self.pairs), self.prior_alpha))
+        score = np.where(np.isnan(self.alpha), unexamined, self.alpha)
         return self._estimate(score, lo, hi, self.examinations, self.parameters())
 
     def parameters(self) -> dict[str, Any]:
@@ -113,4 +132,5 @@ class DCM(FittedModel):
             "version": self.version,
             "lambda": [round(float(x), 6) for x in self.lam],
             "prior_alpha": self.prior_alpha,
+            "prior": self.alpha_prior.parameters(),
         }

@@ -39,10 +39,26 @@ from processors.click_models.common import (
     squarem,
     weighted_count,
 )
+from processors.click_models.priors import (
+    DEFAULT_PRIOR,
+    BetaPrior,
+    check_prior,
+    fit_prior,
+    fixed_prior,
+    posterior_interval,
+    query_searches,
+    rank_features,
+    same_prior,
+    unseen_features,
+)
 from processors.stats import ClickCells, PairIndex, SessionPatterns, cells_from_sessions
 
 DEFAULT_MAX_ITER = 500
 DEFAULT_TOL = 1e-8
+#: empirical prior: at most this many rounds of (refit the prior, run EM); the hyperparameters settle in 3-6
+MAX_PRIOR_ROUNDS = 10
+#: EM tolerance of the rounds before the prior has settled
+ROUND_TOL = 1e-5
 
 
 class EmResult(NamedTuple):
@@ -65,16 +81,25 @@ def factorised_em(
     max_iter: int = DEFAULT_MAX_ITER,
     tol: float = DEFAULT_TOL,
     accelerate: bool = True,
+    prior_a: NDArray[np.float64] | None = None,
+    prior_b: NDArray[np.float64] | None = None,
 ) -> EmResult:
     """EM for P(C) = e[cell_exam]·α[cell_pair] over aggregated cells (PBM: exam = rank; UBM: (rank, prev click)).
 
-    Pure kernel: all arrays are per cell except ``exam0`` (per examination group) and ``alpha0`` (per pair).
-    ``accelerate`` uses SQUAREM extrapolation with a monotonicity safeguard (``common.squarem``).
+    Pure kernel: all arrays are per cell except ``exam0`` (per examination group) and ``alpha0``, ``prior_a``,
+    ``prior_b`` (per pair). ``accelerate`` uses SQUAREM extrapolation with a monotonicity safeguard
+    (``common.squarem``). With a Beta prior (a, b) on α the M-step is the complete-data posterior mean
+    α = (a + Σ P(A = 1 | C)) / (a + b + impressions), the maximiser of ℓ + Σ a ln α + b ln(1 − α): the
+    trace is that log posterior and never decreases. Without a prior (a = b = 0) it is the MLE, and the
+    scale ridge is removed by rescaling max e = 1 (with a prior the ridge is gone: the prior sets the scale).
     """
     n_pairs, n_exam = len(alpha0), len(exam0)
     imps = impressions.astype(np.float64)
     clk = clicks.astype(np.float64)
     non = imps - clk
+    pa = np.zeros(n_pairs) if prior_a is None else np.asarray(prior_a, dtype=np.float64)
+    pb = np.zeros(n_pairs) if prior_b is None else np.asarray(prior_b, dtype=np.float64)
+    has_prior = bool((pa + pb > 0).any())
     pair_imps = weighted_count(cell_pair, imps, n_pairs)
     exam_imps = weighted_count(cell_exam, imps, n_exam)
     e_fixed, a_fixed = exam_imps == 0, pair_imps == 0  # no data: keep the start value
@@ -84,18 +109,21 @@ def factorised_em(
         ec, ac = e[cell_exam], a[cell_pair]
         p = ec * ac
         ll = bernoulli_loglik(p, clk, imps)
+        if has_prior:
+            ll += log_beta_kernel(a, pa, pb, ~a_fixed)
         with np.errstate(divide="ignore", invalid="ignore"):
             miss = 1.0 - p  # P(C = 0); > 0 wherever a non-click was observed (EM keeps it so)
             post_e = np.where(miss > 0, ec * (1.0 - ac) / miss, 0.0)
             post_a = np.where(miss > 0, (1.0 - ec) * ac / miss, 0.0)
         e_new = safe_div(weighted_count(cell_exam, clk + non * post_e, n_exam), exam_imps, fill=0.0)
         e_new = np.where(e_fixed, e, e_new)
-        a_new = safe_div(weighted_count(cell_pair, clk + non * post_a, n_pairs), pair_imps, fill=0.0)
+        attracted = weighted_count(cell_pair, clk + non * post_a, n_pairs)
+        a_new = safe_div(pa + attracted, pa + pb + pair_imps, fill=0.0)
         a_new = np.where(a_fixed, a, a_new)
-        # Only e·α is identified; sliding along that ridge so that max e = 1 changes no probability (α·max e
-        # <= 1 stays a probability) and keeps EM from creeping along the ridge.
+        # Only e·α is identified by the likelihood; sliding along that ridge so that max e = 1 changes no
+        # probability (α·max e <= 1 stays a probability) and keeps EM from creeping along the ridge.
         top = e_new[~e_fixed].max() if (~e_fixed).any() else 1.0
-        if top > 0:
+        if top > 0 and not has_prior:
             e_new = np.where(e_fixed, e_new, e_new / top)
             a_new = np.where(a_fixed, a_new, np.minimum(a_new * top, 1.0))
         return ll, np.concatenate([e_new, a_new])
@@ -105,6 +133,39 @@ def factorised_em(
     return EmResult(
         run.params[:n_exam], run.params[n_exam:], run.log_likelihood, run.iterations, run.converged
     )
+
+
+def log_beta_kernel(
+    a: NDArray[np.float64], pa: NDArray[np.float64], pb: NDArray[np.float64], use: NDArray[np.bool_]
+) -> float:
+    """Σ over ``use`` of pa·ln a + pb·ln(1 − a) (the log prior up to a constant; 0·ln 0 = 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t1 = np.where(use & (pa > 0), pa * np.log(np.where(pa > 0, a, 1.0)), 0.0)
+        t2 = np.where(use & (pb > 0), pb * np.log1p(-np.where(pb > 0, a, 0.0)), 0.0)
+    return float(t1.sum() + t2.sum())
+
+
+def expected_examined(
+    cell_pair: AnyArray,
+    cell_exam: AnyArray,
+    imps: AnyArray,
+    clicks: AnyArray,
+    exam: AnyArray,
+    alpha: AnyArray,
+    n_pairs: int,
+) -> NDArray[np.float64]:
+    """Per pair, clicks + Σ_non-clicks P(E = 1 | C = 0) = e(1 − α)/(1 − eα): its examined trials given the data.
+
+    These are the trials of the Beta-binomial marginal the empirical prior is fitted on: with them the
+    binomial α^c (1 − α)^(n − c) has the same score (derivative in α) at the current α as the PBM likelihood
+    Π (eα)^c (1 − eα)^(1 − c) of the pair's impressions, and n >= c always.
+    """
+    e = np.asarray(exam, dtype=np.float64)[cell_exam]
+    a = np.asarray(alpha, dtype=np.float64)[cell_pair]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        post_e = np.where(1.0 - e * a > 0, e * (1.0 - a) / (1.0 - e * a), 0.0)
+    c = np.asarray(clicks, dtype=np.float64)
+    return weighted_count(cell_pair, c + (np.asarray(imps, dtype=np.float64) - c) * post_e, n_pairs)
 
 
 def initial_exam(group_clicks: AnyArray, group_imps: AnyArray) -> NDArray[np.float64]:
@@ -150,20 +211,27 @@ class ExaminationEM(FittedModel):
     """What PBM and UBM share: P(C) = examination(group) · α(pair), fitted by :func:`factorised_em` on cells.
 
     The two differ only in what indexes examination (the rank; the rank and previous click rank) and in how
-    that examination is reported.
+    that examination is reported. ``prior`` (``processors.click_models.priors``) chooses the prior on α:
+    ``empirical`` alternates EM at a fixed prior with an empirical-Bayes refit of the rank-informed prior on
+    (clicks, expected examinations) until the prior's hyperparameters settle (at most
+    :data:`MAX_PRIOR_ROUNDS` rounds; each round's EM starts where the last one stopped).
     """
 
-    def __init__(self, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL) -> None:
+    def __init__(
+        self, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, prior: str = DEFAULT_PRIOR
+    ) -> None:
         if max_iter < 1 or tol <= 0:
             raise ClickModelError(f"{self.name.upper()} needs max_iter >= 1 and tol > 0, got {max_iter}, {tol}")
         self.max_iter = max_iter
         self.tol = tol
+        self.prior = check_prior(prior, self.name)
 
     def _fit_em(
         self,
         pairs: PairIndex,
         pair: NDArray[np.int64],
         exam_id: NDArray[np.int64],
+        rank: NDArray[np.int64],
         imps: NDArray[np.float64],
         clk: NDArray[np.float64],
         exam0: NDArray[np.float64],
@@ -172,36 +240,102 @@ class ExaminationEM(FittedModel):
         self.pairs = pairs
         n_pairs = len(pairs)
         alpha0 = initial_alpha(pair, exam_id, imps, clk, exam0, n_pairs)
-        res = factorised_em(pair, exam_id, imps, clk, exam0, alpha0, self.max_iter, self.tol)
         pair_imps = weighted_count(pair, imps, n_pairs)
+        pair_clk = weighted_count(pair, clk, n_pairs)
+        exam_imps = weighted_count(exam_id, imps, len(exam0))
+        if self.prior != "empirical":
+            self.alpha_prior = fixed_prior(self.prior, n_pairs)
+            res = factorised_em(pair, exam_id, imps, clk, exam0, alpha0, self.max_iter, self.tol,
+                                prior_a=self.alpha_prior.a, prior_b=self.alpha_prior.b)
+            self.prior_rounds = 0
+            iterations, converged = res.iterations, res.converged
+        else:
+            feats = rank_features(pair, rank, imps, pairs.query_index, n_pairs)
+            self._searches = query_searches(pair, rank, imps, pairs.query_index, n_pairs)
+            exam, alpha = exam0.astype(np.float64), alpha0
+            prior: BetaPrior | None = None
+            iterations, settled, rounds = 0, False, 0
+            while rounds < MAX_PRIOR_ROUNDS:
+                rounds += 1
+                if prior is not None:  # the scale ridge: put max e = 1 before refitting the prior
+                    top = float(exam[exam_imps > 0].max()) if (exam_imps > 0).any() else 1.0
+                    if top > 0:
+                        exam, alpha = exam / top, np.minimum(alpha * top, 1.0)
+                examined = expected_examined(pair, exam_id, imps, clk, exam, alpha, n_pairs)
+                new = fit_prior(pair_clk, examined, feats, start=prior)
+                settled = prior is not None and same_prior(prior, new)
+                prior = new
+                # rounds before the prior settles only need to get close; the last one converges fully
+                tol = self.tol if settled or rounds == MAX_PRIOR_ROUNDS else max(self.tol, ROUND_TOL)
+                res = factorised_em(pair, exam_id, imps, clk, exam, alpha, self.max_iter, tol,
+                                    prior_a=prior.a, prior_b=prior.b)
+                iterations += res.iterations
+                exam, alpha = res.exam, res.alpha
+                if settled:
+                    break
+            self.alpha_prior = prior if prior is not None else fixed_prior("none", n_pairs)
+            self.prior_rounds = rounds
+            converged = res.converged and settled
         self.alpha = np.where(pair_imps > 0, res.alpha, np.nan)
         self.log_likelihood_trace = res.log_likelihood
-        self.iterations = res.iterations
-        self.converged = res.converged
+        self.log_likelihood = bernoulli_loglik(res.exam[exam_id] * res.alpha[pair], clk, imps)
+        self.iterations = iterations
+        self.converged = converged
         expected = float((imps * res.exam[exam_id]).sum())  # expected examinations
         self.prior_alpha = min(max(float(clk.sum()) / expected, 0.0), 1.0) if expected > 0 else 0.5
         self._cells = (pair, exam_id, imps)
         self.impressions = pair_imps.astype(np.int64)
-        self.clicks = weighted_count(pair, clk, n_pairs).astype(np.int64)
+        self.clicks = pair_clk.astype(np.int64)
         self.sessions = self.impressions.copy()
         return res
 
     def _em_relevance(self, exam: NDArray[np.float64], first: float) -> RelevanceEstimate:
-        """Score = α·``first`` (click probability at the top) with a Jeffreys interval on Fisher-matched counts.
+        """Score = α·``first`` (click probability at the top) with its interval.
 
-        ``exam`` is examination by ``exam_id``. See :func:`effective_trials`; the uncertainty of examination
-        (shared by all pairs) is ignored. Observations: the expected examinations Σ_impressions
-        min(exam/first, 1).
+        ``exam`` is examination by ``exam_id``. The interval is the posterior Beta of α with the posterior
+        mean as its mean and, as its count, the prior strength a + b plus the Fisher-matched trials
+        (:func:`effective_trials`); without a prior, the Jeffreys interval on those trials. The uncertainty of
+        examination (shared by all pairs) is ignored. Observations: Σ_impressions min(exam/first, 1).
         """
         self._require_fit()
         first = first if first > 0 else 1.0
-        score = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha) * first
+        raw = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
+        score = raw * first
         cell_pair, exam_id, imps = self._cells
         examined = np.minimum(exam / first, 1.0)[exam_id]
         n_eff = effective_trials(score, cell_pair, examined, imps)
-        lo, hi = beta_interval(score * n_eff, n_eff)
         observations = weighted_count(cell_pair, imps * examined, len(self.pairs))
+        if self.prior == "none":
+            lo, hi = beta_interval(score * n_eff, n_eff)
+        else:
+            # on α's own scale (the prior's), then onto the score's
+            n_raw = effective_trials(raw, cell_pair, np.minimum(exam, 1.0)[exam_id], imps)
+            lo, hi = posterior_interval(raw, self.alpha_prior.a + self.alpha_prior.b + n_raw)
+            lo = np.where(observations > 0, lo * first, np.nan)
+            hi = np.where(observations > 0, np.minimum(hi * first, 1.0), np.nan)
         return self._estimate(score, lo, hi, observations, self.parameters())
+
+    def _alpha_at(self, sessions: SessionPatterns) -> NDArray[np.float64]:
+        """α per shown position; a pair unseen in training gets the prior: rank-informed (at the rank it is
+        shown, :func:`priors.unseen_features`) under the empirical prior, else ``prior_alpha``."""
+        alpha = gather(self.alpha, sessions.docs, self.prior_alpha)
+        if self.prior != "empirical":
+            return alpha
+        n = len(self.alpha)
+        d = sessions.docs
+        inside = (d >= 0) & (d < n)
+        fitted = np.zeros(d.shape, dtype=bool)
+        fitted[inside] = ~np.isnan(self.alpha[d[inside]])
+        unseen = (d >= 0) & ~fitted
+        if unseen.any():
+            ranks = np.broadcast_to(np.arange(1, d.shape[1] + 1), d.shape)[unseen]
+            queries = np.broadcast_to(sessions.query[:, None], d.shape)[unseen]
+            alpha[unseen] = self.alpha_prior.mean_at(unseen_features(ranks, queries, self._searches))
+        return alpha
+
+    def _prior_parameters(self, first: float) -> dict[str, Any]:
+        """The prior's record; the prior mean coefficients are on α's raw scale (times ``first`` for the score)."""
+        return {**self.alpha_prior.parameters(), "rounds": self.prior_rounds, "score_scale": round(first, 6)}
 
     def parameters(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -229,7 +363,7 @@ class PBM(ExaminationEM):
         exam_id = cells.rank - 1
         self.rank_impressions = weighted_count(exam_id, imps, k)
         theta0 = initial_exam(weighted_count(exam_id, clk, k), self.rank_impressions)
-        self.theta = self._fit_em(cells.pairs, cells.pair, exam_id, imps, clk, theta0).exam  # raw EM scale
+        self.theta = self._fit_em(cells.pairs, cells.pair, exam_id, cells.rank, imps, clk, theta0).exam
         self._fitted = True
         return self
 
@@ -241,9 +375,9 @@ class PBM(ExaminationEM):
         return t / t[0] if t[0] > 0 else np.full_like(t, np.nan)
 
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
-        """P(C_k = 1) = θ_k·α_qd (prior α₀ for unseen pairs)."""
+        """P(C_k = 1) = θ_k·α_qd (the prior for unseen pairs, see :meth:`ExaminationEM._alpha_at`)."""
         self._require_fit(sessions)
-        alpha = gather(self.alpha, sessions.docs, self.prior_alpha)
+        alpha = self._alpha_at(sessions)
         return alpha * self.theta[None, : sessions.max_rank]
 
     def conditional_click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
@@ -263,8 +397,9 @@ class PBM(ExaminationEM):
             "theta_ratio": [None if np.isnan(x) else round(float(x), 6) for x in self.theta_ratio],
             "iterations": self.iterations,
             "converged": self.converged,
-            "log_likelihood": self.log_likelihood_trace[-1],
+            "log_likelihood": self.log_likelihood,
             "tol": self.tol,
             "prior_alpha": self.prior_alpha * float(self.theta[0]),
+            "prior": self._prior_parameters(float(self.theta[0])),
             "score": "attractiveness on the theta_1 = 1 scale",
         }

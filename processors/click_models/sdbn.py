@@ -7,8 +7,11 @@ last click are left out, as in the paper's counting estimator:
     α_qd = clicks on (q, d) / examined impressions of (q, d)
     σ_qd = sessions whose last click is on (q, d) / clicks on (q, d)
 
-Relevance is α·σ. Predictions use the DBN recursions with γ = 1. Unseen pairs get α₀ = Σ clicks / Σ examined
-impressions and σ₀ = Σ last clicks / Σ clicks. Interval: Wilson bounds of α and σ, multiplied bound by bound
+Relevance is α·σ. Predictions use the DBN recursions with γ = 1. Both α and σ carry Beta priors (``prior``,
+``processors.click_models.priors``; default: rank-informed, empirical Bayes by maximum Beta-binomial marginal
+likelihood, each on its own counts) and are posterior means. Unseen pairs get the prior (at the rank they are
+shown at, when empirical) or α₀ = Σ clicks / Σ examined impressions and σ₀ = Σ last clicks / Σ clicks.
+Interval: posterior Beta bounds of α and σ (Wilson with ``prior="none"``), multiplied bound by bound
 (conservative for the product).
 """
 
@@ -22,14 +25,18 @@ from numpy.typing import NDArray
 from processors.click_models.base import FittedModel, RelevanceEstimate
 from processors.click_models.common import (
     check_sessions,
-    gather,
     pair_support,
-    safe_div,
     weighted_count,
     wilson_interval,
 )
 from processors.click_models.dbn import dbn_click_probs
 from processors.click_models.dcm import last_click_counts
+from processors.click_models.priors import (
+    DEFAULT_PRIOR,
+    LogFeatures,
+    beta_posterior_interval,
+    check_prior,
+)
 from processors.stats import PairIndex, SessionPatterns
 
 
@@ -38,6 +45,9 @@ class SDBN(FittedModel):
 
     name = "sdbn"
     version = "1"
+
+    def __init__(self, prior: str = DEFAULT_PRIOR) -> None:
+        self.prior = check_prior(prior, self.name)
 
     def fit(self, sessions: SessionPatterns) -> Self:
         """α = clicks / examined impressions, σ = last clicks / clicks (examined = at or above the last click)."""
@@ -48,8 +58,11 @@ class SDBN(FittedModel):
         w = np.broadcast_to(sessions.weight[:, None], is_last.shape)
         last = weighted_count(sessions.docs[is_last], w[is_last], len(self.pairs))
         self.examinations, self.examined_clicks, self.last_clicks = exams, clk, last
-        self.alpha = safe_div(clk, exams)
-        self.sigma = safe_div(last, clk)
+        self.log_features = feats = LogFeatures.from_sessions(sessions)
+        self.alpha_prior = feats.prior(self.prior, clk, exams)
+        self.sigma_prior = feats.prior(self.prior, last, clk)
+        self.alpha = np.where(exams > 0, self.alpha_prior.posterior_mean(clk, exams), np.nan)
+        self.sigma = np.where(clk > 0, self.sigma_prior.posterior_mean(last, clk), np.nan)
         self.prior_alpha = float(clk.sum() / exams.sum()) if exams.sum() > 0 else 0.5
         self.prior_sigma = float(last.sum() / clk.sum()) if clk.sum() > 0 else 0.5
         self.impressions, self.clicks, self.sessions = pair_support(sessions)
@@ -59,15 +72,15 @@ class SDBN(FittedModel):
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """P(C_k = 1) = ε_k α_k, ε_1 = 1, ε_{k+1} = ε_k (1 − α_k σ_k)."""
         self._require_fit(sessions)
-        a = gather(self.alpha, sessions.docs, self.prior_alpha)
-        s = gather(self.sigma, sessions.docs, self.prior_sigma)
+        a = self.log_features.gather(self.alpha, sessions, self.alpha_prior, self.prior_alpha)
+        s = self.log_features.gather(self.sigma, sessions, self.sigma_prior, self.prior_sigma)
         return dbn_click_probs(a, s, 1.0)
 
     def conditional_click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """P(C_k = 1 | clicks above): ε = 1 − σ_j after a click at j, Bayes-updated on every skip since."""
         self._require_fit(sessions)
-        a = gather(self.alpha, sessions.docs, self.prior_alpha)
-        s = gather(self.sigma, sessions.docs, self.prior_sigma)
+        a = self.log_features.gather(self.alpha, sessions, self.alpha_prior, self.prior_alpha)
+        s = self.log_features.gather(self.sigma, sessions, self.sigma_prior, self.prior_sigma)
         return dbn_click_probs(a, s, 1.0, sessions.clicks)
 
     def relevance(self) -> RelevanceEstimate:
@@ -76,10 +89,15 @@ class SDBN(FittedModel):
         Observations: the examined impressions α is counted on (at or above the last click).
         """
         self._require_fit()
-        a = np.where(np.isnan(self.alpha), self.prior_alpha, self.alpha)
-        s = np.where(np.isnan(self.sigma), self.prior_sigma, self.sigma)
-        a_lo, a_hi = wilson_interval(self.examined_clicks, self.examinations)
-        s_lo, s_hi = wilson_interval(self.last_clicks, self.examined_clicks)
+        emp = self.alpha_prior.kind == "empirical"
+        a = np.where(np.isnan(self.alpha), self.alpha_prior.mean if emp else self.prior_alpha, self.alpha)
+        s = np.where(np.isnan(self.sigma), self.sigma_prior.mean if emp else self.prior_sigma, self.sigma)
+        if self.prior == "none":
+            a_lo, a_hi = wilson_interval(self.examined_clicks, self.examinations)
+            s_lo, s_hi = wilson_interval(self.last_clicks, self.examined_clicks)
+        else:
+            a_lo, a_hi = beta_posterior_interval(self.alpha_prior, self.examined_clicks, self.examinations)
+            s_lo, s_hi = beta_posterior_interval(self.sigma_prior, self.last_clicks, self.examined_clicks)
         s_lo, s_hi = (
             np.where(self.examined_clicks > 0, s_lo, 0.0),
             np.where(self.examined_clicks > 0, s_hi, 1.0),
@@ -93,5 +111,6 @@ class SDBN(FittedModel):
             "gamma": 1.0,
             "prior_alpha": self.prior_alpha,
             "prior_sigma": self.prior_sigma,
+            "prior": {"alpha": self.alpha_prior.parameters(), "sigma": self.sigma_prior.parameters()},
             "score": "alpha * sigma",
         }

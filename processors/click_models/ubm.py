@@ -26,7 +26,6 @@ from processors.click_models.common import (
     AnyArray,
     ClickModelError,
     check_sessions,
-    gather,
     pair_support,
     safe_div,
     weighted_count,
@@ -104,7 +103,7 @@ class UBM(ExaminationEM):
         exam_id = (cells.rank - 1) * k + cells.prev_click
         group_imps = weighted_count(exam_id, imps, k * k)
         gamma0 = initial_exam(weighted_count(exam_id, clk, k * k), group_imps)
-        res = self._fit_em(cells.pairs, cells.pair, exam_id, imps, clk, gamma0)
+        res = self._fit_em(cells.pairs, cells.pair, exam_id, cells.rank, imps, clk, gamma0)
         gamma = np.where(group_imps > 0, res.exam, np.nan).reshape(k, k)
         self.gamma_impressions = group_imps.reshape(k, k)
         self.gamma = _fill_unseen(gamma, self.gamma_impressions)
@@ -121,14 +120,14 @@ class UBM(ExaminationEM):
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """Unconditional P(C_k = 1), summing over where the previous click may have been."""
         self._require_fit(sessions)
-        alpha = gather(self.alpha, sessions.docs, self.prior_alpha)
+        alpha = self._alpha_at(sessions)
         return ubm_full_click_probs(alpha, self.gamma)
 
     def conditional_click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """P(C_k = 1 | observed clicks above) = γ_{k,k'}·α with k' the observed previous click rank."""
         self._require_fit(sessions)
         k = sessions.max_rank
-        alpha = gather(self.alpha, sessions.docs, self.prior_alpha)
+        alpha = self._alpha_at(sessions)
         prev = previous_click_rank(sessions.clicks & (sessions.docs >= 0))
         return alpha * self.gamma[np.arange(k)[None, :], prev]
 
@@ -149,9 +148,10 @@ class UBM(ExaminationEM):
             ],
             "iterations": self.iterations,
             "converged": self.converged,
-            "log_likelihood": self.log_likelihood_trace[-1],
+            "log_likelihood": self.log_likelihood,
             "tol": self.tol,
             "prior_alpha": self.prior_alpha * float(self.gamma[0, 0]),
+            "prior": self._prior_parameters(float(self.gamma[0, 0])),
             "score": "attractiveness on the gamma_{1,0} = 1 scale",
         }
 

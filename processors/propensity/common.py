@@ -10,7 +10,7 @@ from numpy.typing import NDArray
 
 from schemas.errors import UbiError
 
-METHODS = ("em", "harvest", "randomized")
+METHODS = ("em", "marginal", "harvest", "randomized")
 
 
 class PropensityError(UbiError):

@@ -31,10 +31,13 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
+from processors.identifiability import UNIDENTIFIED as _NONE
+from processors.identifiability import assess
 from processors.propensity.bootstrap import SCHEME, CellMap, basic_log_interval, bias_and_se, bootstrap
 from processors.propensity.common import METHODS, PropensityError, PropensityEstimate
 from processors.propensity.em import em_ratios
-from processors.propensity.harvest import allpairs_from_stats, connected_to_first, harvest_stats
+from processors.propensity.harvest import allpairs_from_stats, harvest_stats
+from processors.propensity.marginal import marginal_ratios
 from processors.propensity.randomized import SwapSessions, arm_counts, swap_ratios
 from processors.stats import ClickCells, SessionPatterns
 
@@ -45,7 +48,8 @@ FEW_LINKING_PAIRS = 20
 #: bootstrap bias below this share of the standard error is not worth a note (Efron & Tibshirani 1993, §10.3)
 BIAS_NOTE_SHARE = 0.25
 INTERVALS = {"em": "basic bootstrap interval of log θ (reflected around the estimate: corrects a bias the "
-                   "replicates share)", "harvest": "percentile", "randomized": "percentile"}
+                   "replicates share)", "marginal": "percentile", "harvest": "percentile",
+             "randomized": "percentile"}
 
 UNIDENTIFIED = (
     "no (query, doc) was shown at two different ranks (one fixed ranking per query), so {what} cannot tell "
@@ -89,9 +93,9 @@ def estimate_from_patterns(
     ``replicates = 0`` skips the bootstrap (intervals are NaN). The interval resamples whole sessions
     (multinomial counts over the distinct patterns), so it carries the dependence between ranks of a session.
     """
-    if method not in ("em", "harvest"):
+    if method not in ("em", "marginal", "harvest"):
         raise PropensityError(f"method {method!r} works on swap experiments or is unknown; "
-                              f"from session patterns choose em or harvest (all: {', '.join(METHODS)})")
+                              f"from session patterns choose em, marginal or harvest (all: {', '.join(METHODS)})")
     k = sessions.max_rank if max_rank is None else int(max_rank)
     if k < 2:
         raise PropensityError(f"max rank must be at least 2 to compare ranks, got {k}")
@@ -102,15 +106,19 @@ def estimate_from_patterns(
     if len(cells.pair) == 0:
         raise PropensityError("the log has no displayed results: nothing to estimate position bias from")
 
+    ident = assess(cells)  # the verdict `ubi process` and `ubi report` use too
+    if ident.verdict == _NONE:
+        raise PropensityError(f"identifiability: {ident.verdict}: "
+                              + UNIDENTIFIED.format(what="harvesting" if method == "harvest" else "PBM EM"))
     hs = harvest_stats(cells)
-    if len(hs.k) == 0:
-        raise PropensityError(UNIDENTIFIED.format(what="PBM EM" if method == "em" else "harvesting"))
     # EM gives every shown rank a number, but only ranks linked to rank 1 through shared pairs are identified
-    reached = connected_to_first(hs.k[hs.n_pairs > 0], hs.k2[hs.n_pairs > 0], k)
+    reached = np.isin(np.arange(1, k + 1), ident.linked_ranks)
 
     def stat(cells_b: ClickCells) -> NDArray[np.float64]:
         if method == "em":
             return np.where(reached, em_ratios(cells_b), np.nan)
+        if method == "marginal":
+            return np.where(reached, marginal_ratios(cells_b), np.nan)
         return allpairs_from_stats(harvest_stats(cells_b))
 
     ratio = stat(cells)
@@ -144,12 +152,15 @@ def estimate_from_patterns(
         **details,
         "interval": INTERVALS[method] if replicates else "none",
         "pairs": len(sessions.pairs),
-        "pairs_at_several_ranks": int((np.bincount(cells.pair, minlength=len(cells.pairs)) >= 2).sum()),
+        "pairs_at_several_ranks": ident.pairs_at_several_ranks,
+        "identifiability": ident.as_dict(),
         "rank_pair_support": [{"k": int(a), "k2": int(b), "pairs": int(n)}
                               for a, b, n in zip(hs.k, hs.k2, hs.n_pairs, strict=True)],
     }
     if method == "em":
         details["model"] = "pbm"
+    elif method == "marginal":
+        details["model"] = "pbm, attractiveness integrated out under the rank-informed empirical prior"
     else:
         details["weighting"] = "harmonic mean of the pair's impressions at the two ranks"
     return PropensityEstimate(method, ratio, low, high, level, done, SCHEME if replicates else "none",

@@ -10,7 +10,7 @@ from numpy.typing import NDArray
 
 from processors.propensity.common import PropensityError, PropensityEstimate
 
-_LABELS = {"em": "PBM EM", "harvest": "intervention harvesting (AllPairs)", "randomized": "randomised swaps"}
+_LABELS = {"em": "PBM EM", "marginal": "PBM, marginal likelihood", "harvest": "intervention harvesting (AllPairs)", "randomized": "randomised swaps"}
 
 
 def plot_curve(

@@ -6,16 +6,19 @@ the truth); ``simulate_patterns`` skips the records for benches; ``build_catalog
 
 from processors.simulation.catalog import Catalog, SimulationError, build_catalog
 from processors.simulation.traffic import (
+    SCENARIOS,
     PostError,
     PostResult,
     SimConfig,
     SimulatedTraffic,
     Truth,
+    scenario,
     simulate,
     simulate_patterns,
 )
 
 __all__ = [
+    "SCENARIOS",
     "Catalog",
     "PostError",
     "PostResult",
@@ -24,6 +27,7 @@ __all__ = [
     "SimulationError",
     "Truth",
     "build_catalog",
+    "scenario",
     "simulate",
     "simulate_patterns",
 ]

@@ -45,6 +45,32 @@ _SEARCH_GAP_MS = 30_000  # a client's searches are 30 s apart (2 per minute)
 _IMPRESSION_DELAY_MS = 250
 _FIRST_CLICK_DELAY_MS = 2_000
 _CLICK_GAP_MS = 1_500  # a click at rank k comes (k-1) x 1.5 s after the first possible click: top-down
+_CRAWLER_GAP_MS = 500  # a crawler searches twice a second (120 a minute; the bot filter's default is 60)
+#: a crawler client makes at least this many searches (fewer crawler searches in all: one crawler with all of
+#: them; below 61 it does not exceed the filter's 60 a minute and stays in the log, as a slow bot would)
+CRAWLER_MIN_SEARCHES = 100
+
+
+#: Named presets of :class:`SimConfig` (``ubi simulate --scenario NAME``); fields given beside one win.
+#: ``demo``: the protocol on the 40-query catalog, the easy case (every pair seen often). ``hard``: what
+#: real logs look like and what benches and tests must also pass: 1,000 queries with Zipf frequencies
+#: (popularity ∝ 1/rank, so most queries are rare: at 20,000 searches the rarest get 2 or 3 each), four
+#: rankers from nearly right (σ = 0.3) to nearly random (σ = 3), and 5% of searches from three crawlers that
+#: the session filter must drop.
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "demo": {},
+    "hard": {"queries": 1000, "docs_per_query": 20, "query_skew": 1.0, "rankers": 4,
+             "ranker_noise": (0.3, 0.8, 1.5, 3.0), "crawler_share": 0.05, "crawlers": 3},
+}
+
+
+def scenario(name: str, **overrides: Any) -> SimConfig:
+    """The :class:`SimConfig` of a named scenario (:data:`SCENARIOS`) with ``overrides`` applied."""
+    if name not in SCENARIOS:
+        raise SimulationError(f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)}")
+    config = SimConfig(**{**SCENARIOS[name], **overrides})
+    config.check()
+    return config
 
 
 @dataclass(frozen=True)
@@ -68,6 +94,9 @@ class SimConfig:
     randomize: float = 0.0  # share of searches in a rank-1 swap experiment (Joachims et al. 2017)
     epochs: int = 1  # rankers re-draw their noise this many times over the log ("ranking changes over time")
     query_skew: float = 0.5  # query popularity ∝ 1/rank^skew (0 = uniform)
+    crawler_share: float = 0.0  # share of searches made by crawlers (bots the session filter must drop)
+    crawlers: int = 3  # crawler clients sharing those searches
+    crawler_click: float = 0.3  # a crawler "clicks" each result with this probability, whatever it is
     application: str = "ubi-sim"
     start: datetime = datetime(2025, 1, 6, 9, 0, tzinfo=UTC)
 
@@ -99,6 +128,12 @@ class SimConfig:
             raise SimulationError(f"epochs must be at least 1, got {self.epochs}")
         if self.query_skew < 0:
             raise SimulationError(f"query skew must be >= 0, got {self.query_skew}")
+        if not 0.0 <= self.crawler_share < 1.0:
+            raise SimulationError(f"crawler share is a fraction of searches in [0, 1), got {self.crawler_share}")
+        if self.crawlers < 1:
+            raise SimulationError(f"crawlers must be at least 1, got {self.crawlers}")
+        if not 0.0 <= self.crawler_click <= 1.0:
+            raise SimulationError(f"crawler click probability must lie in 0..1, got {self.crawler_click}")
 
     def noise(self) -> tuple[float, ...]:
         if self.ranker_noise is not None:
@@ -245,7 +280,8 @@ class SimulatedTraffic:
     swap: NDArray[np.int64]  # [n] 0 = not in the experiment, else k: rank 1 swapped with rank k (1 = control)
     slots: NDArray[np.int64]  # [n, K] doc slot (column of the catalog) at each rank
     clicks: NDArray[np.bool_]  # [n, K]
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    crawler: NDArray[np.bool_] | None = None  # [n] search made by a crawler (None: no crawlers)
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_sessions(self) -> int:
@@ -257,19 +293,46 @@ class SimulatedTraffic:
 
     # ---------------------------------------------------------------- in-memory statistics
 
-    def patterns(self) -> SessionPatterns:
-        """Deduplicated :class:`SessionPatterns` over the pairs that were shown (as the store would give)."""
-        if "patterns" not in self._cache:
-            d = self.truth.catalog.docs_per_query
-            flat = self.query[:, None] * d + self.slots
-            used, compact = np.unique(flat, return_inverse=True)
-            compact = compact.reshape(flat.shape)
-            cat = self.truth.catalog
-            texts = np.array([normalize_query(t) for t in cat.query_texts], dtype=object)
-            pairs = PairIndex(queries=texts[used // d], doc_ids=cat.doc_ids.reshape(-1)[used],
-                              query_index=(used // d).astype(np.int64))
-            self._cache["patterns"] = dedupe_patterns(pairs, self.query, compact, self.clicks)
-        return self._cache["patterns"]
+    @property
+    def n_crawler_searches(self) -> int:
+        return 0 if self.crawler is None else int(self.crawler.sum())
+
+    @property
+    def n_crawler_clients(self) -> int:
+        """Clients the crawler searches are spread over: up to ``config.crawlers``, each with at least
+        :data:`CRAWLER_MIN_SEARCHES` (a bot with a few dozen searches is not above any query rate)."""
+        n = self.n_crawler_searches
+        return 0 if n == 0 else max(1, min(self.config.crawlers, n // CRAWLER_MIN_SEARCHES))
+
+    def query_ids(self) -> list[str]:
+        """The ``query_id`` of every search, as the UBI records carry it (``sim<seed>-<index>``)."""
+        w = self._ids()["width"]
+        return [f"sim{self.config.seed}-{i:0{w}d}" for i in range(self.n_sessions)]
+
+    def patterns(self, *, crawlers: bool = False, searches: NDArray[np.bool_] | None = None) -> SessionPatterns:
+        """Deduplicated :class:`SessionPatterns` over the pairs that were shown (as the store would give).
+
+        Crawler searches are left out, as the session filter drops them from the store (``crawlers=True``
+        keeps them). ``searches`` (a mask over all searches) keeps only those; the pair index always covers
+        every pair the kept searches and the rest showed, so patterns of two masks share it.
+        """
+        key = ("patterns", crawlers, None if searches is None else hash(searches.tobytes()))
+        if key not in self._cache:
+            if "pairs" not in self._cache:
+                d = self.truth.catalog.docs_per_query
+                flat = self.query[:, None] * d + self.slots
+                used, compact = np.unique(flat, return_inverse=True)
+                cat = self.truth.catalog
+                texts = np.array([normalize_query(t) for t in cat.query_texts], dtype=object)
+                pairs = PairIndex(queries=texts[used // d], doc_ids=cat.doc_ids.reshape(-1)[used],
+                                  query_index=(used // d).astype(np.int64))
+                self._cache["pairs"] = (pairs, compact.reshape(flat.shape))
+            pairs, compact = self._cache["pairs"]
+            keep = np.ones(self.n_sessions, dtype=bool) if searches is None else np.asarray(searches, dtype=bool)
+            if self.crawler is not None and not crawlers:
+                keep = keep & ~self.crawler
+            self._cache[key] = dedupe_patterns(pairs, self.query[keep], compact[keep], self.clicks[keep])
+        return self._cache[key]
 
     def swap_sessions(self) -> SwapSessions:
         """The searches of the swap experiment, by arm (control = rank 1 swapped with itself)."""
@@ -293,11 +356,20 @@ class SimulatedTraffic:
         client = idx // SEARCHES_PER_CLIENT
         start_ms = int(self.config.start.timestamp() * 1000)
         t_query = start_ms + client * _CLIENT_START_GAP_MS + (idx % SEARCHES_PER_CLIENT) * _SEARCH_GAP_MS
+        crawler_of = np.full(n, -1, dtype=np.int64)
+        if self.crawler is not None and self.crawler.any():
+            rows = np.flatnonzero(self.crawler)
+            j = np.arange(len(rows))
+            n_crawl = self.n_crawler_clients
+            crawler_of[rows] = j % n_crawl
+            # each crawler searches every _CRAWLER_GAP_MS from the start: far above any human query rate
+            t_query[rows] = start_ms + (j // n_crawl) * _CRAWLER_GAP_MS + crawler_of[rows]
         ids = {
             "t_query": _iso(t_query),
             "t_imp": _iso(t_query + _IMPRESSION_DELAY_MS),
             "t_query_ms": t_query,
             "client": client,
+            "crawler_of": crawler_of,
             "width": max(6, len(str(n - 1))),
             "seed": s,
         }
@@ -314,7 +386,8 @@ class SimulatedTraffic:
         for i in range(start, stop):
             q = int(self.query[i])
             qid = f"sim{seed}-{i:0{w}d}"
-            client = f"client{seed}-{int(ids['client'][i]):0{w}d}"
+            c = int(ids["crawler_of"][i])
+            client = f"client{seed}-{int(ids['client'][i]):0{w}d}" if c < 0 else f"crawler{seed}-{c}"
             session = client + "-s1"
             text = cat.query_texts[q]
             hits = [str(cat.doc_ids[q, j]) for j in self.slots[i]]
@@ -437,6 +510,8 @@ class SimulatedTraffic:
             "impressions": self.n_sessions * k,
             "clicks": self.n_clicks,
             "randomized_searches": int((self.swap > 0).sum()),
+            "crawler_searches": self.n_crawler_searches,
+            "crawler_clients": self.n_crawler_clients,
             "ctr_at_rank": [round(float(x), 6) for x in self.clicks.mean(axis=0)],
             "rankers": per_ranker,
             "model": self.config.model,
@@ -552,13 +627,25 @@ def simulate(config: SimConfig | None = None, **overrides: Any) -> SimulatedTraf
         config = SimConfig(**{**asdict(config), **overrides})
     config.check()
     seq = np.random.SeedSequence(config.seed)
-    rng_rank, rng_sess, rng_click = (np.random.default_rng(s) for s in seq.spawn(3))
+    # a fourth stream for crawlers: the first three (and so every log without crawlers) stay as they were
+    rng_rank, rng_sess, rng_click, rng_crawl = (np.random.default_rng(s) for s in seq.spawn(4))
     catalog = build_catalog(config.queries, config.docs_per_query, max_grade=config.max_grade, seed=config.seed)
     truth = _truth(config, catalog)
     rankings = _rankings(rng_rank, catalog, truth.ranker_noise, config.epochs, config.max_rank)
     query, ranker, swap, slots = _sessions(config, catalog, rankings, rng_sess)
     clicks = _draw_clicks(config, truth, query, slots, rng_click)
-    return SimulatedTraffic(config, truth, query, ranker, swap, slots, clicks)
+    crawler = None
+    if config.crawler_share > 0:
+        # crawlers walk the catalog uniformly and click at random: noise the session filter must remove
+        crawler = rng_crawl.random(config.sessions) < config.crawler_share
+        rows = np.flatnonzero(crawler)
+        query = query.copy()
+        query[rows] = rng_crawl.integers(0, catalog.n_queries, size=len(rows))
+        slots[rows] = rankings[ranker[rows], (rows * config.epochs) // config.sessions, query[rows]]
+        clicks[rows] = rng_crawl.random((len(rows), config.max_rank)) < config.crawler_click
+        swap = swap.copy()
+        swap[rows] = 0  # crawlers are not part of a swap experiment
+    return SimulatedTraffic(config, truth, query, ranker, swap, slots, clicks, crawler)
 
 
 def _draw_clicks(config: SimConfig, truth: Truth, query: NDArray[np.int64], slots: NDArray[np.int64],

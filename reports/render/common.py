@@ -56,6 +56,13 @@ def header_lines(report: Report) -> list[str]:
         f"intervals: {int(cfg.confidence * 100)}% where n allows (none for n = 1; a bootstrap needs n >= "
         f"{MIN_BOOTSTRAP_N}), seed {cfg.seed}"
     )
+    if report.identifiability is not None:
+        lines.append(f"identifiability: {report.identifiability['verdict']} ({report.identifiability['reason']})")
+    rec = report.recommendation
+    if rec is not None:
+        lines.append(f"recommended implicit source: {rec['source'] or 'none'} ({rec['why']})")
+        for source, why in rec["not_recommended"].items():
+            lines.append(f"not recommended: {source} ({why})")
     return lines
 
 

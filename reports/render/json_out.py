@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from reports import interleaving
 from reports.intervals import Interval, why_no_interval
 from reports.joint import Report
 
@@ -107,6 +108,7 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
         "coverage": _clean(report.coverage),
         "offline": offline,
         "online": online,
+        "interleaving": interleaving.to_json(report.interleaving),
         "agreement": {s: {**_clean(a), "confusion": _clean(a.confusion) if a.pairs else None,
                           "no_overlap": None if a.pairs else "no implicit label overlaps a human one"}
                       for s, a in report.agreement.items()},
@@ -121,6 +123,8 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
             "failed": [g.describe() for g in report.failed_gates],
         },
         "propensity": _clean(report.propensity),
+        "identifiability": _clean(report.identifiability),
+        "recommendation": _clean(report.recommendation),
         "notes": report.notes,
         "warnings": report.warnings,  # data quality; the text, Markdown and HTML reports show them first
     }

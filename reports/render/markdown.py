@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from reports import interleaving
 from reports.joint import Report
 from reports.render import common
 
@@ -38,6 +39,8 @@ def render_markdown(report: Report) -> str:
         out += [f"### By query class ({source})", "", _table(head, rows)]
     if report.online:
         out += ["## Online metrics", "", _table(*common.online_table(report))]
+    if report.interleaving:
+        out += ["## Interleaving", "", _table(*interleaving.table(report.interleaving))]
     if report.agreement:
         out += ["## Agreement with human grades", "", _table(*common.agreement_table(report))]
         for source in report.agreement:

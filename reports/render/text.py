@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from reports import interleaving
 from reports.joint import Report
 from reports.render import common
 
@@ -47,6 +48,9 @@ def print_report(report: Report, console: Console) -> None:
         console.print(_table(f"By query class ({source})", head, rows))
     if report.online:
         console.print(_table("Online metrics from the event log (value [CI])", *common.online_table(report)))
+    if report.interleaving:
+        console.print(_table("Interleaving (team draft): the challenger against the reference",
+                             *interleaving.table(report.interleaving)))
     if report.agreement:
         console.print(_table("Agreement of implicit labels with human grades", *common.agreement_table(report)))
         for source in report.agreement:

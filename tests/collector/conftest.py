@@ -22,5 +22,6 @@ def db(tmp_path: Path) -> Path:
 def client(db: Path) -> Iterator[TestClient]:
     """The collector app (no extension modules) on a fresh DuckDB file, through the ASGI test client."""
     app = create_app(Settings(db=db), extensions=False)
-    with TestClient(app, raise_server_exceptions=False) as c:
+    # base_url: admin routes answer only to loopback host names (store.admin.refused_host), not "testserver"
+    with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as c:
         yield c

@@ -39,6 +39,7 @@ SETTINGS = dict(
     pseudonymise_key="pepper",
     drop_fields=["message", "query_attributes.email"],
     admin_remote=True,  # the test client's peer is "testclient", not loopback: let it reach admin routes
+    admin_hosts=["testserver"],  # ... and the test client's Host name, which is not a loopback one
     max_body_bytes=64 * 1024,
     max_items=50,  # small limits, so generated bodies also reach the 413 paths
 )

@@ -454,7 +454,7 @@ class BrokenSink(Sink):
 
 def test_a_failing_sink_acknowledges_nothing(make_event):
     sink = BrokenSink(SinkUnavailable("disk full", retry_after=1))
-    with TestClient(create_app(Settings(), sink, extensions=False)) as c:
+    with TestClient(create_app(Settings(), sink, extensions=False), base_url="http://localhost") as c:
         r = c.post("/v1/events", json=make_event())
         assert r.status_code == 503 and r.headers["retry-after"] == "1" and "disk full" in r.json()["message"]
         assert c.get("/healthz").status_code == 503

@@ -33,7 +33,7 @@ REMOTE = ("203.0.113.7", 50000)  # TEST-NET-3: a documentation address, never lo
 @contextmanager
 def collector(db: Path, peer: tuple[str, int] = LOCAL, **overrides: Any) -> Iterator[TestClient]:
     app = create_app(Settings(db=db, **overrides))
-    with TestClient(app, client=peer, raise_server_exceptions=False) as c:
+    with TestClient(app, client=peer, base_url="http://localhost", raise_server_exceptions=False) as c:
         yield c
 
 
@@ -209,9 +209,9 @@ def test_browsers_may_write_from_the_collectors_own_page_only_by_default(
         r = c.post("/v1/events", json=make_event(), headers={"Origin": "https://evil.example"})
         assert r.status_code == 403 and "UBI_CORS_ALLOW_ORIGINS" in r.json()["message"]
         assert "access-control-allow-origin" not in r.headers
-        # The test client's own origin is http://testserver: the collector's page may write.
+        # The test client's own origin is http://localhost (base_url): the collector's page may write.
         assert (
-            c.post("/v1/events", json=make_event(), headers={"Origin": "http://testserver"}).status_code
+            c.post("/v1/events", json=make_event(), headers={"Origin": "http://localhost"}).status_code
             == 202
         )
         assert c.post("/v1/events", json=make_event()).status_code == 202  # no Origin: not a browser page
@@ -536,7 +536,7 @@ def test_browser_and_server_requests_of_one_client_share_its_rate_bucket(
 ) -> None:
     # Server-side senders are checked outside the middleware (collector.app.IngestFrontDoor), browsers inside
     # it: one Gate, so one bucket per client. Two buckets would let this client send 4 at once, not 2.
-    own_page = {"origin": "http://testserver"}
+    own_page = {"origin": "http://localhost"}
     with collector(db, rate_limit_per_second=0.001, rate_limit_burst=2) as c:
         codes = [
             c.post("/v1/events", json=make_event()).status_code,

@@ -361,3 +361,30 @@ def test_propensity_randomized_without_markers_says_how_to_fix(tmp_path: Path, c
         ingest(s, validate_items(parse_bulk((tmp_path / "s.ndjson").read_bytes())), source="test")
     assert main(["propensity", "--db", str(tmp_path / "s.duckdb"), "--method", "randomized", "--no-plot"]) == 2
     assert "--randomize" in capsys.readouterr().err
+
+
+def test_marginal_em_is_monotone_and_recovers_theta() -> None:
+    """PBM with attractiveness integrated out: the marginal log-likelihood never decreases, and on 20,000
+    simulated sessions (40 queries x 20 docs, 3 rankers, θ_k = 1/k) θ̂_k/θ̂_1 is within 0.05 of the truth at
+    every rank (stated tolerance; ranks 2-10 measured 1-6% relative error at 50,000 sessions)."""
+    from processors.propensity.marginal import marginal_em
+    from processors.simulation import SimConfig, simulate
+    from processors.stats import cells_from_sessions
+
+    traffic = simulate(SimConfig(sessions=20_000, seed=4, model="pbm", rankers=3))
+    fit = marginal_em(cells_from_sessions(traffic.patterns()))
+    trace = np.array(fit.log_likelihood)
+    assert (np.diff(trace) >= -1e-9 * np.abs(trace[:-1])).all()
+    truth = traffic.truth.theta / traffic.truth.theta[0]
+    assert fit.converged and np.abs(fit.theta / fit.theta[0] - truth).max() < 0.05
+    assert fit.strength > 0 and len(fit.coef) == 3
+
+
+def test_marginal_is_a_method_of_estimate_from_patterns() -> None:
+    from processors.propensity import estimate_from_patterns
+    from processors.simulation import SimConfig, simulate
+
+    patterns = simulate(SimConfig(sessions=3000, seed=2, model="pbm", rankers=3)).patterns()
+    est = estimate_from_patterns(patterns, "marginal", replicates=5, seed=1)
+    assert est.method == "marginal" and est.ratio[0] == 1.0 and np.isfinite(est.ratio).all()
+    assert est.details["interval"] == "percentile" and (est.ci_low <= est.ci_high).all()

@@ -309,3 +309,80 @@ def test_post_to_a_running_collector(collector: tuple[str, Path], capsys: pytest
     assert main(["simulate", "--sessions", "120", "--seed", "8", "--post", url, "--json"]) == 0
     posted = json.loads(capsys.readouterr().out)["posted"]
     assert posted["accepted"] == 0 and posted["duplicates"] == total
+
+
+# ---------------------------------------------------------------- the hard scenario
+
+
+def test_hard_scenario_preset_and_overrides() -> None:
+    from processors.simulation import SCENARIOS, scenario
+
+    c = scenario("hard", sessions=100, model="dbn")
+    assert (c.queries, c.query_skew, c.rankers, c.ranker_noise, c.crawler_share) == (1000, 1.0, 4, (0.3, 0.8, 1.5, 3.0), 0.05)
+    assert c.model == "dbn" and c.sessions == 100
+    assert scenario("demo") == SimConfig() and set(SCENARIOS) == {"demo", "hard"}
+    with pytest.raises(SimulationError, match="unknown scenario"):
+        scenario("easy")
+    with pytest.raises(SimulationError, match="crawler share"):
+        scenario("hard", crawler_share=1.0)
+
+
+def test_hard_scenario_has_a_long_tail_of_rare_queries() -> None:
+    """Zipf (skew 1) over 1,000 queries: at 20,000 searches the most popular query expects 20,000 / H_1000 = 2,670
+    searches (H_1000 = 7.485) and the rarest 2.7; most queries get fewer than 10."""
+    from processors.simulation import scenario
+
+    t = simulate(scenario("hard", sessions=20_000, seed=2, crawler_share=0.0))
+    per_query = np.bincount(t.query, minlength=1000)
+    assert 2_300 < per_query.max() < 3_100
+    assert (per_query < 10).mean() > 0.5 and (per_query == 0).sum() < 150
+
+
+def test_crawlers_are_exactly_what_the_session_filter_drops(tmp_path: Path) -> None:
+    from processors.simulation import scenario
+
+    t = simulate(scenario("hard", sessions=3000, seed=8))
+    n_crawl = t.n_crawler_searches
+    assert 100 < n_crawl < 200  # 5% of 3,000 is 150
+    # crawler clicks ignore relevance: their CTR is the crawler click probability at every rank
+    assert abs(t.clicks[t.crawler].mean() - 0.3) < 0.03
+    path, db = tmp_path / "hard.ndjson", tmp_path / "hard.duckdb"
+    t.write_bulk(path)
+    with Store(db) as store:
+        result = ingest(store, validate_items(parse_bulk(path.read_bytes())), source="test")
+    assert result.rejected == 0
+    data = read_sessions(db, Settings(db=db), max_rank=K)
+    # 150-odd crawler searches go to one crawler client (at least 100 each, up to the scenario's 3)
+    assert t.n_crawler_clients == 1
+    assert data.filters.bot_clients == 1 and data.filters.bot_searches == n_crawl
+    assert data.filters.sessions == 3000 - n_crawl
+    # and what is left is the in-memory log without the crawlers, cell for cell
+    keep = t.patterns()
+    assert keep.n_sessions == 3000 - n_crawl and t.patterns(crawlers=True).n_sessions == 3000
+    got = {(str(data.pairs.queries[a]), str(data.pairs.doc_ids[a]), int(r)): (int(i), int(c)) for a, r, i, c in
+           zip(data.cells.pair, data.cells.rank, data.cells.impressions, data.cells.clicks, strict=True)}
+    cells = cells_from_sessions(keep)
+    want = {(str(cells.pairs.queries[a]), str(cells.pairs.doc_ids[a]), int(r)): (int(i), int(c)) for a, r, i, c in
+            zip(cells.pair, cells.rank, cells.impressions, cells.clicks, strict=True) if i > 0}
+    assert got == want
+
+
+def test_crawlers_do_not_change_the_rest_of_a_log() -> None:
+    """The crawler stream is a fourth random stream: a log without crawlers is byte-for-byte what it was."""
+    plain = simulate(SimConfig(sessions=500, seed=3))
+    again = simulate(SimConfig(sessions=500, seed=3, crawler_share=0.0))
+    assert plain.crawler is None and (plain.clicks == again.clicks).all()
+    with_crawlers = simulate(SimConfig(sessions=500, seed=3, crawler_share=0.2))
+    human = ~with_crawlers.crawler
+    assert (with_crawlers.clicks[human] == plain.clicks[human]).all()
+
+
+def test_cli_scenario_hard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "h.ndjson"
+    assert main(["simulate", "--scenario", "hard", "--sessions", "400", "--seed", "1", "--out", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["queries"] == 1000 and len(s["rankers"]) == 4 and s["crawler_searches"] > 0
+    assert main(["simulate", "--scenario", "hard", "--sessions", "400", "--rankers", "2", "--crawlers", "0",
+                 "--out", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert len(s["rankers"]) == 2 and s["crawler_searches"] == 0

@@ -6,7 +6,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from schemas.errors import StoreError, StoreLocked
+from schemas.errors import SnapshotFailed, StoreError, StoreLocked
 from schemas.ubi import UbiEvent, UbiQuery
 from store.client import collector_url, open_reader
 from store.duckdb_store import Store
@@ -229,7 +229,90 @@ def test_a_snapshot_never_overwrites_a_file_and_leaves_no_half_copy(tmp_path):
         with pytest.raises(StoreError, match="exists"):
             store.snapshot(taken)
         assert taken.read_text() == "not a database"
-        with pytest.raises(StoreError, match="could not copy a snapshot"):
+        with pytest.raises(SnapshotFailed, match="could not write a snapshot"):
             store.snapshot(tmp_path / "no-such-dir" / "snap.duckdb")
         snap = store.snapshot()
     assert snap.exists() and ".snapshot-" in snap.name
+
+
+# ---------------------------------------------------------------- a read-only reader holding the file
+
+
+def _hold_read_only(db):
+    """A real reader process (as `ubi report` is while no collector runs) with ``db`` open read-only."""
+    import subprocess
+    import sys
+
+    code = "import sys, duckdb; con = duckdb.connect(sys.argv[1], read_only=True); print('open', flush=True); sys.stdin.read()"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "open"
+    return proc
+
+
+def _serve(db, wait_seconds):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "UBI_STORE_WAIT_SECONDS": str(wait_seconds)}
+    return subprocess.Popen([sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0"], cwd=root,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_serve_waits_for_a_read_only_reader_and_then_starts(tmp_path):
+    import re
+    import signal
+
+    import httpx
+
+    db = tmp_path / "ubi.duckdb"
+    Store(db).close()
+    reader = _hold_read_only(db)
+    server = _serve(db, wait_seconds=120)
+    try:
+        # It says what holds the file (a reader, with its pid) and how long it waits, then keeps trying.
+        line = server.stderr.readline()
+        assert f"open read-only by process {reader.pid}" in line and "UBI_STORE_WAIT_SECONDS" in line, line
+        assert "another collector" not in line and "`ubi serve`?" not in line  # what 74e9b3e blamed
+        assert server.poll() is None
+        reader.communicate("", timeout=30)  # the report finishes
+        out = server.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+", out)
+        assert url, out + server.stderr.read()
+        assert httpx.get(url.group(0) + "/healthz", timeout=30).status_code == 200
+    finally:
+        reader.kill()
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=30)
+
+
+def test_serve_gives_up_naming_the_reader_and_the_setting(tmp_path):
+    db = tmp_path / "ubi.duckdb"
+    Store(db).close()
+    reader = _hold_read_only(db)
+    try:
+        server = _serve(db, wait_seconds=0.5)
+        _, err = server.communicate(timeout=60)
+    finally:
+        reader.kill()
+        reader.wait()
+    assert server.returncode == 2, err
+    assert f"open read-only by process {reader.pid}" in err and "gave up after waiting 0.5 s" in err
+    assert "UBI_STORE_WAIT_SECONDS" in err and "another collector" not in err and "`ubi serve`?" not in err
+
+
+def test_a_writer_holding_the_file_is_still_named_as_one(tmp_path):
+    db = tmp_path / "ubi.duckdb"
+    with Store(db):
+        # in-process lock probes do not see this process's own locks: ask from another process
+        import subprocess
+        import sys
+
+        code = ("import sys; from store.duckdb_store import Store\n"
+                "try:\n    Store(sys.argv[1], wait_for_readers=5)\nexcept Exception as e:\n    print(type(e).__name__, e)")
+        out = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=60,
+                             cwd=__import__("pathlib").Path(__file__).resolve().parents[2]).stdout
+    assert out.startswith("StoreLocked") and "held for writing by another process" in out, out

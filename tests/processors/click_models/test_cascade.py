@@ -18,7 +18,7 @@ from processors.stats import SessionPatterns
 
 
 def test_counts_by_hand(tiny_log: SessionPatterns) -> None:
-    m = Cascade().fit(tiny_log)
+    m = Cascade(prior="none").fit(tiny_log)
     assert m.examinations.tolist() == [5, 1, 6, 0]
     assert np.allclose(m.alpha[:3], [0.6, 1.0, 0.0]) and np.isnan(m.alpha[3])
     assert m.prior_alpha == pytest.approx(1 / 3)
@@ -27,7 +27,7 @@ def test_counts_by_hand(tiny_log: SessionPatterns) -> None:
 
 
 def test_predictions_by_hand(tiny_log: SessionPatterns) -> None:
-    m = Cascade().fit(tiny_log)
+    m = Cascade(prior="none").fit(tiny_log)
     full = m.click_probs(tiny_log)
     # p1 [A, B]: P(C_1) = 0.6, P(C_2) = (1 - 0.6)·1 = 0.4
     assert np.allclose(full[0], [0.6, 0.4])

@@ -17,14 +17,14 @@ from processors.stats import SessionPatterns
 
 
 def test_coec_scores(tiny_log: SessionPatterns) -> None:
-    m = COEC().fit(tiny_log)
+    m = COEC(prior="none").fit(tiny_log)
     assert np.allclose(m.expected_clicks, [13 / 6, 0.9, 29 / 15, 0.0])
     rel = m.relevance()
     assert np.allclose(rel.score, [24 / 13, 1 / 0.9, 0.0, 1.0])
 
 
 def test_coec_interval(tiny_log: SessionPatterns) -> None:
-    rel = COEC().fit(tiny_log).relevance()
+    rel = COEC(prior="none").fit(tiny_log).relevance()
     # Garwood 95 % interval for 1 Poisson count is [0.02532, 5.5716] (standard table: -ln 0.975 and
     # chi2_{0.975}(4)/2); divided by the 0.9 expected clicks of B
     assert rel.ci_low[1] == pytest.approx(0.025318 / 0.9, rel=1e-4)
@@ -36,7 +36,7 @@ def test_coec_interval(tiny_log: SessionPatterns) -> None:
 
 
 def test_coec_click_probs(tiny_log: SessionPatterns) -> None:
-    m = COEC().fit(tiny_log)
+    m = COEC(prior="none").fit(tiny_log)
     p = m.click_probs(tiny_log)
     # p1 = [A at rank 1, B at rank 2] -> [24/13 * 0.4, (1/0.9) * (1/6)]
     assert np.allclose(p[0], [24 / 13 * 0.4, 1 / 0.9 / 6])

@@ -46,7 +46,7 @@ def test_rctr(tiny_log: SessionPatterns) -> None:
 
 
 def test_dctr(tiny_log: SessionPatterns) -> None:
-    m = DCTR().fit(tiny_log)
+    m = DCTR(prior="none").fit(tiny_log)
     rel = m.relevance()
     assert np.allclose(rel.score, [2 / 3, 1 / 4, 0.0, RHO])  # D takes the prior (global CTR)
     assert rel.impressions.tolist() == [6, 4, 6, 0]
@@ -62,7 +62,7 @@ def test_dctr(tiny_log: SessionPatterns) -> None:
 
 
 def test_unseen_pair_gets_prior(tiny_log: SessionPatterns) -> None:
-    m = DCTR().fit(tiny_log)
+    m = DCTR(prior="none").fit(tiny_log)
     probe = SessionPatterns(
         tiny_log.pairs,
         np.zeros(1, np.int64),

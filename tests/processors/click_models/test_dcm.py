@@ -18,14 +18,14 @@ from processors.stats import SessionPatterns
 
 
 def test_counts_by_hand(tiny_log: SessionPatterns) -> None:
-    m = DCM().fit(tiny_log)
+    m = DCM(prior="none").fit(tiny_log)
     assert np.allclose(m.alpha[:3], [2 / 3, 1.0, 0.0])
     assert m.prior_alpha == pytest.approx(5 / 13)
     assert np.allclose(m.lam, [0.25, 0.0])
 
 
 def test_predictions_by_hand(tiny_log: SessionPatterns) -> None:
-    m = DCM().fit(tiny_log)
+    m = DCM(prior="none").fit(tiny_log)
     # full, p1 [A, B]: ε_2 = 1 - α_A(1 - λ_1) = 1 - (2/3)(0.75) = 0.5, so P(C_2) = 0.5·α_B = 0.5
     assert np.allclose(m.click_probs(tiny_log)[0], [2 / 3, 0.5])
     cond = m.conditional_click_probs(tiny_log)

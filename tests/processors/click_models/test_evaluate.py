@@ -53,7 +53,7 @@ def test_half_everywhere_gives_two() -> None:
 def test_perfect_model_gives_one() -> None:
     # deterministic data: pair 0 always clicked, pair 1 never; DCTR learns exactly 1 and 0
     s = _log([[0, 1], [1, 0]], [[True, False], [False, True]], [3, 2])
-    ev = evaluate(DCTR().fit(s), s)
+    ev = evaluate(DCTR(prior="none").fit(s), s)  # the MLE learns exactly 1 and 0
     # probabilities are clamped to 1e-6 from 0/1, so the best possible is 2^(-log2(1 - 1e-6)) ≈ 1 + 1.4e-6
     assert np.allclose(ev.perplexity, 1.0, atol=1e-5) and ev.perplexity_mean == pytest.approx(1.0, abs=1e-5)
     assert ev.log_likelihood == pytest.approx(0.0, abs=1e-4)

@@ -16,7 +16,7 @@ from processors.stats import SessionPatterns
 
 
 def test_counts_by_hand(tiny_log: SessionPatterns) -> None:
-    m = SDBN().fit(tiny_log)
+    m = SDBN(prior="none").fit(tiny_log)
     assert np.allclose(m.alpha[:3], [2 / 3, 1.0, 0.0])
     assert np.allclose(m.sigma[:2], [1.0, 0.0]) and np.isnan(m.sigma[2])
     assert m.prior_sigma == pytest.approx(0.8)
@@ -24,7 +24,7 @@ def test_counts_by_hand(tiny_log: SessionPatterns) -> None:
 
 
 def test_predictions_by_hand(tiny_log: SessionPatterns) -> None:
-    m = SDBN().fit(tiny_log)
+    m = SDBN(prior="none").fit(tiny_log)
     # full, p1 [A, B]: ε_2 = 1 - α_A σ_A = 1/3 -> P(C_2) = 1/3·α_B
     assert np.allclose(m.click_probs(tiny_log)[0], [2 / 3, 1 / 3])
     # conditional, p2 [B, A] clicked B: ε_2 = 1 - σ_B = 1 -> α_A = 2/3

@@ -1,0 +1,452 @@
+"""Priors on per-pair click-model parameters: empirical-Bayes, rank-informed Beta (and Gamma) priors.
+
+Every per-pair probability φ_i of a click model (attractiveness α, satisfaction σ, a pair's CTR) gets a Beta
+prior whose mean depends on where the logging rankers displayed the pair:
+
+    φ_i ~ Beta(m_i·s, (1 − m_i)·s),     m_i = logistic(β₀ + β₁·z₁ᵢ + β₂·z₂ᵢ)
+
+    z₁ᵢ = impression-weighted mean of ln(rank) over the pair's impressions   (where the rankers put it)
+    z₂ᵢ = ln(impressions of the pair / searches of its query)               (how often they showed it at all)
+
+(features standardised over the pairs with data). The rankers that produced a log put relevant documents
+high and show them often, so (z₁, z₂) carry relevance information that raw CTR keeps by accident and a
+position-debiased model would otherwise throw away. This is regression EM in spirit (Wang, Golbandi,
+Bendersky, Metzler & Najork, "Position bias estimation for unbiased learning to rank in personal search",
+WSDM 2018: relevance is a regression on features, fitted inside the same EM), with the display ranks as the
+features and a Beta-binomial link instead of a GBDT; Beta priors on DBN parameters go back to Chapelle &
+Zhang (WWW 2009), and Beta-binomial shrinkage of CTRs is standard in ads.
+
+Hyperparameters (β, s) are estimated from the log by **empirical Bayes, maximising the marginal likelihood**
+of each pair's successes x_i in n_i trials:
+
+    L(β, s) = Σ_i ln B(x_i + a_i, n_i − x_i + b_i) − ln B(a_i, b_i),   a_i = m_i s, b_i = (1 − m_i) s
+
+(the Beta-binomial; x_i, n_i may be fractional expected counts). For an EM model the trials are the pair's
+expected examinations Σ_impressions P(E) under the current examination parameters, and the successes its
+clicks. Marginal likelihood rather than moments because the pairs' trial counts differ by orders of magnitude:
+moment matching has to weigh pairs by hand, the marginal likelihood weighs each by what its counts say, and it
+also yields the strength s that trades prior against data, which moments on sparse pairs estimate badly
+(their sampling variance swamps the between-pair variance). It is maximised by BFGS with the exact gradient.
+
+Given the prior, the estimate is the posterior mean (a_i + x_i)/(a_i + b_i + n_i): with little support it is
+the rankers' prior m_i, with much it is the clicks' MLE x_i/n_i. Inside EM the M-step uses this on the
+complete-data counts; it is the exact maximiser of ℓ + Σ_i a_i ln φ_i + b_i ln(1 − φ_i), so EM never lowers
+that log posterior. Intervals are equal-tailed posterior Beta intervals.
+
+Three choices, the keyword ``prior`` of every model:
+
+* ``"empirical"`` (default): the rank-informed empirical-Bayes prior above;
+* ``"pseudocount"``: PyClick's convention (counts start at 1 success in 2 trials), i.e. a = b = 1, posterior
+  mean (x + 1)/(n + 2): the baseline to beat, written here, not copied;
+* ``"none"``: a = b = 0, the unregularised maximum-likelihood estimate.
+
+COEC's per-pair parameter is a ratio, not a probability: it gets the conjugate Gamma prior instead
+(clicks ~ Poisson(r·E), r ~ Gamma(m s, s) with the same log-linear mean in (z₁, z₂); marginal: the negative
+binomial), with ``"pseudocount"`` meaning one click in one expected click (prior COEC 1).
+
+Pure numpy/scipy; no I/O.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.optimize import minimize
+from scipy.special import digamma, expit, gammaln
+from scipy.stats import beta as beta_dist
+from scipy.stats import gamma as gamma_dist
+
+from processors.click_models.common import CONFIDENCE, AnyArray, ClickModelError, weighted_count
+from processors.stats import SessionPatterns, cells_from_sessions
+
+PRIORS = ("empirical", "pseudocount", "none")
+DEFAULT_PRIOR = "empirical"
+FEATURES = ("mean_log_rank", "log_display_share")
+#: strength s is kept inside [e^-4, e^14]: beyond, the likelihood is flat and BFGS would wander
+_LOG_S_RANGE = (-4.0, 14.0)
+_M_EPS = 1e-6
+#: the rank-informed mean needs at least this many pairs with data per coefficient, else the prior mean is one
+#: number for all pairs: the "ten events per variable" rule of thumb for logistic regression (Peduzzi et al.,
+#: J. Clin. Epidemiol. 1996), which keeps a tiny log from separating perfectly and extrapolating to 0 or 1
+MIN_PAIRS_PER_FEATURE = 10
+
+
+def check_prior(prior: str, model: str) -> str:
+    """The prior name, lower-cased; raises ``ClickModelError`` naming the choices otherwise."""
+    key = str(prior).strip().lower()
+    if key not in PRIORS:
+        raise ClickModelError(f"{model}: prior must be one of {', '.join(PRIORS)}, got {prior!r}")
+    return key
+
+
+@dataclass(frozen=True)
+class BetaPrior:
+    """Per-pair Beta(a_i, b_i) pseudo-counts, and how they were obtained (for the judgments' parameters)."""
+
+    kind: str  # empirical | pseudocount | none
+    a: NDArray[np.float64]
+    b: NDArray[np.float64]
+    coef: tuple[float, ...] = ()  # β₀, β₁, β₂ on standardised features (empirical only)
+    strength: float = float("nan")  # s = a + b (empirical); 2 for pseudocount, 0 for none
+    feature_mean: tuple[float, ...] = ()
+    feature_std: tuple[float, ...] = ()
+    log_marginal: float = float("nan")
+    family: str = "beta"  # "gamma" for COEC (a = shape, b = rate)
+
+    @property
+    def mean(self) -> NDArray[np.float64]:
+        """Prior mean per pair (NaN where a + b = 0, i.e. no prior)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.a / (self.a + self.b) if self.family == "beta" else self.a / self.b
+
+    def mean_at(self, features: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Prior mean of pairs with these raw features (empirical priors only; NaN otherwise)."""
+        if self.kind != "empirical":
+            return np.full(len(features), np.nan)
+        mean, std = np.asarray(self.feature_mean), np.asarray(self.feature_std)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z = np.where(std > 0, (features - mean) / np.where(std > 0, std, 1.0), 0.0)
+        eta = np.column_stack([np.ones(len(features)), np.nan_to_num(z)]) @ np.asarray(self.coef)
+        if self.family == "beta":
+            return np.asarray(np.clip(expit(eta), _M_EPS, 1.0 - _M_EPS))
+        return np.asarray(np.exp(np.clip(eta, -30.0, 30.0)))
+
+    def posterior_mean(self, successes: AnyArray, trials: AnyArray) -> NDArray[np.float64]:
+        """(a + x)/(a + b + n) (Beta) or (a + x)/(b + n) (Gamma; n = expected clicks); NaN with no prior and no data."""
+        x = np.asarray(successes, dtype=np.float64)
+        n = np.asarray(trials, dtype=np.float64)
+        den = self.a + self.b + n if self.family == "beta" else self.b + n
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, (self.a + x) / np.where(den > 0, den, 1.0), np.nan)
+
+    def parameters(self) -> dict[str, Any]:
+        """Plain-JSON record of the prior, stored with every judgment."""
+        if self.kind == "none":
+            return {"kind": "none", "estimate": "maximum likelihood"}
+        if self.kind == "pseudocount":
+            return {"kind": "pseudocount", "family": self.family,
+                    "pseudo_counts": [1.0, 1.0] if self.family == "beta" else [1.0, 1.0],
+                    "estimate": "posterior mean"}
+        return {
+            "kind": "empirical",
+            "family": self.family,
+            "mean": "logistic" if self.family == "beta" else "log-linear",
+            "features": list(FEATURES),
+            "coef": [round(c, 6) for c in self.coef],
+            "feature_mean": [round(c, 6) for c in self.feature_mean],
+            "feature_std": [round(c, 6) for c in self.feature_std],
+            "strength": round(self.strength, 6),
+            "log_marginal_likelihood": round(self.log_marginal, 4),
+            "fitted_by": "empirical Bayes: maximum marginal likelihood",
+            "estimate": "posterior mean",
+        }
+
+
+def fixed_prior(kind: str, n: int, family: str = "beta") -> BetaPrior:
+    """``pseudocount`` (a = b = 1) or ``none`` (a = b = 0) for ``n`` pairs."""
+    v = 1.0 if kind == "pseudocount" else 0.0
+    return BetaPrior(kind, np.full(n, v), np.full(n, v), strength=2.0 * v if family == "beta" else v,
+                     family=family)
+
+
+# ----------------------------------------------------------------------------- features
+
+
+def query_searches(
+    cell_pair: AnyArray, cell_rank: AnyArray, imps: AnyArray, query_of_pair: AnyArray, n_pairs: int
+) -> NDArray[np.float64]:
+    """Searches per query, counted as its impressions at rank 1 (every search shows one result there).
+
+    A query never shown at rank 1 (lists cut above) counts its most-shown pair's impressions instead.
+    """
+    w = np.asarray(imps, dtype=np.float64)
+    pair = np.asarray(cell_pair, dtype=np.int64)
+    q = np.asarray(query_of_pair, dtype=np.int64)
+    n_q = int(q.max()) + 1 if len(q) else 0
+    if not n_q:
+        return np.zeros(0)
+    shown = weighted_count(pair, w, n_pairs)
+    first = np.asarray(cell_rank) == 1
+    searches = weighted_count(q[pair[first]], w[first], n_q)
+    most = np.zeros(n_q)
+    np.maximum.at(most, q, shown)
+    return np.where(searches > 0, searches, most)
+
+
+def rank_features(
+    cell_pair: AnyArray, cell_rank: AnyArray, imps: AnyArray, query_of_pair: AnyArray, n_pairs: int
+) -> NDArray[np.float64]:
+    """[n_pairs, 2] raw features (z₁ mean ln rank, z₂ ln display share); NaN for pairs never shown."""
+    w = np.asarray(imps, dtype=np.float64)
+    pair = np.asarray(cell_pair, dtype=np.int64)
+    shown = weighted_count(pair, w, n_pairs)
+    log_rank = weighted_count(pair, w * np.log(np.asarray(cell_rank, dtype=np.float64)), n_pairs)
+    q = np.asarray(query_of_pair, dtype=np.int64)
+    searches = query_searches(pair, cell_rank, w, q, n_pairs)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z1 = np.where(shown > 0, log_rank / shown, np.nan)
+        share = shown / np.where(searches[q] > 0, searches[q], np.nan) if len(searches) else shown
+        z2 = np.where(shown > 0, np.log(np.minimum(share, 1.0)), np.nan)
+    return np.column_stack([z1, z2])
+
+
+def unseen_features(ranks: AnyArray, queries: AnyArray, searches: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Features of a pair the training log never showed, displayed at ``ranks``: z₁ = ln rank, z₂ = ln 1/(S + 1).
+
+    ``searches`` per training query (S); a query beyond them counts as never searched (z₂ = 0).
+    """
+    r = np.asarray(ranks, dtype=np.float64)
+    q = np.asarray(queries, dtype=np.int64)
+    inside = (q >= 0) & (q < len(searches))
+    s = np.where(inside, searches[np.clip(q, 0, max(len(searches) - 1, 0))] if len(searches) else 0.0, 0.0)
+    return np.column_stack([np.log(r), -np.log1p(s)])
+
+
+def _standardise(feats: NDArray[np.float64], use: NDArray[np.bool_]
+                 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """Design matrix [1, (z − mean)/std] (0 where a feature is NaN or constant), and the mean and std used."""
+    f = feats[use]
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN feature column is dropped below
+        mean = np.nanmean(f, axis=0) if len(f) else np.zeros(feats.shape[1])
+        std = np.nanstd(f, axis=0) if len(f) else np.ones(feats.shape[1])
+    mean = np.nan_to_num(mean)
+    std = np.where(np.nan_to_num(std) > 1e-9, np.nan_to_num(std), 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.where(std > 0, (feats - mean) / np.where(std > 0, std, 1.0), 0.0)
+    z = np.nan_to_num(z)
+    return np.column_stack([np.ones(len(feats)), z]), mean, std
+
+
+# ----------------------------------------------------------------------------- empirical Bayes
+
+
+def _beta_binomial_objective(
+    x: NDArray[np.float64], n: NDArray[np.float64], design: NDArray[np.float64], log_s_range: tuple[float, float]
+) -> Any:
+    def f(params: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        beta, log_s = params[:-1], params[-1]
+        log_s_c = float(np.clip(log_s, *log_s_range))
+        s = np.exp(log_s_c)
+        m = np.clip(expit(design @ beta), _M_EPS, 1.0 - _M_EPS)
+        a, b = m * s, (1.0 - m) * s
+        ll = (gammaln(x + a) + gammaln(n - x + b) - gammaln(n + s)
+              - gammaln(a) - gammaln(b) + gammaln(s))
+        common = digamma(s) - digamma(n + s)
+        da = digamma(x + a) - digamma(a) + common
+        db = digamma(n - x + b) - digamma(b) + common
+        d_eta = s * m * (1.0 - m) * (da - db)
+        d_logs = (a * da + b * db).sum() if log_s_range[0] < log_s < log_s_range[1] else 0.0
+        grad = np.append(design.T @ d_eta, d_logs)
+        scale = 1.0 / max(len(x), 1)
+        return -float(ll.sum()) * scale, -grad * scale
+
+    return f
+
+
+def _gamma_poisson_objective(
+    x: NDArray[np.float64], e: NDArray[np.float64], design: NDArray[np.float64], log_s_range: tuple[float, float]
+) -> Any:
+    def f(params: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
+        beta, log_s = params[:-1], params[-1]
+        log_s_c = float(np.clip(log_s, *log_s_range))
+        s = np.exp(log_s_c)
+        m = np.exp(np.clip(design @ beta, -30.0, 30.0))
+        a = m * s
+        ll = gammaln(x + a) - gammaln(a) + a * log_s_c - (a + x) * np.log(s + e)
+        da = digamma(x + a) - digamma(a) + log_s_c - np.log(s + e)
+        ds = a / s - (a + x) / (s + e)
+        d_eta = a * da
+        d_logs = (a * da + s * ds).sum() if log_s_range[0] < log_s < log_s_range[1] else 0.0
+        grad = np.append(design.T @ d_eta, d_logs)
+        scale = 1.0 / max(len(x), 1)
+        return -float(ll.sum()) * scale, -grad * scale
+
+    return f
+
+
+def fit_prior(
+    successes: AnyArray,
+    trials: AnyArray,
+    features: NDArray[np.float64],
+    *,
+    family: str = "beta",
+    start: BetaPrior | None = None,
+) -> BetaPrior:
+    """Empirical-Bayes prior: (β, s) maximising the Beta-binomial (or Gamma-Poisson) marginal likelihood.
+
+    ``successes``/``trials`` per pair (trials: expected examinations or impressions; for ``gamma``, the
+    expected clicks); ``features`` from :func:`rank_features`. Pairs without trials do not enter the fit and
+    get the prior at the mean features. ``start`` warm-starts from an earlier fit (EM rounds).
+    """
+    n = np.maximum(np.asarray(trials, dtype=np.float64), 0.0)
+    x = np.asarray(successes, dtype=np.float64)
+    x = np.clip(x, 0.0, n) if family == "beta" else np.maximum(x, 0.0)
+    use = n > 0
+    if use.sum() < MIN_PAIRS_PER_FEATURE * (features.shape[1] + 1):  # too few pairs for a regression
+        features = np.full_like(features, np.nan)
+    design, f_mean, f_std = _standardise(features, use)
+    p = design.shape[1]
+    if start is not None and start.kind == "empirical" and len(start.coef) == p:
+        x0 = np.append(np.asarray(start.coef), np.log(start.strength))
+    else:
+        rate = x[use].sum() / max(n[use].sum(), 1e-12) if use.any() else 0.5
+        if family == "beta":
+            rate = float(np.clip(rate, 1e-4, 1 - 1e-4))
+            eta0 = np.log(rate / (1.0 - rate))
+        else:
+            eta0 = np.log(max(rate, 1e-4))
+        x0 = np.zeros(p + 1)
+        x0[0], x0[-1] = eta0, np.log(10.0)
+    # the prior may not weigh more than the whole log it was fitted on: s <= Σ trials. Without this bound a
+    # log whose few pairs happen to agree (no visible spread between pairs) would get s -> infinity and
+    # intervals of zero width.
+    log_s_range = (_LOG_S_RANGE[0], float(min(_LOG_S_RANGE[1], np.log(max(n[use].sum(), 1.0)))))
+    log_s_range = (min(log_s_range), log_s_range[1])
+    x0[-1] = float(np.clip(x0[-1], *log_s_range))
+    if use.sum() >= 2:
+        objective = (_beta_binomial_objective if family == "beta" else _gamma_poisson_objective)(
+            x[use], n[use], design[use], log_s_range)
+        res = minimize(objective, x0, jac=True, method="BFGS", options={"maxiter": 200, "gtol": 1e-7})
+        params = res.x if np.all(np.isfinite(res.x)) else x0
+        log_marginal = -float(objective(params)[0]) * int(use.sum())
+    else:  # one pair or none: nothing to learn a spread from; a weak prior at the pooled rate
+        params, log_marginal = x0, float("nan")
+    beta, log_s = params[:-1], float(np.clip(params[-1], *log_s_range))
+    s = float(np.exp(log_s))
+    eta = design @ beta
+    if family == "beta":
+        m = np.clip(expit(eta), _M_EPS, 1.0 - _M_EPS)
+        a, b = m * s, (1.0 - m) * s
+    else:
+        a, b = np.exp(np.clip(eta, -30.0, 30.0)) * s, np.full(len(eta), s)
+    return BetaPrior("empirical", a, b, tuple(float(c) for c in beta), s, tuple(float(v) for v in f_mean),
+                     tuple(float(v) for v in f_std), log_marginal, family)
+
+
+def make_prior(
+    kind: str,
+    successes: AnyArray,
+    trials: AnyArray,
+    features: NDArray[np.float64] | None,
+    *,
+    family: str = "beta",
+    start: BetaPrior | None = None,
+) -> BetaPrior:
+    """The prior of ``kind`` for these pairs (``features`` only needed for ``empirical``)."""
+    n_pairs = len(np.asarray(trials))
+    if kind != "empirical":
+        return fixed_prior(kind, n_pairs, family)
+    if features is None:
+        raise ClickModelError("an empirical prior needs the pairs' rank features")
+    return fit_prior(successes, trials, features, family=family, start=start)
+
+
+def same_prior(p: BetaPrior, q: BetaPrior, tol: float = 1e-2) -> bool:
+    """Whether two empirical fits agree: coefficients and log strength within ``tol`` (far inside their
+    sampling error, so further rounds would not change an estimate visibly)."""
+    if p.kind != q.kind or len(p.coef) != len(q.coef):
+        return False
+    if p.kind != "empirical":
+        return True
+    return bool(np.max(np.abs(np.subtract(p.coef, q.coef))) < tol
+                and abs(np.log(p.strength) - np.log(q.strength)) < tol)
+
+
+# ----------------------------------------------------------------------------- intervals
+
+
+def posterior_interval(
+    mean: AnyArray, concentration: AnyArray, confidence: float = CONFIDENCE
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Equal-tailed interval of Beta(m·c, (1 − m)·c): the posterior with mean m and total count c.
+
+    ``c`` is prior strength plus the pair's (effective) trials; NaN where c <= 0 or m is NaN.
+    """
+    m = np.clip(np.asarray(mean, dtype=np.float64), 1e-12, 1.0 - 1e-12)
+    c = np.asarray(concentration, dtype=np.float64)
+    ok = (c > 0) & np.isfinite(m)
+    tail = (1.0 - confidence) / 2.0
+    cc = np.where(ok, c, 1.0)
+    with np.errstate(invalid="ignore"):
+        lo = beta_dist.ppf(tail, m * cc, (1.0 - m) * cc)
+        hi = beta_dist.ppf(1.0 - tail, m * cc, (1.0 - m) * cc)
+    lo, hi = np.fmin(lo, m), np.fmax(hi, m)
+    return np.where(ok, lo, np.nan), np.where(ok, hi, np.nan)
+
+
+def gamma_posterior_interval(
+    shape: AnyArray, rate: AnyArray, confidence: float = CONFIDENCE
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Equal-tailed interval of Gamma(shape, rate); NaN where either is not positive."""
+    a = np.asarray(shape, dtype=np.float64)
+    r = np.asarray(rate, dtype=np.float64)
+    ok = (a > 0) & (r > 0)
+    tail = (1.0 - confidence) / 2.0
+    aa, rr = np.where(ok, a, 1.0), np.where(ok, r, 1.0)
+    lo = gamma_dist.ppf(tail, aa) / rr
+    hi = gamma_dist.ppf(1.0 - tail, aa) / rr
+    return np.where(ok, lo, np.nan), np.where(ok, hi, np.nan)
+
+
+# ----------------------------------------------------------------------------- shared by the models
+
+
+class LogFeatures:
+    """The rank features of a training log's pairs and its searches per query, for fitting and predicting.
+
+    Built from session patterns (``from_sessions``) or from PBM-style cells (``from_cells``).
+    """
+
+    def __init__(self, features: NDArray[np.float64], searches: NDArray[np.float64]) -> None:
+        self.features = features
+        self.searches = searches
+
+    @classmethod
+    def from_cells(cls, pair: AnyArray, rank: AnyArray, imps: AnyArray, query_of_pair: AnyArray,
+                   n_pairs: int) -> LogFeatures:
+        return cls(rank_features(pair, rank, imps, query_of_pair, n_pairs),
+                   query_searches(pair, rank, imps, query_of_pair, n_pairs))
+
+    @classmethod
+    def from_sessions(cls, sessions: SessionPatterns) -> LogFeatures:
+        c = cells_from_sessions(sessions)
+        return cls.from_cells(c.pair, c.rank, c.impressions, sessions.pairs.query_index, len(sessions.pairs))
+
+    def prior(self, kind: str, successes: AnyArray, trials: AnyArray, *, family: str = "beta",
+              start: BetaPrior | None = None) -> BetaPrior:
+        """:func:`make_prior` on these pairs' features."""
+        return make_prior(kind, successes, trials, self.features, family=family, start=start)
+
+    def gather(self, values: NDArray[np.float64], sessions: SessionPatterns, prior: BetaPrior,
+               fallback: float) -> NDArray[np.float64]:
+        """Per shown position, ``values`` of its pair; a pair without a value (never shown in training, or NaN)
+        gets the empirical prior's mean at the rank it is shown at, else ``fallback``; NaN where nothing shown."""
+        d = sessions.docs
+        n = len(values)
+        out = np.full(d.shape, np.nan)
+        inside = (d >= 0) & (d < n)
+        out[inside] = values[d[inside]]
+        unseen = (d >= 0) & np.isnan(out)
+        if unseen.any():
+            if prior.kind == "empirical":
+                ranks = np.broadcast_to(np.arange(1, d.shape[1] + 1), d.shape)[unseen]
+                queries = np.broadcast_to(sessions.query[:, None], d.shape)[unseen]
+                out[unseen] = prior.mean_at(unseen_features(ranks, queries, self.searches))
+            else:
+                out[unseen] = fallback
+        return out
+
+
+def beta_posterior_interval(prior: BetaPrior, successes: AnyArray, trials: AnyArray,
+                            confidence: float = CONFIDENCE) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Equal-tailed interval of the posterior Beta(a + x, b + n − x); NaN where the pair has no trials."""
+    n = np.asarray(trials, dtype=np.float64)
+    x = np.clip(np.asarray(successes, dtype=np.float64), 0.0, n)
+    mean = prior.posterior_mean(x, n)
+    lo, hi = posterior_interval(mean, prior.a + prior.b + n, confidence)
+    return np.where(n > 0, lo, np.nan), np.where(n > 0, hi, np.nan)

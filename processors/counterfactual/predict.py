@@ -1,0 +1,407 @@
+"""Predict a candidate ranker's online metrics from logged sessions: direct method, IPS, SNIPS, doubly robust.
+
+``predict(patterns, rankings)`` fits the click model on the log, evaluates every method on the logged query
+distribution and puts a percentile bootstrap interval on each figure: searches are resampled (multinomially,
+over the weighted patterns) and the click model and the propensities are *refitted* on every replicate, so the
+interval carries the estimation error of the model, not only the query mix. What no resampling can show is
+the bias of a wrong model or of documents the log never showed: the share of the candidate's top k resting
+on the model's prior only (``prior_share``) and the share unsupported by any logged impression
+(``unsupported_share``) are printed beside the figures for that reason.
+
+The kernels are :mod:`processors.counterfactual.direct` and :mod:`processors.counterfactual.ips`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from processors.click_models import get_model
+from processors.click_models.common import gather
+from processors.click_models.evaluate import evaluate, split_sessions
+from processors.click_models.pbm import PBM
+from processors.counterfactual.direct import (
+    LINEAR_METRICS,
+    METRICS,
+    PositionProbs,
+    aggregate,
+    dbn_position_probs,
+    pbm_position_probs,
+    prior_share,
+    query_metrics,
+)
+from processors.counterfactual.ips import DEFAULT_CLIP, LoggedArrays, dr_metrics, ips_metrics, ips_totals
+from processors.propensity.common import PropensityError
+from processors.propensity.randomized import SwapSessions, arm_counts, swap_ratios
+from processors.stats import SessionPatterns
+from schemas.errors import UbiError
+
+MODELS = ("pbm", "dbn")
+#: The click models are fitted without a prior on α by default: the rank-informed empirical prior shrinks a
+#: document the logging ranker showed deep towards "deep documents are poor", which is the belief a candidate
+#: that promotes it contradicts. On ``bench/counterfactual.py`` (12 PBM pairs) it raised the direct method's MAE
+#: of CTR@10 (README). ``model_options={"prior": ...}`` (``ubi predict --prior``) chooses another.
+DEFAULT_MODEL_OPTIONS: dict[str, Any] = {"prior": "none"}
+METHODS = ("dm", "ips", "snips", "dr")
+DEFAULT_REPLICATES = 200
+
+
+class PredictionError(UbiError):
+    """A prediction cannot be made: bad options, or a candidate that shares no query with the log."""
+
+
+@dataclass(frozen=True)
+class CandidateArrays:
+    """A candidate's rankings over the log's queries, as pair ids of the log's :class:`PairIndex`.
+
+    ``docs[q, k-1]`` is the pair at rank k of query q's list: a logged pair id, ``unseen`` (= number of pairs)
+    for a document the log never showed for q, -1 past the end of the list. ``rank_of_pair[p]`` is the rank
+    the candidate gives pair p (0: not in its list); ``length[q]`` its list length for q (0: q not covered).
+    """
+
+    docs: NDArray[np.int64]
+    rank_of_pair: NDArray[np.int64]
+    length: NDArray[np.int64]
+    unseen: int
+    run_queries: int  # queries of the candidate
+    matched_queries: int  # of those, how many the log has
+    cut_docs: int  # ranked docs beyond the deepest rank K (ignored)
+
+
+def query_texts(patterns: SessionPatterns) -> list[str]:
+    """The normalised text of each query number of ``patterns`` (via its :class:`PairIndex`)."""
+    pairs = patterns.pairs
+    n_q = int(max(pairs.query_index.max(initial=-1), patterns.query.max(initial=-1))) + 1
+    texts = [""] * n_q
+    for qi, text in zip(pairs.query_index.tolist(), pairs.queries.tolist(), strict=True):
+        texts[qi] = str(text)
+    return texts
+
+
+def candidate_arrays(patterns: SessionPatterns, rankings: Mapping[str, Sequence[str]]) -> CandidateArrays:
+    """Map ``rankings`` (normalised query text -> doc ids in rank order) onto the log's pairs, cut at K."""
+    pairs = patterns.pairs
+    k = patterns.max_rank
+    texts = query_texts(patterns)
+    q_of = {t: q for q, t in enumerate(texts)}
+    pair_of = {(int(q), str(d)): p for p, (q, d) in enumerate(zip(pairs.query_index.tolist(), pairs.doc_ids.tolist(),
+                                                                    strict=True))}
+    unseen = len(pairs)
+    docs = np.full((len(texts), k), -1, dtype=np.int64)
+    rank_of_pair = np.zeros(len(pairs), dtype=np.int64)
+    length = np.zeros(len(texts), dtype=np.int64)
+    matched = cut = 0
+    for text, ranking in rankings.items():
+        q = q_of.get(text)
+        if q is None:
+            continue
+        matched += 1
+        cut += max(len(ranking) - k, 0)
+        for r, doc in enumerate(list(ranking)[:k]):
+            p = pair_of.get((q, str(doc)))
+            docs[q, r] = unseen if p is None else p
+            if p is not None:
+                rank_of_pair[p] = r + 1
+        length[q] = min(len(ranking), k)
+    return CandidateArrays(docs, rank_of_pair, length, unseen, len(rankings), matched, cut)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One predicted metric: point estimate, percentile bootstrap interval, and the prior-free interval.
+
+    ``bound_low``/``bound_high`` widen the bootstrap interval by letting every document the log never showed
+    (for that query) take any click probability at rank 1 in [0, 1] instead of the model's prior: the lower
+    bootstrap quantile with them at 0, the upper with them at 1. What the log cannot say stays unsaid; the
+    width says how much of the prediction is a guess. NaN where a method has no such bound (SNIPS).
+    """
+
+    value: float
+    low: float
+    high: float
+    bound_low: float = float("nan")
+    bound_high: float = float("nan")
+
+    def to_json(self) -> dict[str, float | None]:
+        def num(x: float) -> float | None:
+            return round(float(x), 6) if np.isfinite(x) else None
+
+        return {"value": num(self.value), "ci_low": num(self.low), "ci_high": num(self.high),
+                "prior_free_low": num(self.bound_low), "prior_free_high": num(self.bound_high)}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The candidate's predicted online metrics per method, with what they rest on."""
+
+    model: str
+    k: int
+    clip: float
+    propensity: str  # where IPS's θ came from: "pbm" (EM on the log) or "randomized" (swap experiment)
+    theta_ratio: list[float]
+    searches: int  # logged searches of the queries the candidate ranks (the distribution predicted on)
+    logged_searches: int
+    covered_queries: int
+    logged_queries: int
+    run_queries: int
+    cut_docs: int
+    prior_share: float
+    unsupported_share: float
+    clipped_share: float
+    max_weight: float
+    replicates: int
+    confidence: float
+    figures: dict[str, dict[str, Figure]] = field(default_factory=dict)  # method -> metric -> figure
+    model_choice: dict[str, float] = field(default_factory=dict)  # auto: held-out log-likelihood per session
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        def num(x: float) -> float | None:
+            return round(float(x), 6) if np.isfinite(x) else None
+
+        return {
+            "model": self.model, "k": self.k, "clip": self.clip, "propensity": self.propensity,
+            "theta_ratio": [num(x) for x in self.theta_ratio],
+            "searches": self.searches, "logged_searches": self.logged_searches,
+            "covered_queries": self.covered_queries, "logged_queries": self.logged_queries,
+            "run_queries": self.run_queries, "cut_docs": self.cut_docs,
+            "prior_share": num(self.prior_share), "unsupported_share": num(self.unsupported_share),
+            "clipped_share": num(self.clipped_share), "max_weight": num(self.max_weight),
+            "bootstrap": {"replicates": self.replicates, "confidence": self.confidence,
+                          "scheme": "searches resampled, click model and propensities refitted per replicate"},
+            "methods": {m: {metric.replace("@k", f"@{self.k}"): f.to_json() for metric, f in figs.items()}
+                        for m, figs in self.figures.items()},
+            "model_choice": {name: num(v) for name, v in self.model_choice.items()},
+            "notes": list(self.notes),
+        }
+
+
+def _check(model: str, methods: Sequence[str], k: int, clip: float, replicates: int, confidence: float) -> None:
+    if model not in (*MODELS, "auto"):
+        raise PredictionError(f"--model {model!r}: choose one of {', '.join((*MODELS, 'auto'))}")
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise PredictionError(f"--method {','.join(bad) or '(none)'}: choose from {', '.join(METHODS)} or all")
+    if k < 1:
+        raise PredictionError(f"k must be at least 1, got {k}")
+    if not clip >= 1.0:
+        raise PredictionError(f"the clip level is a weight cap >= 1, got {clip}")
+    if replicates < 0:
+        raise PredictionError(f"bootstrap replicates must be >= 0, got {replicates}")
+    if not 0.0 < confidence < 1.0:
+        raise PredictionError(f"confidence must lie strictly between 0 and 1, got {confidence}")
+
+
+def choose_model(patterns: SessionPatterns, seed: int = 0, options: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """Held-out log-likelihood per session of each of :data:`MODELS` (80/20 session split, seeded)."""
+    train, test = split_sessions(patterns, 0.2, np.random.default_rng([seed, 0xA070]))
+    if test.n_sessions == 0 or train.n_sessions == 0:
+        return {name: float("nan") for name in MODELS}
+    out = {}
+    for name in MODELS:
+        fitted = get_model(name, **dict(options or {})).fit(train)
+        out[name] = evaluate(fitted, test).log_likelihood_per_session
+    return out
+
+
+class _Fit:
+    """A click model (and PBM for θ) fitted on one (re)sampled log, with the arrays the estimators need."""
+
+    def __init__(self, patterns: SessionPatterns, model: str, swaps: SwapSessions | None,
+                 swap_weight: NDArray[np.float64] | None, options: Mapping[str, Any]) -> None:
+        self.pbm = PBM(**dict(options)).fit(patterns)
+        self.model: Any = self.pbm if model == "pbm" else get_model(model, **dict(options)).fit(patterns)
+        k = patterns.max_rank
+        raw = np.asarray(self.pbm.theta, dtype=np.float64)[:k]
+        theta = raw / raw[0] if raw[0] > 0 else np.ones(k)
+        self.propensity = "pbm"
+        if swaps is not None:
+            try:
+                ratios = swap_ratios(arm_counts(swaps, swap_weight))[0][:k]
+            except PropensityError:  # no swap arm with clicks in this (re)sample: keep the PBM curve
+                ratios = np.full(k, np.nan)
+            if np.isfinite(ratios[1:]).any():
+                theta = np.where(np.isfinite(ratios) & (ratios > 0), ratios, theta)
+                self.propensity = "randomized"
+        self.theta = theta
+
+    def position_probs(self, cand: CandidateArrays,
+                       unseen: float | None = None) -> tuple[PositionProbs, NDArray[np.bool_]]:
+        """Per-position probabilities of the candidate's lists and where they rest on the prior only.
+
+        Parameters per position come from the model itself (``_alpha_at`` / ``_params_at``), so a pair the log
+        never showed gets the model's prior as the model defines it (rank-informed under the empirical prior).
+        ``unseen``: the click probability at rank 1 given to documents on the prior instead of the prior.
+        """
+        m = self.model
+        lists = SessionPatterns(m.pairs, np.arange(len(cand.length), dtype=np.int64), cand.docs,
+                                np.zeros(cand.docs.shape, dtype=bool), np.ones(len(cand.length), dtype=np.int64))
+        on_prior = (cand.docs >= 0) & ((cand.docs >= len(m.alpha)) |
+                                        np.isnan(m.alpha[np.clip(cand.docs, 0, max(len(m.alpha) - 1, 0))]))
+        if m.name == "pbm":
+            theta = np.asarray(m.theta, dtype=np.float64)
+            alpha = (m._alpha_at(lists) if hasattr(m, "_alpha_at")
+                     else gather(m.alpha, cand.docs, m.prior_alpha))
+            if unseen is not None:  # α on the raw EM scale: click probability at rank 1 is α·θ_1
+                alpha = np.where(on_prior, unseen / theta[0] if theta[0] > 0 else unseen, alpha)
+            return pbm_position_probs(theta, alpha), on_prior
+        if hasattr(m, "_params_at"):
+            alpha, sigma = m._params_at(lists)
+        else:
+            alpha, sigma = gather(m.alpha, cand.docs, m.prior_alpha), gather(m.sigma, cand.docs, m.prior_sigma)
+        if unseen is not None:
+            alpha = np.where(on_prior, unseen, alpha)
+        return dbn_position_probs(alpha, sigma, float(m.gamma)), on_prior
+
+
+def _logged(patterns: SessionPatterns, n_queries: int) -> LoggedArrays:
+    return LoggedArrays(patterns.query, patterns.docs, patterns.clicks, patterns.weight.astype(np.float64),
+                        patterns.pairs.query_index, n_queries)
+
+
+def _bounds(figs: dict[str, float], extremes: Sequence[dict[str, float]]) -> None:
+    """Add ``<metric>:lo`` / ``<metric>:hi``, the metric with unseen documents at the two extremes."""
+    for metric in list(figs):
+        vals = [e[metric] for e in extremes if metric in e]
+        if vals:
+            figs[f"{metric}:lo"], figs[f"{metric}:hi"] = min(vals), max(vals)
+
+
+def _once(patterns: SessionPatterns, cand: CandidateArrays, model: str, methods: Sequence[str], k: int, clip: float,
+          swaps: SwapSessions | None, swap_weight: NDArray[np.float64] | None,
+          options: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+    """Every method's metrics on one (re)sampled log, and the diagnostics of this fit."""
+    fit = _Fit(patterns, model, swaps, swap_weight, options)
+    n_q = len(cand.length)
+    log = _logged(patterns, n_q)
+    searches_q = np.bincount(patterns.query, weights=patterns.weight.astype(np.float64), minlength=n_q)
+    w = np.where(cand.length > 0, searches_q, 0.0)
+    probs, on_prior = fit.position_probs(cand)
+    qm = query_metrics(probs, k)
+    extremes = [query_metrics(fit.position_probs(cand, unseen=a)[0], k) for a in (0.0, 1.0)]
+    out: dict[str, dict[str, float]] = {}
+    if "dm" in methods:
+        out["dm"] = aggregate(qm, w)
+        _bounds(out["dm"], [aggregate(e, w) for e in extremes])
+    predicted = fit.model.click_probs(patterns) if "dr" in methods else None
+    totals = ips_totals(log, cand.rank_of_pair, cand.length, fit.theta, k, clip, predicted)
+    if "ips" in methods:
+        out["ips"] = ips_metrics(totals)
+        # IPS gives documents without support nothing: the lower end; at most θ_k' clicks each: the upper
+        kk = min(k, cand.docs.shape[1])
+        unseen_k = float((w[:, None] * (on_prior & probs.shown)[:, :kk] * fit.theta[None, :kk]).sum())
+        unseen_all = float((w[:, None] * (on_prior & probs.shown) * fit.theta[None, : cand.docs.shape[1]]).sum())
+        top = ips_metrics(totals._replace(clicks_k=totals.clicks_k + unseen_k, clicks=totals.clicks + unseen_all))
+        _bounds(out["ips"], [out["ips"], top])
+    if "snips" in methods:
+        out["snips"] = ips_metrics(totals, self_normalise=True)
+    if "dr" in methods:
+        out["dr"] = dr_metrics(totals, float((w * qm.clicks_k).sum()), float((w * qm.clicks).sum()))
+        _bounds(out["dr"], [dr_metrics(totals, float((w * e.clicks_k).sum()), float((w * e.clicks).sum()))
+                            for e in extremes])
+    diag = {
+        "prior_share": prior_share(on_prior, probs.shown, w, k),
+        "unsupported_share": totals.unsupported_k / totals.shown_k if totals.shown_k > 0 else float("nan"),
+        "clipped_share": totals.clipped_k / totals.exposure_k if totals.exposure_k > 0 else float("nan"),
+        "max_weight": totals.max_weight,
+        "theta": fit.theta,
+        "propensity": fit.propensity,
+        "searches": float(w.sum()),
+    }
+    return out, diag
+
+
+def _quantiles(values: Sequence[float], tail: float) -> tuple[float, float]:
+    r = np.asarray(values, dtype=np.float64)
+    r = r[np.isfinite(r)]
+    if not len(r):
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(r, [tail, 1.0 - tail])
+    return float(lo), float(hi)
+
+
+def predict(
+    patterns: SessionPatterns,
+    rankings: Mapping[str, Sequence[str]],
+    *,
+    model: str = "pbm",
+    methods: Sequence[str] = METHODS,
+    k: int = 10,
+    clip: float = DEFAULT_CLIP,
+    replicates: int = DEFAULT_REPLICATES,
+    confidence: float = 0.95,
+    seed: int = 0,
+    swaps: SwapSessions | None = None,
+    model_options: Mapping[str, Any] | None = None,
+) -> Prediction:
+    """The candidate ``rankings`` (normalised query text -> doc ids) predicted from the logged ``patterns``.
+
+    ``model``: pbm, dbn, or auto (the better held-out log-likelihood of the two). ``methods``: any of dm, ips,
+    snips, dr. ``swaps``: the log's randomised swap experiment; when given, IPS uses its θ_k/θ_1 (Joachims et
+    al., WSDM 2017) instead of the PBM fit's. ``clip``: the IPS weight cap M. ``replicates``: bootstrap
+    replicates (0: point estimates only).
+    """
+    _check(model, methods, k, clip, replicates, confidence)
+    options = dict(DEFAULT_MODEL_OPTIONS if model_options is None else model_options)
+    if patterns.n_sessions == 0:
+        raise PredictionError("the log holds no sessions to predict from")
+    cand = candidate_arrays(patterns, rankings)
+    if not (cand.length > 0).any():
+        raise PredictionError(f"none of the candidate's {cand.run_queries} queries was logged; a prediction needs "
+                              "the candidate to rank queries the log has (query ids are matched as normalised text)")
+    choice: dict[str, float] = {}
+    if model == "auto":
+        choice = choose_model(patterns, seed, options)
+        finite = {n: v for n, v in choice.items() if np.isfinite(v)}
+        model = max(finite, key=finite.__getitem__) if finite else "pbm"
+    point, diag = _once(patterns, cand, model, methods, k, clip, swaps, None, options)
+    rng = np.random.default_rng([seed, 0xCF])
+    n = patterns.n_sessions
+    p = patterns.weight / n
+    reps: dict[str, dict[str, list[float]]] = {m: {x: [] for x in point[m]} for m in point}
+    for _ in range(replicates):
+        wb = rng.multinomial(n, p)
+        keep = wb > 0
+        boot = SessionPatterns(patterns.pairs, patterns.query[keep], patterns.docs[keep], patterns.clicks[keep],
+                               wb[keep].astype(np.int64))
+        sw = None
+        if swaps is not None:
+            total = int(swaps.weight.sum())
+            sw = rng.multinomial(total, swaps.weight / total).astype(np.float64) if total else None
+        values, _ = _once(boot, cand, model, methods, k, clip, swaps, sw, options)
+        for m, figs in values.items():
+            for x, v in figs.items():
+                reps[m][x].append(v)
+    tail = (1.0 - confidence) / 2.0
+    figures: dict[str, dict[str, Figure]] = {}
+    for m in point:
+        figures[m] = {}
+        for x in METRICS:
+            if x not in point[m]:
+                continue
+            lo, hi = _quantiles(reps[m][x], tail)
+            b_lo = _quantiles(reps[m].get(f"{x}:lo", []), tail)[0] if f"{x}:lo" in point[m] else np.nan
+            b_hi = _quantiles(reps[m].get(f"{x}:hi", []), tail)[1] if f"{x}:hi" in point[m] else np.nan
+            if replicates == 0 and f"{x}:lo" in point[m]:
+                b_lo, b_hi = point[m][f"{x}:lo"], point[m][f"{x}:hi"]
+            figures[m][x] = Figure(point[m][x], lo, hi, float(b_lo), float(b_hi))
+    notes = []
+    if any(m != "dm" for m in methods):
+        notes.append(f"ips, snips and dr estimate only {' and '.join(LINEAR_METRICS)} (sums of per-document clicks); "
+                     "abandonment and rr_first_click come from dm")
+    if cand.run_queries > cand.matched_queries:
+        notes.append(f"{cand.run_queries - cand.matched_queries} of the candidate's {cand.run_queries} queries were "
+                     "never logged and are left out (no traffic to predict on)")
+    return Prediction(
+        model=model, k=k, clip=clip, propensity=str(diag["propensity"]),
+        theta_ratio=[float(x) for x in diag["theta"]], searches=int(round(diag["searches"])),
+        logged_searches=n, covered_queries=int((cand.length > 0).sum()), logged_queries=len(cand.length),
+        run_queries=cand.run_queries, cut_docs=cand.cut_docs, prior_share=diag["prior_share"],
+        unsupported_share=diag["unsupported_share"], clipped_share=diag["clipped_share"],
+        max_weight=diag["max_weight"], replicates=replicates, confidence=confidence, figures=figures,
+        model_choice=choice, notes=tuple(notes),
+    )

@@ -1,0 +1,158 @@
+"""Which implicit source to trust on this log, and why; and what the log cannot tell (identifiability).
+
+Two checks on the stored implicit sources, both from the same sessions ``ubi process`` fits on:
+
+* **Identifiability** (``processors.identifiability.assess``, the verdict ``ubi process`` and
+  ``ubi propensity`` use): when no (query, doc) pair was shown at two ranks, position-debiased sources
+  (coec, pbm, ubm, dbn) cannot separate position from relevance. Their grades are not used by the report
+  (rows made before the check may still carry some: they are set aside and counted in a note).
+* **Recommendation**: the source whose model predicts held-out clicks best. ``implicit:auto`` rows carry the
+  choice ``ubi process --model auto`` made per application and every model's held-out figures; for the
+  other sources the report fits their models on the same deterministic split by query_id hash
+  (``processors.selection``) and compares their mean held-out conditional perplexity. Position-debiased
+  sources are not recommended on a log that cannot identify them. Agreement with human grades, when
+  there are any, is quoted beside the choice: held-out likelihood and agreement with labels do not always
+  point the same way (Hager et al., SIGIR 2024), and the report shows both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from processors.identifiability import IDENTIFIED, UNIDENTIFIED, Identifiability, assess, is_position_debiased
+from processors.selection import DEFAULT_HOLDOUT, Selection, select
+from processors.sessions import SessionData
+from reports.agreement import Agreement
+from reports.merge import Label, label_kind
+
+AUTO_SOURCE = "implicit:auto"
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The recommended implicit source (None: nothing to recommend) and the figures behind it."""
+
+    source: str | None
+    why: str
+    held_out: dict[str, float] = field(default_factory=dict)  # source -> mean held-out conditional perplexity
+    not_recommended: dict[str, str] = field(default_factory=dict)  # source -> why it was left out
+    selections: list[dict[str, Any]] = field(default_factory=list)  # implicit:auto's per-application choices
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "why": self.why, "held_out_conditional_perplexity": self.held_out,
+                "not_recommended": self.not_recommended, "selections": self.selections}
+
+
+def _model_of(source: str) -> str:
+    name = source.split(":", 1)[1]
+    return "dctr" if name == "ctr" else name
+
+
+def withhold_unidentified(labels: Iterable[Label], ident: Identifiability | None) -> tuple[list[Label], dict[str, int]]:
+    """Labels with the grades of position-debiased sources removed when the log is ``unidentified``.
+
+    Returns the labels and, per source, how many grades were set aside.
+    """
+    out: list[Label] = []
+    dropped: dict[str, int] = {}
+    for lab in labels:
+        if (ident is not None and ident.verdict == UNIDENTIFIED and lab.grade is not None
+                and label_kind(lab.source) == "implicit" and is_position_debiased(lab.source)):
+            dropped[lab.source] = dropped.get(lab.source, 0) + 1
+            lab = lab._replace(grade=None)
+        out.append(lab)
+    return out, dropped
+
+
+def identifiability_notes(ident: Identifiability, sources: Iterable[str], dropped: Mapping[str, int]) -> list[str]:
+    """One note per position-debiased source the verdict affects."""
+    notes = []
+    for source in sources:
+        if not source.startswith("implicit:") or not is_position_debiased(source) or ident.verdict == IDENTIFIED:
+            continue
+        text = (f"{source} is position-debiased, and this log cannot separate position from relevance"
+                + (" (no (query, doc) pair was shown at two ranks): it gives no grades"
+                   if ident.verdict == UNIDENTIFIED else
+                   f" beyond ranks {list(ident.linked_ranks)}: pairs shown only at ranks "
+                   f"{list(ident.unlinked_ranks)} get no grade from it"))
+        if dropped.get(source):
+            text += f"; {dropped[source]:,} grades stored earlier were set aside"
+        notes.append(text)
+    return notes
+
+
+def _auto_selections(labels: Iterable[Label]) -> list[dict[str, Any]]:
+    seen: dict[Any, dict[str, Any]] = {}
+    for lab in labels:
+        if lab.source != AUTO_SOURCE or not lab.parameters:
+            continue
+        sel = lab.parameters.get("selection")
+        if isinstance(sel, dict) and sel.get("application", "") not in seen:
+            seen[sel.get("application", "")] = sel
+    return [seen[k] for k in sorted(seen, key=lambda a: (a is None, str(a)))]
+
+
+def _selection_text(sel: Mapping[str, Any]) -> str:
+    held = sel.get("held_out") or {}
+    chosen = sel.get("chosen")
+    others = sorted(((v.get("conditional_perplexity"), m) for m, v in held.items()
+                     if m != chosen and m not in (sel.get("excluded") or {}) and m not in ("gctr", "rctr")),
+                    key=lambda x: (x[0] is None, x[0]))
+    best = held.get(chosen, {}).get("conditional_perplexity")
+    app = sel.get("application")
+    text = f"{app + ': ' if app else ''}{chosen} (held-out conditional perplexity {best:.4f}" if best is not None \
+        else f"{app + ': ' if app else ''}{chosen} ("
+    if others and others[0][0] is not None:
+        text += f", next {others[0][1]} {others[0][0]:.4f}"
+    return text + f", {sel.get('test_sessions', 0):,} held-out searches)"
+
+
+def recommend(labels: Iterable[Label], sources: Iterable[str], sessions: SessionData | None,
+              ident: Identifiability | None, agreement: Mapping[str, Agreement] | None = None,
+              *, holdout: float = DEFAULT_HOLDOUT) -> Recommendation | None:
+    """The recommended implicit source (see the module docstring); None when the labels have no implicit source."""
+    labels = list(labels)
+    implicit = [s for s in sources if s.startswith("implicit:")]  # sources also hold "human", "merged", ...
+    if not implicit:
+        return None
+    left_out: dict[str, str] = {}
+    if ident is not None and ident.verdict != IDENTIFIED:
+        for s in implicit:
+            if is_position_debiased(s):
+                left_out[s] = f"position not identifiable in this log ({ident.verdict})"
+    agree = ""
+    if agreement:
+        ranked = sorted((a for s, a in agreement.items() if s in implicit and s not in left_out and a.pairs),
+                        key=lambda a: -a.kappa)
+        if ranked:
+            agree = (f"; agreement with human grades: {ranked[0].source} best (quadratic kappa {ranked[0].kappa:.3f} "
+                     f"on {ranked[0].pairs:,} pairs)")
+    if AUTO_SOURCE in implicit:
+        sels = _auto_selections(labels)
+        why = ("chosen per application by held-out conditional perplexity (`ubi process --model auto`): "
+               + "; ".join(_selection_text(s) for s in sels)) if sels else \
+            "made by `ubi process --model auto` (its rows carry no selection figures)"
+        return Recommendation(AUTO_SOURCE, why + agree, {}, left_out, sels)
+    if sessions is None or sessions.held_out is None or sessions.patterns.n_sessions == 0:
+        return Recommendation(None, "no sessions to compare the sources' models on" + agree, {}, left_out)
+    models = {_model_of(s): s for s in implicit}
+    train, test = sessions.split()
+    if train.n_sessions == 0 or test.n_sessions == 0:
+        return Recommendation(None, "too few searches to hold some out" + agree, {}, left_out)
+    sel: Selection = select(train, test, models=list(models), identifiability=ident or assess(sessions.cells),
+                            holdout=holdout)
+    held = {models[s.model]: round(s.evaluation.conditional_perplexity_mean, 6)
+            for s in sel.scores if s.evaluation is not None}
+    for score in sel.scores:
+        if score.error:
+            left_out[models[score.model]] = f"could not be fitted: {score.error}"
+    if sel.best is None:
+        return Recommendation(None, "no source's model could be scored on held-out searches" + agree, held, left_out)
+    best = models[sel.best]
+    runner = sorted((v, s) for s, v in held.items() if s != best and s not in left_out)
+    why = (f"lowest held-out conditional perplexity ({held[best]:.4f}"
+           + (f"; next {runner[0][1]} {runner[0][0]:.4f}" if runner else "")
+           + f") on {sel.test_sessions:,} searches held out by query_id hash")
+    return Recommendation(best, why + agree, held, left_out)

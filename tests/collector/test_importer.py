@@ -1,0 +1,31 @@
+"""``ubi import`` of OpenSearch ``_bulk`` files: the line each error names is the document's own line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from collector.importer import import_files
+
+
+def test_bulk_error_lines_come_from_parse_bulk_after_a_one_line_delete(tmp_path: Path) -> None:
+    """A ``delete`` action has no document line, so pairing lines two by two (``numbers[1::2]``) named the
+    wrong line for every error after it. The lines below are counted by hand from the file."""
+    body = "\n".join([
+        '{"index": {"_index": "ubi_events", "_id": "e1"}}',  # line 1
+        '{"action_name": "click", "timestamp": "2024-05-16T12:00:00Z"}',  # line 2: record 0, stored
+        '{"delete": {"_index": "ubi_events", "_id": "x"}}',  # line 3: record 1, refused, no document
+        '{"index": {"_index": "ubi_events", "_id": "e2"}}',  # line 4
+        '{"action_name": "click"}',  # line 5: record 2, no timestamp
+        '{"index": {"_index": "ubi_events"}}',  # line 6
+        '{"action_name": "click", "timestamp": "not a time"}',  # line 7: record 3, bad timestamp
+    ]) + "\n"
+    path = tmp_path / "export.ndjson"
+    path.write_text(body)
+    (report,), mode = import_files([path], tmp_path / "s.duckdb")
+    assert mode == "direct"
+    assert (report.events, report.rejected) == (1, 3)
+    assert [(index, line, field) for index, line, field, _ in report.errors] == [
+        (1, 3, "action"),
+        (2, 5, "timestamp"),
+        (3, 7, "timestamp"),
+    ]

@@ -1,0 +1,144 @@
+"""Priors on per-pair parameters: posterior-mean laws, a hand-worked case, EM monotonicity, the interface."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click_logs import random_log, simulate
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.special import betaln
+
+from processors.click_models import MODEL_NAMES, get_model
+from processors.click_models.common import ClickModelError
+from processors.click_models.dbn import _layout, dbn_em
+from processors.click_models.pbm import factorised_em
+from processors.click_models.priors import BetaPrior, fit_prior, fixed_prior, rank_features
+from processors.simulation.clicks import examination_curve
+from processors.stats import cells_from_sessions
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.01, 0.99), st.floats(0.1, 500.0), st.integers(0, 1000), st.integers(0, 1000))
+def test_posterior_mean_lies_between_prior_mean_and_mle(m: float, s: float, x: int, extra: int) -> None:
+    n = x + extra
+    prior = BetaPrior("empirical", np.array([m * s]), np.array([(1 - m) * s]))
+    post = float(prior.posterior_mean(x, n)[0])
+    if n == 0:
+        assert post == pytest.approx(m)
+        return
+    mle = x / n
+    assert min(m, mle) - 1e-12 <= post <= max(m, mle) + 1e-12
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(0.01, 0.99), st.floats(0.1, 100.0), st.floats(0.0, 1.0))
+def test_posterior_mean_converges_to_the_mle(m: float, s: float, rate: float) -> None:
+    prior = BetaPrior("empirical", np.array([m * s]), np.array([(1 - m) * s]))
+    gaps = []
+    for n in (10, 1_000, 100_000, 10_000_000):
+        x = round(rate * n)
+        gaps.append(abs(float(prior.posterior_mean(x, n)[0]) - x / n))
+    # |post − mle| = s·|m − mle|/(s + n) <= s/(s + n): shrinks like 1/n
+    assert all(g <= s / (s + n) + 1e-12 for g, n in zip(gaps, (10, 1_000, 100_000, 10_000_000), strict=True))
+    assert gaps[-1] < 1e-5
+
+
+def test_hand_worked_beta_binomial() -> None:
+    # prior Beta(2, 6) (mean 0.25, strength 8); 3 clicks in 4 trials:
+    # posterior mean (2 + 3)/(8 + 4) = 5/12; pseudo-count (3 + 1)/(4 + 2) = 2/3; MLE 3/4
+    emp = BetaPrior("empirical", np.array([2.0]), np.array([6.0]))
+    assert emp.posterior_mean(3, 4)[0] == pytest.approx(5 / 12)
+    assert fixed_prior("pseudocount", 1).posterior_mean(3, 4)[0] == pytest.approx(2 / 3)
+    assert fixed_prior("none", 1).posterior_mean(3, 4)[0] == pytest.approx(3 / 4)
+    # Gamma (COEC): shape 2, rate 2 (mean 1); 3 clicks on 1.5 expected: (2 + 3)/(2 + 1.5) = 10/7
+    g = BetaPrior("empirical", np.array([2.0]), np.array([2.0]), family="gamma")
+    assert g.posterior_mean(3, 1.5)[0] == pytest.approx(10 / 7)
+
+
+def test_empirical_bayes_recovers_a_known_beta() -> None:
+    # 4,000 pairs, α ~ Beta(3, 9) (mean 0.25, strength 12), 30 trials each; no informative features
+    rng = np.random.default_rng(5)
+    alpha = rng.beta(3.0, 9.0, 4000)
+    n = np.full(4000, 30.0)
+    x = rng.binomial(30, alpha).astype(float)
+    p = fit_prior(x, n, np.full((4000, 2), np.nan))
+    assert p.mean[0] == pytest.approx(0.25, abs=0.01)  # stated tolerance from 4,000 pairs
+    assert p.strength == pytest.approx(12.0, rel=0.2)
+    # the fitted optimum is a maximum of the Beta-binomial marginal likelihood (checked against scipy's betaln)
+    def marginal(a: float, b: float) -> float:
+        return float((betaln(x + a, n - x + b) - betaln(a, b)).sum())
+
+    a0, b0 = float(p.a[0]), float(p.b[0])
+    assert p.log_marginal == pytest.approx(marginal(a0, b0), rel=1e-6)
+    assert marginal(a0, b0) >= max(marginal(a0 * 1.1, b0 * 1.1), marginal(a0 * 0.9, b0 * 0.9))
+
+
+def test_rank_informed_mean_follows_display_ranks() -> None:
+    theta = examination_curve(10, 1.0)
+    s, _ = simulate("pbm", seed=3, n_sessions=20_000, theta=theta)
+    c = cells_from_sessions(s)
+    feats = rank_features(c.pair, c.rank, c.impressions, s.pairs.query_index, len(s.pairs))
+    m = get_model("dctr").fit(s)
+    prior = m.ctr_prior
+    shown = ~np.isnan(feats[:, 0])
+    # the rankers put relevant pairs high: the prior mean falls with the mean log display rank
+    hi, lo = feats[shown, 0] < np.quantile(feats[shown, 0], 0.2), feats[shown, 0] > np.quantile(feats[shown, 0], 0.8)
+    assert prior.mean[shown][hi].mean() > prior.mean[shown][lo].mean()
+    assert prior.coef[1] < 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.booleans())
+def test_pbm_em_with_a_prior_never_lowers_the_log_posterior(seed: int, accelerate: bool) -> None:
+    rng = np.random.default_rng(seed)
+    cells = cells_from_sessions(random_log(rng, int(rng.integers(5, 60)), 4, int(rng.integers(2, 8))))
+    n = len(cells.pairs)
+    res = factorised_em(cells.pair, cells.rank - 1, cells.impressions.astype(float), cells.clicks.astype(float),
+                        rng.uniform(0.05, 0.95, 4), rng.uniform(0.05, 0.95, n), max_iter=60, tol=1e-12,
+                        accelerate=accelerate, prior_a=rng.uniform(0.1, 5, n), prior_b=rng.uniform(0.1, 5, n))
+    trace = np.array(res.log_likelihood)
+    assert (np.diff(trace) >= -1e-9 * np.abs(trace[:-1])).all()
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_dbn_em_with_priors_never_lowers_the_log_posterior(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    s = random_log(rng, int(rng.integers(5, 40)), 4, int(rng.integers(2, 8)))
+    n = len(s.pairs)
+    res = dbn_em(_layout(s), rng.uniform(0.05, 0.95, n), rng.uniform(0.05, 0.95, n), 0.8, max_iter=40,
+                 tol=1e-12, accelerate=False, alpha_prior=(rng.uniform(0.1, 5, n), rng.uniform(0.1, 5, n)),
+                 sigma_prior=(rng.uniform(0.1, 5, n), rng.uniform(0.1, 5, n)))
+    trace = np.array(res.log_likelihood)
+    assert (np.diff(trace) >= -1e-9 * np.abs(trace[:-1])).all()
+
+
+LOG, _ = simulate("pbm", seed=8, n_sessions=4000, n_queries=40, theta=examination_curve(10))
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("prior", ["empirical", "pseudocount", "none"])
+def test_every_model_takes_the_prior_keyword_and_records_it(name: str, prior: str) -> None:
+    rel = get_model(name, prior=prior).fit(LOG).relevance()
+    recorded = rel.parameters["prior"]
+    if name in ("gctr", "rctr"):
+        assert recorded["kind"] == "none"  # no per-pair parameter
+        return
+    kinds = {recorded["kind"]} if "kind" in recorded else {recorded["alpha"]["kind"], recorded["sigma"]["kind"]}
+    assert kinds == {prior}
+    if prior == "empirical":
+        first = recorded if "kind" in recorded else recorded["alpha"]
+        assert len(first["coef"]) == 3 and first["strength"] > 0
+
+
+def test_unknown_prior_is_refused() -> None:
+    with pytest.raises(ClickModelError, match="prior must be one of empirical, pseudocount, none"):
+        get_model("pbm", prior="flat")
+
+
+def test_pseudocount_is_pyclicks_convention_on_ctr() -> None:
+    # DCTR with pseudo-counts: (clicks + 1)/(impressions + 2) exactly
+    m = get_model("dctr", prior="pseudocount").fit(LOG)
+    shown = m.impressions > 0
+    assert np.allclose(m.pair_ctr[shown], (m.clicks[shown] + 1) / (m.impressions[shown] + 2))
