@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from processors.qrels import ESCI_RATINGS, QRELS_FORMATS, RatingMap
+from processors.qrels import ESCI_RATINGS, QRELS_FORMATS, WORKBENCH_NAME_MAX, RatingMap, check_workbench_text
 from reports.commands import _write
 from reports.judgment_io import export_judgments, import_human
 from reports.merge import DEFAULT_PRECEDENCE
@@ -115,6 +115,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.format == "workbench":  # before reading anything: a name the Workbench refuses is bad input (exit 2)
+        check_workbench_text(args.name, "--name", WORKBENCH_NAME_MAX)
     settings = Settings.from_flags(args)
     with reading(settings.db) as con:
         body, summary = export_judgments(con, args.format, source=args.source, precedence=tuple(args.precedence),
