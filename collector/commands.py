@@ -21,7 +21,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from schemas.errors import UbiError
+from schemas.errors import StoreLocked, UbiError
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)"
 
@@ -129,6 +129,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     try:
         sink = create_sink(settings)
+    except StoreLocked as exc:
+        sock.close()
+        raise StoreLocked(_held_store_message(settings.db)) from exc
     except BaseException:
         sock.close()
         raise
@@ -155,11 +158,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 
+def _held_store_message(db: Path) -> str:
+    """What a second `ubi serve` on a store another process writes should be told (one writer per DuckDB file)."""
+    from store.client import collector_url
+
+    try:
+        holder = f"the collector at {collector_url(db)}"
+    except StoreLocked:
+        holder = "another process (no collector advertises it)"
+    return (f"{db} is already held by {holder}: a DuckDB store has one writer, so a second `ubi serve` cannot open "
+            f"it. Send records to that collector, stop it before starting this one, or serve another file with --db")
+
+
 # ---------------------------------------------------------------- import
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     from collector.app import extension_filters
+    from collector.import_hints import likely_command
     from collector.importer import import_files
     from schemas.settings import Settings
 
@@ -202,6 +218,9 @@ def cmd_import(args: argparse.Namespace) -> int:
             on_progress=on_progress,
         )
     total = {k: sum(getattr(r, k) for r in reports) for k in ("queries", "events", "duplicates", "rejected")}
+    code = _import_exit_code(total)
+    hints = [h for r in reports if r.rejected and not (r.queries or r.events or r.duplicates)
+             for h in [likely_command(Path(r.path))] if h]
     if args.json:
         print(
             json.dumps(
@@ -211,11 +230,14 @@ def cmd_import(args: argparse.Namespace) -> int:
                     **total,
                     "accepted": total["queries"] + total["events"],
                     "files": [r.public() for r in reports],
+                    "exit_code": code,
+                    "hints": hints,
                 },
                 indent=2,
             )
         )
-        return 0
+        _import_verdict(code, total, hints)
+        return code
     out = Console()
     table = Table(title=f"ubi import into {settings.db}" + ("" if mode == "direct" else f" (through {mode})"))
     for col in ("file", "queries", "events", "duplicates", "rejected"):
@@ -237,7 +259,28 @@ def cmd_import(args: argparse.Namespace) -> int:
             )
         if r.rejected > len(r.errors):
             out.print(f"... and {r.rejected - len(r.errors)} more in {r.path}: see `ubi failed`")
-    return 0
+    _import_verdict(code, total, hints)
+    return code
+
+
+def _import_exit_code(total: dict[str, int]) -> int:
+    """0: nothing rejected; 1: some records rejected; 2: records rejected and none accepted (nor already stored),
+    so a script notices a wrong file (a qrels file, a CSV) instead of reading exit 0."""
+    if not total["rejected"]:
+        return 0
+    return 2 if not (total["queries"] or total["events"] or total["duplicates"]) else 1
+
+
+def _import_verdict(code: int, total: dict[str, int], hints: list[str]) -> None:
+    if code == 0:
+        return
+    err = Console(stderr=True)
+    what = (f"{total['rejected']:,} records rejected and none accepted" if code == 2 else
+            f"{total['rejected']:,} records rejected ({total['queries'] + total['events']:,} accepted)")
+    err.print(f"[bold red]error:[/] {escape(what)}; exit {code} (`ubi failed` shows each with its reason)",
+              highlight=False, soft_wrap=True)
+    for hint in hints:
+        err.print(f"hint: {escape(hint)}", highlight=False, soft_wrap=True)
 
 
 # ---------------------------------------------------------------- failed

@@ -97,7 +97,15 @@ class DemoCatalog:
         docs = self.docs[q]
         hits = [{"id": docs[j].doc_id, "title": docs[j].title, "url": f"/demo/doc/{docs[j].doc_id}"}
                 for j in self.rankings[ranker][q]]
-        return {"query": text, "matched_query": self.queries[q], "ranker": ranker, "hits": hits, "suggestions": []}
+        return {"query": text, "matched_query": self.queries[q], "exact": self.is_exact(text, q), "ranker": ranker,
+                "hits": hits, "suggestions": []}
+
+    def is_exact(self, text: str, q: int) -> bool:
+        """Every word typed is a word of catalog search ``q`` ("running shoes" in "red running shoes"); else the
+        results are the closest search's (a fallback the page says, so "coffee maker" never silently shows
+        "coffee grinder")."""
+        words = _tokens(text)
+        return bool(words) and words <= self._tokens[q]
 
     def doc(self, doc_id: str) -> DemoDoc | None:
         return self._by_id.get(doc_id)
@@ -116,6 +124,7 @@ class SearchOut(BaseModel):
 
     query: str
     matched_query: str | None
+    exact: bool = False  # False with results: matched_query is only the closest catalog search (a fallback)
     ranker: str
     hits: list[Hit]
     suggestions: list[str]

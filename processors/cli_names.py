@@ -23,3 +23,8 @@ SCENARIO_NAMES: tuple[str, ...] = ("demo", "hard")
 COUNTERFACTUAL_METHODS: tuple[str, ...] = ("dm", "ips", "snips", "dr")
 DEFAULT_REPLICATES = 200
 DEFAULT_CLIP = 20.0
+#: ``--position-base`` of ``ubi process``, ``ubi propensity`` and ``ubi report`` (``processors.ordinal_base``)
+POSITION_BASE_CHOICES: tuple[str, ...] = ("auto", "0", "1")
+POSITION_BASE_HELP = ("base of position.ordinal: auto (default: detected per application from ordinals checked "
+                      "against hit lists), 0 or 1 for every application; UBI_POSITION_BASE_BY_APPLICATION "
+                      "entries always win")

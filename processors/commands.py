@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from processors.cli_names import AUTO, JUDGMENT_MODELS
+from processors.cli_names import AUTO, JUDGMENT_MODELS, POSITION_BASE_CHOICES, POSITION_BASE_HELP
 from schemas.errors import UbiError
 
 if TYPE_CHECKING:
@@ -113,10 +114,12 @@ def _spark_sessions(args: argparse.Namespace, settings: Settings) -> Any:
 
 def cmd_process(args: argparse.Namespace) -> int:
     from processors.judgments import process
+    from processors.ordinal_base import describe, position_base_flags, suggestion
     from processors.selection import source_name
     from schemas.settings import Settings
 
-    settings = Settings.from_flags(args, only=("db", "max_rank", "min_support", "max_ci_width"))
+    settings = Settings.from_flags(args, only=("db", "max_rank", "min_support", "max_ci_width"),
+                                   **position_base_flags(args.position_base_flag))
     sessions = None
     db: Path = settings.db
     if args.engine == "spark":
@@ -132,7 +135,8 @@ def cmd_process(args: argparse.Namespace) -> int:
                       out=args.out, out_format=args.format, progress=status.update, prior=args.prior,
                       sessions=sessions)
     data, run, stored, written, out_fmt = res.data, res.run, res.stored, res.rows_written, res.out_format
-    result = {"db": str(settings.db), "engine": args.engine, **res.summary()}
+    result = {"db": str(settings.db), "engine": args.engine, **res.summary(),
+              "suggested_setting": suggestion(data.quality.ordinal_bases, settings)}
     if args.json:
         _dump(result)
         return 0
@@ -151,9 +155,11 @@ def cmd_process(args: argparse.Namespace) -> int:
         con.print(f"data quality: {q.searches_without_ranking:,} searches without ranking, {q.duplicate_query_records:,} "
                   f"duplicate query records, {q.clicks_on_undisplayed:,} clicks on undisplayed docs, "
                   f"{q.click_rank_disagreements:,}/{q.click_rank_checked:,} click ordinals disagree with the ranking")
-        for app, ev in q.ordinal_base_evidence.items():
-            con.print(f"  ordinals of {app or '(no application)'}: {ev['base0']:,} fit base 0, {ev['base1']:,} fit base 1 "
-                      f"(of {ev['checked']:,} checked against hit lists)")
+        for choice in q.ordinal_bases.values():
+            con.print("  " + escape(describe(choice)), highlight=False)
+        hint = suggestion(q.ordinal_bases, settings)
+        if hint:
+            con.print(f"  [yellow]suggested setting:[/] {escape(hint)} (or --position-base auto)", highlight=False)
     for sel in res.selections:
         con.print(f"--model auto, {'application ' + repr(sel.application) if sel.application else 'the log'}: "
                   f"[bold]{source_name(sel.best) if sel.best else 'none'}[/] ({sel.why()}; identifiability: "
@@ -245,6 +251,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="widest interval that still gets a grade, on the attractiveness scale, > 0 (default 0.5); "
                         "pairs without an interval never get one")
     p.add_argument("--max-rank", type=int, help="deepest rank kept (default 10)")
+    p.add_argument("--position-base", dest="position_base_flag", choices=POSITION_BASE_CHOICES, help=POSITION_BASE_HELP)
     p.add_argument("--prior", choices=("empirical", "pseudocount", "none"),
                    help="prior on the model's per-pair parameters: empirical (default; rank-informed, empirical "
                         "Bayes), pseudocount (+1/+2) or none (maximum likelihood)")

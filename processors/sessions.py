@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from processors.bounded import apply_limits
+from processors.ordinal_base import BaseChoice, BaseEvidence, choose_bases, effective_bases
 from processors.stats import ClickCells, PairIndex, SessionPatterns, StatsError, UbmCells
 from schemas.errors import StoreError, UbiError
 from schemas.sessions import Session
@@ -100,9 +101,13 @@ class QualitySummary:
     click_rank_disagreements: int = 0
     #: per application: events whose ordinal equals hit-list rank - 1 (``base0``) or the rank (``base1``)
     ordinal_base_evidence: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: per application: the base in use, why, its evidence (checked before any base is applied)
+    ordinal_bases: dict[str, BaseChoice] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["ordinal_bases"] = {app: c.as_dict() for app, c in self.ordinal_bases.items()}
+        return out
 
 
 @dataclass(frozen=True)
@@ -196,7 +201,7 @@ SELECT CASE WHEN e.action_name = $imp AND NOT coalesce(s.has_hits, false) AND e.
 FROM ubi_events e
 LEFT JOIN _ubi_search s ON s.query_id = e.query_id
 LEFT JOIN _ubi_hits h ON h.sid = s.sid
-LEFT JOIN _ubi_pbase b ON b.application = coalesce(e.application, s.application)
+LEFT JOIN _ubi_pbase b ON b.application = coalesce(e.application, s.application, '')
 WHERE e.action_name = $imp OR list_contains($clicks, e.action_name)
 """
 
@@ -378,6 +383,41 @@ def _params(settings: Settings) -> dict[str, Any]:
     return {"imp": settings.impression_action, "clicks": list(settings.click_actions), "base": settings.position_base}
 
 
+# Ordinals checked against the hit list of their search, per application, before any base is applied
+# (the evidence processors.ordinal_base decides on); needs _ubi_search and _ubi_hits.
+_EVIDENCE = """
+SELECT application, count(*) FILTER (WHERE ordinal = hit_rank - 1), count(*) FILTER (WHERE ordinal = hit_rank), count(*)
+FROM (
+    SELECT coalesce(e.application, s.application, '') AS application, e.position_ordinal AS ordinal,
+           list_position(h.hits, nullif(e.object_id, '')) AS hit_rank
+    FROM ubi_events e JOIN _ubi_search s ON s.query_id = e.query_id JOIN _ubi_hits h ON h.sid = s.sid
+    WHERE (e.action_name = $imp OR list_contains($clicks, e.action_name)) AND e.position_ordinal IS NOT NULL
+)
+WHERE hit_rank IS NOT NULL GROUP BY ALL ORDER BY 1
+"""
+
+
+def _evidence(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict[str, BaseEvidence]:
+    rows = con.execute(_EVIDENCE, {"imp": settings.impression_action, "clicks": list(settings.click_actions)}).fetchall()
+    return {app: BaseEvidence(app, int(b0), int(b1), int(n)) for app, b0, b1, n in rows}
+
+
+def position_bases(con: duckdb.DuckDBPyConnection, settings: Settings | None = None) -> dict[str, BaseChoice]:
+    """The ordinal base of each application with its evidence and reason (:mod:`processors.ordinal_base`).
+
+    The same evidence and choice :func:`load_sessions` uses; for readers that need the bases without the
+    sessions (the report's online metrics). ``con`` may be read-only.
+    """
+    settings = settings or Settings()
+    try:
+        con.execute(_SEARCH)
+        return choose_bases(_evidence(con, settings), settings)
+    except duckdb.Error as exc:
+        raise StoreError(f"reading ordinals failed in DuckDB: {exc}") from exc
+    finally:
+        _drop(con, "_ubi_search0", "_ubi_search", "_ubi_hits")
+
+
 def _drop(con: duckdb.DuckDBPyConnection, *tables: str) -> None:
     for table in tables:
         con.execute(f"DROP TABLE IF EXISTS temp.{table}")
@@ -392,13 +432,14 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict
         # tables of a DuckDB store, or views over a Parquet folder (store.parquet_store)
         if not _ints(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table])[0]:
             raise SessionError(f"the store has no {table} table; ingest UBI records first (`ubi import`, `ubi serve`)")
-    pbase = pa.table({
-        "application": pa.array(list(settings.position_base_by_application), pa.string()),
-        "base": pa.array(list(settings.position_base_by_application.values()), pa.int64()),
-    })
-    con.register("_ubi_pbase", pbase)
     c: dict[str, Any] = {}
     con.execute(_SEARCH)
+    c["bases"] = choose_bases(_evidence(con, settings), settings)
+    bases = effective_bases(c["bases"])
+    con.register("_ubi_pbase", pa.table({
+        "application": pa.array(list(bases), pa.string()),
+        "base": pa.array(list(bases.values()), pa.int64()),
+    }))
     texts = con.sql("SELECT DISTINCT user_query FROM _ubi_search").to_arrow_table().column(0).to_pylist()
     normalised = [normalize_query(t) for t in texts]
     order = {q: i for i, q in enumerate(sorted(set(normalised)))}
@@ -501,6 +542,7 @@ def _quality(c: dict[str, Any]) -> QualitySummary:
         click_rank_disagreements=clk[5],
         ordinal_base_evidence={app: {"base0": int(b0), "base1": int(b1), "checked": int(n)}
                                for app, b0, b1, n in c["evidence"]},
+        ordinal_bases=c["bases"],
     )
 
 

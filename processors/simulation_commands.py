@@ -11,10 +11,17 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from processors.cli_names import PROPENSITY_METHODS, SCENARIO_NAMES, TRAFFIC_MODELS
+from processors.cli_names import (
+    POSITION_BASE_CHOICES,
+    POSITION_BASE_HELP,
+    PROPENSITY_METHODS,
+    SCENARIO_NAMES,
+    TRAFFIC_MODELS,
+)
 from schemas.errors import InputFileError, UbiError
 
 if TYPE_CHECKING:
@@ -100,6 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--plot", type=Path, metavar="FILE.png",
                    help="where to write the plot (default: beside the database, <db>.propensity-<method>.png)")
     p.add_argument("--no-plot", action="store_true", help="do not write a plot")
+    p.add_argument("--position-base", dest="position_base_flag", choices=POSITION_BASE_CHOICES,
+                   help=POSITION_BASE_HELP)
     p.add_argument("--truth", type=Path, help="a truth file from `ubi simulate --truth`: show the true curve and errors")
     p.add_argument("--json", action="store_true", help="print the estimates as JSON")
     p.set_defaults(func=cmd_propensity)
@@ -214,12 +223,14 @@ def _read_truth(path: Path) -> np.ndarray:
 
 
 def cmd_propensity(args: argparse.Namespace) -> int:
+    from processors.ordinal_base import describe, position_base_flags, suggestion
     from processors.propensity import estimate_from_patterns, estimate_randomized, plot_curve
     from processors.propensity.common import PropensityError, PropensityEstimate
     from processors.propensity.load import read_patterns, read_swaps
     from schemas.settings import Settings
 
-    settings = Settings.from_flags(args, only=("db", "max_rank", "seed"))
+    settings = Settings.from_flags(args, only=("db", "max_rank", "seed"),
+                                   **position_base_flags(args.position_base_flag))
     if not settings.db.exists():
         raise UbiError(f"{settings.db}: no such database; load traffic first (`ubi import`, `ubi serve`)")
     k = settings.max_rank
@@ -269,6 +280,8 @@ def cmd_propensity(args: argparse.Namespace) -> int:
         out["plot"] = str(plot_path) if plot_path else None
         if data is not None:
             out["filters"] = data.filters.as_dict()
+            out["ordinal_bases"] = {app: c.as_dict() for app, c in data.quality.ordinal_bases.items()}
+            out["suggested_setting"] = suggestion(data.quality.ordinal_bases, settings)
         print(json.dumps(out, indent=2))
         return 0
     console = Console()
@@ -282,6 +295,11 @@ def cmd_propensity(args: argparse.Namespace) -> int:
         if dropped:
             console.print(f"filtered before fitting: {f.bot_searches:,} bot searches, {f.click_all_searches:,} "
                           f"click-on-everything searches, {f.empty_query_searches:,} empty queries")
+        for choice in data.quality.ordinal_bases.values():
+            console.print(escape(describe(choice)), highlight=False)
+        hint = suggestion(data.quality.ordinal_bases, settings)
+        if hint:
+            console.print(f"[yellow]suggested setting:[/] {escape(hint)}", highlight=False)
     if plot_path:
         console.print(f"plot: {plot_path}")
     return 0

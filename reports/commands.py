@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
+from processors.cli_names import POSITION_BASE_CHOICES, POSITION_BASE_HELP
 from reports.cli_names import (
     DEFAULT_PRECEDENCE,
     DEFAULT_SPLIT_KEYS,
@@ -137,6 +138,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--propensity", type=Path, metavar="FILE",
                    help="a position-bias estimate (JSON of `ubi propensity`) to plot in the HTML report")
     p.add_argument("--seed", type=int, help="seed of the bootstrap and randomisation test (default: $UBI_SEED or 0)")
+    p.add_argument("--position-base", dest="position_base_flag", choices=POSITION_BASE_CHOICES, help=POSITION_BASE_HELP + " (online metrics)")
     p.add_argument("--format", choices=_FORMATS, default="text", help="output format (default text)")
     p.add_argument("--json", action="store_true", help="same as --format json")
     p.add_argument("--no-labels", dest="label_pairs", action="store_false",
@@ -197,7 +199,21 @@ def _propensity(path: Path | None) -> dict[str, Any] | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list):
         raise InputFileError(str(path), None, 'expected a propensity estimate: {"method": ..., "ranks": '
                              '[{"rank": 1, "ratio": 1.0, "ci_low": ..., "ci_high": ...}, ...]}')
+    for i, row in enumerate(doc["ranks"]):
+        rank = row.get("rank") if isinstance(row, dict) else None
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise InputFileError(str(path), None, f"ranks[{i}]: expected an object with an integer rank >= 1, "
+                                 f"got {row!r:.80}")
+        for key in ("ratio", "ci_low", "ci_high"):
+            value = row.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise InputFileError(str(path), None, f"ranks[{i}].{key}: expected a number or null, got {value!r:.40}")
     return doc
+
+
+def _has_log(con: Any) -> bool:
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    return {"ubi_queries", "ubi_events"} <= tables
 
 
 def _sessions(con: Any, settings: Settings) -> Any:
@@ -232,6 +248,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from processors.bounded import apply_limits
+    from processors.ordinal_base import describe, effective_bases, position_base_flags, suggestion
+    from processors.sessions import position_bases
     from reports.joint import ReportConfig, build_report, load_class_rules
     from reports.merge import LabelSet, labels_from_human, labels_from_store
     from reports.qrels import ESCI_RATINGS, RatingMap, load_qrels
@@ -245,7 +263,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from schemas.settings import Settings
     from store.client import reading
 
-    settings = Settings.from_flags(args)
+    settings = Settings.from_flags(args, **position_base_flags(args.position_base_flag))
     fmt = "json" if args.json else args.format
     thresholds = _thresholds(args)
     propensity = _propensity(args.propensity)
@@ -260,7 +278,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         precedence=tuple(args.precedence), baseline=args.baseline, position_base=settings.position_base,
         position_base_by_application=settings.position_base_by_application,
         click_actions=tuple(settings.click_actions), impression_actions=(settings.impression_action,),
-        reformulation_window_s=settings.reformulation_window_s, max_rank=max(settings.max_rank, args.k),
+        reformulation_window_s=settings.reformulation_window_s,
+        max_client_queries_per_minute=settings.max_client_queries_per_minute, max_rank=max(settings.max_rank, args.k),
         grade_max=settings.grade_max, n_boot=settings.report_bootstrap, n_perm=settings.report_permutations,
         seed=settings.seed,
     )
@@ -288,13 +307,24 @@ def cmd_report(args: argparse.Namespace) -> int:
         if not len(labels):
             raise UbiError("no judgments at all: give human judgments with --qrels FILE, or run `ubi process` to "
                            "derive implicit ones")
+        warnings = []
+        if _has_log(con):
+            # the online metrics place clicks by ordinal with the same bases `ubi process` uses
+            bases = position_bases(con, settings)
+            config.position_base_by_application = effective_bases(bases)
+            # a base detected as the default changes nothing: only a change or a disagreement is worth a warning
+            warnings = [describe(c) for c in bases.values()
+                        if c.disagrees or (c.how == "detected" and c.base != settings.position_base)]
+            hint = suggestion(bases, settings)
+            if hint:
+                warnings.append(f"suggested setting: {hint}")
         sessions = _sessions(con, settings)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                       transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("report", total=None)
             report = build_report(con, labels, config, thresholds=thresholds, propensity=propensity, inputs=inputs,
                                   progress=lambda name: bar.update(task, description=name), file_runs=file_runs,
-                                  sessions=sessions)
+                                  warnings=warnings, sessions=sessions)
 
     if fmt == "text":
         if args.out is None:

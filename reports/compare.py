@@ -227,6 +227,10 @@ class Ordering:
     kendall: float
     spearman: float
     common: list[str] = field(default_factory=list)
+    #: queries the offline values were averaged over (those every ordered system was evaluated on), and
+    #: why there is no offline order when the systems share none
+    offline_queries: int | None = None
+    offline_note: str | None = None
 
 
 def ordering(

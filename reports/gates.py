@@ -69,6 +69,34 @@ class GateResult:
         return f"{self.system}: {self.metric} = {value} (needs {sign} {self.threshold:g}; {self.reason})"
 
 
+def _online_names() -> tuple[str, ...]:
+    from reports.online import ONLINE_METRICS
+
+    return tuple(name for name, _ in ONLINE_METRICS)
+
+
+def check_name(qualified: str) -> str:
+    """``qualified`` when its metric part is one the report can compute, else a :class:`GateError` listing
+    the known names (a typo such as ``ndgc@10`` is bad input, exit 2, never a failed gate)."""
+    from reports.metrics.names import KNOWN, MetricError, parse_metric
+
+    source, _, m = qualified.rpartition("/")
+    if source == "online":
+        known = _online_names()
+        base = "ctr@k" if re.fullmatch(r"ctr@[1-9][0-9]*", m) else m
+        if base not in known:
+            raise GateError(f"unknown online metric {qualified!r}; known: "
+                            + ", ".join(f"online/{n}" for n in known) + " (ctr@k with k = --k)")
+        return qualified
+    try:
+        parse_metric(m)
+    except MetricError as exc:
+        raise GateError(f"unknown metric {qualified!r} ({exc}); known offline metrics: {KNOWN}, as SOURCE/METRIC "
+                        f"with SOURCE human, merged, reviewed or implicit:<model>; online: "
+                        + ", ".join(f"online/{n}" for n in _online_names())) from exc
+    return qualified
+
+
 def qualify(metric: str) -> str:
     """``ndcg@10`` -> ``human/ndcg@10``; names are lower-cased and stripped; the source is kept as given."""
     name = metric.strip()
@@ -78,8 +106,8 @@ def qualify(metric: str) -> str:
         source, _, m = name.rpartition("/")
         if not source or not m:
             raise GateError(f"metric {metric!r}: expected SOURCE/METRIC such as human/ndcg@10")
-        return f"{source.strip()}/{m.strip().lower()}"
-    return f"human/{name.lower()}"
+        return check_name(f"{source.strip()}/{m.strip().lower()}")
+    return check_name(f"human/{name.lower()}")
 
 
 def parse_flag(text: str, op: Op = "min") -> Threshold:

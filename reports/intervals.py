@@ -200,3 +200,28 @@ def sign_flip_pvalue(diffs: NDArray, *, n_perm: int = 10_000, seed: int = 0) -> 
     All differences 0: p = 1. NaN differences are dropped.
     """
     return float(sign_flip_pvalues(np.asarray(diffs, float).reshape(-1, 1), n_perm=n_perm, seed=seed)[0])
+
+
+#: Fewest values a percentile bootstrap interval is shown for. Below it the resampled means take too few
+#: distinct values for 2.5% / 97.5% percentiles to mean anything: with n = 2 they are {a, (a+b)/2, b}, so the
+#: "95% interval" is the range of the data; with n = 3 each extreme has probability 1/27 > 2.5%, so again
+#: the range; from n = 5 on there are 126 distinct resamples and no single one carries 2.5%.
+MIN_BOOTSTRAP_N = 5
+
+
+def why_no_interval(iv: Interval) -> str | None:
+    """Why ``iv`` should be shown as a bare value (no bar, no bounds), or None when its interval is meaningful.
+
+    n = 0: nothing measured; n = 1: no spread to estimate (any method gives a zero-width or undefined
+    interval); a bootstrap under :data:`MIN_BOOTSTRAP_N` values (see there); bounds that are not finite.
+    Wilson intervals hold from n = 1 (a proportion of one trial still has a proper score interval).
+    """
+    if iv.n == 0:
+        return "n = 0"
+    if iv.method != "wilson" and iv.n < 2:
+        return "n = 1"
+    if iv.method == "bootstrap" and iv.n < MIN_BOOTSTRAP_N:
+        return f"n = {iv.n} < {MIN_BOOTSTRAP_N} for a bootstrap"
+    if not (np.isfinite(iv.low) and np.isfinite(iv.high)):
+        return "no interval"
+    return None

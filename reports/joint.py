@@ -144,6 +144,7 @@ class ReportConfig:
     click_actions: tuple[str, ...] = DEFAULT_CLICK_ACTIONS
     impression_actions: tuple[str, ...] = DEFAULT_IMPRESSION_ACTIONS
     reformulation_window_s: float = 60.0
+    max_client_queries_per_minute: float = 60.0  # above: a bot-like client, warned about
     max_rank: int = 10
     grade_max: int = 3
     confidence: float = 0.95
@@ -222,6 +223,8 @@ class Report:
     merge: MergeSummary | None = None
     notes: list[str] = field(default_factory=list)
     inputs: dict[str, Any] = field(default_factory=dict)
+    #: data-quality warnings, shown first in every format (events without a query record, bots, ordinals)
+    warnings: list[str] = field(default_factory=list)
     identifiability: dict[str, Any] | None = None  # processors.identifiability verdict of the logged sessions
     recommendation: dict[str, Any] | None = None  # reports.recommend: the implicit source to trust, and why
     interleaving: list[InterleavingResult] = field(default_factory=list)  # reports.interleaving
@@ -449,6 +452,45 @@ def _orphan_notes(con: duckdb.DuckDBPyConnection) -> list[str]:
     ]
 
 
+def _shared_offline(results: Sequence[OfflineResult], metric: str) -> tuple[dict[str, float], int | None, str | None]:
+    """Each evaluated system's mean of ``metric`` over the queries all of them were evaluated on.
+
+    Returns (values, shared query count, why there is no order). One evaluated system keeps its own mean
+    (an order of one, said as such); several sharing no query get no values and a sentence naming them.
+    """
+    evaluated = [r for r in results if r.n_queries > 0]
+    if not evaluated:
+        return {}, None, None
+    if len(evaluated) == 1:
+        r = evaluated[0]
+        return {r.system: r.aggregate[metric].value}, len(set(r.queries)), None
+    per_text = {r.system: dict(zip(*_per_text(r, metric), strict=True)) for r in evaluated}
+    shared = set.intersection(*(set(v) for v in per_text.values()))
+    if not shared:
+        sizes = ", ".join(f"{r.system} ({len(per_text[r.system])})" for r in evaluated)
+        return {}, 0, f"not ordered: the systems share no evaluated query ({sizes} queries each)"
+    texts = sorted(shared)
+    return {s: float(np.mean([v[t] for t in texts])) for s, v in per_text.items()}, len(texts), None
+
+
+def _bot_warnings(con: duckdb.DuckDBPyConnection, max_per_minute: float) -> list[str]:
+    """Clients whose logged searches exceed ``max_per_minute`` in some 60 s window (as ``ubi process`` filters)."""
+    rows = con.execute("""
+        SELECT count(*), coalesce(sum(n), 0), coalesce(max(peak), 0) FROM (
+            SELECT client_id, count(*) AS n, max(w) AS peak FROM (
+                SELECT client_id, count(*) OVER (PARTITION BY client_id ORDER BY ts
+                       RANGE BETWEEN CURRENT ROW AND INTERVAL 60 SECOND FOLLOWING) AS w
+                FROM (SELECT client_id, min("timestamp") AS ts FROM ubi_queries
+                      WHERE client_id IS NOT NULL AND "timestamp" IS NOT NULL GROUP BY client_id, query_id)
+            ) GROUP BY client_id
+        ) WHERE peak > $max""", {"max": float(max_per_minute)}).fetchall()
+    clients, searches, peak = (int(x) for x in rows[0])
+    if not clients:
+        return []
+    return [f"{clients} client(s) sent more than {max_per_minute:g} searches in a minute (peak {peak}; {searches} "
+            f"searches in all): bots? The online metrics here include them; `ubi process` filters them"]
+
+
 def build_report(
     con: duckdb.DuckDBPyConnection,
     labels: LabelSet,
@@ -459,11 +501,14 @@ def build_report(
     inputs: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
     file_runs: Sequence[tuple[str, Run]] = (),
+    warnings: Sequence[str] = (),
     sessions: SessionData | None = None,
 ) -> Report:
     """Build the joint report from a store connection and the labels (see the module docstring).
 
-    ``file_runs`` are ``(system name, run)`` pairs evaluated beside the logged systems.
+    ``file_runs`` are ``(system name, run)`` pairs evaluated beside the logged systems. ``warnings`` (data
+    quality the caller found, such as ordinal bases) come first in :attr:`Report.warnings`, before events
+    without a query record and bot-like clients.
     ``progress`` is called with the name of each step as it starts (the CLI shows it).
     ``sessions`` (``processors.sessions.load_sessions`` with a ``holdout``) give the identifiability verdict
     and the held-out comparison behind the recommended source (``reports.recommend``); without them the
@@ -533,18 +578,20 @@ def build_report(
 
     orderings = []
     # each order holds every system with that metric (a run file is in the offline order only); the rank
-    # correlation rests on the systems in both, which needs a logged system at least
+    # correlation rests on the systems in both, which needs a logged system at least. The offline values
+    # are means over the queries every evaluated system shares, never over different query sets.
     if logged and len(runs) >= 2:
         main = next((m for m in cfg.metric_names if m.startswith("ndcg")), cfg.metric_names[0])
         for source in sources:
-            off = {r.system: r.aggregate[main].value for r in offline if r.source == source}
+            off, n_shared, why = _shared_offline([r for r in offline if r.source == source], main)
             for name, higher in ONLINE_METRICS:
                 if name not in ("ctr@k", "rr_first_click"):
                     continue
                 key = f"ctr@{cfg.k}" if name == "ctr@k" else name
                 on = {s: om.metrics[key].value for s, om in online.items()}
-                orderings.append(ordering(off, on, offline_metric=f"{source}/{main}", online_metric=f"online/{key}",
-                                          online_higher_is_better=higher))
+                o = ordering(off, on, offline_metric=f"{source}/{main}", online_metric=f"online/{key}",
+                             online_higher_is_better=higher)
+                orderings.append(replace(o, offline_queries=n_shared, offline_note=why))
 
     rec = None
     if sessions is not None:
@@ -557,8 +604,9 @@ def build_report(
         sources=sources, label_counts=_label_counts(labels), offline=offline, coverage=cov, online=online,
         agreement=agree, comparisons=comparisons, orderings=orderings, propensity=propensity,
         label_pairs=label_pairs, merge=merge,
-        notes=_orphan_notes(con) + _run_notes(from_files, labels) + id_notes + interleaving_notes,
+        notes=_run_notes(from_files, labels) + id_notes + interleaving_notes,
         inputs=dict(inputs or {}),
+        warnings=[*warnings, *_orphan_notes(con), *_bot_warnings(con, cfg.max_client_queries_per_minute)],
         identifiability=ident.as_dict() if ident is not None else None,
         recommendation=rec.as_dict() if rec is not None else None,
         interleaving=interleaved,

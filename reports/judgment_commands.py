@@ -118,9 +118,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def cmd_export(args: argparse.Namespace) -> int:
     from reports.judgment_io import export_judgments
+    from reports.qrels import WORKBENCH_NAME_MAX, check_workbench_text
     from schemas.settings import Settings
     from store.client import reading
 
+    if args.format == "workbench":  # before reading anything: a name the Workbench refuses is bad input (exit 2)
+        check_workbench_text(args.name, "--name", WORKBENCH_NAME_MAX)
     settings = Settings.from_flags(args)
     with reading(settings.db) as con:
         body, summary = export_judgments(con, args.format, source=args.source, precedence=tuple(args.precedence),

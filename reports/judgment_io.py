@@ -37,7 +37,16 @@ import pyarrow as pa
 from processors.judgments import query_from_trec_id, trec_query_id
 from processors.review import HUMAN_SCHEMA
 from reports.merge import DEFAULT_PRECEDENCE, KINDS, Label, LabelSet, labels_from_store
-from reports.qrels import ESCI_RATINGS, Qrels, QrelsError, RatingMap, format_qrels, load_qrels, load_queryset
+from reports.qrels import (
+    ESCI_RATINGS,
+    Qrels,
+    QrelsError,
+    RatingMap,
+    format_qrels,
+    load_qrels,
+    load_queryset,
+    workbench_safe,
+)
 from schemas.errors import StoreError, UbiError
 from schemas.text import normalize_query
 from store.client import load_derived, reading
@@ -164,9 +173,10 @@ def export_judgments(
     """The graded labels of ``source`` serialised as ``format`` (``jsonl``, ``trec`` or ``workbench``)."""
     src = source_name(source)
     qrels, by_source, mixed = stored_qrels(con, src, precedence=precedence, trec_ids=format == "trec")
-    what = f"source {src}" + (f" ({' > '.join(precedence)})" if src == "merged" else "")
+    # the Workbench refuses " \ < > in a description (reports.qrels.workbench_text_problem): no ">" here
+    what = f"source {src}" + (f", precedence {' then '.join(precedence)}" if src == "merged" else "")
     body = format_qrels(qrels, format, rating_map=rating_map, name=name,
-                        description=description or f"Exported by ubi-pipeline: {what}")
+                        description=description or workbench_safe(f"Exported by ubi-pipeline from {what}"))
     summary = ExportSummary(src, format, len(qrels), qrels.n_judgments(), by_source,
                             mixed if format == "jsonl" else 0,
                             rating_map.describe() if format == "workbench" else None)

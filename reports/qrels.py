@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from reports.cli_names import QRELS_FORMATS, QUERYSET_FORMATS
-from schemas.errors import InputFileError
+from schemas.errors import InputFileError, UbiError
 from schemas.judgments import HumanJudgment, Qrel
 from schemas.text import normalize_query
 from schemas.ubi import parse_timestamp
@@ -622,6 +622,50 @@ def _parse_workbench(path: str, text: str, rating_map: RatingMap, corpus: Collec
 # Writing judgments
 # --------------------------------------------------------------------------------------------------------
 
+# What the Search Relevance Workbench accepts as a name and a description (its import answers 400 "Invalid
+# name" / "Invalid description" otherwise): opensearch-project/search-relevance,
+# src/main/java/org/opensearch/searchrelevance/utils/TextValidationUtil.java, validateName (at most 50
+# characters) and validateDescription (at most 250), both through validateText: not empty, and none of the
+# characters of its DANGEROUS_CHARS_PATTERN, the double quote, the backslash, < and >. Java counts UTF-16
+# code units, so the lengths here do too.
+WORKBENCH_NAME_MAX = 50
+WORKBENCH_DESCRIPTION_MAX = 250
+_WORKBENCH_FORBIDDEN = frozenset('"\\<>')
+
+
+class WorkbenchTextError(UbiError):
+    """A name or description the Search Relevance Workbench would refuse."""
+
+
+def workbench_text_problem(value: str, max_len: int) -> str | None:
+    """Why the Workbench would refuse ``value`` as a name (``max_len`` 50) or description (250), or None."""
+    if not value.strip():
+        return "must not be empty"
+    length = len(value.encode("utf-16-le")) // 2
+    if length > max_len:
+        return f"is {length} characters long; at most {max_len}"
+    bad = sorted({ch for ch in value if ch in _WORKBENCH_FORBIDDEN})
+    if bad:
+        return "contains " + " ".join(bad) + ", which the Workbench does not allow (none of \" \\ < >)"
+    return None
+
+
+def check_workbench_text(value: str, what: str, max_len: int) -> str:
+    """``value`` when the Workbench accepts it, else :class:`WorkbenchTextError` naming ``what`` and the rule."""
+    problem = workbench_text_problem(value, max_len)
+    if problem is not None:
+        raise WorkbenchTextError(f"{what} {value!r} {problem}; the Search Relevance Workbench would refuse the "
+                                 f"file with 400")
+    return value
+
+
+def workbench_safe(text: str, max_len: int = WORKBENCH_DESCRIPTION_MAX) -> str:
+    """Generated text made acceptable: forbidden characters become spaces, cut to ``max_len`` code units."""
+    out = "".join(" " if ch in _WORKBENCH_FORBIDDEN else ch for ch in text).strip() or "Exported by ubi-pipeline"
+    while len(out.encode("utf-16-le")) // 2 > max_len:
+        out = out[:-1]
+    return out.rstrip()
+
 
 def format_qrels(
     qrels: Mapping[str, Mapping[str, int]],
@@ -678,6 +722,8 @@ def format_qrels(
             except ValueError as exc:
                 raise QrelsError(target, None, f"query {query_id!r}: {exc}") from exc
             entries.append({"query": texts.get(query_id, query_id), "ratings": ratings})
+        check_workbench_text(name, "name", WORKBENCH_NAME_MAX)
+        check_workbench_text(description, "description", WORKBENCH_DESCRIPTION_MAX)
         body = {"name": name, "description": description, "type": "IMPORT_JUDGMENT", "judgmentRatings": entries}
         return json.dumps(body, indent=2, ensure_ascii=False) + "\n"
     raise QrelsError(target, None, f"unknown judgment format {format!r}; use one of {', '.join(QRELS_FORMATS)}")
@@ -810,8 +856,9 @@ def format_queryset(queryset: QuerySet, format: str) -> str:
                 item["referenceAnswer"] = q.reference_answer
             items.append(item)
         body = {
-            "name": queryset.name or "Query set",
-            "description": queryset.description or "Exported by ubi-pipeline",
+            "name": check_workbench_text(queryset.name or "Query set", "name", WORKBENCH_NAME_MAX),
+            "description": check_workbench_text(queryset.description or "Exported by ubi-pipeline", "description",
+                                                WORKBENCH_DESCRIPTION_MAX),
             "sampling": queryset.sampling or "manual",
             "querySetQueries": items,
         }

@@ -85,6 +85,11 @@ class Settings(BaseSettings):
 
     # --- processors ---
     position_base: int = Field(0, description="base of event_attributes.position.ordinal (0 as OpenSearch tooling counts)")
+    position_base_auto: bool = Field(
+        True,
+        description="detect each application's ordinal base from ordinals checked against hit lists "
+                    "(processors.ordinal_base); an explicit position_base or position_base_by_application wins",
+    )
     min_support: int = Field(10, description="observations under the model (e.g. examined impressions) a (query, doc) needs before it gets a grade")
     max_ci_width: float = Field(0.5, description="widest confidence interval that still gets a grade")
     max_client_queries_per_minute: float = Field(60.0, description="clients above this query rate are filtered as bots")

@@ -88,14 +88,32 @@ def _run(argv: list[str]) -> None:
         raise DemoError(f"`ubi {' '.join(argv)}` exited with code {code}")
 
 
+#: The file ``ubi demo`` writes into its work folder: only a folder holding it is ever deleted by a later run.
+MARKER = ".ubi-demo"
+
+
+def prepare_workdir(workdir: Path) -> None:
+    """Make ``workdir`` a fresh demo folder: delete it only when an earlier ``ubi demo`` made it (its
+    :data:`MARKER` is there); refuse any other non-empty folder, or a file, rather than delete real work."""
+    if workdir.exists() and not workdir.is_dir():
+        raise DemoError(f"--dir {workdir}: is a file, not a folder; give a new or empty folder")
+    if workdir.is_dir():
+        if (workdir / MARKER).is_file():
+            shutil.rmtree(workdir)
+        elif any(workdir.iterdir()):
+            raise DemoError(f"--dir {workdir}: the folder is not empty and was not made by `ubi demo` (it has no "
+                            f"{MARKER} file), so the demo will not delete it; give a new or empty folder")
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / MARKER).write_text("made by `ubi demo`; a later `ubi demo --dir` on this folder deletes it\n",
+                                  encoding="utf-8")
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """The main job, shown in one command."""
     from processors.simulation import SimConfig, simulate
     console = Console(highlight=False)
     workdir = Path(args.dir)
-    if workdir.exists():
-        shutil.rmtree(workdir)
-    workdir.mkdir(parents=True)
+    prepare_workdir(workdir)
     db = workdir / "ubi.duckdb"
     qrels = workdir / "qrels.jsonl"
     truth_file = workdir / "truth.json"
@@ -122,6 +140,13 @@ def run_demo(args: argparse.Namespace) -> int:
                       f"{posted.rejected:,} rejected.")
         if posted.rejected:
             raise DemoError(f"the collector rejected {posted.rejected} simulated records; see `ubi failed --db {db}`")
+        # the catalog's human judgments go into the store too (through the running collector), so that every
+        # command after the demo (`ubi judgments export`, `ubi report` without --qrels) finds them
+        with contextlib.redirect_stdout(io.StringIO()):
+            _run(["judgments", "import", str(qrels), "--db", str(db), "--assessor", "simulator",
+                  "--rubric", "simulated grades of the demo catalog"])
+        console.print(f"Stored the catalog's {summary['queries']} queries of human judgments ({qrels.name}) as "
+                      "source human.")
 
         _step(console, "Candidate judgments, derived while the collector keeps running")
         table = Table("source", "pairs", "graded", "grades 0/1/2/3", "grade mapping", box=box.SIMPLE_HEAD)
@@ -153,10 +178,14 @@ def run_demo(args: argparse.Namespace) -> int:
             _run(["propensity", "--db", str(db), "--method", "em", "--bootstrap", "100", "--no-plot", "--json"])
 
         _step(console, "Joint report: both rankers, offline on human and implicit labels, online, agreement")
-        _run(["report", "--db", str(db), "--qrels", str(qrels), "--baseline", f"demo-shop/ranker={RANKERS[0]}",
+        _run(["report", "--db", str(db), "--baseline", f"demo-shop/ranker={RANKERS[0]}",
               "--propensity", str(propensity_json), "--html", str(html)])
     console.print(f"\nHTML report: {html}")
     return 0
+
+
+#: ``ubi demo --help``: the module docstring without reST markup (argparse prints it as it is).
+_HELP = (__doc__ or "").replace("``", "`")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -174,10 +203,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "demo",
         help="run the whole pipeline on simulated traffic and print the joint report (offline, deterministic)",
-        description=__doc__,
+        description=_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--dir", default="demo-out", help="work folder, recreated on every run (default demo-out)")
+    p.add_argument("--dir", default="demo-out",
+                   help=f"work folder (default demo-out): created, or emptied when an earlier demo made it (it "
+                        f"holds {MARKER}); any other non-empty folder is refused")
     p.add_argument("--sessions", type=int, default=6000, help="simulated searches (default 6000)")
     p.add_argument("--seed", type=int, default=7, help="simulation seed (default 7)")
     p.add_argument("--serve", action="store_true",

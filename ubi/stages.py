@@ -10,10 +10,11 @@ Exit codes: 0 done, 1 a gate fell short, 2 bad input or usage, 3 a bug, 130 inte
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rich.console import Console
@@ -55,6 +56,29 @@ def stage_parser(*more: Callable[[Any], None]) -> argparse.ArgumentParser:
     return parser
 
 
+#: Width rich renders at when stdout is not a terminal (a pipe, a file, a CI log): wide enough that no table
+#: is cut or folded and no message hard-wrapped at rich's default of 80 columns.
+LOG_WIDTH = 10_000
+
+
+@contextlib.contextmanager
+def _log_width() -> Iterator[None]:
+    """Give every rich Console of this command :data:`LOG_WIDTH` when stdout is not a terminal.
+
+    Consoles are created all over the stages; rich reads ``COLUMNS`` when it builds one, so this is set for
+    the command's duration (and put back, so a caller's process is left as it was). An explicit ``COLUMNS``
+    is kept.
+    """
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        yield
+        return
+    os.environ["COLUMNS"] = str(LOG_WIDTH)
+    try:
+        yield
+    finally:
+        os.environ.pop("COLUMNS", None)
+
+
 def flag_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
     """``dest`` -> the flag as typed (its longest option string) of the (sub)command that ``args`` ran."""
     names: dict[str, str] = {}
@@ -70,6 +94,11 @@ def flag_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dic
 
 def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the subcommand, mapping errors to exit codes (module docstring)."""
+    with _log_width():
+        return _run(parser, argv)
+
+
+def _run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.flag_names = flag_names(parser, args)  # so that Settings.from_flags names a bad flag as typed
     if not getattr(args, "func", None):
@@ -78,7 +107,8 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UbiError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True,
+                                   soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         return 130

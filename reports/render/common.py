@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from reports.intervals import Interval
+from reports.compare import Ordering
+from reports.intervals import MIN_BOOTSTRAP_N, Interval, why_no_interval
 from reports.joint import NO_LOG, Report
 
 Row = list[str]
@@ -26,11 +27,13 @@ def pval(p: float | None) -> str:
 
 
 def ci(iv: Interval | None, digits: int = 3) -> str:
-    """``0.268 [0.190, 0.350]``, or the bare value when there is no interval."""
+    """``0.268 [0.190, 0.350]``; the bare value and why when n does not allow an interval
+    (:func:`reports.intervals.why_no_interval`: ``0.744 (no interval: n = 1: no spread to estimate)``)."""
     if iv is None or not math.isfinite(iv.value):
         return "–"
-    if not (math.isfinite(iv.low) and math.isfinite(iv.high)):
-        return num(iv.value, digits)
+    why = why_no_interval(iv)
+    if why is not None:
+        return num(iv.value, digits) + ("" if why == "no interval" else f" (no interval: {why})")
     return f"{num(iv.value, digits)} [{num(iv.low, digits)}, {num(iv.high, digits)}]"
 
 
@@ -50,7 +53,8 @@ def header_lines(report: Report) -> list[str]:
     lines.append(
         f"k={cfg.k}, gain={cfg.gain}, positive = grade >= {cfg.rel_threshold}, repeated searches: {cfg.mode} "
         f"({'most frequent ranking per query' if cfg.mode == 'modal' else 'every search on its own'}), "
-        f"intervals: {int(cfg.confidence * 100)}%, seed {cfg.seed}"
+        f"intervals: {int(cfg.confidence * 100)}% where n allows (none for n = 1; a bootstrap needs n >= "
+        f"{MIN_BOOTSTRAP_N}), seed {cfg.seed}"
     )
     if report.identifiability is not None:
         lines.append(f"identifiability: {report.identifiability['verdict']} ({report.identifiability['reason']})")
@@ -191,6 +195,15 @@ def agreement_table(report: Report) -> tuple[Row, list[Row]]:
     return head, rows
 
 
+def no_overlap(report: Report, source: str) -> str | None:
+    """What to say instead of a confusion matrix of zeros: no pair has both a graded label and a human one."""
+    a = report.agreement[source]
+    if a.pairs > 0:
+        return None
+    excluded = f" ({a.excluded_calibration} held back as calibration pairs)" if a.excluded_calibration else ""
+    return f"{source}: no implicit label overlaps a human one{excluded}, so there is no confusion matrix"
+
+
 def confusion_rows(report: Report, source: str) -> tuple[Row, list[Row]]:
     a = report.agreement[source]
     head = ["human \\ implicit", *[str(g) for g in a.grades]]
@@ -209,7 +222,10 @@ def comparison_tables(report: Report) -> Iterator[tuple[str, Row, list[Row]]]:
             if c.queries == 0:  # the two systems share no evaluated query: nothing to pair, not a zero
                 rows.append([f"{c.source} · {c.metric}", "0", NO_COMMON, "–", "–", "–", "–"])
                 continue
-            diff = f"{c.diff:+.3f} [{num(c.diff_low)}, {num(c.diff_high)}]" if math.isfinite(c.diff) else "–"
+            diff = "–"
+            if math.isfinite(c.diff):
+                why = why_no_interval(Interval(c.diff, c.diff_low, c.diff_high, c.queries, "bootstrap"))
+                diff = f"{c.diff:+.3f} " + (f"(no interval: {why})" if why else f"[{num(c.diff_low)}, {num(c.diff_high)}]")
             mark = " *" if c.significant() else ""
             rows.append([f"{c.source} · {c.metric}", str(c.queries), diff, pval(c.t_p), pval(c.randomisation_p),
                          pval(c.randomisation_p_holm) + mark, f"{c.wins}/{c.losses}/{c.ties}"])
@@ -219,15 +235,27 @@ def comparison_tables(report: Report) -> Iterator[tuple[str, Row, list[Row]]]:
 def order_table(report: Report) -> tuple[Row, list[Row]]:
     """Systems best first by each offline and online metric used in the orderings (each over every system
     that has the metric, so the orders may hold different systems)."""
-    seen: dict[str, list[str]] = {}
+    seen: dict[str, str] = {}
     for o in report.orderings:
-        seen.setdefault(o.offline_metric, o.offline_order)
-        seen.setdefault(o.online_metric, o.online_order)
-    rows = [[m, " > ".join(order) or "–"] for m, order in seen.items()]
+        seen.setdefault(o.offline_metric, _offline_order(o))
+        seen.setdefault(o.online_metric, " > ".join(o.online_order) or "–")
+    rows = [[m, order] for m, order in seen.items()]
     runs = [s for s in report.run_systems if any(s in o.offline_order for o in report.orderings)]
     if runs:
         rows.append([f"not in the online orders ({NO_LOG})", ", ".join(runs)])
     return ["metric", "systems, best first"], rows
+
+
+def _offline_order(o: Ordering) -> str:
+    """The offline order with the queries it rests on; never an order of systems measured on different queries."""
+    if o.offline_note:
+        return o.offline_note
+    if not o.offline_order:
+        return "–"
+    n = o.offline_queries
+    if len(o.offline_order) == 1:
+        return f"{o.offline_order[0]} only ({n} quer{'y' if n == 1 else 'ies'}; no other system has a labelled query)"
+    return " > ".join(o.offline_order) + f" (on the {n} queries they share)"
 
 
 def ordering_table(report: Report) -> tuple[Row, list[Row]]:

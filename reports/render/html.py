@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from reports.intervals import why_no_interval
 from reports.joint import Report
 from reports.render import common
 
@@ -37,7 +38,7 @@ th{background:#f6f8fa}td:first-child,th:first-child{text-align:left}
 .plots{display:flex;flex-wrap:wrap;gap:16px}.plot{border:1px solid #d0d7de;border-radius:6px;padding:8px}
 .plot svg{display:block;max-width:100%;height:auto}
 .fail{color:#cf222e;font-weight:600}.pass{color:#1a7f37;font-weight:600}
-.note{color:#57606a;font-size:.85em}
+.note{color:#57606a;font-size:.85em}.warn{color:#9a6700}
 """
 
 
@@ -93,19 +94,31 @@ def propensity_svg(propensity: dict | None) -> str | None:
         return np.array([np.nan if r.get(name) is None else r[name] for r in rows], dtype=float)
 
     ratio, lo, hi = col("ratio"), col("ci_low"), col("ci_high")
+    ok = np.isfinite(ratio) & np.isfinite(k)
+    if not ok.any():
+        return None
+    # The interval is drawn from its own bounds, not as an error bar around the estimate: a basic-bootstrap
+    # interval (method em) need not contain the estimate on small logs, and yerr cannot be negative.
+    bounded = ok & np.isfinite(lo) & np.isfinite(hi)
+    outside = bounded & ((ratio < np.minimum(lo, hi)) | (ratio > np.maximum(lo, hi)))
     with matplotlib.rc_context(_RC):
         fig = _figure()
         ax = fig.add_subplot()
-        ok = ~np.isnan(ratio)
-        yerr = np.vstack([np.where(np.isnan(lo), 0, ratio - lo), np.where(np.isnan(hi), 0, hi - ratio)])[:, ok]
-        ax.errorbar(k[ok], ratio[ok], yerr=yerr, fmt="o-", ms=3, capsize=3, color=_color(0))
+        ax.vlines(k[bounded], np.minimum(lo, hi)[bounded], np.maximum(lo, hi)[bounded], color=_color(0), lw=1.2)
+        ax.plot(k[ok], ratio[ok], "o-", ms=3, color=_color(0))
+        if outside.any():
+            ax.plot(k[outside], ratio[outside], "o", ms=5, mfc="none", color=_color(1),
+                    label="estimate outside its interval")
+            ax.legend(frameon=False, fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("rank k")
         ax.set_ylabel("θₖ / θ₁")
         level = propensity.get("level")
-        label = f" ({int(level * 100)}% interval)" if isinstance(level, float | int) else ""
-        ax.set_title(f"Position bias, method {propensity.get('method', '?')}{label}")
-        ax.set_ylim(bottom=0)
+        label = (f" ({level * 100:.0f}% interval)" if isinstance(level, float | int) and not isinstance(level, bool)
+                 and math.isfinite(level) else "")
+        ax.set_title(f"Position bias, method {html.escape(str(propensity.get('method', '?')))}{label}")
+        if np.nanmin(np.where(bounded, np.minimum(lo, hi), ratio)[ok]) >= 0:
+            ax.set_ylim(bottom=0)
         return _svg(fig)
 
 
@@ -121,15 +134,20 @@ def metric_bars_svg(report: Report, source: str) -> str | None:
         fig = _figure(max(5.2, 0.9 * len(metrics) + 1.5), 3.2)
         ax = fig.add_subplot()
         for i, r in enumerate(results):
-            vals = np.array([r.aggregate[m].value for m in metrics])
-            lo = np.array([r.aggregate[m].low for m in metrics])
-            hi = np.array([r.aggregate[m].high for m in metrics])
-            err = np.vstack([np.nan_to_num(vals - lo), np.nan_to_num(hi - vals)])
-            ax.bar(x + (i - (len(results) - 1) / 2) * width, vals, width, yerr=err, capsize=2,
-                   color=_color(i), label=f"{r.system} (n={r.n_queries})", error_kw={"lw": 0.8})
+            ivs = [r.aggregate[m] for m in metrics]
+            vals = np.array([iv.value for iv in ivs])
+            pos = x + (i - (len(results) - 1) / 2) * width
+            why = [why_no_interval(iv) for iv in ivs]
+            label = f"{r.system} (n={r.n_queries}" + ("; no interval: too few queries)" if all(why) else ")")
+            ax.bar(pos, np.nan_to_num(vals), width, color=_color(i), label=label)
+            shown = np.array([w is None for w in why])
+            if shown.any():  # bars only where n allows an interval (never zero-width bars for n = 1)
+                lo = np.array([iv.low for iv in ivs])[shown]
+                hi = np.array([iv.high for iv in ivs])[shown]
+                ax.vlines(pos[shown], np.minimum(lo, hi), np.maximum(lo, hi), color="black", lw=0.8)
         ax.set_xticks(x, metrics)
         ax.set_ylim(0, 1.05)
-        ax.set_title(f"Offline metrics on {source} labels (95% bootstrap interval)")
+        ax.set_title(f"Offline metrics on {source} labels (95% interval where n allows)")
         ax.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1),
                   ncol=min(len(results), 3))
         return _svg(fig)
@@ -181,6 +199,9 @@ def render_html(report: Report) -> str:
              "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
              "<title>ubi report</title><style>", _CSS, "</style></head><body>", "<h1>ubi report</h1>"]
     parts += [f'<p class="meta">{html.escape(line)}</p>' for line in common.header_lines(report)]
+    if report.warnings:
+        parts += ["<h2>Data-quality warnings</h2>", "<ul>",
+                  *[f'<li class="warn">{html.escape(w)}</li>' for w in report.warnings], "</ul>"]
     if report.gates:
         failed = report.failed_gates
         verdict = (f'<p class="fail">{len(failed)} gate(s) failed</p>' if failed
@@ -205,7 +226,11 @@ def render_html(report: Report) -> str:
                   _plot(propensity_svg(report.propensity)), "</div>", _table(*common.online_table(report))]
     if report.agreement:
         parts += ["<h2>Agreement of implicit labels with human grades</h2>", _table(*common.agreement_table(report)),
-                  '<div class="plots">', *[_plot(confusion_svg(report, s)) for s in report.agreement], "</div>"]
+                  *[f'<p class="note">{html.escape(common.no_overlap(report, s) or "")}</p>'
+                    for s in report.agreement if common.no_overlap(report, s)],
+                  '<div class="plots">',
+                  *[_plot(confusion_svg(report, s)) for s in report.agreement if not common.no_overlap(report, s)],
+                  "</div>"]
     if report.comparisons:
         parts += [f"<h2>Against the baseline {html.escape(report.comparisons[0].baseline)}</h2>",
                   '<p class="note">Paired on common queries; Holm-adjusted over every comparison; * = significant '

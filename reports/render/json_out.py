@@ -11,15 +11,18 @@ import numpy as np
 import orjson
 
 from reports import interleaving
-from reports.intervals import Interval
+from reports.intervals import Interval, why_no_interval
 from reports.joint import Report
 
 
 def _clean(value: Any) -> Any:
     """JSON-ready data: NaN/inf -> null, numpy scalars -> numbers, tuples -> lists, datetimes -> ISO text."""
     if isinstance(value, Interval):
-        return {"value": _clean(value.value), "low": _clean(value.low), "high": _clean(value.high),
-                "n": value.n, "method": value.method}
+        # bounds only where n allows an interval (reports.intervals.why_no_interval), else null and why
+        why = why_no_interval(value)
+        return {"value": _clean(value.value), "low": None if why else _clean(value.low),
+                "high": None if why else _clean(value.high), "n": value.n, "method": value.method,
+                "no_interval": why}
     if isinstance(value, float | np.floating):
         f = float(value)
         return f if math.isfinite(f) else None
@@ -106,8 +109,13 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
         "offline": offline,
         "online": online,
         "interleaving": interleaving.to_json(report.interleaving),
-        "agreement": _clean(report.agreement),
-        "comparisons": [{**_clean(c), "significant": c.significant()} for c in report.comparisons],
+        "agreement": {s: {**_clean(a), "confusion": _clean(a.confusion) if a.pairs else None,
+                          "no_overlap": None if a.pairs else "no implicit label overlaps a human one"}
+                      for s, a in report.agreement.items()},
+        "comparisons": [{**_clean(c), "significant": c.significant(),
+                         "no_interval": why_no_interval(Interval(c.diff, c.diff_low, c.diff_high, c.queries,
+                                                                 "bootstrap"))}
+                        for c in report.comparisons],
         "orderings": _clean(report.orderings),
         "gates": {
             "passed": not report.failed_gates,
@@ -118,6 +126,7 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
         "identifiability": _clean(report.identifiability),
         "recommendation": _clean(report.recommendation),
         "notes": report.notes,
+        "warnings": report.warnings,  # data quality; the text, Markdown and HTML reports show them first
     }
 
 

@@ -22,6 +22,8 @@ def render_markdown(report: Report) -> str:
     """Every section of the report as Markdown."""
     out = ["# ubi report", ""]
     out += [f"- {line}" for line in common.header_lines(report)] + [""]
+    if report.warnings:
+        out += ["## Data-quality warnings", ""] + [f"- **warning:** {w}" for w in report.warnings] + [""]
     out += [f"## {common.systems_title(report)}", "", _table(*common.systems_table(report))]
     out += ["## Labels by source", "", _table(*common.labels_table(report))]
     if report.merge is not None:
@@ -42,7 +44,9 @@ def render_markdown(report: Report) -> str:
     if report.agreement:
         out += ["## Agreement with human grades", "", _table(*common.agreement_table(report))]
         for source in report.agreement:
-            out += [f"### Confusion matrix: {source}", "", _table(*common.confusion_rows(report, source))]
+            empty = common.no_overlap(report, source)
+            out += [f"### Confusion matrix: {source}", "",
+                    *([empty, ""] if empty else [_table(*common.confusion_rows(report, source))])]
     if report.comparisons:
         out += [f"## Against the baseline {report.comparisons[0].baseline}", "",
                 "Paired on common queries; Holm-adjusted over every comparison; * = significant at 0.05 "

@@ -27,9 +27,14 @@ def _table(title: str, head: common.Row, rows: list[common.Row]) -> Table:
 
 def print_report(report: Report, console: Console) -> None:
     """Print every section of the report to ``console``."""
-    console.rule("[bold]ubi report")
+    if console.is_terminal:
+        console.rule("[bold]ubi report")
+    else:  # a rule spans the whole (log-wide) width
+        console.print("== ubi report ==", highlight=False)
     for line in common.header_lines(report):
         console.print(escape(line), highlight=False)
+    for warning in report.warnings:
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
     console.print(_table(common.systems_title(report), *common.systems_table(report)))
     console.print(_table("Labels by source", *common.labels_table(report)))
     if report.merge is not None:
@@ -49,7 +54,11 @@ def print_report(report: Report, console: Console) -> None:
     if report.agreement:
         console.print(_table("Agreement of implicit labels with human grades", *common.agreement_table(report)))
         for source in report.agreement:
-            console.print(_table(f"Confusion matrix: {source}", *common.confusion_rows(report, source)))
+            empty = common.no_overlap(report, source)
+            if empty:
+                console.print(escape(empty), highlight=False)
+            else:
+                console.print(_table(f"Confusion matrix: {source}", *common.confusion_rows(report, source)))
     for title, head, rows in common.comparison_tables(report):
         console.print(_table(f"{title} (paired; Holm over every comparison; * = significant at 0.05)", head, rows))
     if report.orderings:
@@ -62,8 +71,8 @@ def print_report(report: Report, console: Console) -> None:
     console.print(escape(common.summary_line(report)), highlight=False)
 
 
-def render_text(report: Report, *, width: int = 160, color: bool = False) -> str:
-    """The terminal report as plain text (for ``--out``)."""
+def render_text(report: Report, *, width: int = 10_000, color: bool = False) -> str:
+    """The terminal report as plain text (for ``--out``): tables at their natural width, lines never wrapped."""
     buf = io.StringIO()
     print_report(report, Console(file=buf, width=width, force_terminal=color, color_system=None if not color else "auto"))
     return buf.getvalue()

@@ -42,7 +42,8 @@ def test_import_formats_and_rejections_name_file_and_line(db, tmp_path, make_eve
     arr = tmp_path / "queries.json"
     arr.write_bytes(orjson.dumps([make_query(), make_query(user_query=...)]))
     spec = SAMPLES / "event-opensearch.json"  # one pretty-printed object
-    assert run_ubi(["import", str(nd), str(arr), str(spec), "--db", str(db), "--json"]) == 0
+    # some records rejected, others accepted: exit 1 (issue 12: a CI script must notice)
+    assert run_ubi(["import", str(nd), str(arr), str(spec), "--db", str(db), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     files = {f["path"]: f for f in out["files"]}
     # events.ndjson: line 1 event ok, line 3 bad timestamp, line 4 not JSON, line 5 a query record (by its keys)
@@ -69,7 +70,7 @@ def test_import_formats_and_rejections_name_file_and_line(db, tmp_path, make_eve
 def test_import_human_summary_and_missing_file(db, tmp_path, make_event, capsys):
     f = tmp_path / "e.ndjson"
     f.write_bytes(orjson.dumps(make_event(action_name=...)) + b"\n")
-    assert run_ubi(["import", str(f), "--db", str(db)]) == 0
+    assert run_ubi(["import", str(f), "--db", str(db)]) == 2  # everything rejected, nothing accepted
     text = capsys.readouterr().out
     assert "rejected" in text and f"{f}:1" in text and "action_name" in text
     assert run_ubi(["import", str(tmp_path / "nope.json"), "--db", str(db)]) == 2
@@ -111,7 +112,7 @@ def test_import_names_the_item_of_an_array_and_keeps_its_file_position(db, tmp_p
     events[CHUNK_ITEMS + 1]["timestamp"] = "0001-01-01T00:00:00+05:00"  # year 0 in UTC: used to crash import
     f = tmp_path / "events.json"
     f.write_bytes(orjson.dumps(events, option=orjson.OPT_INDENT_2))
-    assert run_ubi(["import", str(f), "--db", str(db), "--json"]) == 0
+    assert run_ubi(["import", str(f), "--db", str(db), "--json"]) == 1  # 2 rejected, the rest accepted
     out = json.loads(capsys.readouterr().out)["files"][0]
     assert (out["events"], out["rejected"]) == (CHUNK_ITEMS + 1, 2)
     assert [(e["index"], e["line"], e["field"]) for e in out["errors"]] == [
@@ -126,7 +127,7 @@ def test_import_names_the_item_of_an_array_and_keeps_its_file_position(db, tmp_p
 
     bad = tmp_path / "bad.json"
     bad.write_bytes(orjson.dumps([make_event(), make_event(action_name=...)]))
-    assert run_ubi(["import", str(bad), "--db", str(db)]) == 0
+    assert run_ubi(["import", str(bad), "--db", str(db)]) == 1
     text = " ".join(capsys.readouterr().out.split())
     assert f"rejected {bad} item 1 field action_name: 'action_name' is required" in text
 

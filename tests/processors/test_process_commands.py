@@ -15,6 +15,10 @@ from ubi_records import build_sample_store
 from processors.judgments import read_jsonl, read_trec, trec_query_id
 from ubi.cli import main
 
+# The sample's hand-checked counts (tests/processors/test_sessions.py) are those of base 0 everywhere; with
+# the default, auto-detection, Chorus counts from 1 (test_process_names_the_base_in_use).
+BASE0 = ("--position-base", "0")
+
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -48,7 +52,7 @@ def query(db: Path, sql: str) -> list[tuple]:
 
 def test_process_stores_and_writes_jsonl(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "j.jsonl"
-    summary = run_json(capsys, "process", "--db", str(db), "--source", "coec", "--out", str(out), "--json")
+    summary = run_json(capsys, "process", "--db", str(db), *BASE0, "--source", "coec", "--out", str(out), "--json")
     # one row per (query, doc) of the 278 fitted sessions: 1,003 pairs (tests/processors/test_sessions.py)
     assert (summary["source"], summary["pairs"], summary["stored"], summary["rows_written"]) == (
         "implicit:coec", 1003, 1003, 1003)
@@ -63,41 +67,41 @@ def test_process_stores_and_writes_jsonl(db: Path, tmp_path: Path, capsys: pytes
 
 def test_process_trec_round_trips_the_graded_rows(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "j.qrels"
-    summary = run_json(capsys, "process", "--db", str(db), "--model", "ctr", "--out", str(out), "--min-support", "3",
+    summary = run_json(capsys, "process", "--db", str(db), *BASE0, "--model", "ctr", "--out", str(out), "--min-support", "3",
                        "--max-ci-width", "2", "--json")
     assert summary["out_format"] == "trec" and summary["rows_written"] == summary["graded"] > 0
     stored = query(db, "SELECT query, doc_id, grade FROM judgments WHERE grade IS NOT NULL ORDER BY 1, 2")
     assert sorted((q.query_id, q.doc_id, q.grade) for q in read_trec(out)) == sorted(stored)
     # a second run of the same source replaces, never duplicates
-    run_json(capsys, "process", "--db", str(db), "--model", "ctr", "--no-store", "--json")
-    run_json(capsys, "process", "--db", str(db), "--model", "ctr", "--json")
+    run_json(capsys, "process", "--db", str(db), *BASE0, "--model", "ctr", "--no-store", "--json")
+    run_json(capsys, "process", "--db", str(db), *BASE0, "--model", "ctr", "--json")
     assert query(db, "SELECT count(*) FROM judgments") == [(1003,)]
 
 
 def test_process_errors_are_one_line(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["process", "--db", str(db), "--model", "gctr"]) == 2
+    assert main(["process", "--db", str(db), *BASE0, "--model", "gctr"]) == 2
     assert "no per-pair relevance" in err(capsys)
     assert main(["process", "--db", str(tmp_path / "missing.duckdb"), "--model", "ctr"]) == 2
     assert "no such database" in err(capsys)
-    assert main(["process", "--db", str(db), "--model", "nosuch"]) == 2
+    assert main(["process", "--db", str(db), *BASE0, "--model", "nosuch"]) == 2
     assert "unknown model 'nosuch'; choose one of ctr, coec, pbm, ubm, cascade, dcm, sdbn, dbn" in err(capsys)
-    assert main(["process", "--db", str(db), "--min-support", "-1"]) == 2
+    assert main(["process", "--db", str(db), *BASE0, "--min-support", "-1"]) == 2
     assert "minimum support must be a whole number of observations >= 0" in err(capsys)
-    assert main(["process", "--db", str(db), "--max-ci-width", "-1"]) == 2
+    assert main(["process", "--db", str(db), *BASE0, "--max-ci-width", "-1"]) == 2
     assert "maximum interval width must be a number > 0" in err(capsys)
-    assert main(["process", "--db", str(db), "--format", "trec"]) == 2
+    assert main(["process", "--db", str(db), *BASE0, "--format", "trec"]) == 2
     assert "--format trec says how to write the --out file, but no --out FILE was given" in err(capsys)
     # none of the refused runs touched the store
     assert query(db, "SELECT count(*) FROM judgments") == [(0,)]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"query_id": "a", "query": "x", "relevant": {"d": "high"}}\n')
-    assert main(["process", "--db", str(db), "--model", "ctr", "--calibrate", str(bad)]) == 2
+    assert main(["process", "--db", str(db), *BASE0, "--model", "ctr", "--calibrate", str(bad)]) == 2
     assert "bad.jsonl:1" in err(capsys)
 
 
 def test_process_calibrates_on_the_fit_split_only(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # human grades for every sample pair the CTR model sees, from its clicks: 2 if clicked, else 0
-    run_json(capsys, "process", "--db", str(db), "--model", "ctr", "--no-store", "--out", str(tmp_path / "all.jsonl"),
+    run_json(capsys, "process", "--db", str(db), *BASE0, "--model", "ctr", "--no-store", "--out", str(tmp_path / "all.jsonl"),
              "--json")
     graded = {}
     for j in read_jsonl(tmp_path / "all.jsonl"):
@@ -106,7 +110,7 @@ def test_process_calibrates_on_the_fit_split_only(db: Path, tmp_path: Path, caps
     qrels.write_text("".join(orjson.dumps({"query_id": f"q{i}", "query": q, "relevant": rel}).decode() + "\n"
                              for i, (q, rel) in enumerate(sorted(graded.items()))))
     # raw CTR (--prior none): shrinkage would reorder a once-clicked pair seen often below an unclicked rare one
-    summary = run_json(capsys, "process", "--db", str(db), "--model", "ctr", "--calibrate", str(qrels),
+    summary = run_json(capsys, "process", "--db", str(db), *BASE0, "--model", "ctr", "--calibrate", str(qrels),
                        "--min-support", "1", "--max-ci-width", "100", "--prior", "none", "--json")
     cal = summary["calibration"]
     assert cal["human_pairs"] == cal["overlap"] == cal["overlap_eligible"] == 1003
@@ -119,7 +123,7 @@ def test_process_calibrates_on_the_fit_split_only(db: Path, tmp_path: Path, caps
 
 
 def test_review_round_trip(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run_json(capsys, "process", "--db", str(db), "--model", "ctr", "--min-support", "3", "--json")
+    run_json(capsys, "process", "--db", str(db), *BASE0, "--model", "ctr", "--min-support", "3", "--json")
     sheet = tmp_path / "review.csv"
     exp = run_json(capsys, "review", "export", "--db", str(db), "--top", "3", "--per-query", "4", "--out", str(sheet),
                    "--json")
@@ -157,7 +161,7 @@ def test_review_round_trip(db: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_blind_review_becomes_human_and_bad_rows_name_the_line(db: Path, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    run_json(capsys, "process", "--db", str(db), "--model", "ctr", "--json")
+    run_json(capsys, "process", "--db", str(db), *BASE0, "--model", "ctr", "--json")
     queries = tmp_path / "queries.txt"
     queries.write_text("# two queries\nGAMING chair\nno such query\n")
     sheet = tmp_path / "blind.jsonl"
@@ -210,7 +214,7 @@ def test_process_while_a_collector_holds_the_store(db: Path, tmp_path: Path, cap
         con.execute("INSERT INTO judgments (query, doc_id, source, score, created_at) "
                     "VALUES ('stale query', 'gone-doc', 'implicit:ctr', 0.5, now())")
     with running_collector(db, free_port(), tmp_path / "collector.log"):
-        summary = run_json(capsys, "process", "--db", str(db), "--model", "ctr", "--json")
+        summary = run_json(capsys, "process", "--db", str(db), *BASE0, "--model", "ctr", "--json")
         assert (summary["sessions"]["sessions"], summary["stored"], summary["stale_rows_removed"]) == (278, 1003, True)
         exp = run_json(capsys, "review", "export", "--db", str(db), "--top", "1", "--out", str(tmp_path / "r.csv"),
                        "--json")
@@ -218,3 +222,22 @@ def test_process_while_a_collector_holds_the_store(db: Path, tmp_path: Path, cap
         # every snapshot the readers asked for was deleted once read
         assert not list(db.parent.glob("*.snapshot-*"))
     assert query(db, "SELECT count(*), min(source) FROM judgments") == [(1003, "implicit:ctr")]
+
+
+def test_process_names_the_base_in_use(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 12: the evidence, the base in use, and a suggested setting when the data disagrees with it."""
+    assert main(["process", "--db", str(db), "--model", "ctr", "--no-store"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    # test_sessions.py: Chorus ordinals 421 fit base 0 and 638 base 1; with base 1, 51 of 226 clicks disagree
+    assert "51/226 click ordinals disagree" in text
+    assert ("ordinals of Chorus: 421 fit base 0, 638 fit base 1 (of 1,060 checked against hit lists); "
+            "base in use: 1 (detected)") in text
+    assert "suggested setting" not in text
+    assert main(["process", "--db", str(db), *BASE0, "--model", "ctr", "--no-store"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "115/226 click ordinals disagree" in text
+    assert "base in use: 0 (UBI_POSITION_BASE / --position-base); the data fits base 1 better" in text
+    assert """suggested setting: UBI_POSITION_BASE_BY_APPLICATION='{"Chorus": 1}'""" in text
+    summary = run_json(capsys, "process", "--db", str(db), *BASE0, "--model", "ctr", "--no-store", "--json")
+    assert summary["suggested_setting"] == """UBI_POSITION_BASE_BY_APPLICATION='{"Chorus": 1}'"""
+    assert summary["quality"]["ordinal_bases"]["Chorus"]["base"] == 0

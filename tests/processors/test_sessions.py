@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ubi_records import build_sample_store, build_store, make_event, make_query
 
+from processors.ordinal_base import suggestion
 from processors.sessions import (
     SessionError,
     iter_sessions,
@@ -35,7 +36,11 @@ def sample_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sample(sample_db: Path):
-    return read_sessions(sample_db, Settings())
+    # detection off: the counts below are those of base 0 everywhere (test_sample_base_detection has auto)
+    return read_sessions(sample_db, FIXED_BASE)
+
+
+FIXED_BASE = Settings(position_base_auto=False)
 
 
 # ----------------------------------------------------------------------------- an independent reference
@@ -262,7 +267,7 @@ def test_sample_sessions_and_cells_are_exact(sample) -> None:
 
 
 def test_sample_matches_independent_reference(sample_db: Path, sample) -> None:
-    ref = reference(sample_db, Settings(), 10)
+    ref = reference(sample_db, FIXED_BASE, 10)
     assert cells_as_counter(sample) == ref["cells"]
     assert sample.filters.sessions == ref["sessions"]
     q = sample.quality.as_dict()
@@ -282,10 +287,10 @@ def test_sql_cells_equal_cells_from_patterns(sample) -> None:
 def test_iter_sessions_gives_the_same_patterns(sample_db: Path, sample) -> None:
     con = open_reader(sample_db)
     try:
-        sessions = list(iter_sessions(con, Settings()))
+        sessions = list(iter_sessions(con, FIXED_BASE))
         rebuilt = patterns_from_sessions(sessions, 10)
         # temporary tables are gone afterwards: the connection can build again
-        assert load_sessions(con, Settings()).filters.sessions == 278
+        assert load_sessions(con, FIXED_BASE).filters.sessions == 278
     finally:
         con.close()
     assert len(sessions) == 278
@@ -293,6 +298,36 @@ def test_iter_sessions_gives_the_same_patterns(sample_db: Path, sample) -> None:
     for name in ("query", "docs", "clicks", "weight"):
         assert np.array_equal(getattr(rebuilt, name), getattr(sample.patterns, name)), name
     assert list(rebuilt.pairs.doc_ids) == list(sample.pairs.doc_ids)
+
+
+def test_sample_base_detection(sample_db: Path) -> None:
+    """Auto-detection (the default) picks base 1 for Chorus from its ordinals; explicit settings win."""
+    auto = read_sessions(sample_db, Settings())
+    chorus = auto.quality.ordinal_bases["Chorus"]
+    # the evidence is the base-independent count above: 421 ordinals fit base 0, 638 base 1, of 1,060
+    assert (chorus.evidence.base0, chorus.evidence.base1, chorus.evidence.checked) == (421, 638, 1060)
+    assert (chorus.base, chorus.how, chorus.disagrees) == (1, "detected", False)
+    # with base 1 for Chorus, 51 of the 226 checked clicks disagree (issue 12; 115 with base 0), and every
+    # count equals the record-by-record reference run with the setting {"Chorus": 1}
+    assert (auto.quality.click_rank_disagreements, auto.quality.click_rank_checked) == (51, 226)
+    ref = reference(sample_db, Settings(position_base_by_application={"Chorus": 1}), 10)
+    assert cells_as_counter(auto) == ref["cells"]
+    for key, value in ref["quality"].items():
+        assert auto.quality.as_dict()[key] == value, key
+    # an explicit base (UBI_POSITION_BASE or --position-base 0) turns detection off and says the data disagrees
+    fixed = read_sessions(sample_db, Settings(position_base=0)).quality
+    assert (fixed.ordinal_bases["Chorus"].base, fixed.ordinal_bases["Chorus"].disagrees) == (0, True)
+    assert fixed.click_rank_disagreements == 115
+    assert suggestion(fixed.ordinal_bases, Settings(position_base=0)) == \
+        """UBI_POSITION_BASE_BY_APPLICATION='{"Chorus": 1}'"""
+    assert suggestion(auto.quality.ordinal_bases, Settings()) is None
+    # a per-application entry wins over detection, even against the data
+    pinned = read_sessions(sample_db, Settings(position_base_by_application={"Chorus": 0})).quality
+    assert (pinned.ordinal_bases["Chorus"].how, pinned.ordinal_bases["Chorus"].disagrees) == (
+        "UBI_POSITION_BASE_BY_APPLICATION", True)
+    # `--position-base auto` beats UBI_POSITION_BASE (a flag is more explicit than the environment)
+    flagged = read_sessions(sample_db, Settings(position_base=0, position_base_auto=True)).quality
+    assert flagged.ordinal_bases["Chorus"].base == 1
 
 
 def test_base_override_and_item_clicks_change_the_counts(sample_db: Path) -> None:

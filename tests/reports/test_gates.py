@@ -105,3 +105,27 @@ def test_cli_bad_threshold_is_a_usage_error(store, tmp_path, capsys):
     db, qrels = store
     assert ubi(["report", "--db", str(db), "--qrels", str(qrels), "--min", "ndcg@10"]) == 2
     assert "METRIC=VALUE" in capsys.readouterr().err
+
+
+def test_unknown_metric_names_are_bad_input_listing_the_known(tmp_path):
+    """Issue 12: a typo ("ndgc@10") is exit 2 with the known names, never a failed gate (exit 1)."""
+    from reports.gates import GateError, load_thresholds, parse_flag
+
+    with pytest.raises(GateError, match=r"unknown metric 'human/ndgc@10'.*known offline metrics: p@k, recall"):
+        parse_flag("ndgc@10=0.5")
+    with pytest.raises(GateError, match=r"unknown online metric 'online/ctr10'; known: online/ctr, online/ctr@k"):
+        parse_flag("online/ctr10=0.1", "min")
+    assert parse_flag("online/ctr@5=0.1").metric == "online/ctr@5"
+    assert parse_flag("implicit:pbm/ndcg_exp@10=0.1").metric == "implicit:pbm/ndcg_exp@10"
+    f = tmp_path / "gates.toml"
+    f.write_text('[min]\n"ndgc@10" = 0.6\n')
+    with pytest.raises(InputFileError, match=r"gates.toml.*unknown metric 'human/ndgc@10'"):
+        load_thresholds(f)
+
+
+def test_report_with_a_misspelt_gate_exits_2(tmp_path, capsys):
+    db = build_store(tmp_path / "ubi.duckdb")
+    human = write_human(tmp_path / "h.jsonl")
+    assert ubi(["report", "--db", str(db), "--qrels", str(human), "--min", "ndgc@10=0.5"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "unknown metric 'human/ndgc@10'" in err and "ndcg[@k]" in err

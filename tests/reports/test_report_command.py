@@ -328,7 +328,7 @@ def test_esci_sample_end_to_end_with_hand_checks(esci_db, tmp_path):
     assert esci["aggregate"]["ndcg@10"]["value"] == pytest.approx(sum(r["ndcg@10"] for r in esci["per_query"]) / 8)
     assert esci["aggregate"]["ndcg@10"]["value"] == pytest.approx(0.268483, abs=1e-6)
     # events of ubi-demo have no query records: reported, not silently dropped
-    assert any(n.startswith("ubi-demo: 429 events") for n in doc["notes"])
+    assert any(n.startswith("ubi-demo: 429 events") for n in doc["warnings"])
     text = html.read_text()
     assert text.startswith("<!DOCTYPE html>") and "esci_ubi_sample" in text
     assert ubi(["report", "--db", str(esci_db), "--qrels", str(SAMPLE_JUDGMENTS), "--format", "md", "--out",

@@ -30,7 +30,8 @@ def test_process_while_consume_holds_the_store(broker, prefix, tmp_path, capsys)
         wait_for(lambda: sidecar_path(db).exists(), 90, "ubi consume --db to advertise its admin routes")
         with pytest.raises(duckdb.IOException):  # the loader really holds the file
             duckdb.connect(str(db), read_only=True)
-        assert main(["process", "--db", str(db), "--model", "ctr", "--json"]) == 0
+        # base 0 everywhere, as the hand-checked sample counts are (auto-detection makes Chorus base 1: 1,004 pairs)
+        assert main(["process", "--db", str(db), "--model", "ctr", "--position-base", "0", "--json"]) == 0
         summary = orjson.loads(capsys.readouterr().out)
         # The same sample and model as tests/processors/test_process_commands.py's run through `ubi serve`:
         # 278 sessions, 1003 judgments, and the stale row of the source removed.

@@ -1,0 +1,61 @@
+"""The demo page says what it shows (issue 12, item 7): a fallback search is named as such, and the footer
+counts the whole tab session, not one page. Real chromium against a real demo server."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from collector.demo_site import DemoCatalog, DemoDoc
+
+
+def _footer_numbers(page: Any) -> tuple[int, int, int]:
+    text = page.inner_text("#client")
+    m = re.search(r"(\d+) queued · (\d+) stored \((\d+) of them", text)
+    assert m, text
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def test_coffee_maker_says_it_shows_coffee_grinder(browser: Any, demo_server: Any) -> None:
+    page = browser.new_page()
+    page.goto(demo_server.url + "/demo/")
+    page.fill("#q", "coffee maker")  # the catalog has "coffee grinder" (processors/simulation/catalog.py), no maker
+    page.press("#q", "Enter")
+    page.wait_for_function("document.querySelectorAll('#results li').length === 20")
+    status = page.inner_text("#status")
+    assert status == ("Nothing in the catalog matches “coffee maker”; showing 20 results for the closest search, "
+                      "“coffee grinder”")
+    page.fill("#q", "coffee grinder")
+    page.press("#q", "Enter")
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('20 results')")
+    assert page.inner_text("#status") == "20 results for “coffee grinder”"
+    page.close()
+
+
+def test_footer_counts_the_tab_session(browser: Any, demo_server: Any) -> None:
+    page = browser.new_page()
+    page.goto(demo_server.url + "/demo/?q=yoga+mat")
+    page.wait_for_function("document.querySelectorAll('#results li').length === 20")
+    page.evaluate("window.ubi.flush()")
+    page.wait_for_function("/ 0 queued · [1-9]/.test(document.getElementById('client').textContent)")
+    _, stored_first, _ = _footer_numbers(page)
+    # a second page of the same tab (sessionStorage survives navigation): the first page's count is kept
+    page.goto(demo_server.url + "/demo/?q=phone+case")
+    page.wait_for_function("document.querySelectorAll('#results li').length === 20")
+    page.evaluate("window.ubi.flush()")
+    page.wait_for_function(f"(() => {{ const m = document.getElementById('client').textContent"
+                           f".match(/ (\\d+) stored/); return m && +m[1] > {stored_first}; }})()")
+    own = page.evaluate("window.ubi.stats.sent + window.ubi.stats.duplicates")  # this page's client alone
+    queued, stored, _dups = _footer_numbers(page)
+    # the footer adds the first page's records to this page's (per page it showed `own` only)
+    assert queued == 0 and own > 0 and stored >= stored_first + own
+    page.close()
+
+
+def test_exact_is_word_containment() -> None:
+    cat = DemoCatalog(("coffee grinder", "red running shoes"),
+                      ((DemoDoc("g1", "Grinder"),), (DemoDoc("s1", "Shoe"),)),
+                      {"a": ((0,), (0,))})
+    assert cat.search("coffee maker", "s")["exact"] is False
+    assert cat.search("coffee grinder", "s")["exact"] is True
+    assert cat.search("Running SHOE", "s")["exact"] is True  # normalised, plural folded, a subset of the words

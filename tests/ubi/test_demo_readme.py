@@ -1,0 +1,94 @@
+"""Every command the README lists for after `make demo` works on the demo's store (issue 12, item 5), and
+`ubi demo --dir` deletes only a folder it made itself (item 6)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ubi.cli import main
+from ubi.demo import MARKER
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_commands() -> list[str]:
+    """The code block after the README's sentence about commands that work after `make demo`."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("so every command\nbelow works on `demo-out/ubi.duckdb` after `make demo`")
+    block = re.search(r"```\n(.*?)```", text[start:], re.S)
+    assert block is not None
+    return [line for line in block.group(1).splitlines() if line.startswith("ubi ")]
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small demo (300 searches: the size at which the HTML report used to crash on the propensity plot)."""
+    root = tmp_path_factory.mktemp("after-demo")
+    proc = subprocess.run([sys.executable, "-m", "ubi", "demo", "--dir", str(root / "demo-out"), "--sessions", "300",
+                           "--seed", "3"], capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Stored the catalog's 40 queries of human judgments" in proc.stdout
+    assert (root / "demo-out" / "report.html").read_text().startswith("<!DOCTYPE html>")
+    return root
+
+
+def test_readme_lists_the_commands() -> None:
+    commands = readme_commands()
+    assert len(commands) == 8 and any(c.startswith("ubi judgments export") for c in commands)
+
+
+@pytest.mark.parametrize("command", readme_commands())
+def test_readme_command_after_the_demo(demo_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys, command: str) -> None:
+    monkeypatch.chdir(demo_dir)
+    argv = shlex.split(command)[1:]
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    if "--out" in argv:
+        out = demo_dir / argv[argv.index("--out") + 1]
+        assert out.stat().st_size > 0
+        if argv[:2] == ["judgments", "export"] and "workbench" in argv:
+            doc = json.loads(out.read_text())
+            # the 40 catalog queries, stored by the demo as human judgments
+            assert doc["name"] == "demo judgments" and len(doc["judgmentRatings"]) == 40
+
+
+def test_demo_dir_refuses_a_folder_it_did_not_make(tmp_path: Path, capsys) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "thesis.tex").write_text("years of it")
+    assert main(["demo", "--dir", str(work), "--sessions", "50"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the folder is not empty and was not made by `ubi demo`" in err and MARKER in err
+    assert (work / "thesis.tex").read_text() == "years of it"
+    afile = tmp_path / "f.txt"
+    afile.write_text("x")
+    assert main(["demo", "--dir", str(afile), "--sessions", "50"]) == 2
+    assert afile.read_text() == "x"
+
+
+def test_demo_dir_reuses_its_own_folder(tmp_path: Path) -> None:
+    from ubi.demo import prepare_workdir
+
+    work = tmp_path / "demo-out"
+    prepare_workdir(work)
+    assert (work / MARKER).is_file()
+    (work / "old-report.html").write_text("stale")
+    prepare_workdir(work)  # made by the demo: emptied and marked again
+    assert sorted(p.name for p in work.iterdir()) == [MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    prepare_workdir(empty)  # an empty folder is fine
+    assert (empty / MARKER).is_file()
+
+
+def test_demo_help_has_no_rest_markup(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and "`ubi serve`" in out
