@@ -21,12 +21,12 @@ from typing import Literal, NamedTuple
 import duckdb
 import numpy as np
 
+from reports.cli_names import STRATEGIES
 from reports.qrels import QuerySet, QuerySetQuery
 from schemas.errors import UbiError
 from schemas.text import normalize_query
 
 Strategy = Literal["top", "random", "pptss"]
-STRATEGIES: tuple[str, ...] = ("top", "random", "pptss")
 
 
 class QuerySetError(UbiError):
