@@ -131,6 +131,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sink = create_sink(settings)
     except StoreLocked as exc:
         sock.close()
+        if "open read-only by process" in str(exc):
+            raise  # a reader holds the file: the store's message names it and the setting to wait longer
         raise StoreLocked(_held_store_message(settings.db)) from exc
     except BaseException:
         sock.close()
