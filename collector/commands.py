@@ -22,7 +22,6 @@ from rich.progress import (
 from rich.table import Table
 
 from schemas.errors import StoreLocked, UbiError
-from schemas.settings import Settings
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)"
 
@@ -121,6 +120,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from collector.app import create_app, tune_gc
     from collector.server import bind_socket, make_server, server_config
     from collector.sinks import create_sink
+    from schemas.settings import Settings
     from store.client import advertise
 
     settings = Settings.from_flags(args)
@@ -131,6 +131,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sink = create_sink(settings)
     except StoreLocked as exc:
         sock.close()
+        if "open read-only by process" in str(exc):
+            raise  # a reader holds the file: the store's message names it and the setting to wait longer
         raise StoreLocked(_held_store_message(settings.db)) from exc
     except BaseException:
         sock.close()
@@ -177,6 +179,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from collector.app import extension_filters
     from collector.import_hints import likely_command
     from collector.importer import import_files
+    from schemas.settings import Settings
 
     settings = Settings.from_flags(args)
     for path in args.files:
@@ -286,6 +289,7 @@ def _import_verdict(code: int, total: dict[str, int], hints: list[str]) -> None:
 
 
 def cmd_failed(args: argparse.Namespace) -> int:
+    from schemas.settings import Settings
     settings = Settings.from_flags(args)
     if args.limit < 1 or args.offset < 0:
         raise UbiError("--limit must be at least 1 and --offset at least 0")

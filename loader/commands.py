@@ -10,10 +10,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schemas.errors import StoreLocked
-from schemas.settings import Settings
+
+if TYPE_CHECKING:
+    from schemas.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -62,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
+    from schemas.settings import Settings
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # its reconnect chatter; our own lines say enough
     from loader.admin import AdminServer, serve_admin
     from loader.consumer import Consumer

@@ -6,33 +6,21 @@ import argparse
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from processors.judgments import AUTO, JUDGMENT_MODELS, process
-from processors.ordinal_base import (
-    POSITION_BASE_CHOICES,
-    POSITION_BASE_HELP,
-    describe,
-    position_base_flags,
-    suggestion,
-)
-from processors.review import (
-    export_candidates,
-    import_review,
-    parse_date,
-    read_query_set,
-    resolve_source,
-    write_review,
-)
-from processors.selection import source_name
+from processors.cli_names import AUTO, JUDGMENT_MODELS, POSITION_BASE_CHOICES, POSITION_BASE_HELP
 from schemas.errors import UbiError
-from schemas.settings import Settings
-from store.client import reading
+
+if TYPE_CHECKING:
+    from schemas.settings import Settings
+
+# The handlers import the stages they run (numpy, scipy, duckdb, pyarrow) when they run, so that building the
+# parser for `ubi --help` stays light (tests/ubi/test_cli_imports.py).
 
 _PROCESS_HELP = """\
 Build search sessions from the stored UBI queries and events, filter implausible traffic, fit a click
@@ -87,6 +75,8 @@ is converted to UTC). Grades must lie in 0..UBI_GRADE_MAX. Importing the same ro
 
 def _date(text: str) -> datetime:
     """argparse type for --date: naive UTC, errors in argparse's own words."""
+    from processors.review import parse_date
+
     try:
         return parse_date(text)
     except ValueError as exc:
@@ -123,6 +113,11 @@ def _spark_sessions(args: argparse.Namespace, settings: Settings) -> Any:
 
 
 def cmd_process(args: argparse.Namespace) -> int:
+    from processors.judgments import process
+    from processors.ordinal_base import describe, position_base_flags, suggestion
+    from processors.selection import source_name
+    from schemas.settings import Settings
+
     settings = Settings.from_flags(args, only=("db", "max_rank", "min_support", "max_ci_width"),
                                    **position_base_flags(args.position_base_flag))
     sessions = None
@@ -197,6 +192,10 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def cmd_review_export(args: argparse.Namespace) -> int:
+    from processors.review import export_candidates, read_query_set, resolve_source, write_review
+    from schemas.settings import Settings
+    from store.client import reading
+
     settings = Settings.from_flags(args, only=("db",))
     queries = read_query_set(args.queries) if args.queries else None
     with reading(settings.db) as con:
@@ -215,6 +214,9 @@ def cmd_review_export(args: argparse.Namespace) -> int:
 
 
 def cmd_review_import(args: argparse.Namespace) -> int:
+    from processors.review import import_review
+    from schemas.settings import Settings
+
     settings = Settings.from_flags(args, only=("db",))
     result = import_review(settings.db, args.file, assessor=args.assessor, rubric=args.rubric, judged_at=args.date,
                            settings=settings)
@@ -299,9 +301,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _guard(fn: Any) -> Any:
     """Settings errors (bad UBI_* values or flags) become a typed error, so the CLI prints one line."""
-    from pydantic import ValidationError
 
     def run(args: argparse.Namespace) -> int:
+        from pydantic import ValidationError
+
         try:
             return int(fn(args))
         except ValidationError as exc:

@@ -46,6 +46,7 @@ import orjson
 import pyarrow as pa
 from pydantic import ValidationError
 
+from processors.cli_names import AUTO, JUDGMENT_MODELS
 from processors.click_models.base import ClickModel, RelevanceEstimate
 from processors.grades import (
     Agreement,
@@ -70,10 +71,6 @@ from store.client import load_derived, reading
 from store.rows import utcnow
 
 SOURCE_PREFIX = "implicit:"
-#: models ``ubi process`` accepts; gctr and rctr give every pair the same (or a rank-only) score
-JUDGMENT_MODELS = ("ctr", "coec", "pbm", "ubm", "cascade", "dcm", "sdbn", "dbn")
-#: ``ubi process --model auto``: the model with the best held-out conditional perplexity, per application
-AUTO = "auto"
 #: registry names shown to users under another name (the registry's ``dctr`` is "the CTR of a result")
 _SOURCE_NAMES = {"dctr": "ctr"}
 #: what each model's relevance score measures, for the default grade mapping (others: probability)

@@ -120,12 +120,6 @@ def describe(choice: BaseChoice) -> str:
     return line
 
 
-POSITION_BASE_CHOICES = ("auto", "0", "1")
-POSITION_BASE_HELP = ("base of position.ordinal: auto (default: detected per application from ordinals checked "
-                      "against hit lists), 0 or 1 for every application; UBI_POSITION_BASE_BY_APPLICATION "
-                      "entries always win")
-
-
 def position_base_flags(value: str | None) -> dict[str, Any]:
     """Settings keywords of ``--position-base auto|0|1`` (None: the flag was not given)."""
     if value is None:

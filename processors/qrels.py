@@ -32,6 +32,7 @@ from json import scanner as json_scanner
 from pathlib import Path
 from typing import Any, Literal
 
+from reports.cli_names import QRELS_FORMATS, QUERYSET_FORMATS
 from schemas.errors import InputFileError, UbiError
 from schemas.judgments import HumanJudgment, Qrel
 from schemas.text import normalize_query
@@ -39,8 +40,6 @@ from schemas.ubi import parse_timestamp
 
 QrelsFormat = Literal["jsonl", "trec", "workbench"]
 QuerySetFormat = Literal["jsonl", "workbench"]
-QRELS_FORMATS: tuple[str, ...] = ("jsonl", "trec", "workbench")
-QUERYSET_FORMATS: tuple[str, ...] = ("jsonl", "workbench")
 
 _JSONL_KEYS = frozenset({"query_id", "query", "relevant", "assessor", "judged_at", "rubric"})
 _WB_ENTRY_KEYS = frozenset({"query", "ratings"})

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from processors.cli_names import DEFAULT_HOLDOUT
 from processors.click_models.common import ClickModelError
 from processors.click_models.evaluate import Evaluation, evaluate
 from processors.click_models.registry import MODEL_NAMES, get_model
@@ -34,7 +35,6 @@ SELECT_MODELS: tuple[str, ...] = MODEL_NAMES
 #: models the choice may fall on (registry names; ``dctr`` is the judgment source ``ctr``)
 CHOOSABLE: tuple[str, ...] = ("dctr", "coec", "pbm", "ubm", "cascade", "dcm", "sdbn", "dbn")
 CRITERION = "conditional_perplexity_mean"
-DEFAULT_HOLDOUT = 0.25
 SPLIT_RULE = "held out when int(md5(query_id)[:8], 16) < fraction * 2^32"
 
 

@@ -7,13 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 from rich.console import Console
 from rich.table import Table
 
+from processors.cli_names import CLICK_MODEL_NAMES, DEFAULT_HOLDOUT
 from schemas.errors import UbiError
-from schemas.settings import Settings
 
 _HELP = """\
 Fit every click model on the training searches of the store and score it on the held-out ones: a search
@@ -28,13 +27,11 @@ out of the recommendation: they could not grade (see `ubi process --help`, ident
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from processors.selection import DEFAULT_HOLDOUT, SELECT_MODELS
-
     p = sub.add_parser("select", help="model selection: every click model's held-out likelihood and perplexity",
                        description=_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", type=Path, help="DuckDB store (default: UBI_DB or ./ubi.duckdb); works while a collector runs")
-    p.add_argument("--models", nargs="+", metavar="MODEL", default=list(SELECT_MODELS),
-                   help=f"models to fit (default: all: {' '.join(SELECT_MODELS)})")
+    p.add_argument("--models", nargs="+", metavar="MODEL", default=list(CLICK_MODEL_NAMES),
+                   help=f"models to fit (default: all: {' '.join(CLICK_MODEL_NAMES)})")
     p.add_argument("--holdout", type=float, default=DEFAULT_HOLDOUT, metavar="FRACTION",
                    help=f"share of searches held out, in (0, 1) (default {DEFAULT_HOLDOUT})")
     p.add_argument("--application", help="only this application's searches (default: each application on its own)")
@@ -48,6 +45,7 @@ def cmd_select(args: argparse.Namespace) -> int:
     from processors.identifiability import assess
     from processors.selection import SelectionError, select
     from processors.sessions import applications, read_sessions
+    from schemas.settings import Settings
     from store.client import reading
 
     settings = Settings.from_flags(args, only=("db", "max_rank"))
@@ -95,6 +93,7 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 
 def _f(x: Any, digits: int = 4) -> str:
+    import numpy as np
     return "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{digits}f}"
 
 

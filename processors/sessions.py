@@ -419,8 +419,11 @@ def position_bases(con: duckdb.DuckDBPyConnection, settings: Settings | None = N
 
 
 def _drop(con: duckdb.DuckDBPyConnection, *tables: str) -> None:
+    """Drop the session build's own temp tables: only names of the fixed ``_TEMP_TABLES`` list, quoted."""
     for table in tables:
-        con.execute(f"DROP TABLE IF EXISTS temp.{table}")
+        if table not in _TEMP_TABLES:
+            raise StoreError(f"internal: {table!r} is not one of the session build's temp tables")
+        con.execute(f'DROP TABLE IF EXISTS temp."{table}"')
 
 
 def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict[str, Any]:

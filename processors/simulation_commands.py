@@ -7,33 +7,31 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import orjson
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from processors.ordinal_base import (
+from processors.cli_names import (
     POSITION_BASE_CHOICES,
     POSITION_BASE_HELP,
-    describe,
-    position_base_flags,
-    suggestion,
+    PROPENSITY_METHODS,
+    SCENARIO_NAMES,
+    TRAFFIC_MODELS,
 )
 from schemas.errors import InputFileError, UbiError
-from schemas.settings import Settings
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)"
 DEFAULT_OUT = Path("ubi-simulated.ndjson")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from processors.propensity.common import METHODS
-    from processors.simulation.traffic import SCENARIOS, TRAFFIC_MODELS
-
     p = sub.add_parser(
         "simulate",
         help="generate UBI traffic with known position bias and relevance (for demos, tests and benches)",
@@ -48,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         epilog="Example: ubi simulate --sessions 20000 --seed 7 --out sim.ndjson --truth truth.json && "
                "ubi import sim.ndjson && ubi propensity --method harvest",
     )
-    p.add_argument("--scenario", choices=tuple(SCENARIOS), default="demo",
+    p.add_argument("--scenario", choices=SCENARIO_NAMES, default="demo",
                    help="preset: demo (40 queries, 3 rankers, the easy case; default) or hard (1,000 Zipf-distributed "
                         "queries with a long tail of rare ones, 4 rankers from good to nearly random, 5%% of searches "
                         "from crawlers the session filter must drop); other flags override the preset")
@@ -100,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
     )
     p.add_argument("--db", type=Path, help=_DB_HELP)
-    p.add_argument("--method", choices=(*METHODS, "all"), default="em", help="estimator (default em)")
+    p.add_argument("--method", choices=(*PROPENSITY_METHODS, "all"), default="em", help="estimator (default em)")
     p.add_argument("--max-rank", type=int, help="deepest rank estimated (default: $UBI_MAX_RANK or 10)")
     p.add_argument("--bootstrap", type=int, default=200, metavar="N",
                    help="bootstrap replicates for the intervals (default 200; 0 = none)")
@@ -133,6 +131,7 @@ def _progress(console: Console, label: str, total: int, enabled: bool) -> Iterat
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from processors.simulation.traffic import scenario, simulate
+    from schemas.settings import Settings
 
     settings = Settings.from_flags(args, only=("seed",))
     given = {name: getattr(args, name) for name in ("eta", "rankers", "queries", "docs_per_query", "max_rank",
@@ -209,6 +208,7 @@ def _print_simulation(console: Console, s: dict[str, Any]) -> None:
 
 
 def _read_truth(path: Path) -> np.ndarray:
+    import numpy as np
     try:
         data = orjson.loads(path.read_bytes())
     except OSError as exc:
@@ -223,9 +223,11 @@ def _read_truth(path: Path) -> np.ndarray:
 
 
 def cmd_propensity(args: argparse.Namespace) -> int:
+    from processors.ordinal_base import describe, position_base_flags, suggestion
     from processors.propensity import estimate_from_patterns, estimate_randomized, plot_curve
     from processors.propensity.common import PropensityError, PropensityEstimate
     from processors.propensity.load import read_patterns, read_swaps
+    from schemas.settings import Settings
 
     settings = Settings.from_flags(args, only=("db", "max_rank", "seed"),
                                    **position_base_flags(args.position_base_flag))
@@ -310,6 +312,7 @@ def _with_note(est: Any, note: str) -> Any:
 
 
 def _num(x: float) -> float | None:
+    import numpy as np
     return None if not np.isfinite(x) else round(float(x), 6)
 
 
@@ -319,6 +322,7 @@ _TITLES = {"em": "PBM EM", "marginal": "PBM by marginal likelihood (attractivene
 
 
 def _print_estimate(console: Console, est: Any, truth: np.ndarray | None) -> None:
+    import numpy as np
     pct = f"{est.level:.0%}"
     if est.method == "randomized":
         basis = (f"{est.sessions:,} searches of the swap experiment ({est.details['control']} as control), "

@@ -6,39 +6,28 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from processors.bounded import apply_limits
-from processors.ordinal_base import (
-    POSITION_BASE_CHOICES,
-    POSITION_BASE_HELP,
-    describe,
-    effective_bases,
-    position_base_flags,
-    suggestion,
-)
-from processors.qrels import (
-    ESCI_RATINGS,
+from processors.cli_names import POSITION_BASE_CHOICES, POSITION_BASE_HELP
+from reports.cli_names import (
+    DEFAULT_PRECEDENCE,
+    DEFAULT_SPLIT_KEYS,
+    GAINS,
     QRELS_FORMATS,
     QUERYSET_FORMATS,
-    RatingMap,
-    format_queryset,
-    load_qrels,
+    STRATEGIES,
 )
-from reports.gates import Threshold, load_thresholds, parse_flag
-from reports.joint import ReportConfig, build_report, load_class_rules
-from reports.merge import DEFAULT_PRECEDENCE, LabelSet, labels_from_human, labels_from_store
-from reports.metrics.names import GAINS
-from reports.queryset import STRATEGIES, query_frequencies, sample, to_queryset
-from reports.runs import load_run
-from reports.systems import DEFAULT_SPLIT_KEYS, run_system_name
 from schemas.errors import InputFileError, UbiError
-from schemas.settings import Settings
-from store.client import reading
+
+if TYPE_CHECKING:
+    from reports.gates import Threshold
+    from schemas.settings import Settings
+
+# The handlers import what they run (numpy, scipy, duckdb, pyarrow, matplotlib) when they run, so that building
+# the parser for `ubi --help` stays light (tests/ubi/test_cli_imports.py).
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb); works while `ubi serve` runs"
 _FORMATS = ("text", "json", "md", "html")
@@ -183,6 +172,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _thresholds(args: argparse.Namespace) -> list[Threshold]:
+    from reports.gates import load_thresholds, parse_flag
+
     out: list[Threshold] = []
     if args.thresholds is not None:
         out += load_thresholds(args.thresholds)
@@ -254,12 +245,23 @@ def _write(path: Path | None, data: str | bytes) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from processors.bounded import apply_limits
+    from processors.ordinal_base import describe, effective_bases, position_base_flags, suggestion
+    from processors.qrels import ESCI_RATINGS, RatingMap, load_qrels
     from processors.sessions import position_bases
+    from reports.joint import ReportConfig, build_report, load_class_rules
+    from reports.merge import LabelSet, labels_from_human, labels_from_store
     from reports.render.dashboard import render_dashboard
     from reports.render.html import render_html
     from reports.render.json_out import render_json
     from reports.render.markdown import render_markdown
     from reports.render.text import print_report, render_text
+    from reports.runs import load_run
+    from reports.systems import run_system_name
+    from schemas.settings import Settings
+    from store.client import reading
 
     settings = Settings.from_flags(args, **position_base_flags(args.position_base_flag))
     fmt = "json" if args.json else args.format
@@ -348,6 +350,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_queryset(args: argparse.Namespace) -> int:
+    from processors.qrels import format_queryset
+    from reports.queryset import query_frequencies, sample, to_queryset
+    from schemas.settings import Settings
+    from store.client import reading
+
     settings = Settings.from_flags(args)
     with reading(settings.db) as con:
         population = query_frequencies(con, application=args.application)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from processors.qrels import QRELS_FORMATS, RatingMap, load_corpus_ids, load_qrels
-from reports.metrics import DEFAULT_METRICS, GAINS, KNOWN, MetricTable, compute, parse_metrics
-from reports.runs import load_run
+from reports.cli_names import DEFAULT_METRICS, GAINS, KNOWN_METRICS, QRELS_FORMATS
 from schemas.errors import UbiError
+
+if TYPE_CHECKING:
+    from reports.metrics import MetricTable
 
 
 def _fmt(value: float | None) -> str:
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "in; run queries without judgments are not evaluated (as in trec_eval) and are counted."
         ),
         epilog=(
-            f"Metrics: {KNOWN}. nDCG uses linear gain (trec_eval ndcg_cut, ranx ndcg) unless --gain exponential "
+            f"Metrics: {KNOWN_METRICS}. nDCG uses linear gain (trec_eval ndcg_cut, ranx ndcg) unless --gain exponential "
             "(2^g-1, ranx ndcg_burges) or ndcg_exp@k. Example: ubi evaluate --qrels qrels.txt --run bm25.run "
             "--metrics ndcg@10,recall@100,mrr --per-query"
         ),
@@ -68,6 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def evaluate_files(args: argparse.Namespace) -> tuple[MetricTable, dict[str, Any]]:
     """Load and validate both files, then compute; returns the table and a description of the inputs."""
+    from processors.qrels import RatingMap, load_corpus_ids, load_qrels
+    from reports.metrics import compute, parse_metrics
+    from reports.runs import load_run
+
     try:
         rating_map = RatingMap.parse(args.rating_map)
     except ValueError as exc:

@@ -81,6 +81,13 @@ def check_name(qualified: str) -> str:
     from reports.metrics.names import KNOWN, MetricError, parse_metric
 
     source, _, m = qualified.rpartition("/")
+    if source.startswith("interleaving/"):
+        from reports.interleaving import GATE_STATISTICS
+
+        if m not in GATE_STATISTICS or not source.removeprefix("interleaving/"):
+            raise GateError(f"unknown interleaving metric {qualified!r}; known: interleaving/<challenger>-vs-"
+                            "<reference>/" + "|".join(GATE_STATISTICS))
+        return qualified
     if source == "online":
         known = _online_names()
         base = "ctr@k" if re.fullmatch(r"ctr@[1-9][0-9]*", m) else m

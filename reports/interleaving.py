@@ -86,6 +86,10 @@ def interleaving_results(con: duckdb.DuckDBPyConnection, click_actions: Sequence
     return results, notes
 
 
+#: The statistics a gate may name as ``interleaving/<experiment>/<name>``.
+GATE_STATISTICS = ("win_rate", "preference", "p_value", "query_win_rate")
+
+
 def gate_values(results: Sequence[InterleavingResult]) -> dict[str, dict[str, tuple[float, int | None]]]:
     """``interleaving/<experiment>/<name>`` per system the experiment's searches belong to."""
     out: dict[str, dict[str, tuple[float, int | None]]] = {}

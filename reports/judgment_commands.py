@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 
-from processors.qrels import ESCI_RATINGS, QRELS_FORMATS, WORKBENCH_NAME_MAX, RatingMap, check_workbench_text
+from reports.cli_names import DEFAULT_PRECEDENCE, QRELS_FORMATS
 from reports.commands import _write
-from reports.judgment_io import export_judgments, import_human
-from reports.merge import DEFAULT_PRECEDENCE
 from schemas.errors import UbiError
-from schemas.settings import Settings
-from store.client import reading
+
+if TYPE_CHECKING:
+    from processors.qrels import RatingMap
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb); works while `ubi serve` runs"
 _MAP_HELP = ("Workbench ratings <-> grades: esci (default: 0->0, 1->1, 10->2, 100->3), integer (the rating is the "
@@ -51,6 +51,8 @@ examples:
 
 
 def _rating_map(text: str | None) -> RatingMap:
+    from processors.qrels import ESCI_RATINGS, RatingMap
+
     try:
         return RatingMap.parse(text) if text else ESCI_RATINGS
     except ValueError as exc:
@@ -115,6 +117,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from processors.qrels import WORKBENCH_NAME_MAX, check_workbench_text
+    from reports.judgment_io import export_judgments
+    from schemas.settings import Settings
+    from store.client import reading
+
     if args.format == "workbench":  # before reading anything: a name the Workbench refuses is bad input (exit 2)
         check_workbench_text(args.name, "--name", WORKBENCH_NAME_MAX)
     settings = Settings.from_flags(args)
@@ -138,6 +145,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from reports.judgment_io import import_human
+    from schemas.settings import Settings
+
     settings = Settings.from_flags(args)
     result = import_human(settings.db, args.file, format=args.format, rating_map=_rating_map(args.rating_map),
                           assessor=args.assessor, rubric=args.rubric, queries=args.queries, replace_all=args.replace)

@@ -23,10 +23,10 @@ from typing import Any, NamedTuple
 
 import duckdb
 
+from reports.cli_names import DEFAULT_PRECEDENCE
 from schemas.errors import UbiError
 from schemas.judgments import HumanJudgment
 
-DEFAULT_PRECEDENCE: tuple[str, ...] = ("human", "reviewed", "implicit")
 KINDS = ("human", "reviewed", "implicit")
 
 

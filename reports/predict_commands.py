@@ -6,30 +6,28 @@ import argparse
 import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from processors.counterfactual.direct import METRICS
-from processors.counterfactual.ips import DEFAULT_CLIP
-from processors.counterfactual.predict import DEFAULT_REPLICATES, METHODS, Prediction, predict
-from processors.propensity.common import PropensityError
-from processors.propensity.load import load_swaps
-from processors.propensity.randomized import SwapSessions
-from processors.qrels import load_qrels
-from processors.sessions import load_sessions
+from processors.cli_names import COUNTERFACTUAL_METHODS as METHODS
+from processors.cli_names import DEFAULT_CLIP, DEFAULT_REPLICATES
+from reports.cli_names import DEFAULT_SPLIT_KEYS
 from reports.commands import _run_arg, _write
-from reports.joint import query_id_texts
-from reports.merge import LabelSet, labels_from_human, labels_from_store
-from reports.online import OnlineMetrics, online_metrics
-from reports.runs import load_run
-from reports.systems import DEFAULT_SPLIT_KEYS, file_run, load_searches, run_system_name
 from schemas.errors import UbiError
-from schemas.settings import Settings
-from store.client import reading
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from processors.counterfactual.predict import Prediction
+    from processors.propensity.randomized import SwapSessions
+    from reports.online import OnlineMetrics
+    from schemas.settings import Settings
+
+# The handlers import the estimators (numpy, scipy, duckdb) when they run, so that building the parser for
+# `ubi --help` stays light (tests/ubi/test_cli_imports.py).
 
 _EPILOG = """\
 methods: dm = direct method (expected clicks of the candidate's lists under the fitted click model; unseen
@@ -98,6 +96,9 @@ def _methods(text: str) -> tuple[str, ...]:
 
 def _swaps(con: duckdb.DuckDBPyConnection, settings: Settings, k: int) -> SwapSessions | None:
     """The log's swap experiment, or None when no search is marked randomised."""
+    from processors.propensity.common import PropensityError
+    from processors.propensity.load import load_swaps
+
     try:
         swaps, _ = load_swaps(con, settings, k)
     except PropensityError:
@@ -107,6 +108,9 @@ def _swaps(con: duckdb.DuckDBPyConnection, settings: Settings, k: int) -> SwapSe
 
 def logged_figures(con: duckdb.DuckDBPyConnection, settings: Settings, k: int, seed: int) -> dict[str, OnlineMetrics]:
     """The logged systems' online metrics (``reports.online``), the figures a prediction stands beside."""
+    from reports.online import online_metrics
+    from reports.systems import load_searches
+
     load_searches(con, split_keys=DEFAULT_SPLIT_KEYS, impression_actions=(settings.impression_action,))
     return online_metrics(con, k=k, position_base=settings.position_base,
                           position_base_by_application=settings.position_base_by_application,
@@ -117,6 +121,8 @@ def logged_figures(con: duckdb.DuckDBPyConnection, settings: Settings, k: int, s
 
 def prediction_json(name: str, pred: Prediction, logged: dict[str, OnlineMetrics], inputs: dict[str, Any]) -> dict[str, Any]:
     """The prediction and the logged systems' actual figures of the same metrics, as one JSON document."""
+    from processors.counterfactual.direct import METRICS
+
     names = [m.replace("@k", f"@{pred.k}") for m in METRICS]
     return {
         "candidate": name,
@@ -136,6 +142,8 @@ def _num(x: float | None, digits: int = 4) -> str:
 
 
 def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetrics], console: Console) -> None:
+    from processors.counterfactual.direct import METRICS
+
     names = [m.replace("@k", f"@{pred.k}") for m in METRICS]
     t = Table(title=f"predicted online metrics of {escape(name)} (never served): value, [{pred.confidence:.0%} "
                     "bootstrap interval], <prior-free interval>")
@@ -176,6 +184,16 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    from processors.counterfactual.predict import predict
+    from processors.qrels import load_qrels
+    from processors.sessions import load_sessions
+    from reports.joint import query_id_texts
+    from reports.merge import LabelSet, labels_from_human, labels_from_store
+    from reports.runs import load_run
+    from reports.systems import file_run, run_system_name
+    from schemas.settings import Settings
+    from store.client import reading
+
     settings = Settings.from_flags(args)
     methods = _methods(args.method)
     path, given = args.run

@@ -22,11 +22,11 @@ import duckdb
 import numpy as np
 
 from processors.qrels import QuerySet, QuerySetQuery
+from reports.cli_names import STRATEGIES
 from schemas.errors import UbiError
 from schemas.text import normalize_query
 
 Strategy = Literal["top", "random", "pptss"]
-STRATEGIES: tuple[str, ...] = ("top", "random", "pptss")
 
 
 class QuerySetError(UbiError):

@@ -42,12 +42,12 @@ from typing import Literal
 import duckdb
 import pyarrow as pa
 
+from reports.cli_names import DEFAULT_SPLIT_KEYS
 from reports.runs import Run, RunError
 from schemas.errors import UbiError
 from schemas.text import normalize_query
 
 NO_APPLICATION = "(no application)"
-DEFAULT_SPLIT_KEYS: tuple[str, ...] = ("ranker", "experiment")
 DEFAULT_IMPRESSION_ACTIONS: tuple[str, ...] = ("impression",)
 RankingMode = Literal["modal", "each"]
 

@@ -22,12 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from processors.simulation import SimConfig, simulate
 from schemas.errors import UbiError
 from ubi.stages import main as ubi_main
 
@@ -50,6 +48,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running_collector(db: Path, port: int, log: Path) -> Iterator[str]:
     """Run ``ubi serve`` as its own process until the block ends; yield its base URL."""
+    import httpx
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -111,6 +110,7 @@ def prepare_workdir(workdir: Path) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     """The main job, shown in one command."""
+    from processors.simulation import SimConfig, simulate
     console = Console(highlight=False)
     workdir = Path(args.dir)
     prepare_workdir(workdir)

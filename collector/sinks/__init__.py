@@ -1,44 +1,46 @@
 """Sinks: where validated records go. ``duckdb`` (the embedded store, default) and ``kafka``.
 
-Each sink module provides a :class:`~collector.sinks.base.Sink` subclass and ``create(settings) -> Sink``;
-the Kafka one also ``add_arguments(parser)`` for its ``ubi serve`` flags (their ``dest`` are
-:class:`~schemas.settings.Settings` field names).
+Each sink module provides a :class:`~collector.sinks.base.Sink` subclass and ``create(settings) -> Sink``.
+The sinks' own ``ubi serve`` flags (their ``dest`` are :class:`~schemas.settings.Settings` field names) are
+defined in :mod:`collector.sinks.options`, which imports nothing heavy: building the ``ubi`` parser must not load
+DuckDB, Arrow or the Kafka client (``ubi --help``, tests/ubi/test_cli_imports.py). This package imports a sink's
+module only when :func:`create_sink` builds that sink.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from collector.sinks import duckdb as duckdb_sink
-from collector.sinks import kafka as kafka_sink
-from collector.sinks.base import Sink
+from collector.sinks.options import SINK_NAMES, add_kafka_arguments
 from schemas.errors import UbiError
-from schemas.settings import Settings
 
-#: Sink name -> its factory.
-SINKS: dict[str, Callable[[Settings], Sink]] = {
-    "duckdb": duckdb_sink.create,
-    "kafka": kafka_sink.create,
-}
+if TYPE_CHECKING:
+    from collector.sinks.base import Sink
+    from schemas.settings import Settings
 
 
 def available_sinks() -> list[str]:
     """Names of the sinks ``--sink`` accepts."""
-    return list(SINKS)
+    return list(SINK_NAMES)
 
 
 def add_sink_arguments(parser: argparse.ArgumentParser) -> None:
     """The sinks' own ``ubi serve`` flags."""
-    kafka_sink.add_arguments(parser)
+    add_kafka_arguments(parser)
 
 
 def create_sink(settings: Settings) -> Sink:
     """The sink named by ``settings.sink``, built from the settings."""
-    factory = SINKS.get(settings.sink)
-    if factory is None:
-        raise UbiError(f"unknown sink {settings.sink!r}; available: {', '.join(SINKS)}")
-    return factory(settings)
+    if settings.sink == "duckdb":
+        from collector.sinks import duckdb as duckdb_sink
+
+        return duckdb_sink.create(settings)
+    if settings.sink == "kafka":
+        from collector.sinks import kafka as kafka_sink
+
+        return kafka_sink.create(settings)
+    raise UbiError(f"unknown sink {settings.sink!r}; available: {', '.join(SINK_NAMES)}")
 
 
-__all__ = ["Sink", "SINKS", "available_sinks", "add_sink_arguments", "create_sink"]
+__all__ = ["SINK_NAMES", "available_sinks", "add_sink_arguments", "create_sink"]

@@ -18,7 +18,6 @@ number of them can run side by side, each with its own spool slot.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import queue
 import struct
@@ -28,7 +27,6 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -487,22 +485,6 @@ class KafkaSink(Sink):
 
 
 # ---------------------------------------------------------------- plug-in hooks (collector.sinks)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``ubi serve`` flags of the Kafka sink (dest = Settings field names)."""
-    g = parser.add_argument_group("kafka sink (--sink kafka)")
-    g.add_argument("--bootstrap", dest="kafka_bootstrap", metavar="HOST:PORT",
-                   help="Kafka bootstrap servers, comma-separated (default $UBI_KAFKA_BOOTSTRAP or 127.0.0.1:9092)")
-    g.add_argument("--topic-prefix", dest="kafka_topic_prefix", metavar="PREFIX",
-                   help="topics are PREFIX.queries, PREFIX.events, PREFIX.failed (default ubi)")
-    g.add_argument("--spool", dest="spool_dir", type=Path, metavar="DIR",
-                   help="local spool for records the broker cannot take yet; collectors on one host may share "
-                        "it (each takes a slot) (default ./ubi-spool)")
-    g.add_argument("--spool-max-bytes", dest="spool_max_bytes", type=int, metavar="N",
-                   help="spool size above which requests get 503 + Retry-After (default 1 GiB)")
-    g.add_argument("--ack-timeout", dest="kafka_ack_timeout", type=float, metavar="SECONDS",
-                   help="wait this long for the broker's acknowledgement before spooling a batch (default 5)")
 
 
 def create(settings: Settings) -> KafkaSink:

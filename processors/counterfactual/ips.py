@@ -37,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-DEFAULT_CLIP = 20.0
+from processors.cli_names import DEFAULT_CLIP
 
 
 class LoggedArrays(NamedTuple):

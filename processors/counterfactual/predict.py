@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from processors.cli_names import COUNTERFACTUAL_METHODS as METHODS
+from processors.cli_names import DEFAULT_REPLICATES
 from processors.click_models import get_model
 from processors.click_models.common import gather
 from processors.click_models.evaluate import evaluate, split_sessions
@@ -46,8 +48,6 @@ MODELS = ("pbm", "dbn")
 #: that promotes it contradicts. On ``bench/counterfactual.py`` (12 PBM pairs) it raised the direct method's MAE
 #: of CTR@10 (README). ``model_options={"prior": ...}`` (``ubi predict --prior``) chooses another.
 DEFAULT_MODEL_OPTIONS: dict[str, Any] = {"prior": "none"}
-METHODS = ("dm", "ips", "snips", "dr")
-DEFAULT_REPLICATES = 200
 
 
 class PredictionError(UbiError):

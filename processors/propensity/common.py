@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from processors.cli_names import PROPENSITY_METHODS
 from schemas.errors import UbiError
 
-METHODS = ("em", "marginal", "harvest", "randomized")
+#: the estimators (defined in processors.cli_names so that the parser needs no numpy)
+METHODS = PROPENSITY_METHODS
 
 
 class PropensityError(UbiError):

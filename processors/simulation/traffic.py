@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
+from processors.cli_names import TRAFFIC_MODELS
 from processors.propensity.randomized import SwapSessions
 from processors.simulation.catalog import Catalog, SimulationError, build_catalog
 from processors.simulation.clicks import (
@@ -36,7 +37,6 @@ from processors.stats import PairIndex, SessionPatterns
 from schemas.text import normalize_query
 
 #: Click models the traffic simulator offers (the kernel has more; these are the protocol's).
-TRAFFIC_MODELS = ("pbm", "cascade", "dbn", "trust")
 
 OBJECT_ID_FIELD = "product_id"
 SEARCHES_PER_CLIENT = 5  # a client's searches come in one burst: the bot filter must not see a machine

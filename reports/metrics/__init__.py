@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from processors.qrels import Qrels
+from reports.cli_names import DEFAULT_METRICS
 from reports.metrics.ap import average_precision
 from reports.metrics.judged import judged_at_k
 from reports.metrics.matrices import RankedGrades, build_ranked_grades
@@ -24,11 +25,10 @@ from reports.metrics.table import Aggregate, MetricTable
 from reports.runs import Run
 
 __all__ = [
-    "GAINS", "KNOWN", "Aggregate", "MetricError", "MetricSpec", "MetricTable", "RankedGrades", "compute",
+    "DEFAULT_METRICS", "GAINS", "KNOWN", "Aggregate", "MetricError", "MetricSpec", "MetricTable", "RankedGrades", "compute",
     "parse_metric", "parse_metrics",
 ]
 
-DEFAULT_METRICS = "ndcg@10,recall@10,mrr,map,p@5,judged@10"
 _MAX_EXP_GRADE = 1000  # 2^1000 still sums without overflow; larger grades mean a rating scale needs mapping
 
 

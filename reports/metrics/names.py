@@ -6,10 +6,10 @@ import re
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
+from reports.cli_names import GAINS, KNOWN_METRICS
 from schemas.errors import UbiError
 
 Gain = Literal["linear", "exponential"]
-GAINS: tuple[str, ...] = ("linear", "exponential")
 
 
 class MetricError(UbiError):
@@ -45,7 +45,7 @@ _NEEDS_K = frozenset({"p"})
 _LABELS = {"p": "Precision", "recall": "Recall", "rr": "Reciprocal rank", "ap": "Average precision",
            "ndcg": "nDCG", "judged": "Judged"}
 _NAME = re.compile(r"([a-z_]+)(?:@(.*))?")
-KNOWN = "p@k, recall[@k], mrr / rr[@k], map / ap[@k], ndcg[@k], ndcg_exp[@k], judged[@k]"
+KNOWN = KNOWN_METRICS
 
 
 def parse_metric(name: str, *, gain: str = "linear") -> MetricSpec:

@@ -129,3 +129,14 @@ def test_report_with_a_misspelt_gate_exits_2(tmp_path, capsys):
     assert ubi(["report", "--db", str(db), "--qrels", str(human), "--min", "ndgc@10=0.5"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "unknown metric 'human/ndgc@10'" in err and "ndcg[@k]" in err
+
+
+def test_interleaving_gate_names_are_known_and_typos_exit_as_bad_input() -> None:
+    """Interleaving gates (reports/interleaving.gate_values) pass the name check; a misspelt statistic does not."""
+    from reports.gates import GateError, check_name
+    from reports.interleaving import GATE_STATISTICS
+
+    for name in GATE_STATISTICS:
+        assert check_name(f"interleaving/candidate-vs-baseline/{name}") == f"interleaving/candidate-vs-baseline/{name}"
+    with pytest.raises(GateError, match="win_rate"):
+        check_name("interleaving/candidate-vs-baseline/winrate")
