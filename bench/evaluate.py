@@ -32,8 +32,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from processors.qrels import Qrels
 from reports.metrics import compute
-from reports.qrels import Qrels
 from reports.runs import Run, load_trec_run
 
 # ours -> ranx names, for the metrics both have (ranx has no judged@k)

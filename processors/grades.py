@@ -115,31 +115,44 @@ def apply_thresholds(scores: NDArray[np.float64], thresholds: NDArray[np.float64
     return np.where(np.isnan(scores), -1, g)
 
 
-def quadratic_weighted_kappa(a: NDArray[np.int64], b: NDArray[np.int64], n_classes: int) -> float:
-    """Cohen's weighted kappa with quadratic weights (Cohen 1968): 1 − Σ w·O / Σ w·E, w_ij = (i−j)²/(n−1)².
+def confusion_matrix(rows: NDArray[np.int64], cols: NDArray[np.int64], n_classes: int) -> NDArray[np.int64]:
+    """Counts ``m[r][c]`` of the pairs (rows[k], cols[k]); grades are 0..n_classes-1. Pure numpy kernel."""
+    r = np.asarray(rows, dtype=np.int64)
+    c = np.asarray(cols, dtype=np.int64)
+    return np.bincount(r * n_classes + c, minlength=n_classes * n_classes).reshape(n_classes, n_classes)
 
-    O is the observed joint distribution of the two ratings, E the product of their marginals. NaN when
-    there are no pairs or E puts all mass on the diagonal (both raters constant on the same grade).
+
+def quadratic_kappa_from_confusion(observed: NDArray[np.int64]) -> float:
+    """Cohen's weighted kappa with quadratic weights from a square confusion matrix O (Cohen 1968,
+    Psychological Bulletin 70:213): κ = 1 − Σ w·O / Σ w·E, w_ij = (i−j)²/(n−1)², E = outer(row totals,
+    column totals) / N the matrix expected by chance.
+
+    NaN when there are no pairs, fewer than two grades, or E puts all mass on the diagonal (both raters
+    constant on the same grade): kappa is undefined there. Pure numpy kernel shared by processors and reports.
     """
-    a = np.asarray(a, dtype=np.int64)
-    b = np.asarray(b, dtype=np.int64)
-    if len(a) == 0:
+    o = np.asarray(observed, dtype=np.float64)
+    n = o.shape[0]
+    total = float(o.sum())
+    if total == 0.0 or n < 2:
         return float("nan")
-    n = n_classes
-    observed = np.bincount(a * n + b, minlength=n * n).reshape(n, n).astype(np.float64)
-    expected = np.outer(observed.sum(axis=1), observed.sum(axis=0)) / observed.sum()
+    expected = np.outer(o.sum(axis=1), o.sum(axis=0)) / total
     i, j = np.indices((n, n))
-    w = (i - j) ** 2 / max(n - 1, 1) ** 2
+    w = (i - j) ** 2 / (n - 1) ** 2
     denom = float((w * expected).sum())
     if denom == 0.0:
         return float("nan")
-    return 1.0 - float((w * observed).sum()) / denom
+    return 1.0 - float((w * o).sum()) / denom
+
+
+def quadratic_weighted_kappa(a: NDArray[np.int64], b: NDArray[np.int64], n_classes: int) -> float:
+    """Quadratic-weighted Cohen's kappa of two ratings with grades 0..n_classes-1: see
+    :func:`quadratic_kappa_from_confusion` for the formula and citation. NaN when there are no pairs."""
+    return quadratic_kappa_from_confusion(confusion_matrix(a, b, n_classes))
 
 
 def confusion(predicted: NDArray[np.int64], human: NDArray[np.int64], n_classes: int) -> list[list[int]]:
     """Counts [human grade][predicted grade]."""
-    m = np.bincount(np.asarray(human) * n_classes + np.asarray(predicted), minlength=n_classes * n_classes)
-    return m.reshape(n_classes, n_classes).astype(int).tolist()
+    return confusion_matrix(human, predicted, n_classes).astype(int).tolist()
 
 
 def spearman(x: NDArray[np.float64], y: NDArray[np.float64]) -> float:

@@ -59,6 +59,7 @@ from processors.grades import (
     scale_factor,
 )
 from processors.identifiability import IDENTIFIED, Identifiability, assess, is_position_debiased
+from processors.qrels import load_qrels
 from processors.selection import CHOOSABLE, DEFAULT_HOLDOUT, Selection, select
 from processors.sessions import SessionData, applications, read_sessions
 from processors.stats import ClickCells, SessionPatterns, cells_from_sessions
@@ -605,94 +606,49 @@ def write_trec(table: pa.Table, path: Path | str) -> int:
     return len(rows)
 
 
+def _decoded(path: str, line: int | None, trec_id: str) -> str:
+    try:
+        return query_from_trec_id(trec_id)
+    except UnicodeDecodeError as exc:
+        raise InputFileError(path, line, f"id {trec_id!r} is not valid percent-escaped UTF-8: {exc}") from exc
+
+
 def read_trec(path: Path | str) -> list[Qrel]:
     """TREC qrels (``query_id iteration doc_id grade``) with ids decoded by :func:`query_from_trec_id`.
 
-    Strict: four fields, a non-negative integer grade, no (query, doc) twice; errors name file and line.
+    Read by the one qrels reader (:func:`processors.qrels.load_qrels`, strict: four fields, a non-negative
+    integer grade, no (query, doc) twice, at least one judgment; errors name file and line); this only
+    decodes the percent-escaped ids our own :func:`write_trec` writes.
     """
-    out: list[Qrel] = []
-    seen: dict[tuple[str, str], int] = {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                raise InputFileError(str(path), number, "blank line; expected 'query_id 0 doc_id grade'")
-            parts = line.split()
-            if len(parts) != 4:
-                raise InputFileError(str(path), number, f"expected 4 fields 'query_id 0 doc_id grade', got {len(parts)}")
-            qid, _, did, grade = parts
-            if not re.fullmatch(r"\d+", grade):
-                raise InputFileError(str(path), number, f"grade {grade!r} is not a non-negative integer")
-            try:
-                key = (query_from_trec_id(qid), query_from_trec_id(did))
-            except UnicodeDecodeError as exc:
-                raise InputFileError(str(path), number, f"id is not valid percent-escaped UTF-8: {exc}") from exc
-            if key in seen:
-                raise InputFileError(str(path), number, f"query {qid} doc {did} already judged on line {seen[key]}")
-            seen[key] = number
-            out.append(Qrel(key[0], key[1], int(grade)))
-    return out
+    qrels = load_qrels(path, format="trec")
+    name = str(path)
+    return [
+        Qrel(_decoded(name, qrels.lines.get(q.query_id), q.query_id), _decoded(name, qrels.lines.get(q.query_id), q.doc_id),
+             q.grade)
+        for q in qrels.records()
+    ]
 
 
 def load_human_grades(path: Path | str) -> dict[tuple[str, str], int]:
-    """Human grades keyed by (normalised query text, doc id), from JSONL qrels or TREC qrels.
+    """Human grades keyed by (normalised query text, doc id), from any qrels file :func:`processors.qrels.load_qrels`
+    reads (JSONL, TREC or Workbench; ``docs/metrics.md``), validated there (errors name file and line).
 
-    JSONL (``docs/metrics.md``): ``{"query_id": ..., "query": "text", "relevant": {"doc": grade}}`` per line;
-    without ``query`` the text is decoded from ``query_id`` (:func:`query_from_trec_id`). TREC: query ids
-    decode to the text the same way (our own TREC output round-trips). Strict; errors name file and line.
+    Query text: the file's ``query`` field when it has one, else the query id decoded with
+    :func:`query_from_trec_id` (so our own TREC output round-trips); TREC doc ids are decoded the same way.
     """
-    p = Path(path)
-    try:
-        head = next((ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()), "")
-    except OSError as exc:
-        raise InputFileError(str(p), None, f"cannot read: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise InputFileError(str(p), None, f"not UTF-8 text: {exc}") from exc
-    if not head:
-        raise InputFileError(str(p), None, "empty file; expected JSONL or TREC qrels")
+    name = str(path)
+    qrels = load_qrels(path)
+    trec = qrels.format == "trec"
     out: dict[tuple[str, str], int] = {}
-    if head.lstrip().startswith("{"):
-        seen_ids: dict[str, int] = {}
-        with open(p, "rb") as f:
-            for number, line in enumerate(f, start=1):
-                for (q, d), g in _jsonl_qrel_line(str(p), number, line, seen_ids).items():
-                    if (q, d) in out and out[(q, d)] != g:
-                        raise InputFileError(str(p), number, f"doc {d!r} of query {q!r} graded twice differently")
-                    out[(q, d)] = g
-        return out
-    for qrel in read_trec(p):
-        out[(normalize_query(qrel.query_id), qrel.doc_id)] = qrel.grade
-    return out
-
-
-def _jsonl_qrel_line(path: str, number: int, line: bytes, seen_ids: dict[str, int]) -> dict[tuple[str, str], int]:
-    if not line.strip():
-        raise InputFileError(path, number, "blank line; expected one query (JSON object) per line")
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise InputFileError(path, number, f"malformed JSON: {exc.msg} (column {exc.colno})") from exc
-    if not isinstance(obj, dict):
-        raise InputFileError(path, number, "expected a JSON object with query_id, query and relevant")
-    qid = obj.get("query_id")
-    if not isinstance(qid, str) or not qid.strip():
-        raise InputFileError(path, number, "'query_id' must be a non-empty string")
-    if qid in seen_ids:
-        raise InputFileError(path, number, f"duplicate query_id {qid!r} (first on line {seen_ids[qid]})")
-    seen_ids[qid] = number
-    text = obj.get("query", None)
-    if text is None:
-        text = query_from_trec_id(qid)
-    if not isinstance(text, str) or not normalize_query(text):
-        raise InputFileError(path, number, "'query' must be a non-empty string")
-    rel = obj.get("relevant")
-    if not isinstance(rel, dict):
-        raise InputFileError(path, number, "'relevant' must be an object {doc_id: grade}")
-    q = normalize_query(text)
-    out: dict[tuple[str, str], int] = {}
-    for doc, grade in rel.items():
-        if not doc:
-            raise InputFileError(path, number, "empty doc id in 'relevant'")
-        if isinstance(grade, bool) or not isinstance(grade, int) or grade < 0:
-            raise InputFileError(path, number, f"grade of {doc!r} must be a non-negative integer, got {grade!r}")
-        out[(q, doc)] = grade
+    for query_id, docs in qrels.grades.items():
+        line = qrels.lines.get(query_id)
+        text = qrels.texts.get(query_id)
+        query = normalize_query(text if text is not None else _decoded(name, line, query_id))
+        if not query:
+            raise InputFileError(name, line, f"query {query_id!r} decodes to empty text; give a \"query\" field")
+        for doc_id, grade in docs.items():
+            doc = _decoded(name, line, doc_id) if trec else doc_id
+            if out.get((query, doc), grade) != grade:
+                raise InputFileError(name, line, f"doc {doc!r} of query {query!r} graded twice differently")
+            out[(query, doc)] = grade
     return out

@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
+from processors.grades import confusion_matrix, quadratic_kappa_from_confusion
 from reports.merge import Label, LabelSet
 from schemas.errors import UbiError
 
@@ -45,31 +46,12 @@ class Agreement:
     confusion: list[list[int]]
 
 
-def _confusion(a: NDArray[np.int64], b: NDArray[np.int64], n_grades: int) -> NDArray[np.int64]:
-    m = np.zeros((n_grades, n_grades), dtype=np.int64)
-    np.add.at(m, (a, b), 1)
-    return m
-
-
-def _quadratic_kappa(confusion: NDArray[np.int64]) -> float:
-    n = confusion.sum()
-    g = confusion.shape[0]
-    if n == 0 or g < 2:
-        return float("nan")
-    i, j = np.indices((g, g))
-    w = (i - j) ** 2 / (g - 1) ** 2
-    expected = np.outer(confusion.sum(axis=1), confusion.sum(axis=0)) / n
-    denom = (w * expected).sum()
-    if denom == 0:
-        return float("nan")  # both raters used one and the same grade: kappa is undefined
-    return float(1.0 - (w * confusion).sum() / denom)
-
-
 def quadratic_weighted_kappa(human: NDArray, implicit: NDArray, n_grades: int | None = None) -> float:
     """Cohen's kappa with quadratic weights: κ = 1 − Σ w_ij O_ij / Σ w_ij E_ij, w_ij = (i−j)² / (G−1)².
 
     O is the confusion matrix of the two raters, E = outer(row totals, column totals) / N the one expected
     by chance; Cohen (1968), Psychological Bulletin 70:213. Grades are 0..G-1 (G defaults to max + 1).
+    Validates the grades, then runs the kernel :func:`processors.grades.quadratic_kappa_from_confusion`.
     """
     a = np.asarray(human, dtype=np.int64)
     b = np.asarray(implicit, dtype=np.int64)
@@ -78,7 +60,7 @@ def quadratic_weighted_kappa(human: NDArray, implicit: NDArray, n_grades: int | 
     if a.size and (a.min() < 0 or b.min() < 0):
         raise AgreementError("grades must be non-negative integers")
     g = n_grades if n_grades is not None else (int(max(a.max(), b.max())) + 1 if a.size else 0)
-    return _quadratic_kappa(_confusion(a, b, g))
+    return quadratic_kappa_from_confusion(confusion_matrix(a, b, g))
 
 
 def _used_for_calibration(lab: Label) -> bool:
@@ -107,7 +89,7 @@ def agreement(labels: LabelSet, source: str, *, n_grades: int | None = None) -> 
             break
     a, b = np.array(hs, dtype=np.int64), np.array(cs, dtype=np.int64)
     g = n_grades if n_grades is not None else (int(max(a.max(), b.max())) + 1 if a.size else 1)
-    conf = _confusion(a, b, g)
+    conf = confusion_matrix(a, b, g)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # constant input: scipy warns and returns NaN, which we report
         if len(a) >= 2:
@@ -116,7 +98,7 @@ def agreement(labels: LabelSet, source: str, *, n_grades: int | None = None) -> 
         else:
             rho = rho_p = tau = tau_p = float("nan")
     return Agreement(
-        source=source, pairs=len(a), excluded_calibration=excluded, kappa=_quadratic_kappa(conf),
+        source=source, pairs=len(a), excluded_calibration=excluded, kappa=quadratic_kappa_from_confusion(conf),
         spearman=float(rho), spearman_p=float(rho_p), kendall=float(tau), kendall_p=float(tau_p),
         grades=list(range(g)), confusion=conf.tolist(),
     )

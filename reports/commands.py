@@ -249,10 +249,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from processors.bounded import apply_limits
     from processors.ordinal_base import describe, effective_bases, position_base_flags, suggestion
+    from processors.qrels import ESCI_RATINGS, RatingMap, load_qrels
     from processors.sessions import position_bases
     from reports.joint import ReportConfig, build_report, load_class_rules
     from reports.merge import LabelSet, labels_from_human, labels_from_store
-    from reports.qrels import ESCI_RATINGS, RatingMap, load_qrels
     from reports.render.dashboard import render_dashboard
     from reports.render.html import render_html
     from reports.render.json_out import render_json
@@ -350,7 +350,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_queryset(args: argparse.Namespace) -> int:
-    from reports.qrels import format_queryset
+    from processors.qrels import format_queryset
     from reports.queryset import query_frequencies, sample, to_queryset
     from schemas.settings import Settings
     from store.client import reading

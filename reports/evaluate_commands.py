@@ -69,8 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def evaluate_files(args: argparse.Namespace) -> tuple[MetricTable, dict[str, Any]]:
     """Load and validate both files, then compute; returns the table and a description of the inputs."""
+    from processors.qrels import RatingMap, load_corpus_ids, load_qrels
     from reports.metrics import compute, parse_metrics
-    from reports.qrels import RatingMap, load_corpus_ids, load_qrels
     from reports.runs import load_run
 
     try:

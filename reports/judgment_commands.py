@@ -15,7 +15,7 @@ from reports.commands import _write
 from schemas.errors import UbiError
 
 if TYPE_CHECKING:
-    from reports.qrels import RatingMap
+    from processors.qrels import RatingMap
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb); works while `ubi serve` runs"
 _MAP_HELP = ("Workbench ratings <-> grades: esci (default: 0->0, 1->1, 10->2, 100->3), integer (the rating is the "
@@ -51,7 +51,7 @@ examples:
 
 
 def _rating_map(text: str | None) -> RatingMap:
-    from reports.qrels import ESCI_RATINGS, RatingMap
+    from processors.qrels import ESCI_RATINGS, RatingMap
 
     try:
         return RatingMap.parse(text) if text else ESCI_RATINGS
@@ -117,8 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from processors.qrels import WORKBENCH_NAME_MAX, check_workbench_text
     from reports.judgment_io import export_judgments
-    from reports.qrels import WORKBENCH_NAME_MAX, check_workbench_text
     from schemas.settings import Settings
     from store.client import reading
 

@@ -2,7 +2,7 @@
 
 Export (:func:`export_judgments`) writes the graded labels of one source of the store (``human``,
 ``reviewed``, one ``reviewed:<src>`` or ``implicit:<model>``, or ``merged``, the precedence view of
-:mod:`reports.merge`) in a judgment format of :mod:`reports.qrels`:
+:mod:`reports.merge`) in a judgment format of :mod:`processors.qrels`:
 
 - ``jsonl``: one query a line with its text; the stored ``query_id`` when the query has exactly one (else the
   text); ``assessor`` / ``rubric`` / ``judged_at`` when every human label of the query agrees on it (JSONL holds
@@ -10,12 +10,12 @@ Export (:func:`export_judgments`) writes the graded labels of one source of the 
 - ``trec``: ``query_id 0 doc_id grade`` with the query text as id, ``%`` and whitespace percent-escaped
   (``red%20shoes``), as ``ubi process --out x.trec`` writes them, so the import below reads the text back.
 - ``workbench``: the Search Relevance Workbench judgment JSON, grades turned into ratings by a stated
-  :class:`~reports.qrels.RatingMap` (default ESCI: 0 -> "0.000", 1 -> "1.000", 2 -> "10.000", 3 -> "100.000").
+  :class:`~processors.qrels.RatingMap` (default ESCI: 0 -> "0.000", 1 -> "1.000", 2 -> "10.000", 3 -> "100.000").
 
 The query text written is the wording the judgments were made on when the store kept it (a Workbench
 file's query is its ``query_id``) and the normalised text otherwise.
 
-Import (:func:`import_human`) validates a JSONL, TREC or Workbench file with :func:`reports.qrels.load_qrels`
+Import (:func:`import_human`) validates a JSONL, TREC or Workbench file with :func:`processors.qrels.load_qrels`
 (nothing skipped or coerced), gives every query its text (the file's; else a query set mapping ids to
 texts; else the id itself, percent-decoded for TREC), and stores the judgments in ``human_judgments`` as
 source ``human`` with their provenance (assessor, date and rubric from the file, else from the command line,
@@ -35,9 +35,7 @@ import duckdb
 import pyarrow as pa
 
 from processors.judgments import query_from_trec_id, trec_query_id
-from processors.review import HUMAN_SCHEMA
-from reports.merge import DEFAULT_PRECEDENCE, KINDS, Label, LabelSet, labels_from_store
-from reports.qrels import (
+from processors.qrels import (
     ESCI_RATINGS,
     Qrels,
     QrelsError,
@@ -47,6 +45,8 @@ from reports.qrels import (
     load_queryset,
     workbench_safe,
 )
+from processors.review import HUMAN_SCHEMA
+from reports.merge import DEFAULT_PRECEDENCE, KINDS, Label, LabelSet, labels_from_store
 from schemas.errors import StoreError, UbiError
 from schemas.text import normalize_query
 from store.client import load_derived, reading
@@ -173,7 +173,7 @@ def export_judgments(
     """The graded labels of ``source`` serialised as ``format`` (``jsonl``, ``trec`` or ``workbench``)."""
     src = source_name(source)
     qrels, by_source, mixed = stored_qrels(con, src, precedence=precedence, trec_ids=format == "trec")
-    # the Workbench refuses " \ < > in a description (reports.qrels.workbench_text_problem): no ">" here
+    # the Workbench refuses " \ < > in a description (processors.qrels.workbench_text_problem): no ">" here
     what = f"source {src}" + (f", precedence {' then '.join(precedence)}" if src == "merged" else "")
     body = format_qrels(qrels, format, rating_map=rating_map, name=name,
                         description=description or workbench_safe(f"Exported by ubi-pipeline from {what}"))

@@ -260,7 +260,7 @@ def merge_view(labels: LabelSet, precedence: Sequence[str] = DEFAULT_PRECEDENCE)
 
 
 def labels_from_human(records: Iterable[HumanJudgment]) -> list[Label]:
-    """Labels from human judgment records (``reports.qrels.Qrels.human_judgments()``: keyed by query text)."""
+    """Labels from human judgment records (``processors.qrels.Qrels.human_judgments()``: keyed by query text)."""
     return [
         Label(r.query, r.doc_id, r.grade, r.source, origin=r.origin or "file", query_id=r.query_id,
               assessor=r.assessor, judged_at=r.judged_at, rubric=r.rubric)

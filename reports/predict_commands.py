@@ -185,10 +185,10 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from processors.counterfactual.predict import predict
+    from processors.qrels import load_qrels
     from processors.sessions import load_sessions
     from reports.joint import query_id_texts
     from reports.merge import LabelSet, labels_from_human, labels_from_store
-    from reports.qrels import load_qrels
     from reports.runs import load_run
     from reports.systems import file_run, run_system_name
     from schemas.settings import Settings

@@ -21,8 +21,8 @@ from typing import Literal, NamedTuple
 import duckdb
 import numpy as np
 
+from processors.qrels import QuerySet, QuerySetQuery
 from reports.cli_names import STRATEGIES
-from reports.qrels import QuerySet, QuerySetQuery
 from schemas.errors import UbiError
 from schemas.text import normalize_query
 
@@ -88,9 +88,9 @@ def sample(population: Sequence[SampledQuery], strategy: Strategy, size: int, *,
 
 
 def to_queryset(queries: Sequence[SampledQuery], *, strategy: str, seed: int, name: str | None = None) -> QuerySet:
-    """The sample as a :class:`reports.qrels.QuerySet` (query id = the normalised text, unique in a sample).
+    """The sample as a :class:`processors.qrels.QuerySet` (query id = the normalised text, unique in a sample).
 
-    Written through :func:`reports.qrels.format_queryset`: JSONL ``{"query_id", "query", "frequency"}`` or the
+    Written through :func:`processors.qrels.format_queryset`: JSONL ``{"query_id", "query", "frequency"}`` or the
     Search Relevance Workbench import shape (as ``esci_us_queryset.json``), whose ``sampling`` is ``manual``
     because the set is given explicitly (the Workbench's own samplers are ``topn``, ``random``, ``pptss``);
     how it was drawn is in the description.

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reports.qrels import loads_json_line, numbered_lines, read_input_text
+from processors.qrels import loads_json_line, numbered_lines, read_input_text
 from schemas.errors import InputFileError
 from schemas.judgments import ScoredDoc
 

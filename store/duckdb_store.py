@@ -118,8 +118,9 @@ def insert_arrow(
 
     DuckDB reads ``rows`` through a replacement scan: a table name it does not know is looked up among the
     calling frame's Python variables, here the local ``_ubi_arrow_rows``. ``register``/``unregister`` would do
-    the same with two more statements; on a 16-event group commit they were 0.5 of 2.4 ms of CPU (DuckDB
-    2.0), and every statement is one more hand-over of the GIL between the writer and the event loop.
+    the same with two more statements, a measurable share of a small group commit's CPU (``bench/ingest.py``;
+    figures in the README, Benchmarks, Ingest), and every statement is one more hand-over of the GIL between
+    the writer and the event loop.
     """
     _ubi_arrow_rows = rows  # noqa: F841 (read by name by DuckDB's replacement scan)
     result = cur.execute(f"{head} SELECT {columns} FROM _ubi_arrow_rows {tail}")

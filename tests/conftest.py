@@ -1,9 +1,11 @@
-"""Fixtures shared by every test package. Record factories for UBI queries and events."""
+"""Fixtures shared by every test package: record factories for UBI queries and events, and the one way to
+reach ``../shared`` (samples, spec, docs, reference client)."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,21 @@ import pytest
 _serial = itertools.count()
 
 Factory = Callable[..., dict[str, Any]]
+
+#: ``../shared`` beside the repository (UBI spec, samples, reference JS client, docs): read there, never copied in.
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+#: The files under it that many tests read (docs/ubi.md describes the sample: 473 queries, 3,448 events).
+SAMPLE_LOG = "ubi-samples/ubi_queries_events.ndjson"
+ESCI_JUDGMENTS = "ubi-samples/esci_us_judgments.json"
+
+
+def shared_path(relative: str) -> Path:
+    """``../shared/<relative>`` (e.g. ``"ubi-samples/esci_us_judgments.json"``); when it is absent the calling
+    test is skipped with the path as the reason. Call it inside a test or fixture, never at import time."""
+    path = SHARED / relative
+    if not path.exists():
+        pytest.skip(f"shared data is absent: {path} (the tests read ../shared beside the repository)")
+    return path
 
 
 def _apply(record: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -71,3 +88,9 @@ def make_event() -> Factory:
 def make_query() -> Factory:
     """``make_query(**overrides)``: a fresh valid query record (distinct query_id per call)."""
     return new_query
+
+
+@pytest.fixture
+def shared() -> Callable[[str], Path]:
+    """``shared("ubi-samples/x.json")``: a path under ``../shared``; skips the test when the file is absent."""
+    return shared_path

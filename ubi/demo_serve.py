@@ -70,7 +70,7 @@ def write_qrels(path: Path, seed: int = 0, *, queries: int = 40, docs_per_query:
 
 def report_available() -> bool:
     """Whether the reports stage can render HTML here (``reports.render.html`` and the joint report)."""
-    for name in ("reports.render.html", "reports.joint", "reports.merge", "reports.qrels"):
+    for name in ("reports.render.html", "reports.joint", "reports.merge", "processors.qrels"):
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -82,9 +82,9 @@ def report_available() -> bool:
 
 def live_report_html(store: Store, qrels: Path, settings: Settings) -> str:
     """The joint report (``ubi report --format html``) of everything stored so far, from a snapshot."""
+    from processors.qrels import load_qrels
     from reports.joint import ReportConfig, build_report
     from reports.merge import LabelSet, labels_from_human, labels_from_store
-    from reports.qrels import load_qrels
     from reports.render.html import render_html
 
     labels = LabelSet()

@@ -8,9 +8,9 @@ how single-event requests reach thousands per second. A request's future resolve
 Commit delay (PostgreSQL's ``commit_delay``/``commit_siblings`` idea): when the previous commit carried
 more than one request, the collector is loaded, and the writer waits ``commit_delay`` seconds before
 taking the group, so more requests share the commit. A commit's cost is nearly all fixed (DuckDB plans and
-commits an insert of 16 or 64 rows in about the same 2 ms), and a commit that runs while the event loop is
-busy is slowed further by handing the GIL back and forth; measured in ``bench/ingest.py`` at 32
-connections, 1 ms doubled the requests per commit (16 -> 31) and cut the writer's CPU by 40%.
+commits an insert of 16 or 64 rows in about the same time), and a commit that runs while the event loop is
+busy is slowed further by handing the GIL back and forth. ``bench/ingest.py`` measures the effect; the
+figures are in the README (Benchmarks, Ingest).
 """
 
 from __future__ import annotations
@@ -75,11 +75,10 @@ def _gil_handover() -> Iterator[None]:
     DuckDB releases the GIL while it executes and takes it back many times per statement (about 20 for one
     INSERT ... COMMIT). While the event loop is busy validating the next large body, each take waits a whole
     switch interval (5 ms): the commit stalls until the loop runs out of work, so validation and commits
-    take turns instead of using both cores (100 inserts of 1,000 rows: 0.8 s alone, 16.6 s next to a busy
-    thread). At 0.5 ms the writer gets the GIL back ten times sooner. Only for large groups: applied to
-    single-event traffic it cost more in forced switches than it saved (bench/ingest.py, 3,478 -> 2,861
-    requests/s, five interleaved runs each). 500-event batches: 23,400 -> 26,100 events/s (five
-    interleaved runs each, a slow phase of the shared machine). Process-wide, so nested users are counted.
+    take turns instead of using both cores. At 0.5 ms the writer gets the GIL back ten times sooner. Only
+    for large groups: applied to single-event traffic it cost more in forced switches than it saved.
+    ``bench/ingest.py`` measures both cases; the figures are in the README (Benchmarks, Ingest).
+    Process-wide, so nested users are counted.
     """
     global _switch_users, _switch_saved
     with _switch_lock:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from processors.qrels import Qrels
 from reports.cli_names import DEFAULT_METRICS
 from reports.metrics.ap import average_precision
 from reports.metrics.judged import judged_at_k
@@ -21,7 +22,6 @@ from reports.metrics.precision import precision
 from reports.metrics.recall import recall
 from reports.metrics.rr import reciprocal_rank
 from reports.metrics.table import Aggregate, MetricTable
-from reports.qrels import Qrels
 from reports.runs import Run
 
 __all__ = [

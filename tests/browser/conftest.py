@@ -24,6 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import SHARED, shared_path
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -36,7 +38,7 @@ CHROMIUM_ARGS = [
 ]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-SPEC = ROOT.parent / "shared" / "ubi-spec" / "1.3.0"
+SPEC = SHARED / "ubi-spec" / "1.3.0"
 
 
 @dataclass
@@ -127,7 +129,7 @@ def artifacts() -> Path:
 
 
 #: OpenSearch's reference UBI client (third-party, never copied into the repository: see its SOURCES.md).
-REFERENCE_CLIENT = ROOT.parent / "shared" / "ubi-clients" / "opensearch-ubi-js" / "ubi.js"
+REFERENCE_CLIENT = "ubi-clients/opensearch-ubi-js/ubi.js"  # under ../shared: read through shared_path
 #: The axios the reference client imports, from the npm registry (the version its SOURCES.md was tested with).
 AXIOS = "axios@1.21.1"
 NPM_CACHE = ROOT / ".cache" / "npm"
@@ -247,6 +249,4 @@ class UbiSpec:
 
 @pytest.fixture(scope="session")
 def ubi_spec() -> UbiSpec:
-    if not SPEC.is_dir():
-        pytest.skip(f"the UBI 1.3.0 schemas are not at {SPEC}")
-    return UbiSpec()
+    return UbiSpec(shared_path("ubi-spec/1.3.0"))

@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from tests.browser.conftest import REFERENCE_CLIENT, ROOT
+from tests.conftest import shared_path
 
 pytestmark = pytest.mark.browser
 
@@ -52,7 +53,7 @@ window.ubiAnswers = answers;
 def shop_site(axios: Path) -> Iterator[str]:
     """The page, the reference client and axios on a loopback port of their own: the shop's origin."""
     files = {
-        "/ubi.js": REFERENCE_CLIENT,
+        "/ubi.js": shared_path(REFERENCE_CLIENT),
         "/node_modules/axios/dist/esm/axios.js": axios,
     }
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 
 import orjson
-from tests_collector_support import SAMPLE_BULK, SAMPLE_EVENTS, SAMPLE_QUERIES, SAMPLES, count, run_ubi
+from tests_collector_support import SAMPLE_EVENTS, SAMPLE_QUERIES, count, run_ubi
+
+from tests.conftest import SAMPLE_LOG, shared_path
 
 
 def test_import_the_sample_then_again(db, capsys):
-    assert run_ubi(["import", str(SAMPLE_BULK), "--db", str(db), "--json"]) == 0
+    assert run_ubi(["import", str(shared_path(SAMPLE_LOG)), "--db", str(db), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["via"] == "direct"
     assert (out["queries"], out["events"], out["duplicates"], out["rejected"]) == (
@@ -20,7 +22,7 @@ def test_import_the_sample_then_again(db, capsys):
     )
     assert count(db, "SELECT count(*) FROM ubi_queries") == SAMPLE_QUERIES
     assert count(db, "SELECT count(*) FROM ubi_events") == SAMPLE_EVENTS
-    assert run_ubi(["import", str(SAMPLE_BULK), "--db", str(db), "--json"]) == 0
+    assert run_ubi(["import", str(shared_path(SAMPLE_LOG)), "--db", str(db), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert (again["accepted"], again["duplicates"], again["rejected"]) == (0, 3921, 0)  # 473 + 3,448
 
@@ -41,7 +43,7 @@ def test_import_formats_and_rejections_name_file_and_line(db, tmp_path, make_eve
     )
     arr = tmp_path / "queries.json"
     arr.write_bytes(orjson.dumps([make_query(), make_query(user_query=...)]))
-    spec = SAMPLES / "event-opensearch.json"  # one pretty-printed object
+    spec = shared_path("ubi-samples/event-opensearch.json")  # one pretty-printed object
     # some records rejected, others accepted: exit 1 (issue 12: a CI script must notice)
     assert run_ubi(["import", str(nd), str(arr), str(spec), "--db", str(db), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
@@ -160,7 +162,7 @@ def test_schema_output_accepts_every_sample_record_and_rejects_malformed_ones(ca
     assert run_ubi(["schema"]) == 0
     both = json.loads(capsys.readouterr().out)
     validators = {"ubi_queries": _validator(both["query"]), "ubi_events": _validator(both["event"])}
-    lines = [line for line in SAMPLE_BULK.read_bytes().splitlines() if line.strip()]
+    lines = [line for line in shared_path(SAMPLE_LOG).read_bytes().splitlines() if line.strip()]
     seen = {"ubi_queries": 0, "ubi_events": 0}
     for action, doc in zip(lines[::2], lines[1::2], strict=True):
         index = orjson.loads(action)["index"]["_index"]
@@ -168,7 +170,7 @@ def test_schema_output_accepts_every_sample_record_and_rejects_malformed_ones(ca
         assert errors == [], (index, doc[:200])
         seen[index] += 1
     assert (seen["ubi_queries"], seen["ubi_events"]) == (SAMPLE_QUERIES, SAMPLE_EVENTS)
-    spec_sample = json.loads((SAMPLES / "event-opensearch.json").read_text())  # position {}, no object_id
+    spec_sample = json.loads(shared_path("ubi-samples/event-opensearch.json").read_text())  # position {}, no object_id
     assert validators["ubi_events"].is_valid(spec_sample)
     for bad in (
         {"action_name": "click"},  # no timestamp

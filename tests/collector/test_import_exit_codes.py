@@ -6,9 +6,10 @@ import json
 
 import orjson
 import pytest
-from tests_collector_support import SAMPLES, count, run_ubi
+from tests_collector_support import count, run_ubi
 
 from collector.import_hints import likely_command
+from tests.conftest import ESCI_JUDGMENTS, shared_path
 
 QRELS_JSONL = b'{"query_id": "q01", "query": "red shoes", "relevant": {"d1": 2}}\n'
 
@@ -30,9 +31,7 @@ def test_a_wrong_file_exits_2_and_names_the_command(db, tmp_path, capsys, name, 
 
 
 def test_the_workbench_judgments_sample_is_not_ubi_data(db, capsys):
-    wb = SAMPLES / "esci_us_judgments.json"
-    if not wb.exists():
-        pytest.skip("ESCI sample missing")
+    wb = shared_path(ESCI_JUDGMENTS)
     assert run_ubi(["import", str(wb), "--db", str(db), "--json"]) == 2
     out = json.loads(capsys.readouterr().out)
     assert out["exit_code"] == 2 and out["accepted"] == 0 and out["rejected"] >= 1

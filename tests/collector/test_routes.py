@@ -10,13 +10,14 @@ import orjson
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
-from tests_collector_support import SAMPLE_BULK, SAMPLE_EVENTS, SAMPLE_QUERIES
+from tests_collector_support import SAMPLE_EVENTS, SAMPLE_QUERIES
 
 from collector.app import create_app
 from collector.errors import RequestError, SinkUnavailable
 from collector.ingest import IngestContext, Validated
 from collector.sinks.base import Sink
 from schemas.settings import Settings
+from tests.conftest import SAMPLE_LOG, shared_path
 
 NDJSON = {"content-type": "application/x-ndjson"}
 
@@ -39,7 +40,7 @@ def stored(client: TestClient, table: str) -> int:
 
 
 def test_sample_bulk_export_is_accepted_then_deduplicated(client):
-    body = SAMPLE_BULK.read_bytes()
+    body = shared_path(SAMPLE_LOG).read_bytes()
     first = client.post("/v1/bulk", content=body, headers=NDJSON)
     assert first.status_code == 202
     assert first.json() == {
@@ -57,7 +58,7 @@ def test_sample_bulk_export_is_accepted_then_deduplicated(client):
 
 
 def test_bulk_ids_become_event_ids(client):
-    body = SAMPLE_BULK.read_bytes()
+    body = shared_path(SAMPLE_LOG).read_bytes()
     client.post("/v1/bulk", content=body, headers=NDJSON)
     lines = body.splitlines()
     first_event_action = next(orjson.loads(a) for a in lines[::2] if b'"ubi_events"' in a)

@@ -12,10 +12,11 @@ import httpx
 import orjson
 import pyarrow as pa
 import pytest
-from tests_collector_support import SAMPLE_BULK, SAMPLE_EVENTS, SAMPLE_QUERIES, start_server
+from tests_collector_support import SAMPLE_EVENTS, SAMPLE_QUERIES, start_server
 from tests_collector_support import run_ubi as ubi_main
 
 from store.client import load_derived, open_reader, sidecar_path
+from tests.conftest import SAMPLE_LOG, shared_path
 
 
 def stored_ids(db, table: str, column: str) -> set[str]:
@@ -113,7 +114,7 @@ def test_readers_loaders_and_import_work_while_the_collector_runs(db, make_event
         assert load_derived(db, "judgments", table) == 1
 
         # `ubi import` sends the sample through the collector's /v1/bulk, in chunks.
-        assert ubi_main(["import", str(SAMPLE_BULK), "--db", str(db), "--json"]) == 0
+        assert ubi_main(["import", str(shared_path(SAMPLE_LOG)), "--db", str(db), "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out["via"] == server.url
         assert (out["queries"], out["events"], out["duplicates"], out["rejected"]) == (
@@ -122,7 +123,7 @@ def test_readers_loaders_and_import_work_while_the_collector_runs(db, make_event
             0,
             0,
         )
-        assert ubi_main(["import", str(SAMPLE_BULK), "--db", str(db), "--json"]) == 0
+        assert ubi_main(["import", str(shared_path(SAMPLE_LOG)), "--db", str(db), "--json"]) == 0
         again = json.loads(capsys.readouterr().out)
         assert (again["accepted"], again["duplicates"]) == (0, 3921)
 

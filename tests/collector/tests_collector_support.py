@@ -15,9 +15,7 @@ import duckdb
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLES = ROOT.parent / "shared" / "ubi-samples"
-SAMPLE_BULK = SAMPLES / "ubi_queries_events.ndjson"
-#: Counted in SAMPLE_BULK by its action lines (grep -c '"_index": "ubi_queries"' and '"ubi_events"'),
+#: Counted in ubi-samples/ubi_queries_events.ndjson by its action lines (grep -c '"_index": "ubi_queries"' and '"ubi_events"'),
 #: as docs/ubi.md states: 473 query records and 3,448 events.
 SAMPLE_QUERIES, SAMPLE_EVENTS = 473, 3448
 

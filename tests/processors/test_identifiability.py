@@ -22,9 +22,8 @@ from processors.simulation import SimConfig, simulate
 from processors.stats import ClickCells, PairIndex
 from schemas.sessions import Session
 from schemas.settings import Settings
+from tests.conftest import SAMPLE_LOG, shared_path
 from ubi.cli import main
-
-SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
 
 
 def cells(rows: list[tuple[int, int]], n_pairs: int, k: int = 4) -> ClickCells:
@@ -121,7 +120,7 @@ def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
 @pytest.fixture(scope="module")
 def esci(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("esci") / "ubi.duckdb"
-    assert main(["import", "--db", str(db), str(SAMPLE), "--json"]) == 0
+    assert main(["import", "--db", str(db), str(shared_path(SAMPLE_LOG)), "--json"]) == 0
     return db
 
 

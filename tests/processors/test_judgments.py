@@ -341,7 +341,7 @@ def test_file_errors_name_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(InputFileError, match=r"bad.trec:2: grade 'two'"):
         read_trec(bad)
     bad.write_text("q 0 d 1\nq 0 d 2\n")
-    with pytest.raises(InputFileError, match=r"bad.trec:2: .*already judged on line 1"):
+    with pytest.raises(InputFileError, match=r"bad.trec:2: .*judged twice \(first on line 1\)"):
         read_trec(bad)
     j = tmp_path / "bad.jsonl"
     j.write_text('{"query": "q"}\n')
@@ -359,10 +359,10 @@ def test_human_grades_from_jsonl_and_trec(tmp_path: Path) -> None:
     assert load_human_grades(t) == {("red shoes", "a"): 2, ("boots", "c"): 1}
     for body, message in (
         ('{"query_id": "q01", "query": "x", "relevant": {"a": 1}}\n\n', r":2: blank line"),
-        ('{"query_id": "q01", "query": "x", "relevant": {"a": -1}}\n', r":1: grade of 'a' must be a non-negative"),
+        ('{"query_id": "q01", "query": "x", "relevant": {"a": -1}}\n', r":1: .*doc 'a': grade -1 is not a non-negative integer"),
         ('{"query_id": "q01", "query": "x", "relevant": {"a": 1}}\n{"query_id": "q01", "query": "y", "relevant": {}}\n',
          r":2: duplicate query_id 'q01'"),
-        ('{"query_id": "q01", "query": " ", "relevant": {}}\n', r":1: 'query' must be a non-empty"),
+        ('{"query_id": "q01", "query": " ", "relevant": {}}\n', r':1: .*"query" must be non-empty text'),
         ('{"query_id": "q01", "query": "x", "relevant": {"a": 1}\n', r":1: malformed JSON"),
     ):
         j.write_text(body)

@@ -12,9 +12,9 @@ import orjson
 from collector.ingest import ingest as ingest_validated
 from collector.ingest import parse_bulk, parse_items, validate_items
 from store.duckdb_store import Store
+from tests.conftest import SAMPLE_LOG, shared_path
 
 #: ``../shared`` next to the repository (see the foundation issue)
-SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 _ids = itertools.count()
 
@@ -71,7 +71,8 @@ def build_store(path: Path, queries: list[dict[str, Any]], events: list[dict[str
 def build_sample_store(path: Path) -> Path:
     """The real ESCI/Chorus/ubi-demo sample (473 queries, 3,448 events) ingested through ``/v1/bulk``'s stage."""
     with Store(path) as store:
-        result = ingest_validated(store, validate_items(parse_bulk(SAMPLE.read_bytes())), source=str(SAMPLE))
+        sample = shared_path(SAMPLE_LOG)
+        result = ingest_validated(store, validate_items(parse_bulk(sample.read_bytes())), source=str(sample))
     if result.rejected or result.accepted != 473 + 3448:
         raise ValueError(f"sample ingest changed: {result.public(5)}")
     return path

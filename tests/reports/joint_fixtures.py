@@ -38,6 +38,7 @@ import pytest
 from collector.ingest import ingest, parse_items, validate_items
 from store.client import open_reader
 from store.duckdb_store import Store
+from tests.conftest import SAMPLE_LOG, shared_path
 
 T0 = datetime(2025, 1, 1, 10, 0, 0, tzinfo=UTC)
 _ids = itertools.count()
@@ -160,17 +161,13 @@ def write_human(path: Path) -> Path:
 
 # ------------------------------------------------------------------------------------------ the ESCI sample
 
-SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubi-samples"
-SAMPLE_LOG = SAMPLES / "ubi_queries_events.ndjson"
-SAMPLE_JUDGMENTS = SAMPLES / "esci_us_judgments.json"
-
 
 def ingest_sample(path: Path) -> Path:
-    """The real ESCI sample (`_bulk` export) ingested through the collector's own stage."""
+    """The real ESCI sample (`_bulk` export) ingested through the collector's own stage; skips when absent."""
     from collector.ingest import parse_bulk
 
     with Store(path) as store:
-        result = ingest(store, validate_items(parse_bulk(SAMPLE_LOG.read_bytes())), source="sample")
+        result = ingest(store, validate_items(parse_bulk(shared_path(SAMPLE_LOG).read_bytes())), source="sample")
     if result.rejected or result.queries != 473 or result.events != 3448:
         raise AssertionError(f"sample ingest: {result.public(5)}, {result.queries} queries, {result.events} events")
     return path
@@ -178,8 +175,6 @@ def ingest_sample(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def esci_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not SAMPLE_LOG.exists():
-        pytest.skip(f"the ESCI sample is missing: {SAMPLE_LOG}")
     return ingest_sample(tmp_path_factory.mktemp("esci") / "esci.duckdb")
 
 

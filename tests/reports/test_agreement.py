@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from joint_fixtures import build_store, write_human
 
+from processors.qrels import load_qrels
 from reports.agreement import AgreementError, agreement, agreement_all, quadratic_weighted_kappa
 from reports.merge import Label, LabelSet, labels_from_human, labels_from_store
-from reports.qrels import load_qrels
 from store.client import open_reader
 
 

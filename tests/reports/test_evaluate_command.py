@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from processors.qrels import load_qrels
 from reports.evaluate_commands import register
-from reports.qrels import load_qrels
 from reports.runs import write_jsonl_run
 from schemas.errors import UbiError
+from tests.conftest import ESCI_JUDGMENTS, shared_path
 
 
 def main(argv: list[str]) -> int:
@@ -26,7 +27,6 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     return int(args.func(args))
 
-ESCI_JUDGMENTS = Path(__file__).resolve().parents[3] / "shared" / "ubi-samples" / "esci_us_judgments.json"
 
 QRELS = "q1 0 a 2\nq1 0 b 0\nq1 0 c 1\nq1 0 z 3\nq2 0 a 0\nq4 0 m 1\n"
 RUN = "q1 Q0 a 1 4.0 sys\nq1 Q0 b 2 3.0 sys\nq1 Q0 c 3 2.0 sys\nq1 Q0 x 4 1.0 sys\nq2 Q0 a 1 1 sys\nq2 Q0 y 2 0.5 sys\nq3 Q0 a 1 1 sys\n"
@@ -93,24 +93,24 @@ def test_text_tables(files: tuple[Path, Path], capsys: pytest.CaptureFixture[str
 
 
 def test_esci_workbench_judgments_with_a_jsonl_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    qrels = load_qrels(ESCI_JUDGMENTS)
+    qrels = load_qrels(shared_path(ESCI_JUDGMENTS))
     in_file_order = tmp_path / "file_order.jsonl"
     write_jsonl_run({q: list(docs) for q, docs in qrels.items()}, in_file_order)
     ideal = tmp_path / "ideal.jsonl"
     write_jsonl_run({q: sorted(docs, key=lambda d: -docs[d]) for q, docs in qrels.items()}, ideal)
 
-    doc = run_json(capsys, "--qrels", str(ESCI_JUDGMENTS), "--run", str(ideal), "--metrics", "ndcg@10,ndcg_exp@10,mrr,map")
+    doc = run_json(capsys, "--qrels", str(shared_path(ESCI_JUDGMENTS)), "--run", str(ideal), "--metrics", "ndcg@10,ndcg_exp@10,mrr,map")
     assert doc["inputs"]["qrels"]["rating_map"] == "esci (0->0, 1->1, 10->2, 100->3)"
     assert doc["queries_evaluated"] == 150 and doc["labelled_negatives"]["count"] == 0
     for name in ("ndcg@10", "ndcg_exp@10", "mrr", "map"):  # the ideal ordering scores 1 on every query
         assert doc["aggregate"][name]["mean"] == pytest.approx(1.0, abs=1e-12)
 
     # "t towels kitchen" in file order: ratings 100,100,100,10,100,100,100,1,1,0 -> grades 3,3,3,2,3,3,3,1,1,0
-    doc = run_json(capsys, "--qrels", str(ESCI_JUDGMENTS), "--run", str(in_file_order), "--metrics", "p@5,p@10",
+    doc = run_json(capsys, "--qrels", str(shared_path(ESCI_JUDGMENTS)), "--run", str(in_file_order), "--metrics", "p@5,p@10",
                    "--per-query")
     towels = next(r for r in doc["per_query"] if r["query_id"] == "t towels kitchen")
     assert towels == {"query_id": "t towels kitchen", "p@5": 1.0, "p@10": 0.9}  # 5/5 and 9/10 have grade >= 1
-    doc = run_json(capsys, "--qrels", str(ESCI_JUDGMENTS), "--run", str(in_file_order), "--metrics", "p@5,p@10",
+    doc = run_json(capsys, "--qrels", str(shared_path(ESCI_JUDGMENTS)), "--run", str(in_file_order), "--metrics", "p@5,p@10",
                    "--per-query", "--rel-threshold", "3")
     towels = next(r for r in doc["per_query"] if r["query_id"] == "t towels kitchen")
     assert towels == {"query_id": "t towels kitchen", "p@5": 0.8, "p@10": 0.6}  # exact only: 4/5 and 6/10

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from joint_fixtures import HUMAN_JSONL, SAMPLE_JUDGMENTS, build_store
+from joint_fixtures import HUMAN_JSONL, build_store
 
-from reports.qrels import load_qrels
+from processors.qrels import load_qrels
+from tests.conftest import ESCI_JUDGMENTS, shared_path
 from ubi.cli import main
 
 
@@ -36,28 +37,27 @@ def ratings(path: Path) -> dict[tuple[str, str], str]:
 
 
 def test_esci_workbench_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if not SAMPLE_JUDGMENTS.exists():
-        pytest.skip(f"the ESCI sample is missing: {SAMPLE_JUDGMENTS}")
+    sample = shared_path(ESCI_JUDGMENTS)
     db = tmp_path / "j.duckdb"
-    got = run_json(capsys, "judgments", "import", str(SAMPLE_JUDGMENTS), "--db", str(db), "--json")
+    got = run_json(capsys, "judgments", "import", str(sample), "--db", str(db), "--json")
     assert (got["format"], got["queries"], got["judgments"], got["replaced"], got["removed"]) == (
         "workbench", 150, 6678, 0, 0)
     assert got["rating_map"] == "esci (0->0, 1->1, 10->2, 100->3)" and got["unmatched_queries"] is None  # no logs
     # grades by the stated map: 0.000 -> 0, 1.000 -> 1, 10.000 -> 2, 100.000 -> 3, counted as in the file
     assert rows(db, "SELECT grade, count(*) FROM human_judgments GROUP BY 1 ORDER BY 1") == [
         (0, 1086), (1, 305), (2, 1898), (3, 3389)]
-    assert rows(db, "SELECT DISTINCT source, origin FROM human_judgments") == [("human", str(SAMPLE_JUDGMENTS.resolve()))]
+    assert rows(db, "SELECT DISTINCT source, origin FROM human_judgments") == [("human", str(sample.resolve()))]
 
     out = tmp_path / "export.json"
     assert main(["judgments", "export", "--db", str(db), "--format", "workbench", "--out", str(out)]) == 0
     # loads back equal to the original: the same (query, doc) -> rating strings, so the same grades
-    assert ratings(out) == ratings(SAMPLE_JUDGMENTS)
+    assert ratings(out) == ratings(sample)
     assert len(ratings(out)) == 6678
-    assert load_qrels(out).grades == load_qrels(SAMPLE_JUDGMENTS).grades
+    assert load_qrels(out).grades == load_qrels(sample).grades
     assert json.loads(out.read_text())["type"] == "IMPORT_JUDGMENT"
     assert "wrote 6678 judgments of 150 queries (human) as workbench" in " ".join(capsys.readouterr().err.split())
     # importing again replaces every pair, adds none
-    again = run_json(capsys, "judgments", "import", str(SAMPLE_JUDGMENTS), "--db", str(db), "--json")
+    again = run_json(capsys, "judgments", "import", str(sample), "--db", str(db), "--json")
     assert again["replaced"] == 6678 and rows(db, "SELECT count(*) FROM human_judgments") == [(6678,)]
 
 

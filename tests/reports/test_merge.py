@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from joint_fixtures import build_store, write_human
 
+from processors.qrels import load_qrels
 from reports.merge import (
     Label,
     LabelSet,
@@ -18,7 +19,6 @@ from reports.merge import (
     labels_from_store,
     merge_view,
 )
-from reports.qrels import load_qrels
 from store.client import open_reader
 
 

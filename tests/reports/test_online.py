@@ -5,11 +5,12 @@ from __future__ import annotations
 import joint_fixtures
 import orjson
 import pytest
-from joint_fixtures import SAMPLE_LOG, build_store, event, query
+from joint_fixtures import build_store, event, query
 
 from reports.online import OnlineError, online_metrics
 from reports.systems import load_searches
 from store.client import open_reader
+from tests.conftest import SAMPLE_LOG, shared_path
 
 esci_db, esci_con = joint_fixtures.esci_db, joint_fixtures.esci_con  # the sample store, as fixtures
 
@@ -111,7 +112,7 @@ def test_online_before_searches_is_an_error(tmp_path):
 
 def test_esci_sample_counts_match_the_raw_file(esci_con):
     # independent count from the raw _bulk file: esci_ubi_sample events
-    docs = [orjson.loads(line) for line in SAMPLE_LOG.read_bytes().splitlines()[1::2]]
+    docs = [orjson.loads(line) for line in shared_path(SAMPLE_LOG).read_bytes().splitlines()[1::2]]
     esci = [d for d in docs if d.get("application") == "esci_ubi_sample" and "action_name" in d]
     clicks = [d for d in esci if d["action_name"] == "click"]
     impressions = [d for d in esci if d["action_name"] == "impression"]

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from joint_fixtures import SAMPLES, build_store, query, ubi
+from joint_fixtures import build_store, query, ubi
 
-from reports.qrels import load_queryset
+from processors.qrels import load_queryset
 from reports.queryset import QuerySetError, SampledQuery, query_frequencies, sample
 from store.client import open_reader
+from tests.conftest import shared_path
 
 esci_db = joint_fixtures.esci_db
 
@@ -81,7 +82,7 @@ def test_cli_writes_both_formats_that_load_back(esci_db, tmp_path):
                 "--format", "workbench", "--out", str(wb)]) == 0
     assert ubi(["queryset", "--db", str(esci_db), "--strategy", "top", "--size", "5", "--out", str(jl)]) == 0
     doc = json.loads(wb.read_text())
-    shape = json.loads((SAMPLES / "esci_us_queryset.json").read_text())
+    shape = json.loads((shared_path("ubi-samples/esci_us_queryset.json")).read_text())
     assert set(doc) == set(shape) and len(doc["querySetQueries"]) == 25
     assert len(load_queryset(wb)) == 25  # the offline-metrics loader accepts it
     top = load_queryset(jl)

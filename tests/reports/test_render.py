@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from joint_fixtures import build_store, write_human
 
+from processors.qrels import load_qrels
 from reports.gates import Threshold
 from reports.joint import ReportConfig, build_report
 from reports.merge import LabelSet, labels_from_human, labels_from_store
-from reports.qrels import load_qrels
 from reports.render.html import render_html
 from reports.render.json_out import render_json
 from reports.render.markdown import render_markdown

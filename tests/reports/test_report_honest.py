@@ -13,28 +13,27 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from joint_fixtures import SAMPLE_JUDGMENTS, SAMPLE_LOG, build_store, query, ubi, write_human
+from joint_fixtures import build_store, query, ubi, write_human
 
 from reports.intervals import Interval, why_no_interval
 from reports.joint import OfflineResult, _shared_offline
 from reports.render.html import propensity_svg
+from tests.conftest import ESCI_JUDGMENTS, SAMPLE_LOG, shared_path
 from ubi.cli import main
 
 
 @pytest.fixture(scope="module")
 def esci(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ESCI sample through `ubi import`, with implicit:pbm judgments from `ubi process` (auto base)."""
-    if not SAMPLE_LOG.exists():
-        pytest.skip(f"the ESCI sample is missing: {SAMPLE_LOG}")
     db = tmp_path_factory.mktemp("esci-honest") / "ubi.duckdb"
-    assert main(["import", "--db", str(db), str(SAMPLE_LOG)]) == 0
+    assert main(["import", "--db", str(db), str(shared_path(SAMPLE_LOG))]) == 0
     assert main(["process", "--db", str(db), "--model", "pbm", "--json"]) == 0
     return db
 
 
 def _report(db: Path, tmp_path: Path, fmt: str, *extra: str) -> str:
     out = tmp_path / f"r.{fmt}"
-    assert ubi(["report", "--db", str(db), "--qrels", str(SAMPLE_JUDGMENTS), "--format", fmt, "--out", str(out),
+    assert ubi(["report", "--db", str(db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), "--format", fmt, "--out", str(out),
                 *extra]) == 0
     return out.read_text(encoding="utf-8")
 

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from joint_fixtures import build_store, write_human
 
-from reports.qrels import (
+from processors.qrels import (
     WORKBENCH_DESCRIPTION_MAX,
     WORKBENCH_NAME_MAX,
     WorkbenchTextError,

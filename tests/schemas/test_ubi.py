@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 
 import orjson
 import pytest
@@ -24,8 +23,7 @@ from schemas.ubi import (
     parse_timestamp,
     query_key,
 )
-
-SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "ubi-samples"
+from tests.conftest import shared_path
 
 
 def field_of(exc: pytest.ExceptionInfo[ValidationError]) -> str:
@@ -117,7 +115,7 @@ def test_integer_object_ids_become_strings(make_event, make_query):
 
 def test_spec_sample_event_is_accepted():
     """The spec's own sample: position {} and an object without object_id (docs/ubi.md)."""
-    data = json.loads((SAMPLES / "event-opensearch.json").read_text())
+    data = json.loads(shared_path("ubi-samples/event-opensearch.json").read_text())
     e = UbiEvent.model_validate(data)
     assert e.action_name == "page_exit"
     assert e.timestamp == datetime(2024, 5, 16, 12, 34, 56, 789000, tzinfo=UTC)

@@ -21,10 +21,10 @@ from schemas.settings import Settings
 from store.client import failed_records, load_derived, request_snapshot
 from store.duckdb_store import Store
 from store.rows import event_content_hash, event_row, query_row, utcnow
+from tests.conftest import SAMPLE_LOG, shared_path
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 
-SAMPLE_BULK = Path(__file__).resolve().parents[4] / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
 
 
 def _settings(broker, prefix, tmp_path, **kw) -> Settings:
@@ -69,7 +69,7 @@ def test_a_whole_redelivery_is_absorbed_by_the_dedup_keys(broker, prefix, tmp_pa
     # Kafka key and partition as the sample event: it is loaded after it.
     reused_id = (b'{"index": {"_index": "ubi_events", "_id": "adbef2c4-1223-4580-92d1-61b3718874d0"}}\n'
                  b'{"action_name": "click", "timestamp": "2024-12-10T00:01:30Z", "query_id": "33198ee9-5912-453c-9173-3f92fd3cb1be"}\n')
-    _produce(settings, (SAMPLE_BULK.read_bytes(), "bulk"), (conflicting, "query"),
+    _produce(settings, (shared_path(SAMPLE_LOG).read_bytes(), "bulk"), (conflicting, "query"),
              (b'[{"action_name": "click"}]', "event"), (reused_id, "bulk"))
     db = tmp_path / "ubi.duckdb"
     first = _load(settings, db, f"{prefix}-g1")

@@ -35,10 +35,10 @@ from collector.sinks.kafka import KafkaSink, encode
 from schemas.settings import Settings
 from store.client import open_reader
 from store.parquet_store import open_parquet_reader
+from tests.conftest import SAMPLE_LOG, shared_path
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
-SAMPLE_BULK = Path(__file__).resolve().parents[4] / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
 #: docs/ubi.md: the sample export holds 473 query records and 3,448 events.
 SAMPLE_QUERIES, SAMPLE_EVENTS = 473, 3448
 
@@ -194,7 +194,7 @@ def test_consumer_killed_between_write_and_commit_loses_and_doubles_nothing(brok
     settings = Settings(kafka_bootstrap=broker.bootstrap, kafka_topic_prefix=prefix, spool_dir=tmp_path / "spool")
     sink = KafkaSink(settings)
     try:
-        result = sink.write(validate_items(parse_bulk(SAMPLE_BULK.read_bytes())), source="/v1/bulk")
+        result = sink.write(validate_items(parse_bulk(shared_path(SAMPLE_LOG).read_bytes())), source="/v1/bulk")
         total = int(sink.gauges()["produced_records_total"])  # Kafka records (a search's rows share one)
     finally:
         sink.close()

@@ -3,8 +3,6 @@ match the DuckDB store row for row."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import duckdb
 import pytest
 
@@ -19,10 +17,10 @@ from schemas.settings import Settings
 from store.duckdb_store import Store
 from store.parquet_store import is_parquet_store, open_parquet_reader
 from store.wire import topics
+from tests.conftest import SAMPLE_LOG, shared_path
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 
-SAMPLE_BULK = Path(__file__).resolve().parents[4] / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
 CONFLICTING = b'{"query_id": "33198ee9-5912-453c-9173-3f92fd3cb1be", "user_query": "something else"}'
 #: Another event under the first sample event's _id: a conflict in both stores. Its query_id is the sample
 #: event's, hence its Kafka key and partition: it is loaded after it, so both stores keep the same first write.
@@ -49,7 +47,7 @@ def test_parquet_views_equal_the_duckdb_store_and_absorb_redelivery(broker, pref
                         consumer_max_poll_interval_ms=3000, consumer_batch_records=2000)
     sink = KafkaSink(settings)
     try:
-        sink.write(validate_items(parse_bulk(SAMPLE_BULK.read_bytes())), source="/v1/bulk")
+        sink.write(validate_items(parse_bulk(shared_path(SAMPLE_LOG).read_bytes())), source="/v1/bulk")
         sink.write(validate_items(parse_items(CONFLICTING, "query")), source="/v1/queries")
         sink.write(validate_items(parse_items(b'[{"action_name": "click"}]', "event")), source="/v1/events")
         sink.write(validate_items(parse_bulk(REUSED_ID)), source="/v1/bulk")

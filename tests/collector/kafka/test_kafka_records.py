@@ -3,8 +3,6 @@ and anything else is named as poison with a reason."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -15,8 +13,8 @@ from collector.sinks.kafka import encode
 from loader.decode import InRecord, decode, poison_id
 from schemas.errors import UbiError
 from store.wire import topics
+from tests.conftest import SAMPLE_LOG, shared_path
 
-SAMPLE_BULK = Path(__file__).resolve().parents[4] / "shared" / "ubi-samples" / "ubi_queries_events.ndjson"
 NAMES = topics("ubi")
 
 
@@ -32,7 +30,7 @@ def _as_consumed(msgs, partition=0):
 def test_sample_export_round_trips_to_the_same_stored_rows():
     """Every record of the sample export (473 queries, 3,448 events; docs/ubi.md) decodes to exactly the
     Arrow rows the embedded store would write, keys included."""
-    v = validate_items(parse_bulk(SAMPLE_BULK.read_bytes()))
+    v = validate_items(parse_bulk(shared_path(SAMPLE_LOG).read_bytes()))
     enc = encode(v, source="/v1/bulk")
     assert (enc.queries, enc.events, len(enc.errors)) == (473, 3448, 0)
     p = prepare(v, source="/v1/bulk")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.qrels import (
+from processors.qrels import (
     ESCI_RATINGS,
     INTEGER_RATINGS,
     Qrels,
@@ -26,10 +26,7 @@ from reports.qrels import (
     write_queryset,
 )
 from schemas.errors import InputFileError
-
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "ubi-samples"
-ESCI_JUDGMENTS = SAMPLES / "esci_us_judgments.json"
-ESCI_QUERYSET = SAMPLES / "esci_us_queryset.json"
+from tests.conftest import ESCI_JUDGMENTS, shared_path
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -194,7 +191,7 @@ def test_trec_errors_name_file_and_line(tmp_path: Path, text: str, line: int, fr
 
 
 def test_esci_workbench_file_loads_with_the_stated_mapping() -> None:
-    qrels = load_qrels(ESCI_JUDGMENTS)
+    qrels = load_qrels(shared_path(ESCI_JUDGMENTS))
     assert qrels.format == "workbench"
     # 150 "query" entries and 6,678 "docId"s (grep -c on the file); rating strings counted with
     # grep -c '"rating": "R.000"': 0 -> 1,086, 1 -> 305, 10 -> 1,898, 100 -> 3,389, mapped 0/1/2/3.
@@ -211,10 +208,10 @@ def test_esci_workbench_file_loads_with_the_stated_mapping() -> None:
 
 
 def test_esci_with_an_explicit_map_and_the_integer_map(tmp_path: Path) -> None:
-    binary = load_qrels(ESCI_JUDGMENTS, rating_map=RatingMap.parse("0:0,1:0,10:0,100:1"))
+    binary = load_qrels(shared_path(ESCI_JUDGMENTS), rating_map=RatingMap.parse("0:0,1:0,10:0,100:1"))
     assert Counter(g for docs in binary.values() for g in docs.values()) == {0: 1086 + 305 + 1898, 1: 3389}
     # the integer map reads 100.000 as grade 100: loud, not silently accepted, is the exponential-gain check
-    raw = load_qrels(ESCI_JUDGMENTS, rating_map=INTEGER_RATINGS)
+    raw = load_qrels(shared_path(ESCI_JUDGMENTS), rating_map=INTEGER_RATINGS)
     assert raw["t towels kitchen"]["B07NCQWCQS"] == 100
 
 
@@ -269,7 +266,7 @@ def test_rating_maps() -> None:
 
 
 def test_exports_round_trip(tmp_path: Path) -> None:
-    esci = load_qrels(ESCI_JUDGMENTS)
+    esci = load_qrels(shared_path(ESCI_JUDGMENTS))
     for fmt in ("workbench", "jsonl"):
         out = tmp_path / f"esci.{fmt}"
         write_qrels(esci, out, fmt)
@@ -298,7 +295,7 @@ def test_exports_round_trip(tmp_path: Path) -> None:
 
 
 def test_format_sniffing(tmp_path: Path) -> None:
-    assert sniff_qrels_format(ESCI_JUDGMENTS) == "workbench"
+    assert sniff_qrels_format(shared_path(ESCI_JUDGMENTS)) == "workbench"
     assert sniff_qrels_format(write(tmp_path, "a", jl({"query_id": "q", "relevant": {}}))) == "jsonl"
     assert sniff_qrels_format(write(tmp_path, "b", "q1 0 a 1\n")) == "trec"
     assert sniff_qrels_format(write(tmp_path, "c", json.dumps({"judgmentRatings": []}))) == "workbench"
@@ -330,13 +327,13 @@ def test_a_malformed_jsonl_line_is_located_the_same_with_format_auto(tmp_path: P
 
 
 def test_esci_query_set_and_round_trips(tmp_path: Path) -> None:
-    qs = load_queryset(ESCI_QUERYSET)
+    qs = load_queryset(shared_path("ubi-samples/esci_us_queryset.json"))
     # 150 "queryText" entries (grep -c), the same 150 queries as the ESCI judgments
     assert len(qs) == 150
     assert (qs.name, qs.sampling) == ("ESCI Queries", "manual")
     assert qs.queries[0] == QuerySetQuery("t towels kitchen", "t towels kitchen")
     assert qs.queries[-1].query == "swissqlip deep carry pocket clip"
-    assert {q.query for q in qs} == set(load_qrels(ESCI_JUDGMENTS))
+    assert {q.query for q in qs} == set(load_qrels(shared_path(ESCI_JUDGMENTS)))
     for fmt in ("jsonl", "workbench"):
         out = tmp_path / f"qs.{fmt}"
         write_queryset(qs, out, fmt)
