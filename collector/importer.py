@@ -50,18 +50,26 @@ class FileReport:
     """
 
     path: str
-    queries: int = 0
-    events: int = 0
-    duplicates: int = 0
-    rejected: int = 0
+    counts: Counts = field(default_factory=Counts)  # what the chunks' writes stored and found stored already
+    rejected: int = 0  # records refused (conflicts included), as IngestResult.rejected
     errors: list[tuple[int, int | None, str | None, str]] = field(default_factory=list)
+
+    @property
+    def queries(self) -> int:
+        return self.counts.queries
+
+    @property
+    def events(self) -> int:
+        return self.counts.events
+
+    @property
+    def duplicates(self) -> int:
+        return self.counts.duplicates
 
     def add(self, result: IngestResult, chunk: Sequence[RawItem], max_errors: int) -> None:
         """Count one written chunk (items numbered by their position in the file, as its errors are)."""
         lines = {it.index: it.line for it in chunk}
-        self.queries += result.queries
-        self.events += result.events
-        self.duplicates += result.duplicates
+        self.counts.add(result.counts)
         self.rejected += result.rejected
         for err in result.errors:
             if len(self.errors) < max_errors:
@@ -72,7 +80,7 @@ class FileReport:
             "path": self.path,
             "queries": self.queries,
             "events": self.events,
-            "accepted": self.queries + self.events,
+            "accepted": self.counts.accepted,
             "duplicates": self.duplicates,
             "rejected": self.rejected,
             "errors": [{"index": i, "line": ln, "field": f, "message": m} for i, ln, f, m in self.errors],

@@ -29,3 +29,22 @@ def test_bulk_error_lines_come_from_parse_bulk_after_a_one_line_delete(tmp_path:
         (2, 5, "timestamp"),
         (3, 7, "timestamp"),
     ]
+
+
+def test_a_file_imported_twice_reports_its_counts_by_kind(tmp_path: Path) -> None:
+    """FileReport keeps one store.rows.Counts: the second import of a file of one query record and two events
+    (counted by hand) finds all three stored, and the counts say which kind each duplicate was."""
+    from store.rows import Counts
+
+    path = tmp_path / "log.ndjson"
+    path.write_text("\n".join([
+        '{"query_id": "q1", "user_query": "shoes"}',
+        '{"action_name": "click", "query_id": "q1", "timestamp": "2024-05-16T12:00:00Z"}',
+        '{"action_name": "impression", "query_id": "q1", "timestamp": "2024-05-16T12:00:01Z"}',
+    ]) + "\n")
+    (first,), _ = import_files([path], tmp_path / "s.duckdb")
+    (second,), _ = import_files([path], tmp_path / "s.duckdb")
+    assert first.counts == Counts(queries=1, events=2)
+    assert second.counts == Counts(query_duplicates=1, event_duplicates=2)
+    assert (second.queries, second.events, second.duplicates, second.rejected) == (0, 0, 3, 0)
+    assert second.public()["accepted"] == 0 and second.public()["duplicates"] == 3
