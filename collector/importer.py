@@ -132,7 +132,7 @@ def _read(path: Path) -> bytes:
         raise InputFileError(str(path), None, f"cannot read: {exc.strerror or exc}") from exc
 
 
-def _open(path: Path) -> io.BufferedReader:
+def _open(path: Path) -> io.BufferedReader[Any]:  # the raw file or a GzipFile under it
     """The file, decompressed on the fly when it is gzip (by its magic bytes, whatever its name)."""
     raw = io.BufferedReader(io.FileIO(path, "rb"), _BUFFER)  # returned open; the caller closes it
     if raw.peek(2)[:2] == b"\x1f\x8b":
