@@ -21,7 +21,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from schemas.errors import StoreLocked, UbiError
+from schemas.errors import StoreHeldByReader, StoreLocked, UbiError
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)"
 
@@ -129,10 +129,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     try:
         sink = create_sink(settings)
+    except StoreHeldByReader:
+        sock.close()
+        raise  # a reader holds the file: the store's message names it and the setting to wait longer
     except StoreLocked as exc:
         sock.close()
-        if "open read-only by process" in str(exc):
-            raise  # a reader holds the file: the store's message names it and the setting to wait longer
         raise StoreLocked(_held_store_message(settings.db)) from exc
     except BaseException:
         sock.close()
