@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import resource
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _common import Usage  # noqa: E402 (bench/, the script's folder)
 
 from processors.counterfactual.predict import METHODS  # noqa: E402
 from processors.counterfactual.validate import PairResult, run_pair  # noqa: E402
@@ -75,7 +75,7 @@ def main() -> int:
     parser.add_argument("--generators", nargs="+", default=list(GENERATORS))
     args = parser.parse_args()
 
-    wall0, cpu0 = time.perf_counter(), time.process_time()
+    usage = Usage()
     results: list[PairResult] = []
     pairs = [(a, b) for a, b in itertools.permutations(args.noise, 2)]
     print(f"{len(pairs) * args.seeds} (A, B) pairs per generator; A's log: {args.sessions} searches, {args.epochs} "
@@ -102,9 +102,7 @@ def main() -> int:
     _summary([r for r in results if r.prediction.prior_share >= 0.1], "prior share >= 10%")
     check = [abs(r.observed_b["ctr@k"] - r.exact_b["ctr@k"]) for r in results]
     print(f"\nsimulated B vs exact B, CTR@10: mean |difference| {np.mean(check):.4f} over {len(check)} pairs")
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"wall {wall:.0f} s, CPU {cpu:.0f} s, peak RSS {rss:.0f} MB (shared machine)")
+    print(usage.line())
     return 0
 
 
