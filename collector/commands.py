@@ -181,6 +181,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from collector.import_hints import likely_command
     from collector.importer import import_files
     from schemas.settings import Settings
+    from store.rows import Counts
 
     settings = Settings.from_flags(args)
     for path in args.files:
@@ -220,9 +221,13 @@ def cmd_import(args: argparse.Namespace) -> int:
             filters=extension_filters(settings),
             on_progress=on_progress,
         )
-    total = {k: sum(getattr(r, k) for r in reports) for k in ("queries", "events", "duplicates", "rejected")}
+    sums = Counts()
+    for r in reports:
+        sums.add(r.counts)
+    total = {"queries": sums.queries, "events": sums.events, "duplicates": sums.duplicates,
+             "rejected": sum(r.rejected for r in reports)}
     code = _import_exit_code(total)
-    hints = [h for r in reports if r.rejected and not (r.queries or r.events or r.duplicates)
+    hints = [h for r in reports if r.rejected and not (r.counts.accepted or r.counts.duplicates)
              for h in [likely_command(Path(r.path))] if h]
     if args.json:
         print(
@@ -246,7 +251,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     for col in ("file", "queries", "events", "duplicates", "rejected"):
         table.add_column(col, justify="left" if col == "file" else "right")
     for r in reports:
-        table.add_row(r.path, f"{r.queries:,}", f"{r.events:,}", f"{r.duplicates:,}", f"{r.rejected:,}")
+        table.add_row(r.path, f"{r.counts.queries:,}", f"{r.counts.events:,}", f"{r.counts.duplicates:,}",
+                      f"{r.rejected:,}")
     if len(reports) > 1:
         table.add_row("total", *(f"{total[k]:,}" for k in ("queries", "events", "duplicates", "rejected")))
     out.print(table)

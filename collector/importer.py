@@ -54,18 +54,6 @@ class FileReport:
     rejected: int = 0  # records refused (conflicts included), as IngestResult.rejected
     errors: list[tuple[int, int | None, str | None, str]] = field(default_factory=list)
 
-    @property
-    def queries(self) -> int:
-        return self.counts.queries
-
-    @property
-    def events(self) -> int:
-        return self.counts.events
-
-    @property
-    def duplicates(self) -> int:
-        return self.counts.duplicates
-
     def add(self, result: IngestResult, chunk: Sequence[RawItem], max_errors: int) -> None:
         """Count one written chunk (items numbered by their position in the file, as its errors are)."""
         lines = {it.index: it.line for it in chunk}
@@ -78,10 +66,10 @@ class FileReport:
     def public(self) -> dict[str, Any]:
         return {
             "path": self.path,
-            "queries": self.queries,
-            "events": self.events,
+            "queries": self.counts.queries,
+            "events": self.counts.events,
             "accepted": self.counts.accepted,
-            "duplicates": self.duplicates,
+            "duplicates": self.counts.duplicates,
             "rejected": self.rejected,
             "errors": [{"index": i, "line": ln, "field": f, "message": m} for i, ln, f, m in self.errors],
         }
