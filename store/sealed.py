@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -67,6 +69,11 @@ DDL = {
     "human_judgments": tables.HUMAN_JUDGMENTS,
 }
 MANIFEST = "manifest.json"
+#: Rows copied by one COPY statement: bounds the writer's memory while it seals a large backlog (DuckDB keeps
+#: a row group per open partition), at the price of one file per chunk and day.
+CHUNK_ROWS = 1_000_000
+
+log = logging.getLogger("ubi.store.sealed")
 #: Media type of a seal answer (:func:`encode_seal`).
 MEDIA_TYPE = "application/vnd.ubi.sealed"
 
@@ -84,6 +91,8 @@ class Sealed:
     inline: dict[str, pa.Table] = field(default_factory=dict)
     #: rows sealed by this call (not counting those sealed before), per table
     new_rows: dict[str, int] = field(default_factory=dict)
+    #: wall seconds the writer spent sealing (the read transaction, the copy and publishing)
+    seconds: float = 0.0
 
 
 @dataclass
@@ -184,6 +193,7 @@ class Sealer:
         return self._manifest
 
     def _seal_locked(self) -> Sealed:
+        started = time.perf_counter()
         old = self._load_manifest()
         staging = self.root / f".staging-{uuid.uuid4().hex[:12]}"
         with self.store.reading_cursor() as cur:
@@ -214,7 +224,10 @@ class Sealer:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         files = {t: [self.root / f for f in m.files] for t, m in manifest.tables.items()}
-        return Sealed(self.root, files, inline, new_rows)
+        seconds = time.perf_counter() - started
+        if any(new_rows.values()):
+            log.info("sealed %s new rows of %s in %.2f s", new_rows, self.store.path, seconds)
+        return Sealed(self.root, files, inline, new_rows, seconds)
 
     @staticmethod
     def _still_valid(cur: duckdb.DuckDBPyConnection, manifest: _Manifest) -> bool:
@@ -241,20 +254,26 @@ class Sealer:
     def _copy_new(
         cur: duckdb.DuckDBPyConnection, table: str, key: str, mark: _TableMark, staging: Path, stem: str
     ) -> tuple[int, int, str | None]:
-        """Copy the rows past the mark to ``staging/table/day=.../``; return (new top rowid, rows, last key)."""
+        """Copy the rows past the mark to ``staging/table/day=.../``; return (new top rowid, rows, last key).
+
+        In chunks of :data:`CHUNK_ROWS` rowids, each one COPY, all in the caller's one read transaction.
+        """
         top = int(_one(cur, f"SELECT coalesce(max(rowid), -1) FROM {table}")[0])
         if top <= mark.upto_rowid:
             return mark.upto_rowid, 0, mark.last_key
-        window = f"FROM {table} WHERE rowid > {int(mark.upto_rowid)} AND rowid <= {top}"
-        count = int(_one(cur, f"SELECT count(*) {window}")[0])
-        last = _one(cur, f"SELECT max({key}) FROM {table} WHERE rowid = {top}")[0]
+        count = 0
         cols = ", ".join(tables.TABLE_COLUMNS[table])
         out = str(staging / table).replace("'", "''")
-        cur.execute(
-            f"COPY (SELECT {cols}, strftime(received_at, '%Y-%m-%d') AS day {window}) TO '{out}' "
-            f"(FORMAT parquet, COMPRESSION zstd, PARTITION_BY (day), FILENAME_PATTERN '{stem}-{{i}}')"
-        ).fetchall()
-        return top, int(count), last
+        for chunk, low in enumerate(range(mark.upto_rowid, top, CHUNK_ROWS)):
+            window = f"FROM {table} WHERE rowid > {int(low)} AND rowid <= {min(top, low + CHUNK_ROWS)}"
+            (copied,) = cur.execute(
+                f"COPY (SELECT {cols}, strftime(received_at, '%Y-%m-%d') AS day {window}) TO '{out}' "
+                f"(FORMAT parquet, COMPRESSION zstd, PARTITION_BY (day), APPEND, "
+                f"FILENAME_PATTERN '{stem}-{chunk:04d}-{{uuid}}')"
+            ).fetchall()[0]
+            count += int(copied)
+        last = _one(cur, f"SELECT max({key}) FROM {table} WHERE rowid = {top}")[0]
+        return top, count, last
 
     def _publish(
         self, manifest: _Manifest, staging: Path, seal_no: int, tops: dict[str, tuple[int, int, str | None]]
@@ -305,6 +324,7 @@ def encode_seal(sealed: Sealed) -> Iterator[bytes]:
         "files": {t: [str(p) for p in ps] for t, ps in sealed.files.items()},
         "inline": list(sealed.inline),
         "new_rows": sealed.new_rows,
+        "seconds": sealed.seconds,
     }).encode()
     yield struct.pack(">Q", len(head)) + head
     for data in sealed.inline.values():
@@ -334,7 +354,8 @@ def decode_seal(body: bytes) -> Sealed:
             raise SealFailed(f"seal answer has {len(parts) - 1} inline tables, its header names {len(names)}")
         inline = {n: pa.ipc.open_stream(pa.py_buffer(p)).read_all() for n, p in zip(names, parts[1:], strict=True)}
         files = {t: [Path(p) for p in ps] for t, ps in head["files"].items()}
-        return Sealed(Path(head["root"]), files, inline, {t: int(v) for t, v in head.get("new_rows", {}).items()})
+        return Sealed(Path(head["root"]), files, inline, {t: int(v) for t, v in head.get("new_rows", {}).items()},
+                      float(head.get("seconds", 0.0)))
     except (IndexError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
         raise SealFailed(f"seal answer is malformed: {type(exc).__name__}: {exc}") from exc
 

@@ -319,3 +319,19 @@ def test_reading_a_free_store_opens_the_file_and_writes_nothing(tmp_path: Path) 
         assert con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
                            ).fetchone() == (str(db),)
     assert tree(tmp_path).keys() == before.keys()
+
+
+def test_a_large_backlog_is_sealed_in_chunks_each_row_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import store.sealed
+
+    monkeypatch.setattr(store.sealed, "CHUNK_ROWS", 300)
+    with Store(tmp_path / "s.duckdb") as store_:
+        add_events(store_, 0, 1000)
+        sealed = store_.seal()
+        # rowids 0..999 in chunks of 300: (-1, 299], (299, 599], (599, 899], (899, 999]: four files, one day
+        assert len(sealed.files["ubi_events"]) == 4
+        con = open_sealed(sealed)
+        try:
+            assert con.execute("SELECT count(*), count(DISTINCT event_key) FROM ubi_events").fetchone() == (1000, 1000)
+        finally:
+            con.close()
