@@ -34,6 +34,7 @@ generation). Segments are never compacted (see README, "One writer, many readers
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -199,7 +200,8 @@ class Sealer:
         with self.store.reading_cursor() as cur:
             cur.execute("BEGIN TRANSACTION")
             try:
-                manifest = old if self._still_valid(cur, old) else _Manifest.fresh()
+                # A copy: a seal cut short must leave the manifest in force as it was.
+                manifest = copy.deepcopy(old) if self._still_valid(cur, old) else _Manifest.fresh()
                 seal_no = manifest.seals + 1
                 tops: dict[str, tuple[int, int, str | None]] = {}
                 try:

@@ -335,3 +335,26 @@ def test_a_large_backlog_is_sealed_in_chunks_each_row_once(tmp_path: Path, monke
             assert con.execute("SELECT count(*), count(DISTINCT event_key) FROM ubi_events").fetchone() == (1000, 1000)
         finally:
             con.close()
+
+
+def test_a_seal_cut_short_leaves_the_manifest_in_force(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Store(tmp_path / "s.duckdb") as store:
+        add_events(store, 0, 100)
+        first = store.seal()
+        add_events(store, 100, 10)
+
+        def full_disk(*args: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr("store.sealed.os.replace", full_disk)
+        with pytest.raises(SealFailed, match="No space left"):
+            store.seal()
+        monkeypatch.undo()
+        again = store.seal()
+        assert again.new_rows["ubi_events"] == 10  # the 10 rows the failed seal did not publish, once
+        con = open_sealed(again)
+        try:
+            assert con.execute("SELECT count(*), count(DISTINCT event_key) FROM ubi_events").fetchone() == (110, 110)
+        finally:
+            con.close()
+        assert len(again.files["ubi_events"]) == len(first.files["ubi_events"]) + 1
