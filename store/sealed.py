@@ -17,8 +17,9 @@ Layout, beside the database (``Settings.seal_dir`` moves it)::
 Hive-partitioned by the day rows were received (``received_at``), one file per seal and day.
 
 The watermark: those three tables are append-only (rows are inserted, never updated or deleted; dedup
-happens at insert), DuckDB appends each commit's rows after the last row, and commits are serial, so the
-rows committed after a seal's read transaction began all have a ``rowid`` above every row it saw. The
+happens at insert), DuckDB appends each commit's rows after the last row, and commits are serial (every
+write goes through :meth:`Store.transaction`, under the store's one lock), so the rows committed after a
+seal's read transaction began all have a ``rowid`` above every row it saw. The
 manifest keeps, per table, the highest ``rowid`` sealed, how many rows were sealed, and the key of that top
 row; a seal copies the rows above it. Each seal first checks the count and the key against the store (a
 store replaced, restored, or with rows deleted fails the check) and then seals again from scratch under a
