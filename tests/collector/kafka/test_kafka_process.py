@@ -1,6 +1,6 @@
 """``ubi process`` while a real ``ubi consume --db`` process holds the store (issue 11).
 
-The loader is DuckDB's one writer then, so ``ubi process`` must read a snapshot from it and load its
+The loader is DuckDB's one writer then, so ``ubi process`` must read the segments it seals and load its
 judgments through it, with the ``?replace_source=`` it always sends. The loader used to serve its own
 ``http.server`` copy of the admin protocol, which took the table name from the last path segment
 (``judgments?replace_source=implicit:ctr``) and answered 400; it now mounts ``store.admin``'s router.
