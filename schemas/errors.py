@@ -57,7 +57,3 @@ class StoreLocked(StoreError):
 class StoreHeldByReader(StoreLocked):
     """Only read-only readers (``ubi report``, ``ubi process`` with no collector running) hold the store, and
     the writer gave up waiting for them: the message names the reader and the setting to wait longer."""
-
-
-class SnapshotFailed(StoreError):
-    """A snapshot of the store could not be written (full disk, unwritable snapshot directory)."""
