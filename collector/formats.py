@@ -111,7 +111,7 @@ def open_file(path: Path) -> io.BufferedReader:
 
     Raises ``OSError`` as ``open`` does; the caller closes what it gets.
     """
-    raw = io.BufferedReader(io.FileIO(path, "rb"), FILE_BUFFER)
+    raw: io.BufferedReader = io.BufferedReader(io.FileIO(path, "rb"), FILE_BUFFER)
     try:
         magic = raw.peek(2)[:2]
     except OSError:
