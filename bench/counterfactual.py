@@ -7,12 +7,18 @@ cannot tell rankers apart), simulates A's log (``--sessions`` searches, 40 queri
 re-drawn ``--epochs`` times, a ``--randomize`` share of rank-1 swaps), predicts B with every method of
 ``processors.counterfactual.predict`` (click model ``--model``, default auto), and compares with B's exact
 CTR@10 on A's logged query distribution (from θ and α). B is also simulated on as many searches, as a check
-of the exact figures. Prints per method: coverage of the 95% bootstrap interval and of the prior-free interval
-(documents A never showed at any click probability in [0, 1]), whether the order of B against A (predicted B
-vs A's logged CTR@10, against the exact order) is right, and the MAE of CTR@10; overall, per generator, and
-split by the share of B's top 10 that A's log never showed (the prior share).
+of the exact figures. Prints per method: coverage of the 95% bootstrap interval, of the calibrated interval
+(documents A never showed over quantiles of the click probabilities of the pairs A showed deep) and of the
+prior-free interval (those documents at any click probability in [0, 1]), whether the order of B against A
+(predicted B vs A's logged CTR@10, against the exact order) is right, and the MAE of CTR@10; overall, per
+generator, and split by the share of B's top 10 that A's log never showed (the prior share).
+
+Seeds: pair i of block s has seed 1000 s + i. The calibrated interval's quantiles were chosen on block 1; the
+README reports block 2 (``--seed-block 2``). ``--part I/N`` runs every N-th pair and ``--save`` keeps them, so
+a run spread over processes is summarised with ``--summarise FILE ...``.
 
     .venv/bin/python bench/counterfactual.py [--replicates 100] [--sessions 4000] [--swaps] [--seeds 1]
+        [--seed-block 2] [--part 0/4 --save part0.json]
 """
 
 from __future__ import annotations
