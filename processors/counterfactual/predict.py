@@ -423,7 +423,8 @@ def predict(
     ``model``: pbm, dbn, or auto (the better held-out log-likelihood of the two). ``methods``: any of dm, ips,
     snips, dr. ``swaps``: the log's randomised swap experiment; when given, IPS uses its θ_k/θ_1 (Joachims et
     al., WSDM 2017) instead of the PBM fit's. ``clip``: the IPS weight cap M. ``replicates``: bootstrap
-    replicates (0: point estimates only).
+    replicates (0: point estimates only). ``unseen``: "deep" (default) or "prior", what documents the log never
+    showed rest on in the direct method and DR (module docstring).
     """
     _check(model, methods, k, clip, replicates, confidence)
     if unseen not in UNSEEN_CHOICES:
