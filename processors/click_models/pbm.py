@@ -83,6 +83,7 @@ def factorised_em(
     accelerate: bool = True,
     prior_a: NDArray[np.float64] | None = None,
     prior_b: NDArray[np.float64] | None = None,
+    fix_exam: bool = False,
 ) -> EmResult:
     """EM for P(C) = e[cell_exam]·α[cell_pair] over aggregated cells (PBM: exam = rank; UBM: (rank, prev click)).
 
@@ -103,6 +104,8 @@ def factorised_em(
     pair_imps = weighted_count(cell_pair, imps, n_pairs)
     exam_imps = weighted_count(cell_exam, imps, n_exam)
     e_fixed, a_fixed = exam_imps == 0, pair_imps == 0  # no data: keep the start value
+    if fix_exam:  # examination given (e.g. by intervention harvesting): EM over α only
+        e_fixed = np.ones(n_exam, dtype=bool)
 
     def step(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
         e, a = x[:n_exam], x[n_exam:]
