@@ -83,7 +83,6 @@ def factorised_em(
     accelerate: bool = True,
     prior_a: NDArray[np.float64] | None = None,
     prior_b: NDArray[np.float64] | None = None,
-    fix_exam: bool = False,
 ) -> EmResult:
     """EM for P(C) = e[cell_exam]·α[cell_pair] over aggregated cells (PBM: exam = rank; UBM: (rank, prev click)).
 
@@ -104,8 +103,6 @@ def factorised_em(
     pair_imps = weighted_count(cell_pair, imps, n_pairs)
     exam_imps = weighted_count(cell_exam, imps, n_exam)
     e_fixed, a_fixed = exam_imps == 0, pair_imps == 0  # no data: keep the start value
-    if fix_exam:  # examination given (e.g. by intervention harvesting): EM over α only
-        e_fixed = np.ones(n_exam, dtype=bool)
 
     def step(x: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
         e, a = x[:n_exam], x[n_exam:]
@@ -265,7 +262,7 @@ class ExaminationEM(FittedModel):
                     if top > 0:
                         exam, alpha = exam / top, np.minimum(alpha * top, 1.0)
                 examined = expected_examined(pair, exam_id, imps, clk, exam, alpha, n_pairs)
-                new = fit_prior(pair_clk, examined, feats, start=prior)
+                new = fit_prior(pair_clk, examined, feats, start=prior, varying_strength=True)
                 settled = prior is not None and same_prior(prior, new)
                 prior = new
                 # rounds before the prior settles only need to get close; the last one converges fully
