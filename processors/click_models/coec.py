@@ -10,12 +10,11 @@ it is unbounded above.
 As a click model it predicts P(C_k = 1) = min(COEC(q, d)·ρ_k, 1), independent across ranks, so the conditional
 probabilities equal the full ones. Unseen pairs get the prior COEC = 1 (an average result).
 
-Prior (``prior``, see ``processors.click_models.priors``): COEC is a rate ratio, so its prior is a Gamma,
-score = posterior mean (a + c)/(b + E). The default empirical prior (``priors.fit_ratio_prior``) has a
-log-linear rank-informed mean μ and a per-pair strength, both fitted by maximum Beta-binomial marginal
-likelihood of the clicks in the impressions (a = μ·ρ̄·s, b = ρ̄·s with ρ̄ = E/impressions; not a Poisson
-marginal, which misreads the binomial's smaller variance at the top ranks and over-shrinks);
-``pseudocount`` is one click in one expected click, (c + 1)/(E + 1) (prior COEC 1); ``none`` is c/E. Unseen pairs score the prior (at the rank they are shown at, when empirical; else 1).
+Prior (``prior``, see ``processors.click_models.priors``): COEC is a rate ratio, so its conjugate prior is a
+Gamma: c ~ Poisson(r·E), r ~ Gamma(m·s, s), score = posterior mean (m·s + c)/(s + E). The default empirical
+prior has a log-linear rank-informed mean m and strength s fitted by maximum negative-binomial marginal
+likelihood; ``pseudocount`` is one click in one expected click, (c + 1)/(E + 1) (prior COEC 1); ``none``
+is c/E. Unseen pairs score the prior (at the rank they are shown at, when empirical; else 1).
 
 Interval: the expected clicks E are treated as fixed (they rest on all pairs' data). With a prior, the
 posterior Gamma(a + c, s + E) interval; with ``none``, the clicks c as Poisson, giving the exact Garwood
@@ -33,7 +32,7 @@ from scipy.stats import chi2
 from processors.click_models.base import RelevanceEstimate
 from processors.click_models.common import CONFIDENCE, AnyArray, safe_div
 from processors.click_models.ctr import _CountingModel, expected_clicks
-from processors.click_models.priors import LogFeatures, fit_ratio_prior, gamma_posterior_interval
+from processors.click_models.priors import LogFeatures, gamma_posterior_interval
 from processors.stats import SessionPatterns
 
 PRIOR_COEC = 1.0
@@ -65,11 +64,7 @@ class COEC(_CountingModel):
         self._fit_counts(sessions)
         self.expected_clicks = expected_clicks(sessions, self.rank_ctr)
         self.log_features = LogFeatures.from_sessions(sessions)
-        if self.prior == "empirical":
-            self.coec_prior = fit_ratio_prior(self.clicks, self.impressions, self.expected_clicks,
-                                              self.log_features.features)
-        else:
-            self.coec_prior = self.log_features.prior(self.prior, self.clicks, self.expected_clicks, family="gamma")
+        self.coec_prior = self.log_features.prior(self.prior, self.clicks, self.expected_clicks, family="gamma")
         post = self.coec_prior.posterior_mean(self.clicks, self.expected_clicks)
         self.coec = np.where(self.expected_clicks > 0, post, np.nan)
         return self

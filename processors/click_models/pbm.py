@@ -213,7 +213,8 @@ class ExaminationEM(FittedModel):
     The two differ only in what indexes examination (the rank; the rank and previous click rank) and in how
     that examination is reported. ``prior`` (``processors.click_models.priors``) chooses the prior on α:
     ``empirical`` alternates EM at a fixed prior with an empirical-Bayes refit of the rank-informed prior on
-    (clicks, expected examinations) until the prior's hyperparameters settle (at most
+    (clicks, expected examinations), with a per-pair strength (``priors.fit_prior(varying_strength=True)``),
+    until the prior's hyperparameters settle (at most
     :data:`MAX_PRIOR_ROUNDS` rounds; each round's EM starts where the last one stopped).
     """
 

@@ -28,6 +28,17 @@ moment matching has to weigh pairs by hand, the marginal likelihood weighs each 
 also yields the strength s that trades prior against data, which moments on sparse pairs estimate badly
 (their sampling variance swamps the between-pair variance). It is maximised by BFGS with the exact gradient.
 
+PBM and UBM (``varying_strength``) let the strength vary per pair too, on the same features:
+
+    φ_i ~ Beta(m_i·s_i, (1 − m_i)·s_i),     ln s_i = λ₀ + λ₁·z₁ᵢ + λ₂·z₂ᵢ
+
+a heteroscedastic Beta-binomial (a dispersion model beside the mean model, as in Williams, "Extra-binomial
+variation in logistic linear models", Appl. Statist. 1982), with (β, λ) maximising the same marginal
+likelihood. The rankers' judgment is not equally sure everywhere: how far the pairs spread around m_i
+differs between pairs shown at the top and pairs shown low or rarely, and one strength for all shrinks the
+first too hard and the second too little. On the hard scenario's PBM traffic it raised relevance recovery
+(Kendall τ, all pairs) from 0.619 to 0.630 at 20,000 searches and from 0.743 to 0.752 at 200,000.
+
 Given the prior, the estimate is the posterior mean (a_i + x_i)/(a_i + b_i + n_i): with little support it is
 the rankers' prior m_i, with much it is the clicks' MLE x_i/n_i. Inside EM the M-step uses this on the
 complete-data counts; it is the exact maximiser of ℓ + Σ_i a_i ln φ_i + b_i ln(1 − φ_i), so EM never lowers
@@ -40,24 +51,9 @@ Three choices, the keyword ``prior`` of every model:
   mean (x + 1)/(n + 2): the baseline to beat, written here, not copied;
 * ``"none"``: a = b = 0, the unregularised maximum-likelihood estimate.
 
-COEC's per-pair parameter is a ratio r (clicks over expected clicks E = Σ_impressions ρ_k), not a
-probability: its prior is a Gamma on r, posterior mean (a_i + x_i)/(b_i + E_i), with ``"pseudocount"``
-meaning one click in one expected click (prior COEC 1). The empirical one (:func:`fit_ratio_prior`) is *not*
-fitted on a Poisson marginal: a pair's clicks are at most its impressions n_i, and at the top ranks, where
-ρ_k is 0.3-0.7, the binomial variance n·π(1 − π) is far below the Poisson's n·π, so a negative-binomial fit
-reads the missing variance as "all pairs alike" and shrinks far too hard. Instead the clicks are
-Beta-binomial in the impressions, with the pair's mean rank CTR ρ̄_i = E_i/n_i scaling the prior mean:
-
-    x_i ~ Binomial(n_i, π_i),  π_i = r_i·ρ̄_i ~ Beta(μ_i ρ̄_i s_i, (1 − μ_i ρ̄_i) s_i),
-    μ_i = exp(β·z_i) (the prior COEC),   s_i = exp(λ·z_i) (strength in impressions, per pair)
-
-whose posterior mean of r_i = π_i/ρ̄_i is exactly (μ_i ρ̄_i s_i + x_i)/(ρ̄_i s_i + E_i): the Gamma form with
-a_i = μ_i ρ̄_i s_i, b_i = ρ̄_i s_i. The strength is log-linear in the same features (a heteroscedastic
-Beta-binomial, as in Beta-binomial regression with a dispersion model: Williams, Appl. Statist. 1982;
-Ferrari & Cribari-Neto, J. Appl. Statist. 2004, for the mean-precision form), so pairs shown low, where one
-impression says little, may lean harder on the prior than pairs shown at the top, as PyClick's one click in
-one *expected* click does by construction. (β, λ) maximise the Beta-binomial marginal likelihood (BFGS, exact
-gradient), an empirical-Bayes fit like the Beta priors'.
+COEC's per-pair parameter is a ratio, not a probability: it gets the conjugate Gamma prior instead
+(clicks ~ Poisson(r·E), r ~ Gamma(m s, s) with the same log-linear mean in (z₁, z₂); marginal: the negative
+binomial), with ``"pseudocount"`` meaning one click in one expected click (prior COEC 1).
 
 Pure numpy/scipy; no I/O.
 """
@@ -111,7 +107,7 @@ class BetaPrior:
     feature_std: tuple[float, ...] = ()
     log_marginal: float = float("nan")
     family: str = "beta"  # "gamma" for COEC (a = shape, b = rate)
-    strength_coef: tuple[float, ...] = ()  # λ of a per-pair strength s_i = exp(λ·z_i) (fit_ratio_prior)
+    strength_coef: tuple[float, ...] = ()  # λ of a per-pair strength s_i = exp(λ·z_i) (varying_strength)
 
     @property
     def mean(self) -> NDArray[np.float64]:
@@ -159,8 +155,6 @@ class BetaPrior:
             **({"strength_coef": [round(c, 6) for c in self.strength_coef],
                 "strength_per_pair": "exp(strength_coef . [1, z]); 'strength' is its median over the pairs"}
                if self.strength_coef else {}),
-            **({"marginal": "beta-binomial in impressions, prior mean scaled by the pair's rank CTR"}
-               if self.strength_coef and self.family == "gamma" else {}),
             "log_marginal_likelihood": round(self.log_marginal, 4),
             "fitted_by": "empirical Bayes: maximum marginal likelihood",
             "estimate": "posterior mean",
@@ -374,90 +368,6 @@ def fit_prior(
     return BetaPrior("empirical", a, b, tuple(float(c) for c in beta), s, tuple(float(v) for v in f_mean),
                      tuple(float(v) for v in f_std), log_marginal, family,
                      tuple(float(c) for c in lam) if varying else ())
-
-
-def _scaled_beta_binomial_objective(
-    x: NDArray[np.float64], n: NDArray[np.float64], scale: NDArray[np.float64], design: NDArray[np.float64],
-    log_s_range: tuple[float, float]
-) -> Any:
-    """−(1/N)·Σ_i ln BetaBin(x_i | n_i, m_i s_i, (1 − m_i) s_i), m_i = scale_i·exp(β·z_i), s_i = exp(λ·z_i),
-    and its gradient in (β, λ) (zero where m_i or ln s_i is clipped)."""
-    p = design.shape[1]
-
-    def f(params: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
-        beta, lam = params[:p], params[p:]
-        log_s_raw = design @ lam
-        log_s = np.clip(log_s_raw, *log_s_range)
-        s = np.exp(log_s)
-        m_raw = scale * np.exp(np.clip(design @ beta, -30.0, 30.0))
-        m = np.clip(m_raw, _M_EPS, 1.0 - _M_EPS)
-        a, b = m * s, (1.0 - m) * s
-        ll = (gammaln(x + a) + gammaln(n - x + b) - gammaln(n + s)
-              - gammaln(a) - gammaln(b) + gammaln(s))
-        da = digamma(x + a) - digamma(a)
-        db = digamma(n - x + b) - digamma(b)
-        ds = digamma(s) - digamma(n + s)
-        d_eta = np.where((m_raw > _M_EPS) & (m_raw < 1.0 - _M_EPS), s * m * (da - db), 0.0)
-        inside = (log_s_raw > log_s_range[0]) & (log_s_raw < log_s_range[1])
-        d_log_s = np.where(inside, s * (m * da + (1.0 - m) * db + ds), 0.0)
-        grad = np.concatenate([design.T @ d_eta, design.T @ d_log_s])
-        scale_n = 1.0 / max(len(x), 1)
-        return -float(ll.sum()) * scale_n, -grad * scale_n
-
-    return f
-
-
-def fit_ratio_prior(
-    clicks: AnyArray,
-    impressions: AnyArray,
-    expected: AnyArray,
-    features: NDArray[np.float64],
-    *,
-    start: BetaPrior | None = None,
-) -> BetaPrior:
-    """Empirical-Bayes Gamma prior on a clicks-over-expected-clicks ratio (COEC), fitted as a Beta-binomial.
-
-    Per pair: ``clicks`` x_i, ``impressions`` n_i, ``expected`` clicks E_i (Σ over impressions of the rank
-    CTR). See the module docstring: π_i = r_i·ρ̄_i ~ Beta(μ_i ρ̄_i s_i, (1 − μ_i ρ̄_i) s_i) with ρ̄_i = E_i/n_i,
-    log μ_i = β·z_i and log s_i = λ·z_i on the standardised features; (β, λ) maximise the marginal
-    likelihood. Returns the Gamma prior a_i = μ_i ρ̄_i s_i, b_i = ρ̄_i s_i (``family="gamma"``). Pairs never
-    shown take no part in the fit; they get rate b = the median of ρ̄_i s_i (their score is the prior mean
-    μ_i anyway). ``strength`` records the median s_i in impressions.
-    """
-    n = np.maximum(np.asarray(impressions, dtype=np.float64), 0.0)
-    x = np.clip(np.asarray(clicks, dtype=np.float64), 0.0, n)
-    e = np.maximum(np.asarray(expected, dtype=np.float64), 0.0)
-    use = (n > 0) & (e > 0)
-    if use.sum() < MIN_PAIRS_PER_FEATURE * (features.shape[1] + 1):
-        features = np.full_like(features, np.nan)
-    design, f_mean, f_std = _standardise(features, use)
-    p = design.shape[1]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rho = np.where(use, e / np.where(n > 0, n, 1.0), 0.0)
-    log_s_range = (_LOG_S_RANGE[0], float(min(_LOG_S_RANGE[1], np.log(max(n[use].sum(), 1.0)))))
-    log_s_range = (min(log_s_range), log_s_range[1])
-    if start is not None and start.kind == "empirical" and len(start.coef) == p and len(start.strength_coef) == p:
-        x0 = np.concatenate([start.coef, start.strength_coef])
-    else:
-        x0 = np.zeros(2 * p)
-        x0[0] = np.log(max(x[use].sum() / max(e[use].sum(), 1e-12), 1e-4)) if use.any() else 0.0
-        x0[p] = float(np.clip(np.log(10.0), *log_s_range))
-    if use.sum() >= 2:
-        objective = _scaled_beta_binomial_objective(x[use], n[use], rho[use], design[use], log_s_range)
-        res = minimize(objective, x0, jac=True, method="BFGS", options={"maxiter": 300, "gtol": 1e-7})
-        params = res.x if np.all(np.isfinite(res.x)) else x0
-        log_marginal = -float(objective(params)[0]) * int(use.sum())
-    else:
-        params, log_marginal = x0, float("nan")
-    beta, lam = params[:p], params[p:]
-    mu = np.exp(np.clip(design @ beta, -30.0, 30.0))
-    s = np.exp(np.clip(design @ lam, *log_s_range))
-    s_median = float(np.median(s[use])) if use.any() else float(np.exp(x0[p]))
-    # the shape/rate of r's Gamma: strength in expected clicks is ρ̄_i·s_i (pairs without data: the median)
-    rate = np.where(use, rho * s, np.median(rho[use] * s[use]) if use.any() else 1.0)
-    return BetaPrior("empirical", mu * rate, rate, tuple(float(c) for c in beta), s_median,
-                     tuple(float(v) for v in f_mean), tuple(float(v) for v in f_std), log_marginal, "gamma",
-                     tuple(float(c) for c in lam))
 
 
 def make_prior(

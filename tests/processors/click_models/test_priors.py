@@ -17,9 +17,7 @@ from processors.click_models.pbm import factorised_em
 from processors.click_models.priors import (
     BetaPrior,
     _beta_binomial_objective,
-    _scaled_beta_binomial_objective,
     fit_prior,
-    fit_ratio_prior,
     fixed_prior,
     rank_features,
 )
@@ -83,28 +81,6 @@ def test_empirical_bayes_recovers_a_known_beta() -> None:
     assert marginal(a0, b0) >= max(marginal(a0 * 1.1, b0 * 1.1), marginal(a0 * 0.9, b0 * 0.9))
 
 
-def test_ratio_prior_is_the_beta_binomial_posterior_on_the_ctr_scale() -> None:
-    # Hand-worked: prior COEC μ = 1.2, strength s = 10 impressions, a pair with n = 4 impressions whose rank CTRs
-    # sum to E = 2 (ρ̄ = 0.5), x = 3 clicks. On the CTR scale π ~ Beta(μρ̄s, (1 − μρ̄)s) = Beta(6, 4); posterior
-    # mean of π = (6 + 3)/(10 + 4) = 9/14, so r = π/ρ̄ = 9/7. The Gamma form a = μρ̄s = 6, b = ρ̄s = 5 gives
-    # (6 + 3)/(5 + 2) = 9/7 as well.
-    g = BetaPrior("empirical", np.array([6.0]), np.array([5.0]), family="gamma")
-    assert g.posterior_mean(3, 2.0)[0] == pytest.approx(9 / 7)
-    assert g.mean[0] == pytest.approx(1.2)
-
-
-def test_ratio_prior_gradient_is_exact() -> None:
-    rng = np.random.default_rng(2)
-    n = rng.integers(1, 40, 300).astype(float)
-    x = rng.binomial(n.astype(int), 0.2).astype(float)
-    scale = rng.uniform(0.05, 0.6, 300)
-    design = np.column_stack([np.ones(300), rng.normal(size=(300, 2))])
-    f = _scaled_beta_binomial_objective(x, n, scale, design, (-4.0, 14.0))
-    for point in (np.array([0.1, -0.2, 0.3, 2.0, 0.4, -0.1]), np.array([-0.5, 0.0, 0.1, 1.0, -0.3, 0.2])):
-        err = check_grad(lambda p: f(p)[0], lambda p: f(p)[1], point)
-        assert err < 1e-5 * max(1.0, float(np.abs(f(point)[1]).max()))
-
-
 def test_varying_strength_gradient_is_exact() -> None:
     rng = np.random.default_rng(4)
     n = rng.integers(1, 40, 300).astype(float)
@@ -137,26 +113,6 @@ def test_varying_strength_recovers_two_known_strengths() -> None:
     one = fit_prior(x, n, feats)
     assert 5.0 < one.strength < 60.0
     assert p.log_marginal > one.log_marginal  # one more free parameter, and the truth has it
-
-
-def test_ratio_prior_recovers_a_known_coec_prior() -> None:
-    # 6,000 pairs, half shown where the rank CTR is 0.5, half where it is 0.1; true COEC r with
-    # π = r·ρ̄ ~ Beta(μρ̄s, (1 − μρ̄)s), μ = 0.9, s = 20 impressions; 25 impressions each; no features.
-    rng = np.random.default_rng(11)
-    rho = np.repeat([0.5, 0.1], 3000)
-    pi = rng.beta(0.9 * rho * 20, (1 - 0.9 * rho) * 20)
-    n = np.full(6000, 25.0)
-    x = rng.binomial(25, pi).astype(float)
-    p = fit_ratio_prior(x, n, n * rho, np.full((6000, 2), np.nan))
-    assert p.family == "gamma"
-    assert np.exp(p.coef[0]) == pytest.approx(0.9, rel=0.05)  # tolerance: a few standard errors at 6,000 pairs
-    assert p.strength == pytest.approx(20.0, rel=0.3)
-    assert p.mean == pytest.approx(np.exp(p.coef[0]))
-    # a Poisson (negative-binomial) fit of the same counts reads the binomial's smaller variance as a much
-    # stronger prior (that was the over-shrinking this fit replaces): its strength in expected clicks, per
-    # unit of ρ̄, is well above 20
-    nb = fit_prior(x, n * rho, np.full((6000, 2), np.nan), family="gamma")
-    assert nb.strength / rho.mean() > 1.5 * p.strength
 
 
 def test_rank_informed_mean_follows_display_ranks() -> None:
