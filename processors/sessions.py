@@ -180,29 +180,35 @@ CREATE OR REPLACE TEMP TABLE _ubi_hits AS SELECT sid, hits FROM _ubi_search0 WHE
 CREATE OR REPLACE TEMP TABLE _ubi_search AS
 SELECT sid, query_id, user_query, client_id, application, ts, hits IS NOT NULL AS has_hits, n_records, n_rankings
 FROM _ubi_search0;
-DROP TABLE _ubi_search0;
 """
 
-# Clicks and impressions with everything later stages need; ord_rank is NULL for a missing or sub-base ordinal.
-# eid (the event key, a long string) is kept only where _IMPRESSIONS needs it: to order impressions that have
-# neither a hit list nor an ordinal.
-_EVENTS = """
-CREATE OR REPLACE TEMP TABLE _ubi_ev AS
-SELECT CASE WHEN e.action_name = $imp AND NOT coalesce(s.has_hits, false) AND e.position_ordinal IS NULL
+# The one scan of ubi_events: clicks and impressions with their search (sid), hit-list rank and raw ordinal.
+# The ordinal base is chosen from this table's evidence (``_EVIDENCE``), then applied by ``_EVENTS`` in a pass
+# over this narrow table, so ubi_events is read once. eid (the event key, a long string) is kept only where
+# _IMPRESSIONS needs it: to order impressions that have neither a hit list nor an ordinal.
+_EVENTS0 = """
+CREATE OR REPLACE TEMP TABLE _ubi_ev0 AS
+SELECT CASE WHEN e.action_name = $imp AND NOT coalesce(s.hits IS NOT NULL, false) AND e.position_ordinal IS NULL
             THEN e.event_key END AS eid,
        s.sid, e.action_name = $imp AS is_imp, nullif(e.object_id, '') AS object_id,
        e."timestamp" AS ts, e.position_ordinal AS ordinal,
-       CASE WHEN e.position_ordinal - coalesce(b.base, $base) >= 0
-            THEN e.position_ordinal - coalesce(b.base, $base) + 1 END AS ord_rank,
-       e.position_ordinal IS NOT NULL AND e.position_ordinal - coalesce(b.base, $base) < 0 AS bad_ordinal,
        coalesce(e.application, s.application) AS application,
-       coalesce(s.has_hits, false) AS search_has_hits,
-       list_position(h.hits, nullif(e.object_id, '')) AS hit_rank
+       coalesce(s.hits IS NOT NULL, false) AS search_has_hits,
+       list_position(s.hits, nullif(e.object_id, '')) AS hit_rank
 FROM ubi_events e
-LEFT JOIN _ubi_search s ON s.query_id = e.query_id
-LEFT JOIN _ubi_hits h ON h.sid = s.sid
-LEFT JOIN _ubi_pbase b ON b.application = coalesce(e.application, s.application, '')
+LEFT JOIN _ubi_search0 s ON s.query_id = e.query_id
 WHERE e.action_name = $imp OR list_contains($clicks, e.action_name)
+"""
+
+# The same rows with the base applied; ord_rank is NULL for a missing or sub-base ordinal.
+_EVENTS = """
+CREATE OR REPLACE TEMP TABLE _ubi_ev AS
+SELECT e.eid, e.sid, e.is_imp, e.object_id, e.ts, e.ordinal,
+       CASE WHEN e.ordinal - coalesce(b.base, $base) >= 0 THEN e.ordinal - coalesce(b.base, $base) + 1 END AS ord_rank,
+       e.ordinal IS NOT NULL AND e.ordinal - coalesce(b.base, $base) < 0 AS bad_ordinal,
+       e.application, e.search_has_hits, e.hit_rank
+FROM _ubi_ev0 e
+LEFT JOIN _ubi_pbase b ON b.application = coalesce(e.application, '')
 """
 
 # Impressions placed in their search's ranking (rank NULL: outside the hit list or bad ordinal).
@@ -372,33 +378,35 @@ FROM (
 ) GROUP BY ALL ORDER BY pair, rank, prev_click
 """
 
-_TEMP_TABLES = ("_ubi_search0", "_ubi_search", "_ubi_hits", "_ubi_ev", "_ubi_imp", "_ubi_impdoc", "_ubi_shown0",
+_TEMP_TABLES = ("_ubi_search0", "_ubi_search", "_ubi_hits", "_ubi_ev0", "_ubi_ev", "_ubi_imp", "_ubi_impdoc", "_ubi_shown0",
                 "_ubi_clk", "_ubi_placed", "_ubi_disp", "_ubi_sess", "_ubi_kept", "_ubi_pairs", "_ubi_kp",
                 "_ubi_pat", "_ubi_patrows", "_ubi_fold")
 
 
 # ----------------------------------------------------------------------------- building
 
-def _params(settings: Settings) -> dict[str, Any]:
-    return {"imp": settings.impression_action, "clicks": list(settings.click_actions), "base": settings.position_base}
-
-
 # Ordinals checked against the hit list of their search, per application, before any base is applied
 # (the evidence processors.ordinal_base decides on); needs _ubi_search and _ubi_hits.
 _EVIDENCE = """
-SELECT application, count(*) FILTER (WHERE ordinal = hit_rank - 1), count(*) FILTER (WHERE ordinal = hit_rank), count(*)
-FROM (
-    SELECT coalesce(e.application, s.application, '') AS application, e.position_ordinal AS ordinal,
-           list_position(h.hits, nullif(e.object_id, '')) AS hit_rank
-    FROM ubi_events e JOIN _ubi_search s ON s.query_id = e.query_id JOIN _ubi_hits h ON h.sid = s.sid
-    WHERE (e.action_name = $imp OR list_contains($clicks, e.action_name)) AND e.position_ordinal IS NOT NULL
-)
-WHERE hit_rank IS NOT NULL GROUP BY ALL ORDER BY 1
+SELECT coalesce(application, '') AS application, count(*) FILTER (WHERE ordinal = hit_rank - 1),
+       count(*) FILTER (WHERE ordinal = hit_rank), count(*)
+FROM _ubi_ev0 WHERE hit_rank IS NOT NULL AND ordinal IS NOT NULL GROUP BY ALL ORDER BY 1
+"""
+
+# position_bases alone (no sessions) reads ubi_events just for this evidence.
+_EVIDENCE_ONLY = """
+SELECT coalesce(e.application, s.application, '') AS application,
+       count(*) FILTER (WHERE e.position_ordinal = list_position(s.hits, nullif(e.object_id, '')) - 1),
+       count(*) FILTER (WHERE e.position_ordinal = list_position(s.hits, nullif(e.object_id, ''))), count(*)
+FROM ubi_events e JOIN _ubi_search0 s ON s.query_id = e.query_id
+WHERE (e.action_name = $imp OR list_contains($clicks, e.action_name)) AND e.position_ordinal IS NOT NULL
+  AND list_position(s.hits, nullif(e.object_id, '')) IS NOT NULL
+GROUP BY ALL ORDER BY 1
 """
 
 
-def _evidence(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict[str, BaseEvidence]:
-    rows = con.execute(_EVIDENCE, {"imp": settings.impression_action, "clicks": list(settings.click_actions)}).fetchall()
+def _evidence(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None) -> dict[str, BaseEvidence]:
+    rows = con.execute(sql, params).fetchall()
     return {app: BaseEvidence(app, int(b0), int(b1), int(n)) for app, b0, b1, n in rows}
 
 
@@ -411,7 +419,8 @@ def position_bases(con: duckdb.DuckDBPyConnection, settings: Settings | None = N
     settings = settings or Settings()
     try:
         con.execute(_SEARCH)
-        return choose_bases(_evidence(con, settings), settings)
+        return choose_bases(_evidence(con, _EVIDENCE_ONLY, {"imp": settings.impression_action,
+                                                            "clicks": list(settings.click_actions)}), settings)
     except duckdb.Error as exc:
         raise StoreError(f"reading ordinals failed in DuckDB: {exc}") from exc
     finally:
@@ -437,7 +446,11 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict
             raise SessionError(f"the store has no {table} table; ingest UBI records first (`ubi import`, `ubi serve`)")
     c: dict[str, Any] = {}
     con.execute(_SEARCH)
-    c["bases"] = choose_bases(_evidence(con, settings), settings)
+    con.execute(_EVENTS0, {"imp": settings.impression_action, "clicks": list(settings.click_actions)})
+    _drop(con, "_ubi_search0")
+    evidence = _evidence(con, _EVIDENCE)
+    c["bases"] = choose_bases(evidence, settings)
+    c["evidence"] = [(e.application, e.base0, e.base1, e.checked) for e in evidence.values()]
     bases = effective_bases(c["bases"])
     con.register("_ubi_pbase", pa.table({
         "application": pa.array(list(bases), pa.string()),
@@ -451,7 +464,8 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict
         "query": pa.array(normalised, pa.string()),
         "qkey": pa.array([order[q] for q in normalised], pa.int64()),
     }))
-    con.execute(_EVENTS, _params(settings))
+    con.execute(_EVENTS, {"base": settings.position_base})
+    _drop(con, "_ubi_ev0")
     con.execute(_IMPRESSIONS)
     con.execute(_SHOWN)
     c["placed_rows"], c["placed_docs"] = _ints(con, "SELECT coalesce(sum(n), 0), count(*) FROM _ubi_impdoc")
@@ -491,10 +505,6 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict
                count(*) FILTER (WHERE hit_rank IS NOT NULL AND ord_rank IS NOT NULL),
                count(*) FILTER (WHERE hit_rank IS NOT NULL AND ord_rank IS NOT NULL AND hit_rank <> ord_rank)
         FROM _ubi_ev WHERE is_imp""")
-    c["evidence"] = con.execute("""
-        SELECT coalesce(application, ''), count(*) FILTER (WHERE ordinal = hit_rank - 1),
-               count(*) FILTER (WHERE ordinal = hit_rank), count(*)
-        FROM _ubi_ev WHERE hit_rank IS NOT NULL AND ordinal IS NOT NULL GROUP BY ALL ORDER BY 1""").fetchall()
     _drop(con, "_ubi_ev")
     return c
 
