@@ -162,20 +162,20 @@ class SessionData:
 
 _SEARCH = """
 CREATE OR REPLACE TEMP TABLE _ubi_search0 AS
-SELECT (row_number() OVER ())::BIGINT AS sid, query_id, user_query, client_id, application, ts, hits,
-       n_records, n_rankings
+SELECT (row_number() OVER ())::BIGINT AS sid, query_id, r.user_query, r.client_id, r.application, r.ts,
+       CASE WHEN coalesce(len(r.hits), 0) > 0 THEN r.hits END AS hits, n_records, n_rankings
 FROM (
-    SELECT query_id, user_query, client_id, application, "timestamp" AS ts,
-           CASE WHEN coalesce(len(query_response_hit_ids), 0) > 0 THEN query_response_hit_ids END AS hits,
-           count(*) OVER w AS n_records,
-           count(CASE WHEN coalesce(len(query_response_hit_ids), 0) > 0 THEN 1 END) OVER w AS n_rankings
-    FROM ubi_queries
-    WINDOW w AS (PARTITION BY query_id)
-    -- the earliest record with a non-empty hit list, else the earliest record (ties: the record key)
-    QUALIFY row_number() OVER (PARTITION BY query_id
-                               ORDER BY coalesce(len(query_response_hit_ids), 0) = 0,
-                                        coalesce("timestamp", TIMESTAMP '9999-12-31'), query_key) = 1
-);
+    -- the earliest record with a non-empty hit list, else the earliest record (ties: the record key); an
+    -- aggregate, not a window: no sort of the query records
+    SELECT query_id,
+           arg_min({'user_query': user_query, 'client_id': client_id, 'application': application,
+                    'ts': "timestamp", 'hits': query_response_hit_ids},
+                   {'no_hits': coalesce(len(query_response_hit_ids), 0) = 0,
+                    'ts': coalesce("timestamp", TIMESTAMP '9999-12-31'), 'key': query_key}) AS r,
+           count(*) AS n_records,
+           count(*) FILTER (WHERE coalesce(len(query_response_hit_ids), 0) > 0) AS n_rankings
+    FROM ubi_queries GROUP BY query_id
+) q;
 CREATE OR REPLACE TEMP TABLE _ubi_hits AS SELECT sid, hits FROM _ubi_search0 WHERE hits IS NOT NULL;
 CREATE OR REPLACE TEMP TABLE _ubi_search AS
 SELECT sid, query_id, user_query, client_id, application, ts, hits IS NOT NULL AS has_hits, n_records, n_rankings
@@ -211,10 +211,10 @@ FROM _ubi_ev0 e
 LEFT JOIN _ubi_pbase b ON b.application = coalesce(e.application, '')
 """
 
-# Impressions placed in their search's ranking (rank NULL: outside the hit list or bad ordinal).
-# (The arrival-order window runs only over the impressions that need it: no hit list and no ordinal.)
+# Impressions placed in their search's ranking (rank NULL: outside the hit list or bad ordinal); a subquery of
+# _SHOWN, not a table, so the impressions are not held twice. (The arrival-order window runs only over the
+# impressions that need it: no hit list and no ordinal.)
 _IMPRESSIONS = """
-CREATE OR REPLACE TEMP TABLE _ubi_imp AS
 SELECT sid, object_id AS doc_id, ts,
        CASE WHEN search_has_hits THEN hit_rank WHEN bad_ordinal THEN NULL ELSE ord_rank END AS rank
 FROM _ubi_ev
@@ -228,11 +228,13 @@ WHERE is_imp AND sid IS NOT NULL AND object_id IS NOT NULL AND NOT search_has_hi
 # Displayed rows before click placement: from placed impressions, else from the hit list.
 _SHOWN = """
 CREATE OR REPLACE TEMP TABLE _ubi_impdoc AS
-SELECT sid, doc_id, min(rank) AS rank, min(ts) AS ts, count(*) AS n FROM _ubi_imp WHERE rank IS NOT NULL GROUP BY ALL;
+SELECT sid, doc_id, min(rank) AS rank, min(ts) AS ts, count(*) AS n FROM (""" + _IMPRESSIONS + """)
+WHERE rank IS NOT NULL GROUP BY ALL;
 CREATE OR REPLACE TEMP TABLE _ubi_shown0 AS
-WITH imp_shown AS (
-    SELECT sid, rank, doc_id, 'impressions' AS origin
-    FROM _ubi_impdoc QUALIFY row_number() OVER (PARTITION BY sid, rank ORDER BY ts, doc_id) = 1
+WITH imp_shown AS (  -- per (search, rank) the doc impressed first (time, NULL last; then doc id)
+    SELECT sid, rank, arg_min(doc_id, {'no_ts': ts IS NULL, 'ts': coalesce(ts, TIMESTAMP '9999-12-31'),
+                                       'doc_id': doc_id}) AS doc_id, 'impressions' AS origin
+    FROM _ubi_impdoc GROUP BY sid, rank
 ), hit_rows AS (
     SELECT sid, unnest(hits) AS doc_id, unnest(range(1, len(hits) + 1)) AS rank
     FROM _ubi_hits ANTI JOIN (SELECT DISTINCT sid FROM _ubi_impdoc) USING (sid)
@@ -334,13 +336,15 @@ FROM _ubi_kp GROUP BY pair, rank ORDER BY pair, rank
 """
 
 # A pattern's signature lists (rank, pair, clicked) as one BIGINT per shown rank, ((rank * P) + pair) * 2 + clicked
-# with P the number of pairs: lists of integers group and sort fast, in (rank, pair, clicked) order.
+# with P the number of pairs: lists of integers group and sort fast, in (rank, pair, clicked) order. A search
+# shows one doc per rank, so sorting the codes orders them by rank: list_sort of a plain list() costs far less
+# than an ordered aggregate (list(... ORDER BY rank)), which sorts every search's rows apart.
 _PATTERNS = """
 CREATE OR REPLACE TEMP TABLE _ubi_pat AS
 SELECT (row_number() OVER (ORDER BY qi, sig) - 1)::BIGINT AS pattern, qi, sig, count::BIGINT AS weight
 FROM (
     SELECT qi, sig, count(*) AS count FROM (
-        SELECT any_value(qi) AS qi, list(((rank::BIGINT * $n_pairs) + pair) * 2 + clicked::BIGINT ORDER BY rank) AS sig
+        SELECT any_value(qi) AS qi, list_sort(list(((rank::BIGINT * $n_pairs) + pair) * 2 + clicked::BIGINT)) AS sig
         FROM _ubi_kp GROUP BY sid
     ) GROUP BY qi, sig
 )
@@ -353,7 +357,7 @@ SELECT (row_number() OVER (ORDER BY qi, sig, fold) - 1)::BIGINT AS pattern, qi, 
 FROM (
     SELECT qi, sig, fold, count(*) AS count FROM (
         SELECT any_value(k.qi) AS qi, any_value(f.fold) AS fold,
-               list(((k.rank::BIGINT * $n_pairs) + k.pair) * 2 + k.clicked::BIGINT ORDER BY k.rank) AS sig
+               list_sort(list(((k.rank::BIGINT * $n_pairs) + k.pair) * 2 + k.clicked::BIGINT)) AS sig
         FROM _ubi_kp k JOIN _ubi_fold f USING (sid) GROUP BY sid
     ) GROUP BY qi, sig, fold
 )
@@ -378,7 +382,7 @@ FROM (
 ) GROUP BY ALL ORDER BY pair, rank, prev_click
 """
 
-_TEMP_TABLES = ("_ubi_search0", "_ubi_search", "_ubi_hits", "_ubi_ev0", "_ubi_ev", "_ubi_imp", "_ubi_impdoc", "_ubi_shown0",
+_TEMP_TABLES = ("_ubi_search0", "_ubi_search", "_ubi_hits", "_ubi_ev0", "_ubi_ev", "_ubi_impdoc", "_ubi_shown0",
                 "_ubi_clk", "_ubi_placed", "_ubi_disp", "_ubi_sess", "_ubi_kept", "_ubi_pairs", "_ubi_kp",
                 "_ubi_pat", "_ubi_patrows", "_ubi_fold")
 
@@ -466,10 +470,9 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict
     }))
     con.execute(_EVENTS, {"base": settings.position_base})
     _drop(con, "_ubi_ev0")
-    con.execute(_IMPRESSIONS)
     con.execute(_SHOWN)
     c["placed_rows"], c["placed_docs"] = _ints(con, "SELECT coalesce(sum(n), 0), count(*) FROM _ubi_impdoc")
-    _drop(con, "_ubi_imp", "_ubi_impdoc", "_ubi_hits")
+    _drop(con, "_ubi_impdoc", "_ubi_hits")
     (c["query_records"], c["searches"], c["several"], c["hit_only"], c["imp_ranked"], c["imp_displayed"]) = _ints(con, """
         SELECT (SELECT count(*) FROM ubi_queries), count(*), count(*) FILTER (WHERE n_rankings > 1),
                (SELECT count(DISTINCT sid) FROM _ubi_shown0 WHERE origin = 'hit_list'),
