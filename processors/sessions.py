@@ -162,20 +162,20 @@ class SessionData:
 
 _SEARCH = """
 CREATE OR REPLACE TEMP TABLE _ubi_search0 AS
-SELECT (row_number() OVER ())::BIGINT AS sid, query_id, r.user_query, r.client_id, r.application, r.ts,
-       CASE WHEN coalesce(len(r.hits), 0) > 0 THEN r.hits END AS hits, n_records, n_rankings
+SELECT (row_number() OVER ())::BIGINT AS sid, query_id, user_query, client_id, application, ts, hits,
+       n_records, n_rankings
 FROM (
-    -- the earliest record with a non-empty hit list, else the earliest record (ties: the record key); an
-    -- aggregate, not a window: no sort of the query records
-    SELECT query_id,
-           arg_min({'user_query': user_query, 'client_id': client_id, 'application': application,
-                    'ts': "timestamp", 'hits': query_response_hit_ids},
-                   {'no_hits': coalesce(len(query_response_hit_ids), 0) = 0,
-                    'ts': coalesce("timestamp", TIMESTAMP '9999-12-31'), 'key': query_key}) AS r,
-           count(*) AS n_records,
-           count(*) FILTER (WHERE coalesce(len(query_response_hit_ids), 0) > 0) AS n_rankings
-    FROM ubi_queries GROUP BY query_id
-) q;
+    SELECT query_id, user_query, client_id, application, "timestamp" AS ts,
+           CASE WHEN coalesce(len(query_response_hit_ids), 0) > 0 THEN query_response_hit_ids END AS hits,
+           count(*) OVER w AS n_records,
+           count(CASE WHEN coalesce(len(query_response_hit_ids), 0) > 0 THEN 1 END) OVER w AS n_rankings
+    FROM ubi_queries
+    WINDOW w AS (PARTITION BY query_id)
+    -- the earliest record with a non-empty hit list, else the earliest record (ties: the record key)
+    QUALIFY row_number() OVER (PARTITION BY query_id
+                               ORDER BY coalesce(len(query_response_hit_ids), 0) = 0,
+                                        coalesce("timestamp", TIMESTAMP '9999-12-31'), query_key) = 1
+);
 CREATE OR REPLACE TEMP TABLE _ubi_hits AS SELECT sid, hits FROM _ubi_search0 WHERE hits IS NOT NULL;
 CREATE OR REPLACE TEMP TABLE _ubi_search AS
 SELECT sid, query_id, user_query, client_id, application, ts, hits IS NOT NULL AS has_hits, n_records, n_rankings
@@ -231,10 +231,9 @@ CREATE OR REPLACE TEMP TABLE _ubi_impdoc AS
 SELECT sid, doc_id, min(rank) AS rank, min(ts) AS ts, count(*) AS n FROM (""" + _IMPRESSIONS + """)
 WHERE rank IS NOT NULL GROUP BY ALL;
 CREATE OR REPLACE TEMP TABLE _ubi_shown0 AS
-WITH imp_shown AS (  -- per (search, rank) the doc impressed first (time, NULL last; then doc id)
-    SELECT sid, rank, arg_min(doc_id, {'no_ts': ts IS NULL, 'ts': coalesce(ts, TIMESTAMP '9999-12-31'),
-                                       'doc_id': doc_id}) AS doc_id, 'impressions' AS origin
-    FROM _ubi_impdoc GROUP BY sid, rank
+WITH imp_shown AS (
+    SELECT sid, rank, doc_id, 'impressions' AS origin
+    FROM _ubi_impdoc QUALIFY row_number() OVER (PARTITION BY sid, rank ORDER BY ts, doc_id) = 1
 ), hit_rows AS (
     SELECT sid, unnest(hits) AS doc_id, unnest(range(1, len(hits) + 1)) AS rank
     FROM _ubi_hits ANTI JOIN (SELECT DISTINCT sid FROM _ubi_impdoc) USING (sid)
