@@ -190,11 +190,11 @@ FROM _ubi_search0;
 """
 
 # The one scan of ubi_events: clicks and impressions with their search (sid), hit-list rank and raw ordinal.
-# The ordinal base is chosen from this table's evidence (``_EVIDENCE``), then applied by ``_EVENTS`` in a pass
-# over this narrow table, so ubi_events is read once. eid (the event key, a long string) is kept only where
+# The ordinal base is chosen from this table's evidence (``_EVIDENCE``) and applied where a rank is read from an
+# ordinal (``_ORD_RANK``), so ubi_events is read once. eid (the event key, a long string) is kept only where
 # _IMPRESSIONS needs it: to order impressions that have neither a hit list nor an ordinal.
-_EVENTS0 = """
-CREATE OR REPLACE TEMP TABLE _ubi_ev0 AS
+_EVENTS = """
+CREATE OR REPLACE TEMP TABLE _ubi_ev AS
 SELECT CASE WHEN e.action_name = $imp AND NOT coalesce(s.hits IS NOT NULL, false) AND e.position_ordinal IS NULL
             THEN e.event_key END AS eid,
        s.sid, e.action_name = $imp AS is_imp, nullif(e.object_id, '') AS object_id,
@@ -207,23 +207,18 @@ LEFT JOIN _ubi_search0 s ON s.query_id = e.query_id
 WHERE e.action_name = $imp OR list_contains($clicks, e.action_name)
 """
 
-# The same rows with the base applied; ord_rank is NULL for a missing or sub-base ordinal.
-_EVENTS = """
-CREATE OR REPLACE TEMP TABLE _ubi_ev AS
-SELECT e.eid, e.sid, e.is_imp, e.object_id, e.ts, e.ordinal,
-       CASE WHEN e.ordinal - coalesce(b.base, $base) >= 0 THEN e.ordinal - coalesce(b.base, $base) + 1 END AS ord_rank,
-       e.ordinal IS NOT NULL AND e.ordinal - coalesce(b.base, $base) < 0 AS bad_ordinal,
-       e.application, e.search_has_hits, e.hit_rank
-FROM _ubi_ev0 e
-LEFT JOIN _ubi_pbase b ON b.application = coalesce(e.application, '')
-"""
+# An event's ordinal base: its application's ($apps, $bases: the chosen bases as two lists), else $base. Its rank
+# from the ordinal (NULL for a missing or sub-base ordinal), and whether the ordinal lies below the base.
+_BASE = "coalesce(list_extract($bases::BIGINT[], list_position($apps::VARCHAR[], coalesce(application, ''))), $base)"
+_ORD_RANK = f"CASE WHEN ordinal - {_BASE} >= 0 THEN ordinal - {_BASE} + 1 END"
+_BAD_ORDINAL = f"(ordinal IS NOT NULL AND ordinal - {_BASE} < 0)"
 
 # Impressions placed in their search's ranking (rank NULL: outside the hit list or bad ordinal); a subquery of
 # _SHOWN, not a table, so the impressions are not held twice. (The arrival-order window runs only over the
 # impressions that need it: no hit list and no ordinal.)
 _IMPRESSIONS = """
 SELECT sid, object_id AS doc_id, ts,
-       CASE WHEN search_has_hits THEN hit_rank WHEN bad_ordinal THEN NULL ELSE ord_rank END AS rank
+       CASE WHEN search_has_hits THEN hit_rank WHEN """ + _BAD_ORDINAL + """ THEN NULL ELSE """ + _ORD_RANK + """ END AS rank
 FROM _ubi_ev
 WHERE is_imp AND sid IS NOT NULL AND object_id IS NOT NULL AND (search_has_hits OR ordinal IS NOT NULL)
 UNION ALL
@@ -233,10 +228,13 @@ WHERE is_imp AND sid IS NOT NULL AND object_id IS NOT NULL AND NOT search_has_hi
 """
 
 # Displayed rows before click placement: from placed impressions, else from the hit list.
-_SHOWN = """
+_IMPDOC = """
 CREATE OR REPLACE TEMP TABLE _ubi_impdoc AS
 SELECT sid, doc_id, min(rank) AS rank, min(ts) AS ts, count(*) AS n FROM (""" + _IMPRESSIONS + """)
-WHERE rank IS NOT NULL GROUP BY ALL;
+WHERE rank IS NOT NULL GROUP BY ALL
+"""
+
+_SHOWN = """
 CREATE OR REPLACE TEMP TABLE _ubi_shown0 AS
 WITH imp_shown AS (
     SELECT sid, rank, doc_id, 'impressions' AS origin
@@ -252,7 +250,8 @@ SELECT sid, min(rank) AS rank, doc_id, 'hit_list' AS origin FROM hit_rows WHERE 
 
 _CLICKS = """
 CREATE OR REPLACE TEMP TABLE _ubi_clk AS
-SELECT c.sid, c.object_id AS doc_id, c.ts, c.ord_rank, r.sid IS NOT NULL AS search_ranked, d.rank AS shown_rank
+SELECT c.sid, c.object_id AS doc_id, c.ts, """ + _ORD_RANK + """ AS ord_rank, r.sid IS NOT NULL AS search_ranked,
+       d.rank AS shown_rank
 FROM _ubi_ev c
 LEFT JOIN (SELECT DISTINCT sid FROM _ubi_shown0) r ON r.sid = c.sid
 LEFT JOIN _ubi_shown0 d ON d.sid = c.sid AND d.doc_id = c.object_id
@@ -376,7 +375,7 @@ SELECT pattern, weight, (code // 2 // $n_pairs)::BIGINT AS rank, (code // 2 % $n
 FROM (SELECT pattern, weight, unnest(sig) AS code FROM _ubi_pat)
 """
 
-_TEMP_TABLES = ("_ubi_search0", "_ubi_search", "_ubi_hits", "_ubi_ev0", "_ubi_ev", "_ubi_impdoc", "_ubi_shown0",
+_TEMP_TABLES = ("_ubi_search0", "_ubi_search", "_ubi_hits", "_ubi_ev", "_ubi_impdoc", "_ubi_shown0",
                 "_ubi_clk", "_ubi_placed", "_ubi_disp", "_ubi_sess", "_ubi_kept", "_ubi_pairs", "_ubi_kp",
                 "_ubi_pat", "_ubi_patrows", "_ubi_fold")
 
@@ -388,7 +387,7 @@ _TEMP_TABLES = ("_ubi_search0", "_ubi_search", "_ubi_hits", "_ubi_ev0", "_ubi_ev
 _EVIDENCE = """
 SELECT coalesce(application, '') AS application, count(*) FILTER (WHERE ordinal = hit_rank - 1),
        count(*) FILTER (WHERE ordinal = hit_rank), count(*)
-FROM _ubi_ev0 WHERE hit_rank IS NOT NULL AND ordinal IS NOT NULL GROUP BY ALL ORDER BY 1
+FROM _ubi_ev WHERE hit_rank IS NOT NULL AND ordinal IS NOT NULL GROUP BY ALL ORDER BY 1
 """
 
 # position_bases alone (no sessions) reads ubi_events just for this evidence.
@@ -444,16 +443,13 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict
             raise SessionError(f"the store has no {table} table; ingest UBI records first (`ubi import`, `ubi serve`)")
     c: dict[str, Any] = {}
     con.execute(_SEARCH)
-    con.execute(_EVENTS0, {"imp": settings.impression_action, "clicks": list(settings.click_actions)})
+    con.execute(_EVENTS, {"imp": settings.impression_action, "clicks": list(settings.click_actions)})
     _drop(con, "_ubi_search0")
     evidence = _evidence(con, _EVIDENCE)
     c["bases"] = choose_bases(evidence, settings)
     c["evidence"] = [(e.application, e.base0, e.base1, e.checked) for e in evidence.values()]
     bases = effective_bases(c["bases"])
-    con.register("_ubi_pbase", pa.table({
-        "application": pa.array(list(bases), pa.string()),
-        "base": pa.array(list(bases.values()), pa.int64()),
-    }))
+    base = {"apps": list(bases), "bases": [int(b) for b in bases.values()], "base": int(settings.position_base)}
     texts = con.sql("SELECT DISTINCT user_query FROM _ubi_search").to_arrow_table().column(0).to_pylist()
     normalised = [normalize_query(t) for t in texts]
     order = {q: i for i, q in enumerate(sorted(set(normalised)))}
@@ -462,8 +458,7 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict
         "query": pa.array(normalised, pa.string()),
         "qkey": pa.array([order[q] for q in normalised], pa.int64()),
     }))
-    con.execute(_EVENTS, {"base": settings.position_base})
-    _drop(con, "_ubi_ev0")
+    con.execute(_IMPDOC, base)
     con.execute(_SHOWN)
     c["placed_rows"], c["placed_docs"] = _ints(con, "SELECT coalesce(sum(n), 0), count(*) FROM _ubi_impdoc")
     _drop(con, "_ubi_impdoc", "_ubi_hits")
@@ -473,7 +468,7 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict
                (SELECT count(DISTINCT sid) FROM _ubi_shown0 WHERE origin = 'impressions'),
                (SELECT count(*) FROM _ubi_shown0 WHERE origin = 'impressions')
         FROM _ubi_search""")
-    con.execute(_CLICKS)
+    con.execute(_CLICKS, base)
     con.execute(_PLACED)
     con.execute(_DISPLAYED)
     c["clk"] = _ints(con, """
@@ -501,14 +496,16 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict
                count(*) FILTER (WHERE object_id IS NOT NULL AND sid IS NOT NULL AND NOT search_has_hits AND bad_ordinal),
                count(*) FILTER (WHERE hit_rank IS NOT NULL AND ord_rank IS NOT NULL),
                count(*) FILTER (WHERE hit_rank IS NOT NULL AND ord_rank IS NOT NULL AND hit_rank <> ord_rank)
-        FROM _ubi_ev WHERE is_imp""")
+        FROM (SELECT object_id, sid, search_has_hits, hit_rank, """ + _ORD_RANK + """ AS ord_rank,
+                     """ + _BAD_ORDINAL + """ AS bad_ordinal
+              FROM _ubi_ev WHERE is_imp)""", base)
     _drop(con, "_ubi_ev")
     return c
 
 
 def _cleanup(con: duckdb.DuckDBPyConnection) -> None:
     _drop(con, *_TEMP_TABLES)
-    for view in ("_ubi_pbase", "_ubi_qnorm"):
+    for view in ("_ubi_qnorm",):
         try:
             con.unregister(view)
         except duckdb.Error:
