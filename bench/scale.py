@@ -74,6 +74,12 @@ SELECT user_query, doc, rank, prev_click, sum(weight) AS impressions, sum(weight
 print(cells.num_rows, "cells,", patterns.num_rows, "patterns,", ubm.num_rows, "UBM cells")
 """
 
+# The earlier, narrower baseline: PBM cells only (printed beside, for figures measured against it)
+BASELINE_CELLS = BASELINE.split("cells = con.sql", 1)[0] + """
+n = con.sql('SELECT user_query, object_id, rank, count(*), count(*) FILTER (WHERE clicked) FROM d GROUP BY ALL').fetchall()
+print(len(n), "cells")
+"""
+
 # load_sessions alone: the SQL process runs before any fitting (same reader, same memory limit)
 SESSIONS = """
 import sys
@@ -153,6 +159,8 @@ def main() -> None:
             for _ in range(args.repeat):
                 base = run([sys.executable, "-c", BASELINE, str(db)], root)
                 row(size, "baseline: plain SQL", base, disk_mb(db), None)
+                row(size, "(baseline: PBM cells only)", run([sys.executable, "-c", BASELINE_CELLS, str(db)], root),
+                    disk_mb(db), base)
                 for tree, tag in ((root, ""), *(((args.before, "before: "),) if args.before else ())):
                     res = run([sys.executable, "-c", SESSIONS, str(db)], tree)
                     row(size, tag + "sessions only", res, disk_mb(db), base)
