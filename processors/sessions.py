@@ -30,7 +30,7 @@ empty; every search of a client whose peak query rate over any 60 s window excee
 a matching search are never fitted (counted). Ranks deeper than ``max_rank`` (K) are cut after filtering.
 
 Everything is aggregated in SQL: Python sees one row per distinct query text, per aggregated cell and per
-deduplicated pattern rank, never one per event.
+deduplicated pattern rank, never one per event (UBM cells are then summed from those patterns in numpy).
 """
 
 from __future__ import annotations
