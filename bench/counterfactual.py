@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import resource
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -37,6 +35,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _common import Usage  # noqa: E402 (bench/, the script's folder)
 
 from processors.counterfactual.predict import METHODS, Figure  # noqa: E402
 from processors.counterfactual.validate import PairResult, run_pair  # noqa: E402
@@ -131,7 +131,7 @@ def main() -> int:
         return 0
     part, parts = (int(x) for x in args.part.split("/"))
 
-    wall0, cpu0 = time.perf_counter(), time.process_time()
+    usage = Usage()
     results: list[PairResult] = []
     pairs = [(a, b) for a, b in itertools.permutations(args.noise, 2)]
     print(f"{len(pairs) * args.seeds} (A, B) pairs per generator; A's log: {args.sessions} searches, {args.epochs} "
@@ -160,9 +160,7 @@ def main() -> int:
                 if args.save:
                     args.save.write_text(json.dumps([_to_json(x) for x in results]))
     _report(results, args.generators)
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"wall {wall:.0f} s, CPU {cpu:.0f} s, peak RSS {rss:.0f} MB (shared machine)")
+    print(usage.line())
     return 0
 
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import resource
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +27,8 @@ from scipy.stats import t as student_t
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _common import Usage  # noqa: E402 (bench/, the script's folder)
 
 from processors.counterfactual.validate import exact_metrics, ranker_slots  # noqa: E402
 from processors.interleaving import outcomes  # noqa: E402
@@ -94,7 +94,7 @@ def main() -> int:
                         help="simulated searches per design and pair; N is searched up to it (A/B: twice it)")
     parser.add_argument("--trials", type=int, default=400)
     args = parser.parse_args()
-    wall0, cpu0 = time.perf_counter(), time.process_time()
+    usage = Usage()
     eps = (0.1, 1.0) if args.model == "pbm" else (0.02, 0.5)
     truth = simulate(SimConfig(sessions=1, seed=args.seed, model=args.model, eps_minus=eps[0], eps_plus=eps[1])).truth
     rng = np.random.default_rng([args.seed, 0x1EAF])
@@ -126,9 +126,7 @@ def main() -> int:
         over_il, over_ab = f">{args.pool}", f">{2 * args.pool}"
         print(f"{sigma:>7} {delta:>14.4f} {wins / max(wins + losses, 1):>9.3f} {n_il or over_il:>15} "
               f"{n_ab or over_ab:>10} {ratio:>7}", flush=True)
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"wall {wall:.0f} s, CPU {cpu:.0f} s, peak RSS {rss:.0f} MB (shared machine)")
+    print(usage.line())
     return 0
 
 

@@ -21,7 +21,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from schemas.errors import StoreLocked, UbiError
+from schemas.errors import StoreHeldByReader, StoreLocked, UbiError
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)"
 
@@ -129,10 +129,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     try:
         sink = create_sink(settings)
+    except StoreHeldByReader:
+        sock.close()
+        raise  # a reader holds the file: the store's message names it and the setting to wait longer
     except StoreLocked as exc:
         sock.close()
-        if "open read-only by process" in str(exc):
-            raise  # a reader holds the file: the store's message names it and the setting to wait longer
         raise StoreLocked(_held_store_message(settings.db)) from exc
     except BaseException:
         sock.close()
@@ -180,6 +181,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from collector.import_hints import likely_command
     from collector.importer import import_files
     from schemas.settings import Settings
+    from store.rows import Counts
 
     settings = Settings.from_flags(args)
     for path in args.files:
@@ -219,9 +221,13 @@ def cmd_import(args: argparse.Namespace) -> int:
             filters=extension_filters(settings),
             on_progress=on_progress,
         )
-    total = {k: sum(getattr(r, k) for r in reports) for k in ("queries", "events", "duplicates", "rejected")}
+    sums = Counts()
+    for r in reports:
+        sums.add(r.counts)
+    total = {"queries": sums.queries, "events": sums.events, "duplicates": sums.duplicates,
+             "rejected": sum(r.rejected for r in reports)}
     code = _import_exit_code(total)
-    hints = [h for r in reports if r.rejected and not (r.queries or r.events or r.duplicates)
+    hints = [h for r in reports if r.rejected and not (r.counts.accepted or r.counts.duplicates)
              for h in [likely_command(Path(r.path))] if h]
     if args.json:
         print(
@@ -245,7 +251,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     for col in ("file", "queries", "events", "duplicates", "rejected"):
         table.add_column(col, justify="left" if col == "file" else "right")
     for r in reports:
-        table.add_row(r.path, f"{r.queries:,}", f"{r.events:,}", f"{r.duplicates:,}", f"{r.rejected:,}")
+        table.add_row(r.path, f"{r.counts.queries:,}", f"{r.counts.events:,}", f"{r.counts.duplicates:,}",
+                      f"{r.rejected:,}")
     if len(reports) > 1:
         table.add_row("total", *(f"{total[k]:,}" for k in ("queries", "events", "duplicates", "rejected")))
     out.print(table)

@@ -62,18 +62,14 @@ class FileReport:
     """
 
     path: str
-    queries: int = 0
-    events: int = 0
-    duplicates: int = 0
-    rejected: int = 0
+    counts: Counts = field(default_factory=Counts)  # what the chunks' writes stored and found stored already
+    rejected: int = 0  # records refused (conflicts included), as IngestResult.rejected
     errors: list[tuple[int, int | None, str | None, str]] = field(default_factory=list)
 
     def add(self, result: IngestResult, chunk: Sequence[RawItem], max_errors: int) -> None:
         """Count one written chunk (items numbered by their position in the file, as its errors are)."""
         lines = {it.index: it.line for it in chunk}
-        self.queries += result.queries
-        self.events += result.events
-        self.duplicates += result.duplicates
+        self.counts.add(result.counts)
         self.rejected += result.rejected
         for err in result.errors:
             if len(self.errors) < max_errors:
@@ -82,10 +78,10 @@ class FileReport:
     def public(self) -> dict[str, Any]:
         return {
             "path": self.path,
-            "queries": self.queries,
-            "events": self.events,
-            "accepted": self.queries + self.events,
-            "duplicates": self.duplicates,
+            "queries": self.counts.queries,
+            "events": self.counts.events,
+            "accepted": self.counts.accepted,
+            "duplicates": self.counts.duplicates,
             "rejected": self.rejected,
             "errors": [{"index": i, "line": ln, "field": f, "message": m} for i, ln, f, m in self.errors],
         }

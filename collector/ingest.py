@@ -134,9 +134,10 @@ class IngestResult:
     counts: Counts  # what the write stored (per kind) and found stored already
     rejected: int  # items refused (conflicts included); each is kept in failed_records
     errors: tuple[ItemError, ...]
-    #: Request position -> (``created`` or ``duplicate``, the stored key) of each item written, for answers
-    #: that report items one by one (OpenSearch ``_bulk``); empty from sinks that cannot tell (Kafka).
-    item_status: Mapping[int, tuple[str, str]] = field(default_factory=dict)
+    #: Request position -> (its :class:`RowStatus`, the stored key) of each item written (conflicts are
+    #: errors instead), for answers that report items one by one (OpenSearch ``_bulk``); empty from sinks
+    #: that cannot tell (Kafka).
+    item_status: Mapping[int, tuple[RowStatus, str]] = field(default_factory=dict)
 
     @property
     def accepted(self) -> int:
@@ -458,15 +459,15 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
     for b, p in enumerate(batches):
         qs = outcome.query_status[q_offsets[b] : q_offsets[b] + p.n_queries]
         es = outcome.event_status[e_offsets[b] : e_offsets[b] + p.n_events]
-        status: dict[int, tuple[str, str]] = {}
+        status: dict[int, tuple[RowStatus, str]] = {}
         for (index, _), row, st in zip(p.validated.queries, p.query_rows, qs, strict=True):
             if st != RowStatus.CONFLICT:
-                status[index] = ("created" if st == RowStatus.INSERTED else "duplicate", row[1])
+                status[index] = (st, row[1])
         for (index, _, _), row, st in zip(p.validated.events, p.event_rows, es, strict=True):
             if st != RowStatus.CONFLICT:
                 key = row[0]
                 stored = key[3:] if key.startswith("id:") else key
-                status[index] = ("created" if st == RowStatus.INSERTED else "duplicate", stored)
+                status[index] = (st, stored)
         errors = list(p.validated.errors)
         if b in conflict_errors:
             errors.extend(conflict_errors[b])

@@ -39,6 +39,7 @@ from collector.errors import RequestError
 from collector.formats import BodyError, Kind, RawItem, bulk_id, parse_bulk, parse_items
 from collector.ingest import APPLICATION_SCOPE_KEY, IngestContext, IngestResult, ItemError
 from collector.routes import read_request
+from store.rows import RowStatus
 
 router = APIRouter(tags=["opensearch"])
 
@@ -112,14 +113,14 @@ def item_answer(item: RawItem, result: IngestResult, errors: dict[int, ItemError
         status, error = _item_error(err)
         error["index"] = item.index_name
         return {**out, "status": status, "error": error}
-    state, key = result.item_status.get(item.index, ("created", item.event_id or ""))
+    state, key = result.item_status.get(item.index, (RowStatus.INSERTED, item.event_id or ""))
     if item.event_id is None:
         out["_id"] = key or None
-    if state == "duplicate" and item.action == "create":
+    if state == RowStatus.DUPLICATE and item.action == "create":
         reason = f"[{out['_id']}]: version conflict, document already exists (current version [1])"
         error = {"type": "version_conflict_engine_exception", "reason": reason, "index": item.index_name}
         return {**out, "status": 409, "error": error}
-    if state == "duplicate":
+    if state == RowStatus.DUPLICATE:
         return {**out, **_WRITTEN, "result": "noop", "status": 200}
     return {**out, **_WRITTEN, "result": "created", "status": 201}
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schemas.errors import StoreLocked
+from store.kafka_flags import add_kafka_connection_arguments
 
 if TYPE_CHECKING:
     from schemas.settings import Settings
@@ -34,11 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
         epilog="Example: ubi consume --bootstrap 127.0.0.1:9092 --db ubi.duckdb",
     )
-    p.add_argument("--bootstrap", dest="kafka_bootstrap", metavar="HOST:PORT",
-                   help="Kafka bootstrap servers, comma-separated (default $UBI_KAFKA_BOOTSTRAP or 127.0.0.1:9092)")
+    add_kafka_connection_arguments(p, topics_verb="read")
     p.add_argument("--group", dest="consumer_group", help="consumer group id (default ubi-loader)")
-    p.add_argument("--topic-prefix", dest="kafka_topic_prefix", metavar="PREFIX",
-                   help="read PREFIX.queries, PREFIX.events, PREFIX.failed (default ubi)")
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("--db", type=Path, help="DuckDB store to load into (created when missing)")
     out.add_argument("--parquet", type=Path, metavar="DIR", help="Parquet folder to write (created when missing)")

@@ -69,7 +69,7 @@ from schemas.judgments import Judgment, Qrel
 from schemas.settings import Settings
 from schemas.text import normalize_query
 from store.client import load_derived, reading
-from store.rows import utcnow
+from store.rows import JUDGMENT_SCHEMA, utcnow
 
 SOURCE_PREFIX = "implicit:"
 #: registry names shown to users under another name (the registry's ``dctr`` is "the CTR of a result")
@@ -77,12 +77,6 @@ _SOURCE_NAMES = {"dctr": "ctr"}
 #: what each model's relevance score measures, for the default grade mapping (others: probability)
 SCORE_KIND = {"ctr": "ctr", "coec": "ratio", "sdbn": "satisfaction", "dbn": "satisfaction"}
 
-JUDGMENT_SCHEMA = pa.schema([
-    ("query", pa.string()), ("doc_id", pa.string()), ("source", pa.string()), ("model_version", pa.string()),
-    ("parameters", pa.string()), ("score", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()),
-    ("impressions", pa.int64()), ("clicks", pa.int64()), ("sessions", pa.int64()), ("grade", pa.int32()),
-    ("created_at", pa.timestamp("us")),
-])
 
 
 class JudgmentError(UbiError):

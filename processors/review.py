@@ -34,19 +34,13 @@ from schemas.settings import Settings
 from schemas.text import normalize_query
 from schemas.ubi import parse_timestamp
 from store.client import load_derived
-from store.rows import utcnow
+from store.rows import HUMAN_JUDGMENT_SCHEMA, utcnow
 
 REVIEW_COLUMNS = ("query_id", "query", "doc_id", "source", "score", "ci_low", "ci_high", "impressions", "clicks",
                   "sessions", "suggested_grade", "grade", "assessor", "judged_at", "rubric", "notes")
 BLIND_COLUMNS = ("query_id", "query", "doc_id", "source", "grade", "assessor", "judged_at", "rubric", "notes")
 #: columns a reviewed file may give the judging date in (the first filled in wins)
 DATE_COLUMNS = ("judged_at", "date")
-
-HUMAN_SCHEMA = pa.schema([
-    ("query_id", pa.string()), ("query", pa.string()), ("doc_id", pa.string()), ("grade", pa.int32()),
-    ("source", pa.string()), ("assessor", pa.string()), ("judged_at", pa.timestamp("us")),
-    ("rubric", pa.string()), ("origin", pa.string()),
-])
 
 
 class ReviewError(UbiError):
@@ -173,7 +167,7 @@ def write_review(rows: Iterable[dict[str, Any]], path: Path | str, *, blind: boo
 class ReviewImport:
     """What a reviewed file held."""
 
-    table: pa.Table  # human_judgments rows (schema HUMAN_SCHEMA)
+    table: pa.Table  # human_judgments rows (schema HUMAN_JUDGMENT_SCHEMA)
     rows: int  # data rows in the file
     skipped_ungraded: int  # rows left without a grade
     reviewed: int  # rows with source reviewed:<implicit source>
@@ -291,7 +285,7 @@ def read_review(path: Path | str, *, assessor: str, rubric: str | None = None, g
             "rubric": _text(rec.get("rubric"), p, line, "rubric") or rubric or None,
             "origin": str(p),
         })
-    table = pa.Table.from_pylist(out, schema=HUMAN_SCHEMA)
+    table = pa.Table.from_pylist(out, schema=HUMAN_JUDGMENT_SCHEMA)
     reviewed = sum(1 for r in out if r["source"] != "human")
     return ReviewImport(table, n, skipped, reviewed, len(out) - reviewed)
 

@@ -45,11 +45,11 @@ from processors.qrels import (
     load_queryset,
     workbench_safe,
 )
-from processors.review import HUMAN_SCHEMA
 from reports.merge import DEFAULT_PRECEDENCE, KINDS, Label, LabelSet, labels_from_store
 from schemas.errors import StoreError, UbiError
 from schemas.text import normalize_query
 from store.client import load_derived, reading
+from store.rows import HUMAN_JUDGMENT_SCHEMA
 
 HUMAN_SOURCE = "human"
 
@@ -261,7 +261,7 @@ def read_human_file(
         }
         for j in qrels.human_judgments(source=HUMAN_SOURCE)
     ]
-    return qrels, pa.Table.from_pylist(rows, schema=HUMAN_SCHEMA)
+    return qrels, pa.Table.from_pylist(rows, schema=HUMAN_JUDGMENT_SCHEMA)
 
 
 def _stored_state(db: Path) -> tuple[set[tuple[str, str]], set[str] | None]:

@@ -53,3 +53,7 @@ class StoreError(UbiError):
 class StoreLocked(StoreError):
     """Another process (usually a running collector) holds the store's write lock."""
 
+
+class StoreHeldByReader(StoreLocked):
+    """Only read-only readers (``ubi report``, ``ubi process`` with no collector running) hold the store, and
+    the writer gave up waiting for them: the message names the reader and the setting to wait longer."""

@@ -1,141 +1,169 @@
 """Storage tables: the canonical stored shape of UBI records and of everything derived from them.
 
-One DDL per table, used by the DuckDB store and (as column lists) by the Parquet writer. Every table the
-pipeline writes is declared here so that the collector, the Kafka loader, the processors and the reports
-agree on names and types. JSON columns hold the original objects (``event_attributes``, extra keys) so
-nothing a client sent is lost.
+Each table is declared once, as a :class:`Table` of :class:`Column` (name, DuckDB type, NOT NULL, note);
+everything else is derived from that declaration: the DDL the DuckDB store and the Parquet views run, the
+column lists SQL identifiers are checked against, the Arrow schemas of ``store.rows`` (by
+:data:`ARROW_TYPE_NAMES`), and the columns a Kafka row may not leave null (``store.wire.REQUIRED``). So the
+collector, the Kafka loader, the processors and the reports agree on names and types. JSON columns hold the
+original objects (``event_attributes``, extra keys) so nothing a client sent is lost.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Column:
+    """One stored column: its name, DuckDB type, whether it may be NULL, and a note for the DDL."""
+
+    name: str
+    sql: str
+    not_null: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Table:
+    """One stored table: its columns in order and its primary key."""
+
+    name: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The column names, in order."""
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The columns that may not be NULL (declared NOT NULL, or part of the primary key), in order."""
+        return tuple(c.name for c in self.columns if c.not_null or c.name in self.key)
+
+    def ddl(self, name: str | None = None) -> str:
+        """``CREATE TABLE IF NOT EXISTS`` for this table (under ``name`` if given: a same-shaped copy)."""
+        single = self.key if len(self.key) == 1 else ()
+        defs = []
+        for c in self.columns:
+            constraint = " PRIMARY KEY" if c.name in single else " NOT NULL" if c.not_null else ""
+            defs.append(f"{c.name} {c.sql}{constraint}")
+        if len(self.key) > 1:
+            defs.append(f"PRIMARY KEY ({', '.join(self.key)})")
+        return f"CREATE TABLE IF NOT EXISTS {name or self.name} (\n    " + ",\n    ".join(defs) + "\n)"
+
+
+def _c(name: str, sql: str = "VARCHAR", not_null: bool = False, note: str = "") -> Column:
+    return Column(name, sql, not_null, note)
+
+
 #: Query records. Identity is ``query_key`` (``query_id`` + ``query_response_id``, see ``schemas.ubi.query_key``).
-UBI_QUERIES = """
-CREATE TABLE IF NOT EXISTS ubi_queries (
-    query_key VARCHAR PRIMARY KEY,
-    query_id VARCHAR NOT NULL,
-    user_query VARCHAR NOT NULL,
-    client_id VARCHAR,
-    application VARCHAR,
-    timestamp TIMESTAMP,            -- UTC; NULL when the client sent none
-    query_attributes JSON,
-    object_id_field VARCHAR,
-    query_response_id VARCHAR,
-    query_response_hit_ids VARCHAR[],
-    extra JSON,                     -- top-level keys outside the schema
-    content_hash VARCHAR NOT NULL,  -- tells a retry (same hash) from a conflict (different record, same key)
-    received_at TIMESTAMP NOT NULL
-)
-"""
+QUERY_TABLE = Table("ubi_queries", (
+    _c("query_key"),
+    _c("query_id", not_null=True),
+    _c("user_query", not_null=True),
+    _c("client_id"),
+    _c("application"),
+    _c("timestamp", "TIMESTAMP", note="UTC; NULL when the client sent none"),
+    _c("query_attributes", "JSON"),
+    _c("object_id_field"),
+    _c("query_response_id"),
+    _c("query_response_hit_ids", "VARCHAR[]"),
+    _c("extra", "JSON", note="top-level keys outside the schema"),
+    _c("content_hash", not_null=True,
+       note="tells a retry (same hash) from a conflict (different record, same key)"),
+    _c("received_at", "TIMESTAMP", not_null=True),
+), key=("query_key",))
 
 #: Events. Identity is ``event_key`` (client ``event_id`` or canonical hash, see ``schemas.ubi.event_key``).
-UBI_EVENTS = """
-CREATE TABLE IF NOT EXISTS ubi_events (
-    event_key VARCHAR PRIMARY KEY,
-    event_id VARCHAR,
-    action_name VARCHAR NOT NULL,
-    query_id VARCHAR,
-    session_id VARCHAR,
-    client_id VARCHAR,
-    user_id VARCHAR,
-    application VARCHAR,
-    timestamp TIMESTAMP NOT NULL,   -- UTC
-    message_type VARCHAR,
-    message VARCHAR,
-    user_query VARCHAR,
-    object_id VARCHAR,
-    object_id_field VARCHAR,
-    object_id_type VARCHAR,
-    internal_id VARCHAR,
-    position_ordinal INTEGER,       -- as sent (0- or 1-based: see Settings.position_base)
-    position_x DOUBLE,
-    position_y DOUBLE,
-    event_attributes JSON,
-    extra JSON,
-    received_at TIMESTAMP NOT NULL
-)
-"""
+EVENT_TABLE = Table("ubi_events", (
+    _c("event_key"),
+    _c("event_id"),
+    _c("action_name", not_null=True),
+    _c("query_id"),
+    _c("session_id"),
+    _c("client_id"),
+    _c("user_id"),
+    _c("application"),
+    _c("timestamp", "TIMESTAMP", not_null=True, note="UTC"),
+    _c("message_type"),
+    _c("message"),
+    _c("user_query"),
+    _c("object_id"),
+    _c("object_id_field"),
+    _c("object_id_type"),
+    _c("internal_id"),
+    _c("position_ordinal", "INTEGER", note="as sent (0- or 1-based: see Settings.position_base)"),
+    _c("position_x", "DOUBLE"),
+    _c("position_y", "DOUBLE"),
+    _c("event_attributes", "JSON"),
+    _c("extra", "JSON"),
+    _c("received_at", "TIMESTAMP", not_null=True),
+), key=("event_key",))
 
 #: Everything the collector or a loader would not store, with why, so nothing is lost.
-FAILED_RECORDS = """
-CREATE TABLE IF NOT EXISTS failed_records (
-    failed_id VARCHAR PRIMARY KEY,
-    received_at TIMESTAMP NOT NULL,
-    source VARCHAR NOT NULL,        -- route, file path, or kafka topic
-    kind VARCHAR NOT NULL,          -- query | event | body | conflict | forbidden | ...
-    item_index INTEGER,             -- index of the item in its batch (NULL for a whole body)
-    field VARCHAR,
-    reason VARCHAR NOT NULL,
-    raw BLOB,                       -- the bytes as received
-    kafka_topic VARCHAR,
-    kafka_partition INTEGER,
-    kafka_offset BIGINT
-)
-"""
+FAILED_TABLE = Table("failed_records", (
+    _c("failed_id"),
+    _c("received_at", "TIMESTAMP", not_null=True),
+    _c("source", not_null=True, note="route, file path, or kafka topic"),
+    _c("kind", not_null=True, note="query | event | body | conflict | forbidden | ..."),
+    _c("item_index", "INTEGER", note="index of the item in its batch (NULL for a whole body)"),
+    _c("field"),
+    _c("reason", not_null=True),
+    _c("raw", "BLOB", note="the bytes as received"),
+    _c("kafka_topic"),
+    _c("kafka_partition", "INTEGER"),
+    _c("kafka_offset", "BIGINT"),
+), key=("failed_id",))
 
 #: Candidate (implicit) judgments from a processor. Never mixed with human ones: ``source`` says which model.
-JUDGMENTS = """
-CREATE TABLE IF NOT EXISTS judgments (
-    query VARCHAR NOT NULL,         -- normalised query text (NFKC, case-folded, whitespace collapsed)
-    doc_id VARCHAR NOT NULL,
-    source VARCHAR NOT NULL,        -- implicit:<model>
-    model_version VARCHAR,
-    parameters JSON,
-    score DOUBLE,
-    ci_low DOUBLE,
-    ci_high DOUBLE,
-    impressions BIGINT,
-    clicks BIGINT,
-    sessions BIGINT,
-    grade INTEGER,                  -- on the human scale, or NULL (too little support / too wide an interval)
-    created_at TIMESTAMP NOT NULL,
-    PRIMARY KEY (query, doc_id, source)
-)
-"""
+JUDGMENT_TABLE = Table("judgments", (
+    _c("query", not_null=True, note="normalised query text (NFKC, case-folded, whitespace collapsed)"),
+    _c("doc_id", not_null=True),
+    _c("source", not_null=True, note="implicit:<model>"),
+    _c("model_version"),
+    _c("parameters", "JSON"),
+    _c("score", "DOUBLE"),
+    _c("ci_low", "DOUBLE"),
+    _c("ci_high", "DOUBLE"),
+    _c("impressions", "BIGINT"),
+    _c("clicks", "BIGINT"),
+    _c("sessions", "BIGINT"),
+    _c("grade", "INTEGER",
+       note="on the human scale, or NULL (too little support / too wide an interval)"),
+    _c("created_at", "TIMESTAMP", not_null=True),
+), key=("query", "doc_id", "source"))
 
 #: Human judgments (and reviewed implicit ones) imported from qrels files or the review round trip.
-HUMAN_JUDGMENTS = """
-CREATE TABLE IF NOT EXISTS human_judgments (
-    query_id VARCHAR,
-    query VARCHAR NOT NULL,         -- normalised query text
-    doc_id VARCHAR NOT NULL,
-    grade INTEGER NOT NULL,
-    source VARCHAR NOT NULL,        -- human | reviewed:<implicit source>
-    assessor VARCHAR,
-    judged_at TIMESTAMP,
-    rubric VARCHAR,
-    origin VARCHAR,                 -- file it came from
-    PRIMARY KEY (query, doc_id, source)
-)
-"""
+HUMAN_JUDGMENT_TABLE = Table("human_judgments", (
+    _c("query_id"),
+    _c("query", not_null=True, note="normalised query text"),
+    _c("doc_id", not_null=True),
+    _c("grade", "INTEGER", not_null=True),
+    _c("source", not_null=True, note="human | reviewed:<implicit source>"),
+    _c("assessor"),
+    _c("judged_at", "TIMESTAMP"),
+    _c("rubric"),
+    _c("origin", note="file it came from"),
+), key=("query", "doc_id", "source"))
 
-ALL_TABLES = (UBI_QUERIES, UBI_EVENTS, FAILED_RECORDS, JUDGMENTS, HUMAN_JUDGMENTS)
+#: Every stored table, by name.
+TABLES: dict[str, Table] = {
+    t.name: t for t in (QUERY_TABLE, EVENT_TABLE, FAILED_TABLE, JUDGMENT_TABLE, HUMAN_JUDGMENT_TABLE)
+}
 
-QUERY_COLUMNS = (
-    "query_key", "query_id", "user_query", "client_id", "application", "timestamp", "query_attributes",
-    "object_id_field", "query_response_id", "query_response_hit_ids", "extra", "content_hash", "received_at",
-)
-EVENT_COLUMNS = (
-    "event_key", "event_id", "action_name", "query_id", "session_id", "client_id", "user_id", "application",
-    "timestamp", "message_type", "message", "user_query", "object_id", "object_id_field", "object_id_type",
-    "internal_id", "position_ordinal", "position_x", "position_y", "event_attributes", "extra", "received_at",
-)
-FAILED_COLUMNS = (
-    "failed_id", "received_at", "source", "kind", "item_index", "field", "reason", "raw",
-    "kafka_topic", "kafka_partition", "kafka_offset",
-)
-JUDGMENT_COLUMNS = (
-    "query", "doc_id", "source", "model_version", "parameters", "score", "ci_low", "ci_high", "impressions",
-    "clicks", "sessions", "grade", "created_at",
-)
-HUMAN_JUDGMENT_COLUMNS = (
-    "query_id", "query", "doc_id", "grade", "source", "assessor", "judged_at", "rubric", "origin",
-)
+UBI_QUERIES = QUERY_TABLE.ddl()
+UBI_EVENTS = EVENT_TABLE.ddl()
+FAILED_RECORDS = FAILED_TABLE.ddl()
+JUDGMENTS = JUDGMENT_TABLE.ddl()
+HUMAN_JUDGMENTS = HUMAN_JUDGMENT_TABLE.ddl()
+ALL_TABLES = tuple(t.ddl() for t in TABLES.values())
+
+QUERY_COLUMNS = QUERY_TABLE.names
+EVENT_COLUMNS = EVENT_TABLE.names
+FAILED_COLUMNS = FAILED_TABLE.names
+JUDGMENT_COLUMNS = JUDGMENT_TABLE.names
+HUMAN_JUDGMENT_COLUMNS = HUMAN_JUDGMENT_TABLE.names
 
 #: The declared columns of every table, by table name: the one list SQL identifiers are checked against.
-TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
-    "ubi_queries": QUERY_COLUMNS,
-    "ubi_events": EVENT_COLUMNS,
-    "failed_records": FAILED_COLUMNS,
-    "judgments": JUDGMENT_COLUMNS,
-    "human_judgments": HUMAN_JUDGMENT_COLUMNS,
-}
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {name: t.names for name, t in TABLES.items()}

@@ -33,7 +33,7 @@ import duckdb
 import pyarrow as pa
 
 from schemas import tables
-from schemas.errors import StoreError, StoreLocked
+from schemas.errors import StoreError, StoreHeldByReader, StoreLocked
 from schemas.settings import Settings
 from store.rows import EVENT_CONTENT_COLUMNS, Counts, RowStatus, event_content_digest
 from store.sealed import Sealed, Sealer
@@ -187,7 +187,7 @@ class Store:
                     "`ubi process`, started while no collector held the file)"
                 )
                 if time.monotonic() >= deadline:
-                    raise StoreLocked(
+                    raise StoreHeldByReader(
                         f"{reader}; gave up after waiting {wait_for_readers:g} s (UBI_STORE_WAIT_SECONDS). Let it "
                         "finish and start again, or wait longer with a larger UBI_STORE_WAIT_SECONDS."
                     ) from exc

@@ -160,7 +160,7 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
                kafka_partition, kafka_offset
         FROM _event_conflicts c"""
     if f_glob is None:
-        con.execute(tables.FAILED_RECORDS.replace("failed_records", "failed_records_kept", 1))
+        con.execute(tables.FAILED_TABLE.ddl("failed_records_kept"))
     else:
         con.execute(f"""CREATE VIEW failed_records_kept AS
             SELECT {_cols(tables.FAILED_COLUMNS)} FROM {read.format(f_glob)}

@@ -86,29 +86,29 @@ class Counts:
 
 # ---------------------------------------------------------------- Arrow schemas of stored rows
 
-#: Arrow types of the stored columns that are not strings (VARCHAR and JSON columns travel as strings).
-_ARROW_TYPES: dict[str, pa.DataType] = {
-    "timestamp": pa.timestamp("us"),
-    "received_at": pa.timestamp("us"),
-    "position_ordinal": pa.int32(),
-    "position_x": pa.float64(),
-    "position_y": pa.float64(),
-    "query_response_hit_ids": pa.list_(pa.string()),
-    "item_index": pa.int32(),
-    "raw": pa.binary(),
-    "kafka_partition": pa.int32(),
-    "kafka_offset": pa.int64(),
+#: The Arrow type each DuckDB column type of ``schemas.tables`` travels as (JSON columns travel as strings).
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "VARCHAR": pa.string(),
+    "JSON": pa.string(),
+    "VARCHAR[]": pa.list_(pa.string()),
+    "TIMESTAMP": pa.timestamp("us"),
+    "INTEGER": pa.int32(),
+    "BIGINT": pa.int64(),
+    "DOUBLE": pa.float64(),
+    "BLOB": pa.binary(),
 }
 
 
-def _arrow_schema(columns: Sequence[str]) -> pa.Schema:
-    """The Arrow schema of stored rows, in the column order of ``schemas.tables``."""
-    return pa.schema([(c, _ARROW_TYPES.get(c, pa.string())) for c in columns])
+def arrow_schema(table: tables.Table) -> pa.Schema:
+    """The Arrow schema of ``table``'s stored rows, in its column order (types from :data:`ARROW_TYPES`)."""
+    return pa.schema([(c.name, ARROW_TYPES[c.sql]) for c in table.columns])
 
 
-QUERY_SCHEMA = _arrow_schema(tables.QUERY_COLUMNS)
-EVENT_SCHEMA = _arrow_schema(tables.EVENT_COLUMNS)
-FAILED_SCHEMA = _arrow_schema(tables.FAILED_COLUMNS)
+QUERY_SCHEMA = arrow_schema(tables.QUERY_TABLE)
+EVENT_SCHEMA = arrow_schema(tables.EVENT_TABLE)
+FAILED_SCHEMA = arrow_schema(tables.FAILED_TABLE)
+JUDGMENT_SCHEMA = arrow_schema(tables.JUDGMENT_TABLE)
+HUMAN_JUDGMENT_SCHEMA = arrow_schema(tables.HUMAN_JUDGMENT_TABLE)
 
 
 # ---------------------------------------------------------------- query and event rows

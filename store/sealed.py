@@ -63,13 +63,7 @@ if TYPE_CHECKING:
 SEALED_TABLES: dict[str, str] = {"ubi_queries": "query_key", "ubi_events": "event_key", "failed_records": "failed_id"}
 #: Small tables rows are replaced in (``Store.load_table``): sent whole with every seal, never written to disk.
 INLINE_TABLES = ("judgments", "human_judgments")
-DDL = {
-    "ubi_queries": tables.UBI_QUERIES,
-    "ubi_events": tables.UBI_EVENTS,
-    "failed_records": tables.FAILED_RECORDS,
-    "judgments": tables.JUDGMENTS,
-    "human_judgments": tables.HUMAN_JUDGMENTS,
-}
+DDL = {name: table.ddl() for name, table in tables.TABLES.items()}
 MANIFEST = "manifest.json"
 #: Rows copied by one COPY statement: bounds the writer's memory while it seals a large backlog (DuckDB keeps
 #: a row group per open partition), at the price of one file per chunk and day.
@@ -382,14 +376,11 @@ def open_sealed(sealed: Sealed) -> duckdb.DuckDBPyConnection:
             missing = [f for f in files if not os.path.exists(f)]
             if missing:
                 raise SealFailed(f"sealed segment {missing[0]} of {table} is gone; ask the writer to seal again")
-            con.execute(DDL[table].replace(f"EXISTS {table}", f"EXISTS _shape_{table}", 1))
             if not files:
-                con.execute(f"ALTER TABLE _shape_{table} RENAME TO {table}")
+                con.execute(DDL[table])
                 continue
-            types = dict(con.execute(f"SELECT column_name, data_type FROM duckdb_columns() "
-                                     f"WHERE table_name = '_shape_{table}'").fetchall())
-            con.execute(f"DROP TABLE _shape_{table}")
-            cols = ", ".join(f"{c}::{types[c]} AS {c}" for c in tables.TABLE_COLUMNS[table])
+            # each column cast to its declared type (schemas.tables), whatever the files' own types
+            cols = ", ".join(f"{c.name}::{c.sql} AS {c.name}" for c in tables.TABLES[table].columns)
             listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
             con.execute(f"CREATE VIEW {table} AS SELECT {cols} FROM read_parquet([{listed}], "
                         "hive_partitioning = false)")

@@ -34,17 +34,15 @@ from typing import Any, Literal, NamedTuple
 import orjson
 import pyarrow as pa
 
+from schemas import tables
 from schemas.errors import UbiError
 from store.rows import EVENT_SCHEMA, QUERY_SCHEMA
 
 TopicKind = Literal["queries", "events", "failed"]
 TOPIC_KINDS: tuple[TopicKind, ...] = ("queries", "events", "failed")
 
-#: Columns that may not be null in a stored row (NOT NULL in ``schemas.tables``).
-REQUIRED = {
-    "queries": ("query_key", "query_id", "user_query", "content_hash", "received_at"),
-    "events": ("event_key", "action_name", "timestamp", "received_at"),
-}
+#: Columns that may not be null in a stored row (NOT NULL or the key in ``schemas.tables``).
+REQUIRED = {"queries": tables.QUERY_TABLE.required, "events": tables.EVENT_TABLE.required}
 #: The Arrow schema a row line of each kind must fit (the stored shape).
 SCHEMAS: dict[str, pa.Schema] = {"queries": QUERY_SCHEMA, "events": EVENT_SCHEMA}
 

@@ -5,18 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from store.kafka_flags import add_kafka_connection_arguments
+
 #: the sinks ``--sink`` accepts (each is a module of this package with ``create(settings)``)
 SINK_NAMES: tuple[str, ...] = ("duckdb", "kafka")
 
 
 def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
     """``ubi serve`` flags of the Kafka sink (dest = Settings field names)."""
-    """``ubi serve`` flags of the Kafka sink (dest = Settings field names)."""
     g = parser.add_argument_group("kafka sink (--sink kafka)")
-    g.add_argument("--bootstrap", dest="kafka_bootstrap", metavar="HOST:PORT",
-                   help="Kafka bootstrap servers, comma-separated (default $UBI_KAFKA_BOOTSTRAP or 127.0.0.1:9092)")
-    g.add_argument("--topic-prefix", dest="kafka_topic_prefix", metavar="PREFIX",
-                   help="topics are PREFIX.queries, PREFIX.events, PREFIX.failed (default ubi)")
+    add_kafka_connection_arguments(g, topics_verb="write")
     g.add_argument("--spool", dest="spool_dir", type=Path, metavar="DIR",
                    help="local spool for records the broker cannot take yet; collectors on one host may share "
                         "it (each takes a slot) (default ./ubi-spool)")

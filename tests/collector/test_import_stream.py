@@ -39,7 +39,7 @@ def test_every_format_and_gzip_imports_exactly(tmp_path: Path, fmt: str, gz: boo
                                  on_progress=lambda _p, done, total, n: seen.append((done, total, n)))
     # bulk_log's rows for 6,000 events and seed 4: 500 searches, 6,075 events (counted in DuckDB below too)
     assert mode == "direct"
-    assert (sum(r.queries for r in reports), sum(r.events for r in reports)) == (500, 6_075)
+    assert (sum(r.counts.queries for r in reports), sum(r.counts.events for r in reports)) == (500, 6_075)
     assert sum(r.rejected for r in reports) == 0
     assert _counts(tmp_path / "ubi.duckdb") == (500, 6_075)
     done, total, n = seen[-1]

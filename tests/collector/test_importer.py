@@ -23,9 +23,28 @@ def test_bulk_error_lines_come_from_parse_bulk_after_a_one_line_delete(tmp_path:
     path.write_text(body)
     (report,), mode = import_files([path], tmp_path / "s.duckdb")
     assert mode == "direct"
-    assert (report.events, report.rejected) == (1, 3)
+    assert (report.counts.events, report.rejected) == (1, 3)
     assert [(index, line, field) for index, line, field, _ in report.errors] == [
         (1, 3, "action"),
         (2, 5, "timestamp"),
         (3, 7, "timestamp"),
     ]
+
+
+def test_a_file_imported_twice_reports_its_counts_by_kind(tmp_path: Path) -> None:
+    """FileReport keeps one store.rows.Counts: the second import of a file of one query record and two events
+    (counted by hand) finds all three stored, and the counts say which kind each duplicate was."""
+    from store.rows import Counts
+
+    path = tmp_path / "log.ndjson"
+    path.write_text("\n".join([
+        '{"query_id": "q1", "user_query": "shoes"}',
+        '{"action_name": "click", "query_id": "q1", "timestamp": "2024-05-16T12:00:00Z"}',
+        '{"action_name": "impression", "query_id": "q1", "timestamp": "2024-05-16T12:00:01Z"}',
+    ]) + "\n")
+    (first,), _ = import_files([path], tmp_path / "s.duckdb")
+    (second,), _ = import_files([path], tmp_path / "s.duckdb")
+    assert first.counts == Counts(queries=1, events=2)
+    assert second.counts == Counts(query_duplicates=1, event_duplicates=2)
+    assert (second.counts.accepted, second.counts.duplicates, second.rejected) == (0, 3, 0)
+    assert second.public()["accepted"] == 0 and second.public()["duplicates"] == 3

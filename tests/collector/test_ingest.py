@@ -224,3 +224,20 @@ def test_the_fast_duplicate_key_check_agrees_with_an_exact_parse(data):
 
     json.loads(raw, object_pairs_hook=pairs)
     assert _dropped_keys(raw, orjson.loads(raw)) == repeated, text
+
+
+def test_item_status_is_the_row_status_of_each_written_item(tmp_path, make_event, make_query):
+    """Items are reported by the store's RowStatus (one enum, store.rows), not by words: the second body
+    holds a retry of e1 (DUPLICATE), a new event (INSERTED), and a conflict on e1 (no status: an error)."""
+    from store.rows import RowStatus
+
+    first = make_event(event_id="e1")
+    with Store(tmp_path / "s.duckdb") as store:
+        a = ingest(store, validate_items(parse_items(orjson.dumps([first, make_event(event_id="e0")]), "event")),
+                   source="s")
+        assert dict(a.item_status) == {0: (RowStatus.INSERTED, "e1"), 1: (RowStatus.INSERTED, "e0")}
+        body = orjson.dumps([first, make_event(event_id="e2"), dict(first, action_name="purchase")])
+        b = ingest(store, validate_items(parse_items(body, "event")), source="s")
+        assert dict(b.item_status) == {0: (RowStatus.DUPLICATE, "e1"), 1: (RowStatus.INSERTED, "e2")}
+        assert all(type(st) is RowStatus for st, _ in b.item_status.values())
+        assert (b.counts.events, b.counts.event_duplicates, b.counts.conflicts) == (1, 1, 1)

@@ -22,3 +22,31 @@ def test_second_serve_names_the_running_collector(tmp_path):
         assert first.proc.poll() is None  # the first one keeps serving
     finally:
         assert first.stop() == 0
+
+
+def _serve_with_failing_sink(monkeypatch, capsys, tmp_path, exc):
+    """`ubi serve` whose sink fails to open with ``exc``: its exit code and what it printed."""
+    import collector.sinks
+    from ubi.cli import main
+
+    def fail(settings):
+        raise exc
+
+    monkeypatch.setattr(collector.sinks, "create_sink", fail)
+    code = main(["serve", "--db", str(tmp_path / "ubi.duckdb"), "--host", "127.0.0.1", "--port", "0"])
+    return code, " ".join(capsys.readouterr().err.split())
+
+
+def test_serve_tells_a_reader_from_a_writer_by_the_error_type(monkeypatch, capsys, tmp_path):
+    """The store raises StoreHeldByReader when only readers hold the file, and ubi serve keeps that message;
+    any other StoreLocked (a writer holds it) becomes the held-store message. Decided by type, not by the
+    message's words (74e9b3e matched "open read-only by process" in the text, so a reworded store message
+    would have blamed a collector)."""
+    from schemas.errors import StoreHeldByReader, StoreLocked
+
+    code, err = _serve_with_failing_sink(monkeypatch, capsys, tmp_path, StoreHeldByReader("a reader (pid 7) holds it"))
+    assert code == 2 and "a reader (pid 7) holds it" in err and "is already held by" not in err, err
+
+    code, err = _serve_with_failing_sink(monkeypatch, capsys, tmp_path, StoreLocked("open read-only by process 7"))
+    assert code == 2 and "is already held by another process (no collector advertises it)" in err, err
+    assert "open read-only by process 7" not in err

@@ -120,33 +120,25 @@ def test_connections_over_the_cap_get_503_and_the_server_recovers(served: Served
     assert httpx.get(served.url + "/healthz", timeout=5).status_code == 200
 
 
+def _codes_with_forwarded_for(db: Path, env: dict[str, str], make_event, clients: list[str]) -> list[int]:
+    """Status codes of one POST /v1/events per entry of ``clients``, each claiming that X-Forwarded-For."""
+    server = start_server(db, env=env)
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as c:
+            return [c.post("/v1/events", json=make_event(), headers={"X-Forwarded-For": ip}).status_code
+                    for ip in clients]
+    finally:
+        assert server.stop() == 0
+
+
 def test_x_forwarded_for_does_not_buy_a_fresh_rate_limit_bucket(tmp_path: Path, make_event) -> None:
     # Today's failure: uvicorn's proxy_headers trusted 127.0.0.1, so each X-Forwarded-For value was a new
     # client with a full bucket. No proxy is configured here: the header is the client's own claim.
     env = {"UBI_RATE_LIMIT_PER_SECOND": "0.001", "UBI_RATE_LIMIT_BURST": "2"}
-    server = start_server(tmp_path / "ubi.duckdb", env=env)
-    try:
-        with httpx.Client(base_url=server.url, timeout=10) as c:
-            codes = [
-                c.post(
-                    "/v1/events", json=make_event(), headers={"X-Forwarded-For": f"198.51.100.{i}"}
-                ).status_code
-                for i in range(4)
-            ]
-        assert codes == [202, 202, 429, 429]
-    finally:
-        assert server.stop() == 0
+    rotating = [f"198.51.100.{i}" for i in range(4)]
+    assert _codes_with_forwarded_for(tmp_path / "ubi.duckdb", env, make_event, rotating) == [202, 202, 429, 429]
     # Behind a configured proxy (loopback is the proxy here) the hop it appends does name the client.
     env["UBI_TRUSTED_PROXIES"] = '["127.0.0.1"]'
-    server = start_server(tmp_path / "ubi2.duckdb", env=env)
-    try:
-        with httpx.Client(base_url=server.url, timeout=10) as c:
-            codes = [
-                c.post(
-                    "/v1/events", json=make_event(), headers={"X-Forwarded-For": f"198.51.100.{i // 2}"}
-                ).status_code
-                for i in range(4)
-            ]
-        assert codes == [202, 202, 202, 202]  # two clients, two requests each, burst 2
-    finally:
-        assert server.stop() == 0
+    two = [f"198.51.100.{i // 2}" for i in range(4)]
+    # two clients, two requests each, burst 2
+    assert _codes_with_forwarded_for(tmp_path / "ubi2.duckdb", env, make_event, two) == [202, 202, 202, 202]

@@ -38,6 +38,7 @@ import pytest
 from collector.ingest import ingest, parse_items, validate_items
 from store.client import open_reader
 from store.duckdb_store import Store
+from store.rows import JUDGMENT_SCHEMA
 from tests.conftest import SAMPLE_LOG, shared_path
 
 T0 = datetime(2025, 1, 1, 10, 0, 0, tzinfo=UTC)
@@ -125,12 +126,6 @@ JUDGMENTS = [
     _judgment("green bag", "b2", None),
 ]
 
-JUDGMENT_SCHEMA = pa.schema([
-    ("query", pa.string()), ("doc_id", pa.string()), ("source", pa.string()), ("model_version", pa.string()),
-    ("parameters", pa.string()), ("score", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()),
-    ("impressions", pa.int64()), ("clicks", pa.int64()), ("sessions", pa.int64()), ("grade", pa.int32()),
-    ("created_at", pa.timestamp("us")),
-])
 
 
 def ndjson(records: list[dict[str, Any]]) -> bytes:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from processors.review import HUMAN_SCHEMA
 from reports.judgment_io import JudgmentIOError, export_judgments, source_name, stored_qrels
 from store.client import open_reader
 from store.duckdb_store import Store
+from store.rows import HUMAN_JUDGMENT_SCHEMA
 
 
 def _human(query_id, query, doc, grade, assessor=None):
@@ -29,7 +29,7 @@ def con(tmp_path: Path):
             _human("q2", "blue hat", "h1", 2, "ann"),  # two ids and two assessors for one query
             _human("q9", "blue hat", "h2", 0, "bob"),
             _human("blue hat", "green bag", "b1", 1),  # a stored id that is another query's text
-        ], schema=HUMAN_SCHEMA))
+        ], schema=HUMAN_JUDGMENT_SCHEMA))
     c = open_reader(db)
     yield c
     c.close()

@@ -227,4 +227,21 @@ def test_a_writer_holding_the_file_is_still_named_as_one(tmp_path):
                 "try:\n    Store(sys.argv[1], wait_for_readers=5)\nexcept Exception as e:\n    print(type(e).__name__, e)")
         out = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=60,
                              cwd=__import__("pathlib").Path(__file__).resolve().parents[2]).stdout
-    assert out.startswith("StoreLocked") and "held for writing by another process" in out, out
+    assert out.startswith("StoreLocked ") and "held for writing by another process" in out, out
+
+
+def test_a_store_held_only_by_a_reader_raises_the_reader_subclass(tmp_path):
+    """Giving up on a read-only reader raises StoreHeldByReader (a StoreLocked), which `ubi serve` tells from a
+    writer holding the file by its type (test_a_writer_holding_the_file_is_still_named_as_one: plain StoreLocked)."""
+    from schemas.errors import StoreHeldByReader
+
+    db = tmp_path / "ubi.duckdb"
+    Store(db).close()
+    reader = _hold_read_only(db)
+    try:
+        with pytest.raises(StoreHeldByReader, match=f"open read-only by process {reader.pid}") as info:
+            Store(db, wait_for_readers=0.3)
+        assert isinstance(info.value, StoreLocked)
+    finally:
+        reader.kill()
+        reader.wait()
