@@ -683,7 +683,8 @@ def simulate(config: SimConfig | None = None, **overrides: Any) -> SimulatedTraf
 
 def _interleave(config: SimConfig, truth: Truth, rankings: NDArray[np.int64], query: NDArray[np.int64],
                 ranker: NDArray[np.int64], swap: NDArray[np.int64], slots: NDArray[np.int64],
-                rng: np.random.Generator) -> tuple[NDArray[np.int64], ...]:
+                rng: np.random.Generator
+                ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int8]]:
     """Replace a ``interleave_share`` of searches by the team-draft interleaving of the two named rankers.
 
     Each chosen search interleaves the two rankers' lists of its epoch with
