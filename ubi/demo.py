@@ -3,8 +3,9 @@
 It starts a real collector process (``ubi serve``) on a fresh DuckDB file and a free loopback port, sends
 simulated traffic over HTTP (the built-in catalog with graded human judgments, two rankers, position-biased
 clicks), derives candidate judgments with several click models *while the collector keeps running* (the
-one-writer design of ``collector/store.py``), estimates position bias, and prints the joint report. Same
-seed, same report. ``--serve`` instead serves the instrumented demo search page.
+one-writer design of ``collector/store.py``), estimates position bias, and prints the joint report, in which
+a third ranker that never served (a run file the demo writes from its catalog) gets its online metrics
+predicted from the logs and every pair of rankers its joint view. Same seed, same report. ``--serve`` instead serves the instrumented demo search page.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ from ubi.stages import main as ubi_main
 #: Click models the demo derives candidate judgments with (each becomes a source ``implicit:<model>``).
 DEMO_MODELS = ("ctr", "coec", "pbm", "dbn")
 RANKERS = ("baseline", "candidate")
+RANKER_NOISE = (1.5, 0.7)
+#: The third ranker, which never serves: the demo writes its run file from the catalog and the report predicts
+#: its online metrics from the two logged rankers' traffic. Its noise σ is below both logged rankers' (better).
+UNLOGGED = "unlogged-next"
+UNLOGGED_NOISE = 0.3
 
 
 class DemoError(UbiError):
@@ -108,6 +114,22 @@ def prepare_workdir(workdir: Path) -> None:
                                   encoding="utf-8")
 
 
+def write_unlogged_run(catalog: Any, path: Path, *, noise: float = UNLOGGED_NOISE, seed: int = 0,
+                       depth: int = 10) -> int:
+    """A TREC run of a ranker that never served: each catalog query's docs by grade + N(0, σ²), top ``depth``
+    (the simulator's ranker protocol, ``processors.simulation.traffic``). Returns the number of lines."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, 0x0A11])
+    lines = []
+    for q, qid in enumerate(catalog.query_ids):
+        score = catalog.grades[q] + rng.normal(0.0, noise, size=catalog.docs_per_query)
+        order = np.argsort(-score, kind="stable")[:depth]
+        lines += [f"{qid} Q0 {catalog.doc_ids[q, j]} {r} {score[j]:.4f} {UNLOGGED}" for r, j in enumerate(order, 1)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return len(lines)
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """The main job, shown in one command."""
     from processors.simulation import SimConfig, simulate
@@ -119,9 +141,11 @@ def run_demo(args: argparse.Namespace) -> int:
     truth_file = workdir / "truth.json"
     html = workdir / "report.html"
     propensity_json = workdir / "propensity.json"
+    unlogged_run = workdir / f"{UNLOGGED}.trec"
 
     traffic = simulate(SimConfig(sessions=args.sessions, seed=args.seed, rankers=2, ranker_names=RANKERS,
-                                 ranker_noise=(1.5, 0.7), application="demo-shop"))
+                                 ranker_noise=RANKER_NOISE, application="demo-shop"))
+    write_unlogged_run(traffic.truth.catalog, unlogged_run, seed=args.seed)
     traffic.write_qrels(qrels)
     traffic.write_truth(truth_file)
     summary = traffic.summary()
@@ -177,9 +201,11 @@ def run_demo(args: argparse.Namespace) -> int:
         with propensity_json.open("w") as out, contextlib.redirect_stdout(out):
             _run(["propensity", "--db", str(db), "--method", "em", "--bootstrap", "100", "--no-plot", "--json"])
 
-        _step(console, "Joint report: both rankers, offline on human and implicit labels, online, agreement")
+        _step(console, f"Joint report: both rankers and {UNLOGGED}, a third that never served (a run file: "
+                       f"grade + N(0, {UNLOGGED_NOISE}²)), offline on human and implicit labels, online, predicted "
+                       "online, agreement, the joint view")
         _run(["report", "--db", str(db), "--baseline", f"demo-shop/ranker={RANKERS[0]}",
-              "--propensity", str(propensity_json), "--html", str(html)])
+              "--run", f"{unlogged_run}={UNLOGGED}", "--propensity", str(propensity_json), "--html", str(html)])
     console.print(f"\nHTML report: {html}")
     return 0
 
