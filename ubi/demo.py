@@ -114,18 +114,21 @@ def prepare_workdir(workdir: Path) -> None:
                                   encoding="utf-8")
 
 
-def write_unlogged_run(catalog: Any, path: Path, *, noise: float = UNLOGGED_NOISE, seed: int = 0,
-                       depth: int = 10) -> int:
-    """A TREC run of a ranker that never served: each catalog query's docs by grade + N(0, σ²), top ``depth``
-    (the simulator's ranker protocol, ``processors.simulation.traffic``). Returns the number of lines."""
+def unlogged_slots(catalog: Any, *, noise: float = UNLOGGED_NOISE, seed: int = 0, depth: int = 10) -> Any:
+    """[Q, depth] doc slots of a ranker that never served: each catalog query's docs by grade + N(0, σ²)
+    (the simulator's ranker protocol, ``processors.simulation.traffic``)."""
     import numpy as np
 
     rng = np.random.default_rng([seed, 0x0A11])
-    lines = []
-    for q, qid in enumerate(catalog.query_ids):
-        score = catalog.grades[q] + rng.normal(0.0, noise, size=catalog.docs_per_query)
-        order = np.argsort(-score, kind="stable")[:depth]
-        lines += [f"{qid} Q0 {catalog.doc_ids[q, j]} {r} {score[j]:.4f} {UNLOGGED}" for r, j in enumerate(order, 1)]
+    score = catalog.grades + rng.normal(0.0, noise, size=catalog.grades.shape)
+    return np.argsort(-score, axis=1, kind="stable")[:, :depth]
+
+
+def write_run(catalog: Any, slots: Any, path: Path, tag: str = UNLOGGED) -> int:
+    """The ranker's lists as a TREC run (score: depth − rank + 1); returns the number of lines."""
+    depth = slots.shape[1]
+    lines = [f"{qid} Q0 {catalog.doc_ids[q, j]} {r} {depth - r + 1} {tag}"
+             for q, qid in enumerate(catalog.query_ids) for r, j in enumerate(slots[q].tolist(), 1)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return len(lines)
 
@@ -145,7 +148,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
     traffic = simulate(SimConfig(sessions=args.sessions, seed=args.seed, rankers=2, ranker_names=RANKERS,
                                  ranker_noise=RANKER_NOISE, application="demo-shop"))
-    write_unlogged_run(traffic.truth.catalog, unlogged_run, seed=args.seed)
+    catalog = traffic.truth.catalog
+    slots = unlogged_slots(catalog, seed=args.seed)
+    write_run(catalog, slots, unlogged_run)
     traffic.write_qrels(qrels)
     traffic.write_truth(truth_file)
     summary = traffic.summary()
@@ -206,8 +211,23 @@ def run_demo(args: argparse.Namespace) -> int:
                        "online, agreement, the joint view")
         _run(["report", "--db", str(db), "--baseline", f"demo-shop/ranker={RANKERS[0]}",
               "--run", f"{unlogged_run}={UNLOGGED}", "--propensity", str(propensity_json), "--html", str(html)])
+        _truth_line(console, traffic, slots)
     console.print(f"\nHTML report: {html}")
     return 0
+
+
+def _truth_line(console: Console, traffic: Any, slots: Any) -> None:
+    """What the simulator knows and the report had to predict: the unlogged ranker's exact CTR@10."""
+    from processors.counterfactual.validate import exact_metrics
+
+    if traffic.truth.config.model not in ("pbm", "cascade", "dbn"):
+        return
+    exact = exact_metrics(traffic.truth, traffic.query, slots[traffic.query])["ctr@k"]
+    logged = {name: exact_metrics(traffic.truth, traffic.query[traffic.ranker == r],
+                                  traffic.slots[traffic.ranker == r])["ctr@k"] for r, name in enumerate(RANKERS)}
+    console.print(f"\nThe simulator's truth, which the report did not see: {UNLOGGED}'s exact expected CTR@10 on the "
+                  f"logged searches is {exact:.3f} (the prediction above estimates it); "
+                  + ", ".join(f"{n} {v:.3f}" for n, v in logged.items()) + " for the logged rankers.")
 
 
 #: ``ubi demo --help``: the module docstring without reST markup (argparse prints it as it is).

@@ -9,6 +9,9 @@ client_id, query_id, user_query, object_id_field, query_attributes)`` keeps ``qu
 that drops nulls is only used by ``toJson``). So ``answer.query_attributes`` reaches the collector unchanged;
 the test checks the stored block equals the route's answer key for key.
 
+The project's own client (``collector/static/ubi-client.js``) takes the block as the third argument of
+``ubi.search(query, hits, attributes)`` and sends it as ``query_attributes``; the second test drives that path.
+
 The page is on its own loopback origin, the collector on another (``--allow-origin``), as in
 ``test_reference_client.py``; the route's preflight is covered by the same setting.
 """
@@ -69,8 +72,40 @@ window.answer = answer;
 """.replace("RANKINGS_JSON", json.dumps(RANKINGS))
 
 
+# The same search with the project's own client (collector/static/ubi-client.js, served by the collector):
+# `ubi.search(query, answer.hits, answer.query_attributes)`, as the README says, then `ubi.click(id, i)`.
+OWN_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>shop</title></head><body><ol id="hits"></ol>
+<script>
+const base = new URLSearchParams(location.search).get("collector");
+const script = document.createElement("script");
+script.src = base + "/static/ubi-client.js";
+script.onload = async () => {
+  const r = await fetch(base + "/v1/interleave", {method: "POST", headers: {"content-type": "application/json"},
+                                                   body: JSON.stringify({query_id: "q-1", rankings: RANKINGS_JSON})});
+  const answer = await r.json();
+  const ubi = UbiClient.init({endpoint: base, application: "shop", objectIdField: "sku", flushInterval: 100000});
+  const queryId = ubi.search("laptop", answer.hits, answer.query_attributes);
+  const list = document.getElementById("hits");
+  answer.hits.forEach((id, i) => {
+    const li = document.createElement("li");
+    li.textContent = "product " + id;
+    li.dataset.id = id;
+    li.addEventListener("click", async () => { ubi.click(id, i, queryId); await ubi.flush();
+                                               window.clickAnswer = ubi.stats; });
+    list.appendChild(li);
+  });
+  await ubi.flush();
+  window.queryAnswer = {accepted: ubi.stats.sent};
+  window.answer = answer;
+};
+document.head.appendChild(script);
+</script></body></html>
+""".replace("RANKINGS_JSON", json.dumps(RANKINGS))
+
+
 @contextmanager
-def shop_site(axios: Path) -> Iterator[str]:
+def shop_site(axios: Path, page: str = PAGE) -> Iterator[str]:
     """The page, the reference client and axios on a loopback port of their own: the shop's origin."""
     files = {"/ubi.js": shared_path(REFERENCE_CLIENT), "/node_modules/axios/dist/esm/axios.js": axios}
 
@@ -78,7 +113,7 @@ def shop_site(axios: Path) -> Iterator[str]:
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             path = self.path.split("?", 1)[0]
             if path == "/":
-                body, media = PAGE.encode(), "text/html"
+                body, media = page.encode(), "text/html"
             elif path in files:
                 body, media = files[path].read_bytes(), "text/javascript"
             else:
@@ -125,10 +160,14 @@ def test_interleaved_search_logged_by_the_reference_client_credits_the_click_to_
     db = tmp_path / "ubi.duckdb"
     with shop_site(axios_esm) as shop, collector(db, "--allow-origin", shop) as (url, _):
         answer, shown, query_answer, click_answer = _visit(browser, shop, url, "candidate")
-    # The route's answer: every doc of both lists once, each with the team that contributed it, and the
-    # page shows exactly that list in that order.
-    assert sorted(answer["hits"]) == sorted(set(RANKINGS["baseline"]) | set(RANKINGS["candidate"]))
-    assert shown == answer["hits"]
+    # The route's answer: as many results as the longer list (4, the route's default size), distinct docs of
+    # the two lists, each with the team that contributed it; the page shows exactly that list in that order.
+    hits = answer["hits"]
+    assert len(hits) == len(set(hits)) == 4 and set(hits) <= set(RANKINGS["baseline"]) | set(RANKINGS["candidate"])
+    assert shown == hits
+    for team, ranking in RANKINGS.items():  # each ranker's picks keep that ranker's order
+        picks = [d for d in hits if answer["teams"][d] == team]
+        assert picks == sorted(picks, key=ranking.index)
     assert set(answer["teams"]) == set(answer["hits"]) and set(answer["teams"].values()) == {"baseline", "candidate"}
     block = answer["query_attributes"]["interleaving"]
     assert block["rankers"] == ["baseline", "candidate"] and block["teams"] == answer["teams"]
@@ -155,3 +194,28 @@ def test_interleaved_search_logged_by_the_reference_client_credits_the_click_to_
     assert exp["credited_clicks"] == {"baseline": 0, "candidate": 1}
     s = exp["by_search"]
     assert (s["n"], s["wins"], s["losses"], s["ties"], s["win_rate"]) == (1, 1, 0, 0, 1.0)
+
+
+def test_the_projects_own_client_passes_the_block_through_search_attributes(
+    browser: Any, axios_esm: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "ubi.duckdb"
+    with shop_site(axios_esm, OWN_PAGE) as shop, collector(db, "--allow-origin", shop) as (url, _):
+        answer, shown, query_answer, stats = _visit(browser, shop, url, "baseline")
+    assert shown == answer["hits"] and query_answer["accepted"] == 1
+    assert stats["sent"] == 2 and stats["rejected"] == 0  # the query record, then the click
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        (stored,) = con.execute("SELECT query_attributes FROM ubi_queries").fetchone()
+        (clicked,) = con.execute("SELECT object_id FROM ubi_events WHERE action_name = 'click'").fetchone()
+    finally:
+        con.close()
+    assert json.loads(stored) == answer["query_attributes"] and answer["teams"][clicked] == "baseline"
+    qrels = tmp_path / "qrels.jsonl"
+    qrels.write_text(json.dumps({"query_id": "q-1", "query": "laptop", "relevant": {"d1": 2, "d3": 1}}) + "\n")
+    assert main(["report", "--db", str(db), "--qrels", str(qrels), "--json", "--predict-replicates", "0"]) == 0
+    (exp,) = json.loads(capsys.readouterr().out)["interleaving"]
+    # this time the visitor clicked a baseline result: a loss for the candidate
+    assert exp["credited_clicks"] == {"baseline": 1, "candidate": 0}
+    s = exp["by_search"]
+    assert (s["n"], s["wins"], s["losses"], s["ties"], s["win_rate"]) == (1, 0, 1, 0, 0.0)
