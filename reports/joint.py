@@ -61,7 +61,7 @@ from reports.merge import (
 )
 from reports.metrics import MetricTable, compute
 from reports.online import DEFAULT_CLICK_ACTIONS, ONLINE_METRICS, OnlineMetrics, online_metrics
-from reports.pairs import MAX_PAIRS, PairView, joint_view
+from reports.pairs import MAX_PAIRS, PairView, joint_view, pairs_of
 from reports.predicted import (
     DEFAULT_REPORT_REPLICATES,
     JOINT_METHOD,
@@ -540,7 +540,8 @@ def _predictions(
                                 confidence=cfg.confidence, seed=cfg.seed, swaps=swaps)
     notes = [f"run {p.system}: no prediction ({p.error})" for p in predicted if p.prediction is None]
     mixed = _interleaved_systems(interleaved)
-    pairable = {n: _rankings_by_text(r) for n, r in runs.items() if n not in mixed}
+    in_pairs = {s for pair in pairs_of([n for n in runs if n not in mixed], cfg.baseline) for s in pair}
+    pairable = {n: _rankings_by_text(r) for n, r in runs.items() if n in in_pairs}  # only what a table shows
     pred_diff = None
     if len(pairable) >= 2:
         step("predicted differences for the joint view")

@@ -144,7 +144,7 @@ def offline_line(evidence: str, source: str | None, metric: str,
     if c.queries == 0:
         return Line(evidence, measure, n=0, unit="queries", missing="no query evaluated for both")
     return Line(evidence, measure, c.diff, c.diff_low, c.diff_high, c.queries, "queries",
-                "paired percentile bootstrap over queries")
+                "paired bootstrap over queries")
 
 
 def predicted_line(pred: PredictedDifferences | None, reference: str, challenger: str, why_none: str) -> Line:
@@ -152,8 +152,7 @@ def predicted_line(pred: PredictedDifferences | None, reference: str, challenger
         return Line("predicted online", "ctr (predicted)", missing=why_none)
     d, lo, hi = pred.difference(reference, challenger)
     share = max(pred.prior_share.get(reference, 0.0), pred.prior_share.get(challenger, 0.0))
-    how = (f"paired bootstrap, {pred.replicates} resamples of the log, {pred.model} refitted on each; up to "
-           f"{share * 100:.0f}% of a top {pred.metric.split('@')[-1]} on the model's prior")
+    how = f"paired, {pred.replicates} log resamples, {pred.model} refitted; ≤ {share * 100:.0f}% on the prior"
     return Line("predicted online", f"{pred.metric} ({pred.method}, predicted)", d, lo, hi, pred.searches,
                 "logged searches", how)
 
@@ -162,13 +161,13 @@ def observed_line(online: Mapping[str, OnlineMetrics], metric: str, reference: s
     absent = [s for s in (reference, challenger) if s not in online]
     if absent:
         return Line("observed online (A/B)", metric,
-                    missing=f"{' and '.join(absent)} never served (no log), so no A/B comparison")
+                    missing=f"{' and '.join(absent)} never served (no log)")
     a, b = online[reference].metrics.get(metric), online[challenger].metrics.get(metric)
     if a is None or b is None or not (math.isfinite(a.value) and math.isfinite(b.value)):
         return Line("observed online (A/B)", metric, missing=f"no {metric} for both")
     d, lo, hi = mover_difference(a, b)
     return Line("observed online (A/B)", metric, d, lo, hi, online[reference].searches + online[challenger].searches,
-                "searches", "MOVER difference of the two Wilson intervals (independent groups)")
+                "searches", "MOVER of the two Wilson intervals")
 
 
 def interleaving_line(results: Sequence[InterleavingResult], systems: Sequence[str], reference: str,
@@ -184,7 +183,7 @@ def interleaving_line(results: Sequence[InterleavingResult], systems: Sequence[s
         if flip:
             d, lo, hi = -d, -hi, -lo
         return Line("interleaving", measure, d, lo, hi, t.wins + t.losses, "searches with a winner",
-                    f"bootstrap of the win rate (team draft, experiment {r.experiment})")
+                    f"bootstrap of the win rate ({r.experiment})")
     return Line("interleaving", measure, missing="not interleaved against each other")
 
 

@@ -300,7 +300,7 @@ PREDICTED_METRICS = ("ctr@k", "clicks_per_search", "abandonment", "rr_first_clic
 def predicted_title(report: Report) -> str:
     reps = report.config.predict_replicates
     return (f"Predicted online metrics of the run systems (never served): value [95% bootstrap, {reps} "
-            f"replicates] <prior-free>, beside the logged systems' observed value [CI]")
+            f"replicates] <prior-free>; the logged systems observed")
 
 
 def predicted_note(report: Report) -> str:
@@ -310,14 +310,15 @@ def predicted_note(report: Report) -> str:
             f"the model; `ubi report --predict-replicates N` for more, `ubi predict` uses 200). The bootstrap "
             "interval holds the sampling error, not the bias of the model or of documents the log never showed: "
             "read the prior share beside it, and the prior-free interval, in which those documents may take any "
-            "click probability.")
+            "click probability. \"model, θ\": the click model, and where IPS took its propensities from (pbm: "
+            "the PBM fit; randomized: the log's swap experiment).")
 
 
 def predicted_table(report: Report) -> tuple[Row, list[Row]]:
     """A row per run system and method, then a row per logged system (observed); a column per metric."""
     k = report.config.k
     names = [m.replace("@k", f"@{k}") for m in PREDICTED_METRICS]
-    head = ["system", "method", "searches", *names, "prior share", "model · propensity"]
+    head = ["system", "method", "searches", *names, "prior share", "model, θ"]
     rows = []
     for p in report.predicted:
         pred = p.prediction
@@ -331,10 +332,10 @@ def predicted_table(report: Report) -> tuple[Row, list[Row]]:
                 if f is None:
                     cells.append("n/a")
                     continue
-                free = f" <{num(f.bound_low)}, {num(f.bound_high)}>" if math.isfinite(f.bound_low) else ""
+                free = f"\n<{num(f.bound_low)}, {num(f.bound_high)}>" if math.isfinite(f.bound_low) else ""
                 cells.append(f"{num(f.value)} [{num(f.low)}, {num(f.high)}]{free}")
             rows.append([p.system, method, f"{pred.searches} of {pred.logged_searches}", *cells,
-                         f"{num(pred.prior_share * 100, 1)}%", f"{pred.model} · θ from {pred.propensity}"])
+                         f"{num(pred.prior_share * 100, 1)}%", f"{pred.model}, {pred.propensity}"])
     for system, om in report.online.items():
         cells = []
         for m in names:
@@ -354,7 +355,7 @@ def pair_title(pair: PairView) -> str:
 
 def pair_tables(report: Report) -> Iterator[tuple[str, Row, list[Row], str]]:
     """One table per pair of systems: a row per line of evidence (challenger − reference), and the verdict."""
-    head = ["evidence", "measure", "difference [95% CI]", "n", "sign", "interval excludes 0", "interval"]
+    head = ["evidence", "measure", "difference [95% CI]", "n", "sign", "excludes 0", "interval, or why none"]
     for pair in report.pairs:
         rows = []
         for ln in pair.lines:
@@ -371,5 +372,10 @@ def pair_tables(report: Report) -> Iterator[tuple[str, Row, list[Row], str]]:
 
 
 JOINT_NOTE = ("Each line is challenger − reference on its own scale (an nDCG difference, a CTR difference, a win "
-              "rate minus 1/2), so only the signs are compared. Systems whose searches were interleaved are a mix "
+              "rate minus 1/2), so only the signs are compared. Offline: paired over the queries both were "
+              "evaluated on. Predicted: doubly robust CTR@k of both on the logged queries every system ranks, the "
+              "same bootstrap resamples of the log for both (the model refitted on each); '≤ x% on the prior' is "
+              "the larger share of the two top k that rests on the model's prior only. Observed: logged CTR@k of "
+              "both, MOVER interval of the difference (Newcombe 1998, method 10). Interleaving: the challenger's "
+              "win rate over searches with a winner, minus 1/2. Systems whose searches were interleaved are a mix "
               "of two rankers and get no pair.")

@@ -207,7 +207,7 @@ def forest_svg(pair: PairView) -> str:
 
 def _table(head: common.Row, rows: Sequence[common.Row], *, marks: bool = False) -> str:
     def cell(text: str) -> str:
-        esc = html.escape(text)
+        esc = html.escape(text).replace("\n", "<br>")
         if marks and text.startswith("FAIL"):
             return f'<td class="fail">{esc}</td>'
         if marks and text.startswith("PASS"):
