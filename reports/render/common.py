@@ -297,10 +297,17 @@ def summary_line(report: Report) -> str:
 PREDICTED_METRICS = ("ctr@k", "clicks_per_search", "abandonment", "rr_first_click")
 
 
+def _calibrated(report: Report) -> bool:
+    """Whether the predictions carry a calibrated interval (``Figure.cal_low``, from predictors that give one)."""
+    return any(math.isfinite(getattr(f, "cal_low", math.nan)) for p in report.predicted if p.prediction is not None
+               for figs in p.prediction.figures.values() for f in figs.values())
+
+
 def predicted_title(report: Report) -> str:
     reps = report.config.predict_replicates
+    cal = " {calibrated}" if _calibrated(report) else ""
     return (f"Predicted online metrics of the run systems (never served): value [95% bootstrap, {reps} "
-            f"replicates] <prior-free>; the logged systems observed")
+            f"replicates]{cal} <prior-free>; the logged systems observed")
 
 
 def predicted_note(report: Report) -> str:
@@ -311,7 +318,9 @@ def predicted_note(report: Report) -> str:
             "interval holds the sampling error, not the bias of the model or of documents the log never showed: "
             "read the prior share beside it, and the prior-free interval, in which those documents may take any "
             "click probability. \"model, θ\": the click model, and where IPS took its propensities from (pbm: "
-            "the PBM fit; randomized: the log's swap experiment).")
+            "the PBM fit; randomized: the log's swap experiment)." + (
+                " {calibrated}: the predictor's calibrated interval, with the unseen documents over a range the log's "
+                "nearest documents suggest (see `ubi predict --help`)." if _calibrated(report) else ""))
 
 
 def predicted_table(report: Report) -> tuple[Row, list[Row]]:
@@ -332,8 +341,10 @@ def predicted_table(report: Report) -> tuple[Row, list[Row]]:
                 if f is None:
                     cells.append("n/a")
                     continue
+                cal_low, cal_high = getattr(f, "cal_low", math.nan), getattr(f, "cal_high", math.nan)
+                cal = f"\n{{{num(cal_low)}, {num(cal_high)}}}" if math.isfinite(cal_low) else ""
                 free = f"\n<{num(f.bound_low)}, {num(f.bound_high)}>" if math.isfinite(f.bound_low) else ""
-                cells.append(f"{num(f.value)} [{num(f.low)}, {num(f.high)}]{free}")
+                cells.append(f"{num(f.value)} [{num(f.low)}, {num(f.high)}]{cal}{free}")
             rows.append([p.system, method, f"{pred.searches} of {pred.logged_searches}", *cells,
                          f"{num(pred.prior_share * 100, 1)}%", f"{pred.model}, {pred.propensity}"])
     for system, om in report.online.items():
