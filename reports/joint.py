@@ -528,7 +528,8 @@ def _predictions(
 ) -> tuple[list[PredictedSystem], PredictedDifferences | None, list[str]]:
     """The run systems' predicted online metrics and every pairable system's predicted CTR@k (reports.predicted)."""
     if sessions is None or sessions.patterns.n_sessions == 0:
-        return [], None, []
+        why = ["run systems: the store holds no logged sessions to predict their online metrics from"]
+        return [], None, why if from_files else []
     from processors.counterfactual.predict import query_texts
 
     patterns = sessions.patterns

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -24,6 +25,9 @@ from processors.counterfactual.predict import Prediction, PredictionError, predi
 from processors.propensity.randomized import SwapSessions
 from processors.stats import SessionPatterns
 from reports.cli_names import DEFAULT_REPORT_REPLICATES
+
+if TYPE_CHECKING:
+    from schemas.settings import Settings
 
 #: The method of the joint view's predicted difference: the doubly robust estimator had the lowest error with
 #: an interval (prior-free) that covered every pair of ``bench/counterfactual.py`` (README).
@@ -67,13 +71,13 @@ class PredictedDifferences:
         return d, float(lo), float(hi)
 
 
-def load_swap_experiment(con: duckdb.DuckDBPyConnection, settings: object, k: int) -> SwapSessions | None:
+def load_swap_experiment(con: duckdb.DuckDBPyConnection, settings: Settings, k: int) -> SwapSessions | None:
     """The log's randomised swap experiment, or None when no search is marked randomised."""
     from processors.propensity.common import PropensityError
     from processors.propensity.load import load_swaps
 
     try:
-        swaps, _ = load_swaps(con, settings, k)  # type: ignore[arg-type]
+        swaps, _ = load_swaps(con, settings, k)
     except PropensityError:
         return None
     return swaps

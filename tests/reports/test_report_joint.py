@@ -94,3 +94,14 @@ def test_text_markdown_and_html_show_every_new_section(argv, tmp_path) -> None:
 def test_predict_replicates_must_not_be_negative(argv, capsys) -> None:
     assert ubi([*argv, "--predict-replicates", "-1"]) == 2
     assert "--predict-replicates -1: expected 0 or more" in capsys.readouterr().err
+
+
+def test_a_store_without_logs_says_why_the_run_is_not_predicted(tmp_path) -> None:
+    db = build_store(tmp_path / "ubi.duckdb", [], [])  # judgments only: no UBI tables, no sessions
+    (tmp_path / "bm25.trec").write_text(BM25)
+    out = tmp_path / "r.json"
+    assert ubi(["report", "--db", str(db), "--qrels", str(write_human(tmp_path / "h.jsonl")), "--run",
+                str(tmp_path / "bm25.trec"), "--json", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["predicted"]["systems"] == {} and doc["joint"]["pairs"] == []
+    assert "run systems: the store holds no logged sessions to predict their online metrics from" in doc["notes"]
