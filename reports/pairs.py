@@ -15,8 +15,8 @@ reference* with its interval and the number of units it rests on:
   bootstrap interval of the win rate shifted alike (``processors.interleaving``).
 
 The lines are on different scales (an nDCG difference, a CTR difference, a win rate), so only their signs
-are compared: the pair *agrees* when every line with a figure points the same way. A line whose interval
-holds 0 is still counted by its sign, and said to be unclear.
+are compared: the pair *agrees* when every line with a figure points the same way (an exact tie points
+nowhere). A line whose interval holds 0 is still counted by its sign, and its "excludes 0" says no.
 """
 
 from __future__ import annotations
@@ -81,11 +81,12 @@ class PairView:
 
     @property
     def agree(self) -> bool | None:
-        """True when every line with a figure has the same non-zero sign; None with fewer than two figures."""
-        signs = list(self.signs.values())
-        if len(signs) < 2:
-            return None
-        return len(set(signs)) == 1 and signs[0] != 0
+        """True when every line that points somewhere points the same way (an exact tie points nowhere and
+        breaks nothing); False when two point opposite ways; None with fewer than two lines that point."""
+        pointing = [s for s in self.signs.values() if s != 0]
+        if len(set(pointing)) > 1:
+            return False
+        return True if len(pointing) >= 2 else None
 
     def verdict(self) -> str:
         """One sentence: which way each line points and whether they agree."""
@@ -95,19 +96,14 @@ class PairView:
         ahead = [e for e, s in signs.items() if s > 0]
         behind = [e for e, s in signs.items() if s < 0]
         tied = [e for e, s in signs.items() if s == 0]
-        if len(signs) == 1:
-            return f"one line only ({next(iter(signs))})"
+        tie = f" ({', '.join(tied)}: a tie)" if tied else ""
+        if self.agree is None:
+            return f"one line only has a direction ({', '.join(ahead + behind) or 'none'}){tie}"
         if self.agree:
             who = self.challenger if ahead else self.reference
-            return f"agree in sign: all {len(signs)} lines favour {who}"
-        parts = []
-        if ahead:
-            parts.append(f"{', '.join(ahead)} favour {self.challenger}")
-        if behind:
-            parts.append(f"{', '.join(behind)} favour {self.reference}")
-        if tied:
-            parts.append(f"{', '.join(tied)} tie")
-        return "disagree in sign: " + "; ".join(parts)
+            return f"agree in sign: all {len(ahead) + len(behind)} lines with a direction favour {who}{tie}"
+        return (f"disagree in sign: {', '.join(ahead)} favour {self.challenger}; {', '.join(behind)} favour "
+                f"{self.reference}{tie}")
 
 
 def mover_difference(reference: Interval, challenger: Interval) -> tuple[float, float, float]:

@@ -96,12 +96,18 @@ def test_signs_agree_and_disagree() -> None:
     down = Line("predicted online", "m", -0.02, -0.03, 0.01, 100, "searches")
     gone = Line("interleaving", "m", missing="not interleaved")
     agree = PairView("a", "b", (up, Line("observed online (A/B)", "m", 0.01, -0.01, 0.02, 9, "searches"), gone))
-    assert agree.agree is True and agree.verdict() == "agree in sign: all 2 lines favour b"
+    assert agree.agree is True and agree.verdict() == "agree in sign: all 2 lines with a direction favour b"
     split = PairView("a", "b", (up, down, gone))
     assert split.agree is False
     assert split.verdict() == "disagree in sign: human offline favour b; predicted online favour a"
     assert down.clear is False and up.clear is True and gone.clear is None
     assert PairView("a", "b", (up, gone)).agree is None  # one line: nothing to agree with
+    # an exact tie points nowhere: it neither agrees nor disagrees, and is named
+    tie = Line("interleaving", "m", 0.0, -0.3, 0.3, 9, "searches with a winner")
+    assert tie.sign == 0
+    assert PairView("a", "b", (up, tie)).verdict() == "one line only has a direction (human offline) (interleaving: a tie)"
+    both = PairView("a", "b", (up, agree.lines[1], tie))
+    assert both.agree is True and both.verdict() == "agree in sign: all 2 lines with a direction favour b (interleaving: a tie)"
 
 
 def test_pairs_of_puts_the_baseline_first_and_caps() -> None:
