@@ -139,10 +139,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--propensity", type=Path, metavar="FILE",
                    help="a position-bias estimate (JSON of `ubi propensity`) to plot in the HTML report")
     p.add_argument("--seed", type=int, help="seed of the bootstrap and randomisation test (default: $UBI_SEED or 0)")
-    p.add_argument("--predict-replicates", type=int, default=DEFAULT_REPORT_REPLICATES, metavar="N",
+    p.add_argument("--predict-replicates", type=int, default=None, metavar="N",
                    help="bootstrap replicates of the predicted online metrics of --run systems and of the joint "
                         f"view's predicted differences; each refits the click model per system (default "
-                        f"{DEFAULT_REPORT_REPLICATES}; `ubi predict` uses 200; 0: no interval)")
+                        f"{DEFAULT_REPORT_REPLICATES}, fewer (at least 10) when one fit is so slow that they would "
+                        "take over a minute of CPU; `ubi predict` uses 200; 0: no interval)")
     p.add_argument("--predict-model", choices=("pbm", "dbn", "auto"), default="pbm",
                    help="click model of those predictions (default pbm; see `ubi predict`)")
     p.add_argument("--position-base", dest="position_base_flag", choices=POSITION_BASE_CHOICES, help=POSITION_BASE_HELP + " (online metrics)")
@@ -290,7 +291,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         grade_max=settings.grade_max, n_boot=settings.report_bootstrap, n_perm=settings.report_permutations,
         seed=settings.seed, predict_replicates=args.predict_replicates, predict_model=args.predict_model,
     )
-    if args.predict_replicates < 0:
+    if args.predict_replicates is not None and args.predict_replicates < 0:
         raise UbiError(f"--predict-replicates {args.predict_replicates}: expected 0 or more")
     err = Console(stderr=True)
     labels = LabelSet()

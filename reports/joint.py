@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 import tomllib
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from processors.counterfactual.predict import PredictionError, predict
 from processors.identifiability import assess
 from processors.interleaving import InterleavingResult
 from processors.propensity.randomized import SwapSessions
@@ -65,8 +67,10 @@ from reports.pairs import MAX_PAIRS, PairView, joint_view, pairs_of
 from reports.predicted import (
     DEFAULT_REPORT_REPLICATES,
     JOINT_METHOD,
+    PREDICT_BUDGET_S,
     PredictedDifferences,
     PredictedSystem,
+    budget_replicates,
     predicted_differences,
     predictions,
     shared_rankings,
@@ -164,7 +168,7 @@ class ReportConfig:
     resample_limit: int = RESAMPLE_LIMIT  # above: t intervals for means (comparisons always bootstrap)
     seed: int = 0
     #: counterfactual predictions (run systems' section, the joint view): bootstrap replicates, click model
-    predict_replicates: int = DEFAULT_REPORT_REPLICATES
+    predict_replicates: int | None = None  # None: DEFAULT_REPORT_REPLICATES within PREDICT_BUDGET_S of CPU
     predict_model: str = "pbm"
 
     @property
@@ -525,34 +529,54 @@ def _interleaved_systems(interleaved: Sequence[InterleavingResult]) -> set[str]:
 def _predictions(
     runs: Mapping[str, SystemRun], from_files: Mapping[str, SystemRun], interleaved: Sequence[InterleavingResult],
     sessions: SessionData | None, swaps: SwapSessions | None, cfg: ReportConfig, step: Callable[[str], None],
-) -> tuple[list[PredictedSystem], PredictedDifferences | None, list[str]]:
-    """The run systems' predicted online metrics and every pairable system's predicted CTR@k (reports.predicted)."""
+) -> tuple[list[PredictedSystem], PredictedDifferences | None, list[str], int | None]:
+    """The run systems' predicted online metrics, every pairable system's predicted CTR@k (reports.predicted),
+    notes, and the bootstrap replicates used (``cfg.predict_replicates``, else the budget's count)."""
     if sessions is None or sessions.patterns.n_sessions == 0:
         why = ["run systems: the store holds no logged sessions to predict their online metrics from"]
-        return [], None, why if from_files else []
+        return [], None, why if from_files else [], cfg.predict_replicates
     from processors.counterfactual.predict import query_texts
 
     patterns = sessions.patterns
+    mixed = _interleaved_systems(interleaved)
+    in_pairs = {s for pair in pairs_of([n for n in runs if n not in mixed], cfg.baseline) for s in pair}
+    pairable = {n: _rankings_by_text(r) for n, r in runs.items() if n in in_pairs}  # only what a table shows
+    notes: list[str] = []
+    replicates = cfg.predict_replicates
+    if replicates is None:  # the default: as many as PREDICT_BUDGET_S of CPU allow, up to the default count
+        replicates = DEFAULT_REPORT_REPLICATES
+        first = next(iter(from_files.values()), None) or next(iter(runs.values()), None)
+        fits = len(from_files) + (len(pairable) if len(pairable) >= 2 else 0)
+        if first is not None and fits:
+            started = time.process_time()
+            try:
+                predict(patterns, _rankings_by_text(first), model=cfg.predict_model, k=cfg.k, replicates=0,
+                        seed=cfg.seed, swaps=swaps)
+            except PredictionError:
+                pass
+            per_fit = time.process_time() - started
+            replicates = budget_replicates(per_fit, fits)
+            if replicates < DEFAULT_REPORT_REPLICATES:
+                notes.append(f"predictions: {replicates} bootstrap replicates, not {DEFAULT_REPORT_REPLICATES}, to stay "
+                             f"near {PREDICT_BUDGET_S:g} s of CPU (one fit took {per_fit:.1f} s, {fits} fits per "
+                             "replicate); --predict-replicates N asks for N")
     predicted: list[PredictedSystem] = []
     if from_files:
         step("predicted online metrics of the run systems")
         predicted = predictions(patterns, {n: _rankings_by_text(r) for n, r in from_files.items()},
-                                model=cfg.predict_model, k=cfg.k, replicates=cfg.predict_replicates,
+                                model=cfg.predict_model, k=cfg.k, replicates=replicates,
                                 confidence=cfg.confidence, seed=cfg.seed, swaps=swaps)
-    notes = [f"run {p.system}: no prediction ({p.error})" for p in predicted if p.prediction is None]
-    mixed = _interleaved_systems(interleaved)
-    in_pairs = {s for pair in pairs_of([n for n in runs if n not in mixed], cfg.baseline) for s in pair}
-    pairable = {n: _rankings_by_text(r) for n, r in runs.items() if n in in_pairs}  # only what a table shows
+    notes += [f"run {p.system}: no prediction ({p.error})" for p in predicted if p.prediction is None]
     pred_diff = None
     if len(pairable) >= 2:
         step("predicted differences for the joint view")
         shared = shared_rankings(pairable, {t for t in query_texts(patterns) if t})
         pred_diff = predicted_differences(patterns, shared, model=cfg.predict_model, method=JOINT_METHOD, k=cfg.k,
-                                          replicates=cfg.predict_replicates, confidence=cfg.confidence,
+                                          replicates=replicates, confidence=cfg.confidence,
                                           seed=cfg.seed, swaps=swaps)
         if pred_diff is None:
             notes.append("joint view: no logged query is ranked by every system, so no predicted difference")
-    return predicted, pred_diff, notes
+    return predicted, pred_diff, notes, replicates
 
 
 def _joint(
@@ -691,7 +715,9 @@ def build_report(
     if sessions is not None:
         step("recommended source")
         rec = recommend((lab for ls in labels.by_pair.values() for lab in ls), sources, sessions, ident, agree)
-    predicted, pred_diff, pred_notes = _predictions(runs, from_files, interleaved, sessions, swaps, cfg, step)
+    predicted, pred_diff, pred_notes, replicates = _predictions(runs, from_files, interleaved, sessions, swaps, cfg,
+                                                                step)
+    cfg = replace(cfg, predict_replicates=replicates)  # what the sections say they rest on
     step("joint view")
     pairs, pair_notes = _joint(runs, interleaved, offline, sources, rec, online, pred_diff, sessions, cfg)
     id_notes = identifiability_notes(ident, sources, withheld) if ident is not None else []

@@ -210,7 +210,8 @@ def run_demo(args: argparse.Namespace) -> int:
                        f"grade + N(0, {UNLOGGED_NOISE}²)), offline on human and implicit labels, online, predicted "
                        "online, agreement, the joint view")
         _run(["report", "--db", str(db), "--baseline", f"demo-shop/ranker={RANKERS[0]}",
-              "--run", f"{unlogged_run}={UNLOGGED}", "--propensity", str(propensity_json), "--html", str(html)])
+              "--run", f"{unlogged_run}={UNLOGGED}", "--predict-replicates", "50",  # not CPU-budgeted: same seed, same report
+              "--propensity", str(propensity_json), "--html", str(html)])
         _truth_line(console, traffic, slots)
     console.print(f"\nHTML report: {html}")
     return 0

@@ -71,3 +71,14 @@ def test_predictions_of_run_systems_and_the_reason_when_none(world) -> None:
     assert good is not None and good.replicates == 4 and set(good.figures) == {"dm", "ips", "snips", "dr"}
     assert good.figures["dm"]["ctr@k"].value == pytest.approx(exact["good"], abs=0.02)
     assert out[1].prediction is None and "none of the candidate's 1 queries was logged" in (out[1].error or "")
+
+
+def test_budget_replicates_by_hand() -> None:
+    from reports.predicted import budget_replicates
+
+    # 1 s per fit, 3 fits per replicate, 60 s: ⌊60 / 3⌋ = 20 replicates, below the 50 wanted
+    assert budget_replicates(1.0, 3, wanted=50, budget=60.0) == 20
+    assert budget_replicates(0.01, 3, wanted=50, budget=60.0) == 50  # 2,000 affordable: the 50 wanted
+    assert budget_replicates(10.0, 3, wanted=50, budget=60.0) == 10  # 2 affordable: never below the floor of 10
+    assert budget_replicates(10.0, 3, wanted=4, budget=60.0) == 4  # ... nor above what was wanted
+    assert budget_replicates(1.0, 0, wanted=50) == 50  # nothing to fit

@@ -105,3 +105,14 @@ def test_a_store_without_logs_says_why_the_run_is_not_predicted(tmp_path) -> Non
     doc = json.loads(out.read_text())
     assert doc["predicted"]["systems"] == {} and doc["joint"]["pairs"] == []
     assert "run systems: the store holds no logged sessions to predict their online metrics from" in doc["notes"]
+
+
+def test_default_replicates_are_the_50_a_small_log_affords(argv, tmp_path) -> None:
+    out = tmp_path / "r.json"
+    default = [a for i, a in enumerate(argv) if a != "--predict-replicates" and argv[i - 1] != "--predict-replicates"]
+    assert ubi([*default, "--json", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    # one fit on this log takes milliseconds, so the CPU budget (60 s) allows the default 50
+    assert doc["predicted"]["replicates"] == 50 and doc["predicted"]["systems"]["bm25"]["bootstrap"]["replicates"] == 50
+    assert doc["config"]["predict_replicates"] == 50
+    assert not any(n.startswith("predictions:") for n in doc["notes"])
