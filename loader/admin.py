@@ -1,7 +1,7 @@
 """The DuckDB loader's admin server: the store's admin protocol (:mod:`store.admin`) while it holds the file.
 
 ``ubi consume --db`` is the one writer of its store, as ``ubi serve`` is of its own: readers (``ubi
-process``, ``ubi report``, ``ubi failed``) find it through the sidecar file and ask it for snapshots, loads
+process``, ``ubi report``, ``ubi failed``) find it through the sidecar file and ask it for seals, loads
 and failed records, over loopback, through the very routes the collector mounts.
 """
 

@@ -25,8 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=(
             "Consume <prefix>.queries, <prefix>.events and <prefix>.failed (written by `ubi serve --sink "
             "kafka`) as one member of a consumer group, and load them in batches: into the DuckDB store "
-            "(--db; one loader per store, DuckDB has one writer; `ubi process`/`ubi report` read snapshots "
-            "from it while it runs) or into a Parquet folder (--parquet; one file writer per partition, so "
+            "(--db; one loader per store, DuckDB has one writer; `ubi process`/`ubi report` read the "
+            "segments it seals while it runs) or into a Parquet folder (--parquet; one file writer per partition, so "
             "start as many loaders as partitions). Offsets are committed only after a batch is durably "
             "written; re-delivered records are absorbed by the dedup keys. Unreadable records are kept in "
             "failed_records (kind 'poison') with their topic, partition and offset. Stops on Ctrl-C/SIGTERM "

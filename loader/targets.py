@@ -1,7 +1,7 @@
 """Where the loader writes a decoded batch, durably, before its offsets are committed.
 
 * :class:`DuckDBLoader`: the DuckDB store. DuckDB has one writing process, so one loader per store file
-  (a second one fails with :class:`~schemas.errors.StoreLocked`); readers get snapshots from it as from a
+  (a second one fails with :class:`~schemas.errors.StoreLocked`); readers read the segments it seals as from a
   collector (:mod:`loader.admin` serves the same admin protocol, :mod:`store.admin`).
 * :class:`ParquetLoader`: a folder of Parquet files (:mod:`store.parquet_store`), one writer per
   partition, so several loaders in one group scale out.

@@ -53,6 +53,3 @@ class StoreError(UbiError):
 class StoreLocked(StoreError):
     """Another process (usually a running collector) holds the store's write lock."""
 
-
-class SnapshotFailed(StoreError):
-    """A snapshot of the store could not be written (full disk, unwritable snapshot directory)."""

@@ -24,12 +24,9 @@ class Settings(BaseSettings):
 
     # --- store ---
     db: Path = Field(Path("ubi.duckdb"), description="DuckDB file of the embedded store")
-    snapshot_dir: Path | None = Field(
-        None, description="where POST /v1/admin/snapshot writes its copies of the database (default: beside the db)"
-    )
-    snapshot_grace_seconds: float = Field(
-        60.0, ge=0, description="a snapshot no reader has opened is removed this long after it was made "
-        "(on the next snapshot; all unused ones at the writer's start-up and shutdown)",
+    seal_dir: Path | None = Field(
+        None, description="where the writer seals its rows into Parquet segments for readers while it holds the "
+        "file (POST /v1/admin/seal; default: <db>.sealed beside the db)",
     )
     store_wait_seconds: float = Field(
         30.0, ge=0, description="`ubi serve` / `ubi consume --db`: how long to wait, retrying, while a read-only "

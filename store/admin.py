@@ -1,10 +1,12 @@
-"""The one admin protocol of a store's writer: snapshot, load, failed, health.
+"""The one admin protocol of a store's writer: seal, load, failed, health.
 
 DuckDB has one writing process: a running collector (``ubi serve``) or a DuckDB loader (``ubi consume
 --db``). Readers find that process through the sidecar file (:func:`store.client.sidecar_path`) and ask it,
 over HTTP on loopback, for what they cannot do themselves while it holds the file:
 
-* ``POST /v1/admin/snapshot``: a consistent copy of the database (:meth:`Store.snapshot`) to read;
+* ``POST /v1/admin/seal``: seal the rows stored since the last seal into Parquet segments
+  (:meth:`Store.seal`) and answer with every segment to read and the small derived tables
+  (:func:`store.sealed.encode_seal`);
 * ``POST /v1/admin/load/{table}?replace_source=...``: rows of a derived table as an Arrow IPC stream;
 * ``GET /v1/failed``: a page of ``failed_records``;
 * ``GET /healthz``: whether the writer is healthy, and its own state.
@@ -24,12 +26,13 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from schemas.errors import StoreError
 from store.duckdb_store import LOADABLE_TABLES, Store
 from store.failed import failed_page
+from store.sealed import MEDIA_TYPE, encode_seal
 
 
 class AdminError(StoreError):
@@ -62,8 +65,8 @@ class WrongHost(AdminError):
     status_code = 403
 
 
-class SnapshotUnavailable(AdminError):
-    """A snapshot that could not be written, e.g. on a full disk (503: try again once there is room)."""
+class SealUnavailable(AdminError):
+    """A seal that could not be written, e.g. on a full disk (503: try again once there is room)."""
 
     status_code = 503
 
@@ -193,14 +196,19 @@ async def get_failed(
     return await asyncio.to_thread(failed_page, store, limit=limit, offset=offset, kind=kind)
 
 
-@guarded.post("/v1/admin/snapshot", tags=["admin"])
-async def admin_snapshot(store: StoreDep) -> dict[str, str]:
-    """Copy the database, between two commits, to a new file that readers open read-only."""
+@guarded.post("/v1/admin/seal", tags=["admin"],
+              responses={200: {"content": {MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}})
+async def admin_seal(store: StoreDep) -> Response:
+    """Seal what was stored since the last seal (one read transaction; ingestion goes on) and list every segment.
+
+    The body is a length-prefixed JSON header naming the segment files, then the rows of ``judgments`` and
+    ``human_judgments`` as Arrow IPC streams (:func:`store.sealed.encode_seal`).
+    """
     try:
-        path = await asyncio.to_thread(store.snapshot)
-    except StoreError as exc:  # full disk, unwritable snapshot directory, store closing: try again later
-        raise SnapshotUnavailable(str(exc)) from exc
-    return {"path": str(path)}
+        sealed = await asyncio.to_thread(store.seal)
+    except StoreError as exc:  # full disk, unwritable seal directory, store closing: try again later
+        raise SealUnavailable(str(exc)) from exc
+    return Response(b"".join(encode_seal(sealed)), media_type=MEDIA_TYPE)
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:

@@ -22,6 +22,7 @@ from schemas.errors import StoreError, StoreLocked
 from store.duckdb_store import Store, is_lock_error
 from store.failed import failed_page
 from store.parquet_store import is_parquet_store, open_parquet_reader
+from store.sealed import Sealed, decode_seal, open_sealed
 
 
 def sidecar_path(db: Path) -> Path:
@@ -30,11 +31,14 @@ def sidecar_path(db: Path) -> Path:
 
 
 def open_reader(db: Path | str) -> duckdb.DuckDBPyConnection:
-    """A read-only connection to the store, or to a fresh snapshot of it when a collector holds the file.
+    """A read-only connection to the store, or to its sealed segments when a collector holds the file.
 
-    ``db`` may also be a Parquet folder written by ``ubi consume --parquet``: its tables are then views with the
-    same dedup rules. Raises :class:`StoreError` when the file does not exist, or is locked and no collector
-    answers.
+    While a collector (or ``ubi consume --db``) holds the file, it is asked to seal what it stored since the
+    last seal (:func:`request_seal`), and the connection is an in-memory DuckDB whose tables read those
+    segments in place (:func:`store.sealed.open_sealed`): no copy of the database is made for a reader, and
+    nothing on disk is the reader's. ``db`` may also be a Parquet folder written by ``ubi consume --parquet``:
+    its tables are then views with the same dedup rules. Raises :class:`StoreError` when the file does not
+    exist, or is locked and no collector answers.
     """
     path = Path(db)
     if is_parquet_store(path):
@@ -46,30 +50,21 @@ def open_reader(db: Path | str) -> duckdb.DuckDBPyConnection:
     except duckdb.IOException as exc:
         if not is_lock_error(exc):
             raise StoreError(f"{path}: cannot open: {exc}") from exc
-    snap = request_snapshot(path)
+    sealed = request_seal(path)
     try:
-        return duckdb.connect(str(snap), read_only=True)
+        return open_sealed(sealed)
     except duckdb.Error as exc:
-        raise StoreError(f"{snap}: cannot open the snapshot: {exc}") from exc
+        raise StoreError(f"{path}: cannot read the sealed segments under {sealed.root}: {exc}") from exc
 
 
 @contextmanager
 def reading(db: Path | str) -> Iterator[duckdb.DuckDBPyConnection]:
-    """:func:`open_reader` for the length of a block; a snapshot it had to take is deleted afterwards.
-
-    While a collector holds the file every reader gets a fresh copy of the whole database; without this
-    each ``ubi process`` or ``ubi report`` would leave one behind.
-    """
+    """:func:`open_reader` for the length of a block, closed afterwards (nothing is left to delete)."""
     con = open_reader(db)
     try:
-        rows = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
-        opened = Path(rows[0][0]) if rows and rows[0][0] else None
         yield con
     finally:
         con.close()
-    if opened is not None and opened.resolve() != Path(db).resolve() and ".snapshot-" in opened.name:
-        for leftover in (opened, opened.with_name(opened.name + ".wal")):
-            leftover.unlink(missing_ok=True)
 
 
 def collector_url(db: Path) -> str:
@@ -85,17 +80,15 @@ def collector_url(db: Path) -> str:
         ) from exc
 
 
-def request_snapshot(db: Path) -> Path:
-    """Ask the collector holding ``db`` for a consistent snapshot; return the snapshot's path."""
+def request_seal(db: Path) -> Sealed:
+    """Ask the collector holding ``db`` to seal what it stored since the last seal; return every segment."""
     url = collector_url(db)
     try:
-        resp = httpx.post(url + "/v1/admin/snapshot", timeout=600)
+        resp = httpx.post(url + "/v1/admin/seal", timeout=600)
         resp.raise_for_status()
-        return Path(resp.json()["path"])
-    except (httpx.HTTPError, ValueError, KeyError) as exc:
-        raise StoreLocked(
-            f"{db} is held by the collector at {url}, which did not give a snapshot: {exc}"
-        ) from exc
+    except httpx.HTTPError as exc:
+        raise StoreLocked(f"{db} is held by the collector at {url}, which did not seal it: {exc}") from exc
+    return decode_seal(resp.content)
 
 
 def load_derived(db: Path | str, name: str, data: pa.Table, *, replace_source: str | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The embedded DuckDB store: one writing process, readers through snapshots.
+"""The embedded DuckDB store: one writing process, readers through sealed Parquet segments.
 
 DuckDB lets one process open a file for writing, and no other process may open it at all while it does.
 The design (README, "One writer, many readers"):
@@ -8,10 +8,10 @@ The design (README, "One writer, many readers"):
   only after it committed (DuckDB fsyncs its WAL on commit).
 * A running collector (or ``ubi consume --db``) advertises itself in a sidecar file next to the database (``<db>.collector.json``).
 * Readers (``ubi process``, ``ubi report``) call :func:`store.client.open_reader`: when the file is free they open it
-  read-only; when a collector holds it, they ask the collector for a consistent snapshot
-  (``POST /v1/admin/snapshot``: a copy of the database as of one commit, made in a read transaction while
-  the writer keeps committing) and read that. Derived tables they produce go back through the collector
-  (``POST /v1/admin/load/{table}``), so the one writer stays the one writer.
+  read-only; when a collector holds it, they ask it to seal (``POST /v1/admin/seal``: the rows stored since
+  the last seal are appended, in one read transaction while the writer keeps committing, to immutable
+  Parquet segments, :mod:`store.sealed`) and read those segments in place. Derived tables they produce go
+  back through the collector (``POST /v1/admin/load/{table}``), so the one writer stays the one writer.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import os
 import struct
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,9 +33,10 @@ import duckdb
 import pyarrow as pa
 
 from schemas import tables
-from schemas.errors import SnapshotFailed, StoreError, StoreLocked
+from schemas.errors import StoreError, StoreLocked
 from schemas.settings import Settings
 from store.rows import EVENT_CONTENT_COLUMNS, Counts, RowStatus, event_content_digest
+from store.sealed import Sealed, Sealer
 
 #: Derived tables other processes may load through a running collector.
 LOADABLE_TABLES = ("judgments", "human_judgments")
@@ -129,7 +129,7 @@ def insert_arrow(
 
 class Store:
     """A DuckDB database file opened for writing by this process. Thread-safe: one lock for writes, none
-    held during a snapshot's copy."""
+    held while a seal copies new rows out."""
 
     def __init__(
         self,
@@ -137,24 +137,20 @@ class Store:
         *,
         create: bool = True,
         threads: int | None = 1,
-        snapshot_dir: Path | None = None,
-        snapshot_grace: float = 60.0,
+        seal_dir: Path | None = None,
         wait_for_readers: float = 0.0,
     ) -> None:
         """Open ``path`` for writing.
 
-        ``snapshot_dir``: where :meth:`snapshot` writes (default: beside the database). ``snapshot_grace``:
-        seconds a snapshot no reader has open yet is kept (a reader opens it right after the answer).
+        ``seal_dir``: where :meth:`seal` writes its segments (default: ``<db>.sealed`` beside the database).
         ``wait_for_readers``: seconds to wait, retrying, while read-only readers hold the file.
         """
         self.path = Path(path)
-        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir is not None else self.path.parent
-        self.snapshot_grace = snapshot_grace
         if not create and not self.path.exists():
             raise StoreError(f"{self.path}: no such database; run `ubi serve` or `ubi import` first")
         self.con = self._connect(wait_for_readers)
         self.lock = threading.Lock()
-        # Snapshots copy outside the lock; close() waits for them (notified under the same lock).
+        # Seals read outside the lock; close() waits for them (notified under the same lock).
         self._idle = threading.Condition(self.lock)
         self._copies = 0
         self._closed = False
@@ -165,7 +161,9 @@ class Store:
             # other core. None keeps DuckDB's default (one thread per core).
             self.con.execute(f"SET threads = {int(threads)}")
         ensure_tables(self.con)
-        self.remove_snapshots(grace=0.0)  # left by a collector that stopped without cleaning up
+        self.sealer = Sealer(self, seal_dir)
+        if str(self.path) != ":memory:":
+            self.sealer.clean()  # staging left by a seal cut short; files no manifest names
 
     def _connect(self, wait_for_readers: float) -> duckdb.DuckDBPyConnection:
         """The read-write connection; while readers hold the file, retry for up to ``wait_for_readers`` s."""
@@ -201,11 +199,10 @@ class Store:
 
     @classmethod
     def from_settings(cls, settings: Settings, path: Path | None = None) -> Store:
-        """The writer of ``path`` (default ``settings.db``) with the snapshot and wait settings applied."""
+        """The writer of ``path`` (default ``settings.db``) with the seal and wait settings applied."""
         return cls(
             path if path is not None else settings.db,
-            snapshot_dir=settings.snapshot_dir,
-            snapshot_grace=settings.snapshot_grace_seconds,
+            seal_dir=settings.seal_dir,
             wait_for_readers=settings.store_wait_seconds,
         )
 
@@ -214,41 +211,32 @@ class Store:
             self._closed = True
             self._idle.wait_for(lambda: self._copies == 0)
             self.con.close()
-        self.remove_snapshots()  # a fresh one may be on its way to a reader; the next start-up takes it
 
-    def snapshot_files(self) -> list[Path]:
-        """Snapshots of this database in :attr:`snapshot_dir` (their ``.wal`` files aside)."""
-        pattern = f"{self.path.name}.snapshot-*"
+    @contextmanager
+    def reading_cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor of its own, outside the store lock, for a read transaction; :meth:`close` waits for it."""
+        with self._idle:
+            if self._closed:
+                raise StoreError(f"{self.path}: the store is closed")
+            cur = self.con.cursor()
+            self._copies += 1
         try:
-            return sorted(p for p in self.snapshot_dir.glob(pattern) if not p.name.endswith(".wal"))
-        except OSError:  # no such directory (yet): a snapshot into it will say why
-            return []
+            yield cur
+        finally:
+            cur.close()
+            with self._idle:
+                self._copies -= 1
+                self._idle.notify_all()
 
-    def remove_snapshots(self, *, grace: float | None = None) -> list[Path]:
-        """Delete snapshots no reader has open and older than ``grace`` s (default :attr:`snapshot_grace`).
+    def seal(self) -> Sealed:
+        """Seal the rows committed since the last seal into Parquet segments; see :mod:`store.sealed`.
 
-        Called before each new snapshot and at close (with the grace), and at start-up (without: no reader
-        can be waiting for an answer of this process yet).
-
-        Readers remove their snapshot when done (:func:`store.client.reading`); this removes what a reader
-        that crashed, or a bare ``POST /v1/admin/snapshot``, left behind. A reader's open connection holds
-        a shared lock on the file (:func:`lock_holder`), so a snapshot in use is never removed.
+        Writers are not paused: the copy runs in a read transaction on its own cursor, outside the store
+        lock, and DuckDB's MVCC gives that transaction the state of the last commit before it began while
+        the writer keeps committing on its cursor. Every table therefore holds every row of a committed
+        write or none of it (tests/store/test_sealed.py).
         """
-        grace = self.snapshot_grace if grace is None else grace
-        now = time.time()
-        removed: list[Path] = []
-        for snap in self.snapshot_files():
-            try:
-                young = now - snap.stat().st_mtime < grace
-            except OSError:
-                continue
-            if young or lock_holder(snap) is not None:
-                continue
-            for part in (snap, snap.with_name(snap.name + ".wal")):
-                with contextlib.suppress(OSError):
-                    part.unlink()
-            removed.append(snap)
-        return removed
+        return self.sealer.seal()
 
     def __enter__(self) -> Store:
         return self
@@ -474,59 +462,6 @@ class Store:
             cur.unregister("_load")
         return int(data.num_rows)
 
-    def snapshot(self, dest: Path | None = None) -> Path:
-        """Copy the whole database, as of one committed state, to a new file opened by nobody.
-
-        Writers are not paused: the copy runs in a read transaction on its own cursor, outside the store
-        lock, and DuckDB's MVCC gives that transaction the state of the last commit before it began while
-        the writer keeps committing on its cursor. The transaction writes only the attached destination,
-        which DuckDB allows (one written database per transaction). Every table therefore holds every row
-        of a committed write or none of it (tests/collector/test_store.py; bench/snapshot.py measures the
-        longest request during a snapshot).
-        """
-        self.remove_snapshots()  # earlier ones no reader has open: each snapshot is a whole copy
-        dest = dest or self.snapshot_dir / f"{self.path.name}.snapshot-{uuid.uuid4().hex[:12]}"
-        alias = f"_snap_{uuid.uuid4().hex[:12]}"  # snapshots may run side by side
-        if dest.exists():
-            raise StoreError(f"{dest} exists; a snapshot goes to a new file")
-        with self._idle:
-            if self._closed:
-                raise StoreError(f"{self.path}: the store is closed")
-            cur = self.con.cursor()
-            self._copies += 1
-        try:
-            cur.execute(f"ATTACH '{_sql_str(dest)}' AS {alias}")
-            try:
-                cur.execute("BEGIN TRANSACTION")
-                try:
-                    (src,) = cur.execute("SELECT current_database()").fetchone() or ("",)
-                    cur.execute(f"COPY FROM DATABASE {quote_ident(src)} TO {alias}")
-                    cur.execute("COMMIT")
-                except BaseException:
-                    with contextlib.suppress(duckdb.Error):
-                        cur.execute("ROLLBACK")
-                    raise
-            finally:
-                cur.execute(f"DETACH {alias}")
-        except BaseException as exc:
-            for partial in (dest, dest.with_name(dest.name + ".wal")):  # no half copy left for a reader
-                with contextlib.suppress(OSError):  # missing, or its directory is not one
-                    partial.unlink()
-            if isinstance(exc, (duckdb.IOException, OSError)):
-                raise SnapshotFailed(
-                    f"could not write a snapshot of {self.path} to {dest.parent}: {exc}. Free space there, or "
-                    "point UBI_SNAPSHOT_DIR at a disk with room for a copy of the database."
-                ) from exc
-            if isinstance(exc, duckdb.Error):
-                raise StoreError(f"{self.path}: could not copy a snapshot to {dest}: {exc}") from exc
-            raise
-        finally:
-            cur.close()
-            with self._idle:
-                self._copies -= 1
-                self._idle.notify_all()
-        return dest
-
     def read(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a read query on the writer connection (for the collector's own routes)."""
         with self.lock:
@@ -535,10 +470,6 @@ class Store:
                 return cur.execute(sql, params or []).fetchall()
             finally:
                 cur.close()
-
-
-def _sql_str(path: Path) -> str:
-    return str(path).replace("'", "''")
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:

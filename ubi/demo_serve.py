@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import orjson
 
@@ -29,6 +28,7 @@ from collector.server import bind_socket, make_server, server_config
 from schemas.errors import UbiError
 from schemas.settings import Settings
 from store.duckdb_store import Store
+from store.sealed import open_sealed
 
 #: The two rankers of the demo, best first: name and noise σ (grade + N(0, σ²), as in the simulator).
 RANKERS: tuple[tuple[str, float], ...] = (("ranker-a", 0.5), ("ranker-b", 2.0))
@@ -81,7 +81,7 @@ def report_available() -> bool:
 
 
 def live_report_html(store: Store, qrels: Path, settings: Settings) -> str:
-    """The joint report (``ubi report --format html``) of everything stored so far, from a snapshot."""
+    """The joint report (``ubi report --format html``) of everything stored so far, from the sealed segments."""
     from processors.qrels import load_qrels
     from reports.joint import ReportConfig, build_report
     from reports.merge import LabelSet, labels_from_human, labels_from_store
@@ -89,20 +89,16 @@ def live_report_html(store: Store, qrels: Path, settings: Settings) -> str:
 
     labels = LabelSet()
     labels.add(labels_from_human(load_qrels(qrels).human_judgments()))
-    # A snapshot taken between two commits: the report reads a consistent store while visitors keep writing.
-    snap = store.snapshot()
+    # A seal taken between two commits: the report reads a consistent store while visitors keep writing,
+    # and only the rows stored since the last visit are copied out.
+    con = open_sealed(store.seal())
     try:
-        con = duckdb.connect(str(snap), read_only=True)
-        try:
-            labels.add(labels_from_store(con))
-            config = ReportConfig(position_base=settings.position_base, seed=settings.seed,
-                                  n_boot=200, n_perm=2_000)  # fewer resamples: the page renders on each visit
-            report = build_report(con, labels, config, inputs={"db": str(store.path), "qrels": str(qrels)})
-        finally:
-            con.close()
+        labels.add(labels_from_store(con))
+        config = ReportConfig(position_base=settings.position_base, seed=settings.seed,
+                              n_boot=200, n_perm=2_000)  # fewer resamples: the page renders on each visit
+        report = build_report(con, labels, config, inputs={"db": str(store.path), "qrels": str(qrels)})
     finally:
-        for leftover in (snap, Path(str(snap) + ".wal")):
-            leftover.unlink(missing_ok=True)
+        con.close()
     return str(render_html(report))
 
 

@@ -78,7 +78,7 @@ def load_swaps(con: duckdb.DuckDBPyConnection, settings: Settings, max_rank: int
 
 
 def read_swaps(db: Path | str, settings: Settings, max_rank: int) -> tuple[SwapSessions, int]:
-    """:func:`load_swaps` on the store at ``db`` (read-only, or a snapshot while a collector runs)."""
+    """:func:`load_swaps` on the store at ``db`` (read-only, or its sealed segments while a collector runs)."""
     with reading(db) as con:
         apply_limits(con, settings)
         return load_swaps(con, settings, max_rank)

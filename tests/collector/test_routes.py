@@ -360,13 +360,18 @@ def test_openapi_documents_the_record_schemas(client):
 # ---------------------------------------------------------------- admin (one writer, many readers)
 
 
-def test_admin_snapshot_is_a_consistent_copy(client, make_event, tmp_path):
-    import duckdb
+def test_admin_seal_lists_the_segments_and_a_second_seal_adds_only_new_rows(client, make_event, tmp_path):
+    from store.sealed import MEDIA_TYPE, decode_seal, open_sealed
 
     client.post("/v1/events", json=[make_event() for _ in range(5)])
-    path = client.post("/v1/admin/snapshot").json()["path"]
-    con = duckdb.connect(path, read_only=True)
-    assert con.execute("SELECT count(*) FROM ubi_events").fetchone() == (5,)
+    r = client.post("/v1/admin/seal")
+    assert r.status_code == 200 and r.headers["content-type"] == MEDIA_TYPE
+    assert decode_seal(r.content).new_rows["ubi_events"] == 5
+    client.post("/v1/events", json=[make_event() for _ in range(2)])
+    sealed = decode_seal(client.post("/v1/admin/seal").content)
+    assert sealed.new_rows["ubi_events"] == 2  # only what came since the first seal
+    con = open_sealed(sealed)
+    assert con.execute("SELECT count(*), count(DISTINCT event_key) FROM ubi_events").fetchone() == (7, 7)
     con.close()
 
 

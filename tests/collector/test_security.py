@@ -374,7 +374,7 @@ def test_admin_routes_are_for_loopback_clients(db: Path) -> None:
     with collector(db, peer=REMOTE) as c:
         r = c.get("/v1/failed")
         assert r.status_code == 403 and "loopback" in r.json()["message"]
-        assert c.post("/v1/admin/snapshot").status_code == 403
+        assert c.post("/v1/admin/seal").status_code == 403
         assert c.get("/healthz").status_code == 200
     with collector(db, peer=LOCAL) as c:
         assert c.get("/v1/failed").status_code == 200

@@ -97,7 +97,7 @@ def test_readers_loaders_and_import_work_while_the_collector_runs(db, make_event
         )
         assert commits <= 200
 
-        # A reader gets a snapshot through the collector.
+        # A reader reads the sealed segments the collector writes for it.
         con = open_reader(db)
         assert con.execute("SELECT count(*) FROM ubi_events").fetchone() == (200,)
         con.close()

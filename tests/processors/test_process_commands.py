@@ -13,6 +13,7 @@ import pytest
 from ubi_records import build_sample_store
 
 from processors.judgments import read_jsonl, read_trec, trec_query_id
+from tests.store_support import only_store_files
 from ubi.cli import main
 
 # The sample's hand-checked counts (tests/processors/test_sessions.py) are those of base 0 everywhere; with
@@ -206,7 +207,7 @@ def test_help_texts_explain(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_process_while_a_collector_holds_the_store(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A real `ubi serve` process owns the file: sessions come from its snapshot, judgments go through it."""
+    """A real `ubi serve` process owns the file: sessions come from its sealed segments, judgments go through it."""
     from ubi.demo import free_port, running_collector
 
     # A row of an earlier ctr run for a pair this run does not see: replacing the source must remove it.
@@ -219,8 +220,7 @@ def test_process_while_a_collector_holds_the_store(db: Path, tmp_path: Path, cap
         exp = run_json(capsys, "review", "export", "--db", str(db), "--top", "1", "--out", str(tmp_path / "r.csv"),
                        "--json")
         assert exp["rows"] > 0
-        # every snapshot the readers asked for was deleted once read
-        assert not list(db.parent.glob("*.snapshot-*"))
+        assert only_store_files(db)  # read through sealed segments: no copy of the database, nothing left
     assert query(db, "SELECT count(*), min(source) FROM judgments") == [(1003, "implicit:ctr")]
 
 

@@ -1,4 +1,4 @@
-"""The admin protocol under attack: SQL through column names, DNS rebinding, snapshots that pile up or fill a disk.
+"""The admin protocol under attack: SQL through column names, DNS rebinding, seals that fill a disk.
 
 Each test reproduces an attack or fault of issue 11 as it was run against main at 74e9b3e (where every one
 of them succeeded) and checks that it is refused now.
@@ -150,7 +150,7 @@ def rebinding_attempts(url: str) -> list[httpx.Response]:
     with httpx.Client(base_url=url, headers=evil, timeout=30) as c:
         return [
             c.get("/v1/failed"),
-            c.post("/v1/admin/snapshot"),
+            c.post("/v1/admin/seal"),
             c.post("/v1/admin/load/judgments", content=arrow_body(judgment_rows()), headers=ARROW),
         ]
 
@@ -161,7 +161,7 @@ def test_the_collectors_admin_routes_refuse_a_rebound_host_name(tmp_path: Path) 
         for r in rebinding_attempts(url):
             assert r.status_code == 403, (r.request.url, r.text)
             assert "UBI_ADMIN_HOSTS" in r.json()["message"] and "evil.example" in r.json()["message"]
-        assert not list(tmp_path.glob("*.snapshot-*"))  # refused before copying anything
+        assert not list(tmp_path.rglob("*.parquet"))  # refused before sealing anything
         # A loopback name still works, and so does the page of another loopback name with its own Origin.
         ok = httpx.get(url + "/v1/failed", timeout=30)
         assert ok.status_code == 200, ok.text
@@ -193,63 +193,17 @@ def test_the_loaders_admin_routes_refuse_a_rebound_host_name(tmp_path: Path) -> 
             admin.stop()
 
 
-# ---------------------------------------------------------------- snapshots
+# ---------------------------------------------------------------- seals
 
 
-def snapshots(tmp_path: Path) -> list[Path]:
-    return sorted(p for p in tmp_path.glob("*.snapshot-*") if not p.name.endswith(".wal"))
-
-
-def hold_read_only(path: Path) -> subprocess.Popen[str]:
-    """Another process with ``path`` open read-only (as ``ubi report`` holds a snapshot) until killed."""
-    code = (
-        "import sys, duckdb; con = duckdb.connect(sys.argv[1], read_only=True); "
-        "print('open', flush=True); sys.stdin.read()"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "open"
-    return proc
-
-
-def test_snapshots_do_not_pile_up_and_one_in_use_is_kept(tmp_path: Path) -> None:
-    db = tmp_path / "ubi.duckdb"
-    with local_client(db, snapshot_grace_seconds=0) as c:
-        first = Path(c.post("/v1/admin/snapshot").json()["path"])
-        reader = hold_read_only(first)
-        try:
-            paths = [Path(c.post("/v1/admin/snapshot").json()["path"]) for _ in range(3)]
-            # The one a reader has open stays; of the others only the newest is left (8 were left on 74e9b3e
-            # by a fuzz run: none was ever removed).
-            assert snapshots(tmp_path) == sorted([first, paths[-1]])
-        finally:
-            reader.kill()
-            reader.wait()
-        c.post("/v1/admin/snapshot")
-        assert first not in snapshots(tmp_path) and len(snapshots(tmp_path)) == 1
-    assert snapshots(tmp_path) == []  # shutdown removes those past the grace (0 s here) that nobody reads
-
-
-def test_a_young_snapshot_waits_for_its_reader(tmp_path: Path) -> None:
-    # The answer carries the path; the reader opens it a moment later. Inside the grace nothing is removed.
-    # Shutdown keeps them too (a reader may be on its way); the next start-up of a writer removes them.
-    db = tmp_path / "ubi.duckdb"
-    with local_client(db, snapshot_grace_seconds=3600) as c:
-        made = {c.post("/v1/admin/snapshot").json()["path"] for _ in range(3)}
-        assert {str(p) for p in snapshots(tmp_path)} == made
-    assert len(snapshots(tmp_path)) == 3
-    Store(db).close()
-    assert snapshots(tmp_path) == []
-
-
-def test_an_unwritable_snapshot_directory_is_503_not_a_traceback(tmp_path: Path) -> None:
+def test_an_unwritable_seal_directory_is_503_not_a_traceback(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
-    with local_client(tmp_path / "ubi.duckdb", snapshot_dir=not_a_dir / "snaps") as c:
-        r = c.post("/v1/admin/snapshot")
+    with local_client(tmp_path / "ubi.duckdb", seal_dir=not_a_dir / "sealed") as c:
+        r = c.post("/v1/admin/seal")
     assert r.status_code == 503, r.text
     body = r.json()
-    assert body["error"] == "SnapshotUnavailable" and "UBI_SNAPSHOT_DIR" in body["message"]
+    assert body["error"] == "SealUnavailable" and "UBI_SEAL_DIR" in body["message"]
     assert "Traceback" not in r.text
 
 
@@ -267,8 +221,11 @@ print(proc.communicate(timeout=30)[0], end="", flush=True)
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1) to mount a private tmpfs")
 def test_a_full_disk_is_503_with_a_clear_body(tmp_path: Path) -> None:
     # A real full disk: a 64 KiB tmpfs, mounted in a private mount namespace (unshare -r -m: no root on the
-    # host needed, nothing visible outside), is the snapshot directory of a real `ubi serve`. An empty
-    # DuckDB store is already larger (one 256 KiB block per table), so the copy runs out of space.
+    # host needed, nothing visible outside), is the seal directory of a real `ubi serve`. The store holds
+    # 20,000 events with a random 32-character key each, more than 64 KiB however well Parquet compresses.
+    with Store(tmp_path / "ubi.duckdb") as store, store.transaction() as cur:
+        cur.execute("INSERT INTO ubi_events (event_key, action_name, timestamp, received_at) "
+                    "SELECT md5(i::VARCHAR), 'click', now(), now() FROM range(20000) r(i)")
     snap_dir = tmp_path / "tiny"
     snap_dir.mkdir()
     probe = subprocess.run(["unshare", "-r", "-m", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs",
@@ -277,7 +234,7 @@ def test_a_full_disk_is_503_with_a_clear_body(tmp_path: Path) -> None:
         pytest.skip(f"cannot mount a tmpfs in a user namespace here: {probe.stderr.strip()}")
     script = (f"mount -t tmpfs -o size=64k tmpfs {snap_dir} && exec {sys.executable} -c "
               f"'{FULL_DISK_SERVER}' {tmp_path / 'ubi.duckdb'}")
-    env = {**os.environ, "UBI_SNAPSHOT_DIR": str(snap_dir)}
+    env = {**os.environ, "UBI_SEAL_DIR": str(snap_dir)}
     proc = subprocess.Popen(["unshare", "-r", "-m", "sh", "-c", script], cwd=ROOT, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -287,10 +244,10 @@ def test_a_full_disk_is_503_with_a_clear_body(tmp_path: Path) -> None:
         assert match, f"ubi serve did not start: {line!r}"
         url = match.group(0)
         httpx.get(url + "/healthz", timeout=30).raise_for_status()
-        r = httpx.post(url + "/v1/admin/snapshot", timeout=60)
+        r = httpx.post(url + "/v1/admin/seal", timeout=60)
         assert r.status_code == 503, r.text
         message = r.json()["message"]
-        assert "No space left on device" in message and "UBI_SNAPSHOT_DIR" in message
+        assert "No space left on device" in message and "UBI_SEAL_DIR" in message
         assert httpx.get(url + "/healthz", timeout=30).status_code == 200  # the collector carries on
     finally:
         out, _ = proc.communicate("", timeout=60)

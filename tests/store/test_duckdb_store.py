@@ -1,12 +1,11 @@
-"""The store's write: per-row outcomes in one transaction, snapshots, and the one-writer lock."""
+"""The store's write: per-row outcomes in one transaction and the one-writer lock (seals: test_sealed.py)."""
 
 from __future__ import annotations
 
-import duckdb
 import pyarrow as pa
 import pytest
 
-from schemas.errors import SnapshotFailed, StoreError, StoreLocked
+from schemas.errors import StoreLocked
 from schemas.ubi import UbiEvent, UbiQuery
 from store.client import collector_url, open_reader
 from store.duckdb_store import Store
@@ -146,93 +145,6 @@ def test_conflict_callbacks_run_once_when_the_fast_path_is_retried(tmp_path, mak
         assert (out.query_status, out.event_status) == ((INSERTED, CONFLICT), (DUPLICATE,))
         assert calls == [[1]]
         assert store.read("SELECT count(*) FROM failed_records") == [(1,)]
-
-
-def test_a_snapshot_holds_whole_commits_and_does_not_pause_writers(tmp_path):
-    """A writer thread commits batches (one query and 20 events each) while a snapshot copies a large store.
-
-    The snapshot holds a prefix of the batches, each whole (all 21 rows or none); and several batches are
-    committed while the copy runs, which a snapshot holding the store lock for the whole copy would forbid
-    (at most the one write already in flight could land). Ordering of logged events, not wall-clock times.
-    """
-    import threading
-
-    path = tmp_path / "big.duckdb"
-    with Store(path) as store:
-        # 200,000 stored events make the copy take long enough (some tenths of a second) for many small commits
-        with store.transaction() as cur:
-            cur.execute(
-                "INSERT INTO ubi_events (event_key, action_name, timestamp, received_at, user_query) "
-                "SELECT 'pre' || i, 'impression', TIMESTAMP '2024-01-01' + INTERVAL (i) SECOND, "
-                "TIMESTAMP '2024-01-01', repeat('x', 40) FROM range(200000) r(i)"
-            )
-        log: list[tuple[str, int]] = []
-        stop = threading.Event()
-        now = utcnow()
-
-        def write_batches() -> None:
-            k = 0
-            while not stop.is_set():
-                evs = [
-                    event_row(
-                        UbiEvent.model_validate(
-                            {"action_name": "click", "timestamp": 1, "event_id": f"e{k}-{i}"}
-                        ),
-                        now,
-                    )
-                    for i in range(20)
-                ]
-                store.write_rows(
-                    queries({"query_id": f"q{k}", "user_query": "shoes"}),
-                    pa.Table.from_pylist(evs, schema=EVENT_SCHEMA),
-                )
-                log.append(("commit", k))
-                k += 1
-
-        writer = threading.Thread(target=write_batches)
-        writer.start()
-        while not log:
-            stop.wait(0.001)
-        log.append(("snapshot-start", -1))
-        snap = store.snapshot()
-        log.append(("snapshot-end", -1))
-        stop.set()
-        writer.join()
-    start = log.index(("snapshot-start", -1))
-    end = log.index(("snapshot-end", -1))
-    during = [k for what, k in log[start + 1 : end] if what == "commit"]
-    assert len(during) >= 5, f"only {len(during)} writes committed while the snapshot copied"
-
-    con = duckdb.connect(str(snap), read_only=True)
-    try:
-        per_batch = dict(
-            con.execute(
-                "SELECT split_part(event_id, '-', 1), count(*) FROM ubi_events WHERE event_id IS NOT NULL GROUP BY 1"
-            ).fetchall()
-        )
-        stored_queries = {q for (q,) in con.execute("SELECT query_id FROM ubi_queries").fetchall()}
-        assert con.execute("SELECT count(*) FROM ubi_events WHERE event_id IS NULL").fetchone() == (200000,)
-    finally:
-        con.close()
-    n = len(stored_queries)
-    # a prefix of the batches, each whole: queries q0..q(n-1), and 20 events under each e0..e(n-1)
-    assert stored_queries == {f"q{k}" for k in range(n)}
-    assert per_batch == {f"e{k}": 20 for k in range(n)}
-    # at least every batch committed before the snapshot began, at most those committed before it ended
-    assert start <= n <= end - 1
-
-
-def test_a_snapshot_never_overwrites_a_file_and_leaves_no_half_copy(tmp_path):
-    with Store(tmp_path / "s.duckdb") as store:
-        taken = tmp_path / "taken"
-        taken.write_text("not a database")
-        with pytest.raises(StoreError, match="exists"):
-            store.snapshot(taken)
-        assert taken.read_text() == "not a database"
-        with pytest.raises(SnapshotFailed, match="could not write a snapshot"):
-            store.snapshot(tmp_path / "no-such-dir" / "snap.duckdb")
-        snap = store.snapshot()
-    assert snap.exists() and ".snapshot-" in snap.name
 
 
 # ---------------------------------------------------------------- a read-only reader holding the file

@@ -18,9 +18,10 @@ from loader.admin import serve_admin
 from loader.consumer import Consumer
 from loader.targets import DuckDBLoader, conflict_id
 from schemas.settings import Settings
-from store.client import failed_records, load_derived, request_snapshot
+from store.client import failed_records, load_derived, request_seal
 from store.duckdb_store import Store
 from store.rows import event_content_hash, event_row, query_row, utcnow
+from store.sealed import open_sealed
 from tests.conftest import SAMPLE_LOG, shared_path
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
@@ -106,7 +107,7 @@ def test_a_whole_redelivery_is_absorbed_by_the_dedup_keys(broker, prefix, tmp_pa
     assert stored_action == "impression"  # the sample's event stays; the click under its _id is the conflict
 
 
-def test_one_duckdb_loader_per_store_and_readers_use_its_snapshots(broker, prefix, tmp_path):
+def test_one_duckdb_loader_per_store_and_readers_use_its_seals(broker, prefix, tmp_path):
     settings = _settings(broker, prefix, tmp_path)
     _produce(settings, (b'{"query_id": "q1", "user_query": "shoes"}', "query"))
     db = tmp_path / "ubi.duckdb"
@@ -118,8 +119,8 @@ def test_one_duckdb_loader_per_store_and_readers_use_its_snapshots(broker, prefi
         second = subprocess.run([sys.executable, "-m", "ubi", "consume", "--bootstrap", broker.bootstrap,
                                  "--db", str(db)], capture_output=True, text=True, timeout=60, check=False)
         assert second.returncode == 2 and "use --parquet DIR" in second.stderr.replace("\n", " ")
-        # What open_reader does in another process when the file is locked: ask the loader for a snapshot.
-        con = duckdb.connect(str(request_snapshot(db)), read_only=True)
+        # What open_reader does in another process when the file is locked: ask the loader to seal.
+        con = open_sealed(request_seal(db))
         assert con.execute("SELECT query_id FROM ubi_queries").fetchall() == [("q1",)]
         con.close()
         # What `ubi process` does next: load its judgments through the loader, always with replace_source.

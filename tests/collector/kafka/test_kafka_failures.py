@@ -44,7 +44,7 @@ SAMPLE_QUERIES, SAMPLE_EVENTS = 473, 3448
 
 
 def _store_has(db: Path, tag: str, acked_queries: int, acked_events: int) -> bool:
-    """Whether the store (read through a snapshot from the running loader) holds as many rows as acked."""
+    """Whether the store (read through the segments the running loader seals) holds as many rows as acked."""
     n_queries, n_events = _store_counts(db, tag)
     return n_queries >= acked_queries and n_events >= acked_events
 

@@ -1,6 +1,6 @@
 """``ubi process`` while a real ``ubi consume --db`` process holds the store (issue 11).
 
-The loader is DuckDB's one writer then, so ``ubi process`` must read a snapshot from it and load its
+The loader is DuckDB's one writer then, so ``ubi process`` must read the segments it seals and load its
 judgments through it, with the ``?replace_source=`` it always sends. The loader used to serve its own
 ``http.server`` copy of the admin protocol, which took the table name from the last path segment
 (``judgments?replace_source=implicit:ctr``) and answered 400; it now mounts ``store.admin``'s router.
@@ -15,6 +15,7 @@ from kafka_support import Consume, wait_for
 
 from store.client import sidecar_path
 from tests.processors.ubi_records import build_sample_store
+from tests.store_support import only_store_files
 from ubi.cli import main
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
@@ -36,7 +37,7 @@ def test_process_while_consume_holds_the_store(broker, prefix, tmp_path, capsys)
         # The same sample and model as tests/processors/test_process_commands.py's run through `ubi serve`:
         # 278 sessions, 1003 judgments, and the stale row of the source removed.
         assert (summary["sessions"]["sessions"], summary["stored"], summary["stale_rows_removed"]) == (278, 1003, True)
-        assert not list(db.parent.glob("*.snapshot-*"))  # the snapshot it read was deleted
+        assert only_store_files(db)  # read through sealed segments: no copy of the database, nothing left
     finally:
         loader.stop()
     assert loader.proc is not None and loader.proc.returncode == 0

@@ -1,0 +1,383 @@
+"""Reading a live store: what a reader costs, and what single-event POSTs feel, while a collector ingests.
+
+Builds a store of ``--events`` events (synthetic rows of the stored shape, written straight into DuckDB),
+starts a collector on it (``ubi serve``'s app and server, plus one bench-only route, below), keeps single-event
+POSTs going over ``--connections`` keep-alive connections, and runs readers in other processes one phase at a
+time, printing for each phase the reader's wall and CPU time and peak RSS, the collector's CPU, POST latency
+p50/p99/max while the phase ran, and the disk used by the store and its sealed segments:
+
+* ``sealed, first read``: the first reader makes the collector seal the whole store (one-time cost);
+* ``sealed, next read``: a reader after it, sealing only what was POSTed since;
+* ``sealed, 2 readers at once``: two readers together (no per-reader copy: disk does not grow per reader);
+* ``in-collector query``: design (a) of issue 14 item 3, prototyped here only: the same read query run
+  by the collector itself in one read transaction on its own cursor, the (small) Arrow result sent back;
+* ``plain scan, file free``: the same query on the DuckDB file opened read-only, the collector stopped.
+
+Every reader runs the same aggregation, the shape of the processors' statistics: events and clicks per
+(query text, position), 50,000 rows out of the whole events table.
+
+    .venv/bin/python bench/read_live.py [--events 3000000] [--connections 4] [--json]
+
+Bounded: each phase has a ``--timeout``; the POST load stops when the phases are done. Figures depend on the
+machine's load: CPU time is printed beside wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from ingest import _request, make_events  # noqa: E402  (bench/ingest.py, same folder)
+
+SCAN_SQL = """
+SELECT user_query, position_ordinal, count(*) AS events, count(*) FILTER (WHERE action_name = 'click') AS clicks
+FROM ubi_events GROUP BY ALL
+"""
+
+
+def build_store(db: Path, n: int) -> None:
+    """``n`` events of the stored shape (10-result searches, impressions and a tenth clicks), in one INSERT."""
+    import duckdb
+
+    from store.duckdb_store import ensure_tables
+
+    con = duckdb.connect(str(db))
+    try:
+        ensure_tables(con)
+        con.execute(
+            f"""
+            INSERT INTO ubi_events (event_key, event_id, action_name, query_id, session_id, client_id,
+                application, timestamp, user_query, object_id, object_id_field, position_ordinal,
+                event_attributes, received_at)
+            SELECT 'id:pre-' || i, 'pre-' || i, CASE WHEN i % 10 = 3 THEN 'click' ELSE 'impression' END,
+                'q' || (i // 10), 's' || (i // 50), 'c' || (i // 50), 'bench',
+                TIMESTAMP '2024-05-01' + INTERVAL (i) SECOND,
+                'query ' || (i // 10 % 5000), 'doc-' || hash(i) % 50000, 'sku', (i % 10)::INTEGER,
+                '{{"object": {{"object_id": "doc-' || hash(i) % 50000 || '", "object_id_field": "sku"}}, '
+                    || '"position": {{"ordinal": ' || (i % 10) || '}}}}',
+                TIMESTAMP '2024-05-01' + INTERVAL (i // 100000) DAY
+            FROM range({int(n)}) r(i)
+            """
+        )
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+
+
+# ---------------------------------------------------------------- the collector (run with --serve DB)
+
+
+def serve(db: Path) -> int:
+    """``ubi serve --db DB --port 0`` (collector/commands.py: same app, sink, sidecar and server config), plus
+    ``POST /bench/in-collector-query``: design (a), the read query run by the collector in a read transaction."""
+    import pyarrow as pa
+    from fastapi import Response
+
+    from collector.app import create_app, tune_gc
+    from collector.server import bind_socket, make_server, server_config
+    from collector.sinks import create_sink
+    from schemas.settings import Settings
+    from store.client import advertise
+
+    settings = Settings(db=db, port=0)
+    sock = bind_socket(settings.host, 0)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{host}:{port}"
+    sink = create_sink(settings)
+    app = create_app(settings, sink)
+    store = sink.store
+
+    def in_collector_query() -> bytes:
+        with store.reading_cursor() as cur:
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                table = cur.sql(SCAN_SQL).to_arrow_table()
+            finally:
+                cur.execute("COMMIT")
+        out = pa.BufferOutputStream()
+        with pa.ipc.new_stream(out, table.schema) as writer:
+            writer.write_table(table)
+        return out.getvalue().to_pybytes()
+
+    @app.post("/bench/in-collector-query")
+    async def bench_query() -> Response:
+        return Response(await asyncio.to_thread(in_collector_query), media_type="application/vnd.apache.arrow.stream")
+
+    side = advertise(store.path, url)
+    tune_gc()
+    print(f"ubi collector listening on {url} (bench, db {db})", flush=True)
+    try:
+        make_server(server_config(app, settings, log_level="warning", timeout_graceful_shutdown=10)).run(sockets=[sock])
+    finally:
+        side.unlink(missing_ok=True)
+        sink.close()
+        sock.close()
+    return 0
+
+
+# ---------------------------------------------------------------- a reader (run with --read DB MODE)
+
+
+def read(db: Path, mode: str, url: str) -> int:
+    """One reader process; prints its timings as JSON."""
+    import resource
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    sealing = 0.0
+    if mode == "sealed" or mode == "file":
+        from store.client import open_reader, request_seal
+        from store.sealed import open_sealed
+
+        if mode == "sealed":  # what open_reader does when a collector holds the file, keeping the seal's time
+            sealed = request_seal(db)
+            sealing = sealed.seconds
+            con = open_sealed(sealed)
+        else:
+            con = open_reader(db)
+        opened = time.perf_counter() - t0
+        rows = len(con.execute(SCAN_SQL).fetchall())
+        con.close()
+    else:
+        import httpx
+        import pyarrow as pa
+
+        resp = httpx.post(url + "/bench/in-collector-query", timeout=600)
+        resp.raise_for_status()
+        opened = 0.0
+        rows = pa.ipc.open_stream(pa.py_buffer(resp.content)).read_all().num_rows
+    print(json.dumps({
+        "wall_s": time.perf_counter() - t0, "open_s": opened, "seal_s": sealing, "cpu_s": time.process_time() - c0,
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rows": rows,
+    }), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------- the bench
+
+
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_hwm_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def disk_mb(path: Path) -> float:
+    if path.is_file():
+        return path.stat().st_size / 1e6
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6 if path.exists() else 0.0
+
+
+async def _client(host: str, port: int, requests: list[bytes], out: list[tuple[float, float]],
+                  stop: threading.Event) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    i = 0
+    try:
+        while not stop.is_set():
+            req = requests[i % len(requests)]
+            i += 1
+            t0 = time.perf_counter()
+            writer.write(req)
+            head = await reader.readuntil(b"\r\n\r\n")
+            match = re.search(rb"(?i)content-length:\s*(\d+)", head)
+            await reader.readexactly(int(match.group(1)) if match else 0)
+            if not head.startswith(b"HTTP/1.1 202"):
+                raise RuntimeError(f"unexpected answer: {head[:200]!r}")
+            out.append((t0, time.perf_counter() - t0))
+    finally:
+        writer.close()
+
+
+def _stats(latencies: list[float]) -> dict:
+    if not latencies:
+        return {"requests": 0}
+    lat = sorted(latencies)
+    return {
+        "requests": len(lat),
+        "p50_ms": round(1000 * statistics.median(lat), 2),
+        "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
+        "max_ms": round(1000 * lat[-1], 2),
+    }
+
+
+def _start(args: list[str], cwd: Path, stderr: object = subprocess.PIPE) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def run(n_events: int, connections: int, timeout: float) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="ubi-bench-read-live-"))
+    reader_cwd = work / "reader-cwd"
+    reader_cwd.mkdir()
+    db = work / "ubi.duckdb"
+    sealed_dir = Path(str(db) + ".sealed")
+    t0 = time.perf_counter()
+    build_store(db, n_events)
+    built = time.perf_counter() - t0
+    store_mb = disk_mb(db)
+    log = open(work / "collector.log", "w")  # noqa: SIM115 (open for the collector's life)
+    server = _start(["--serve", str(db)], ROOT, stderr=log)
+    line = server.stdout.readline() if server.stdout else ""
+    match = re.search(r"http://([\d.]+):(\d+)", line)
+    if not match:
+        server.kill()
+        raise SystemExit(f"collector did not start: {line}{(work / 'collector.log').read_text()}")
+    host, port = match.group(1), int(match.group(2))
+    url = f"http://{host}:{port}"
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+    phases: list[dict] = []
+
+    def phase(name: str, mode: str, readers: int = 1) -> None:
+        cpu0, start = proc_cpu(server.pid), time.perf_counter()
+        if not readers:  # the baseline: POSTs only, for as long as a short read
+            time.sleep(5.0)
+            end = time.perf_counter()
+            phases.append({"phase": name, "readers": 0, "collector_cpu_s": round(proc_cpu(server.pid) - cpu0, 2),
+                           "seconds": round(end - start, 2),
+                           "post": _stats([lat for s, lat in samples if s < end and s + lat > start]),
+                           "sealed_mb": round(disk_mb(sealed_dir), 1), "reader_files_left": 0})
+            time.sleep(1.0)
+            return
+        procs = [_start(["--read", str(db), mode, url], reader_cwd) for _ in range(readers)]
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            if p.returncode != 0:
+                raise RuntimeError(f"{name}: reader failed: {err[-2000:]}")
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+        end = time.perf_counter()
+        during = [lat for s, lat in samples if s < end and s + lat > start]
+        phases.append({
+            "phase": name, "readers": readers,
+            "reader_wall_s": round(max(o["wall_s"] for o in outs), 2),
+            "reader_open_s": round(max(o["open_s"] for o in outs), 2),
+            "seal_s": round(max(o["seal_s"] for o in outs), 2),
+            "reader_cpu_s": round(max(o["cpu_s"] for o in outs), 2),
+            "reader_rss_mb": round(max(o["rss_mb"] for o in outs)),
+            "rows": outs[0]["rows"],
+            "collector_cpu_s": round(proc_cpu(server.pid) - cpu0, 2),
+            "seconds": round(end - start, 2),
+            "post": _stats(during),
+            "sealed_mb": round(disk_mb(sealed_dir), 1),
+            "reader_files_left": len(list(reader_cwd.iterdir())),
+        })
+        time.sleep(1.0)
+
+    def phases_then_stop() -> None:
+        try:
+            time.sleep(2.0)  # load before the first reader
+            phase("no reader (baseline)", "", readers=0)
+            phase("sealed, first read", "sealed")
+            phase("sealed, next read", "sealed")
+            phase("sealed, 2 readers at once", "sealed", readers=2)
+            phase("in-collector query (design a)", "in-collector")
+        finally:
+            stop.set()
+
+    events = make_events(200_000, "live")
+    requests = [_request(orjson.dumps(e)) for e in events]
+    shares = [requests[i::connections] for i in range(connections)]
+    driver = threading.Thread(target=phases_then_stop)
+    before = 0
+    try:
+        import httpx
+
+        httpx.get(url + "/healthz", timeout=30).raise_for_status()
+        driver.start()
+
+        async def load() -> None:
+            await asyncio.gather(*(_client(host, port, s, samples, stop) for s in shares))
+
+        asyncio.run(load())
+        driver.join()
+        before = len(samples)
+        collector_hwm = proc_hwm_mb(server.pid)
+    finally:
+        stop.set()
+        server.terminate()
+        server.wait(timeout=120)
+        log.close()
+    plain = _start(["--read", str(db), "file", url], reader_cwd)
+    out, err = plain.communicate(timeout=timeout)
+    if plain.returncode != 0:
+        raise RuntimeError(f"plain scan failed: {err[-2000:]}")
+    o = json.loads(out.strip().splitlines()[-1])
+    phases.append({"phase": "plain scan, file free", "readers": 1, "reader_wall_s": round(o["wall_s"], 2),
+                   "reader_open_s": round(o["open_s"], 2), "reader_cpu_s": round(o["cpu_s"], 2),
+                   "reader_rss_mb": round(o["rss_mb"]), "rows": o["rows"], "collector_cpu_s": 0.0,
+                   "seconds": round(o["wall_s"], 2), "post": {"requests": 0}, "sealed_mb": round(disk_mb(sealed_dir), 1),
+                   "reader_files_left": len(list(reader_cwd.iterdir()))})
+    result = {
+        "events_stored": n_events, "store_mb": round(store_mb, 1), "build_s": round(built, 1),
+        "connections": connections, "posts": before, "collector_peak_rss_mb": round(collector_hwm),
+        "store_mb_after": round(disk_mb(db), 1), "phases": phases,
+    }
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=3_000_000, help="events in the store (default 3,000,000)")
+    parser.add_argument("--connections", type=int, default=4, help="keep-alive connections sending POSTs")
+    parser.add_argument("--timeout", type=float, default=900.0, help="longest a phase's reader may take (s)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # internal: the collector process
+    parser.add_argument("--read", nargs=3, metavar=("DB", "MODE", "URL"), help=argparse.SUPPRESS)  # a reader
+    args = parser.parse_args()
+    if args.serve:
+        return serve(args.serve)
+    if args.read:
+        return read(Path(args.read[0]), args.read[1], args.read[2])
+    row = run(args.events, args.connections, args.timeout)
+    if args.json:
+        print(json.dumps(row, indent=2))
+        return 0
+    print(f"store: {row['events_stored']:,} events, {row['store_mb']} MB (built in {row['build_s']} s), "
+          f"{row['store_mb_after']} MB after the run; {row['connections']} connections, {row['posts']:,} POSTs; "
+          f"collector peak RSS {row['collector_peak_rss_mb']} MB")
+    base = next(p for p in row["phases"] if p["readers"] == 0)
+    per_post = base["collector_cpu_s"] / max(1, base["post"]["requests"])  # the collector's CPU per POST
+    print(f"{'phase':<32} {'reader s':>8} {'open s':>7} {'seal s':>6} {'cpu s':>6} {'rss MB':>6} {'coll cpu':>8} {'beyond':>6} "
+          f"{'POSTs':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'sealed MB':>9} {'left':>4}")
+    for p in row["phases"]:
+        s = p["post"]
+        beyond = round(p["collector_cpu_s"] - per_post * s["requests"], 2)  # CPU the read cost the collector
+        print(f"{p['phase']:<32} {p.get('reader_wall_s', '-'):>8} {p.get('reader_open_s', '-'):>7} "
+              f"{p.get('seal_s', '-'):>6} {p.get('reader_cpu_s', '-'):>6} {p.get('reader_rss_mb', '-'):>6} {p['collector_cpu_s']:>8} "
+              f"{beyond:>6} {s['requests']:>6} {s.get('p50_ms', '-'):>7} {s.get('p99_ms', '-'):>7} "
+              f"{s.get('max_ms', '-'):>7} {p['sealed_mb']:>9} {p['reader_files_left']:>4}")
+    print("open: the reader's wall time to a connection, Python imports included; seal: of that, the time the "
+          "collector spent sealing")
+    print("coll cpu: the collector's CPU seconds during the phase; beyond: less what its POSTs cost at the "
+          "baseline's CPU per POST; left: files left in the readers' working directory")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,407 @@
+"""Sealed segments: what the one writer has stored, as immutable Parquet files that readers scan directly.
+
+While ``ubi serve`` or ``ubi consume --db`` holds the DuckDB file no other process may open it, so a reader
+asks the writer to *seal*: in one read transaction (DuckDB's MVCC: the state of one commit, writers keep
+committing meanwhile) the writer copies only the rows stored since the last seal into new Parquet files,
+and answers with the list of every sealed file plus the small mutable tables. The reader opens an in-memory
+DuckDB whose ``ubi_queries``, ``ubi_events`` and ``failed_records`` are views over those files, and whose
+``judgments`` and ``human_judgments`` hold the rows it was sent, so every reader's SQL runs unchanged.
+
+Layout, beside the database (``Settings.seal_dir`` moves it)::
+
+    <db>.sealed/manifest.json
+    <db>.sealed/ubi_events/day=2026-12-01/seg-<generation>-000042-0.parquet
+    <db>.sealed/ubi_queries/day=.../...
+    <db>.sealed/failed_records/day=.../...
+
+Hive-partitioned by the day rows were received (``received_at``), one file per seal and day.
+
+The watermark: those three tables are append-only (rows are inserted, never updated or deleted; dedup
+happens at insert), DuckDB appends each commit's rows after the last row, and commits are serial (every
+write goes through :meth:`Store.transaction`, under the store's one lock), so the rows committed after a
+seal's read transaction began all have a ``rowid`` above every row it saw. The
+manifest keeps, per table, the highest ``rowid`` sealed, how many rows were sealed, and the key of that top
+row; a seal copies the rows above it. Each seal first checks the count and the key against the store (a
+store replaced, restored, or with rows deleted fails the check) and then seals again from scratch under a
+new generation, so a reader never sees a row twice or misses one.
+
+What is on disk belongs to the writer, never to a reader: segments are immutable and shared by every
+reader, so a reader killed mid-read leaves nothing behind and a second reader costs no second copy. A seal
+writes into a staging folder and renames into place before the manifest names the files; at start-up the
+writer removes staging folders and any file the manifest does not name (a seal cut short, an old
+generation). Segments are never compacted (see README, "One writer, many readers").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+import shutil
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+
+from schemas import tables
+from schemas.errors import StoreError
+from store.files import fsync_dir
+
+if TYPE_CHECKING:
+    from store.duckdb_store import Store
+
+#: Append-only tables sealed into segments, with the key that names a row.
+SEALED_TABLES: dict[str, str] = {"ubi_queries": "query_key", "ubi_events": "event_key", "failed_records": "failed_id"}
+#: Small tables rows are replaced in (``Store.load_table``): sent whole with every seal, never written to disk.
+INLINE_TABLES = ("judgments", "human_judgments")
+DDL = {
+    "ubi_queries": tables.UBI_QUERIES,
+    "ubi_events": tables.UBI_EVENTS,
+    "failed_records": tables.FAILED_RECORDS,
+    "judgments": tables.JUDGMENTS,
+    "human_judgments": tables.HUMAN_JUDGMENTS,
+}
+MANIFEST = "manifest.json"
+#: Rows copied by one COPY statement: bounds the writer's memory while it seals a large backlog (DuckDB keeps
+#: a row group per open partition), at the price of one file per chunk and day.
+CHUNK_ROWS = 1_000_000
+
+log = logging.getLogger("ubi.store.sealed")
+#: Media type of a seal answer (:func:`encode_seal`).
+MEDIA_TYPE = "application/vnd.ubi.sealed"
+
+
+class SealFailed(StoreError):
+    """A seal could not be written (full disk, unwritable seal directory) or read back."""
+
+
+@dataclass
+class Sealed:
+    """What a reader needs: every sealed file per table (absolute paths) and the inline tables' rows."""
+
+    root: Path
+    files: dict[str, list[Path]]
+    inline: dict[str, pa.Table] = field(default_factory=dict)
+    #: rows sealed by this call (not counting those sealed before), per table
+    new_rows: dict[str, int] = field(default_factory=dict)
+    #: wall seconds the writer spent sealing (the read transaction, the copy and publishing)
+    seconds: float = 0.0
+
+
+@dataclass
+class _TableMark:
+    upto_rowid: int = -1
+    rows: int = 0
+    last_key: str | None = None
+    files: list[str] = field(default_factory=list)  # relative to the seal root
+
+
+@dataclass
+class _Manifest:
+    generation: str
+    seals: int = 0
+    tables: dict[str, _TableMark] = field(default_factory=dict)
+
+    @classmethod
+    def fresh(cls) -> _Manifest:
+        return cls(uuid.uuid4().hex[:12], 0, {t: _TableMark() for t in SEALED_TABLES})
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "generation": self.generation,
+            "seals": self.seals,
+            "tables": {t: vars(m) for t, m in self.tables.items()},
+        })
+
+    @classmethod
+    def read(cls, path: Path) -> _Manifest | None:
+        try:
+            raw = json.loads(path.read_text())
+            marks = {t: _TableMark(**raw["tables"][t]) for t in SEALED_TABLES}
+            return cls(str(raw["generation"]), int(raw["seals"]), marks)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # unreadable: sealed again from scratch, and the files it named become orphans
+
+
+def default_root(db: Path) -> Path:
+    """Where the segments of ``db`` go unless ``Settings.seal_dir`` says otherwise."""
+    return Path(str(db) + ".sealed")
+
+
+class Sealer:
+    """Seals one store's append-only tables, incrementally; one seal at a time per process."""
+
+    def __init__(self, store: Store, root: Path | None = None) -> None:
+        self.store = store
+        self.root = Path(root) if root is not None else default_root(store.path)
+        self._lock = threading.Lock()
+        self._manifest: _Manifest | None = None
+
+    # ------------------------------------------------------------ housekeeping
+
+    def clean(self) -> list[Path]:
+        """Remove staging folders and every segment the manifest does not name; return what was removed.
+
+        Run at the writer's start-up, when no reader can hold a file named only by a seal cut short.
+        """
+        removed: list[Path] = []
+        if not self.root.is_dir():
+            return removed
+        manifest = _Manifest.read(self.root / MANIFEST)
+        named = {f for m in manifest.tables.values() for f in m.files} if manifest else set()
+        for staging in self.root.glob(".staging-*"):
+            shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging)
+        for table in SEALED_TABLES:
+            for seg in sorted((self.root / table).glob("*/*.parquet")):
+                if str(seg.relative_to(self.root)) not in named:
+                    with contextlib.suppress(OSError):
+                        seg.unlink()
+                    removed.append(seg)
+            for day in (self.root / table).glob("*"):
+                with contextlib.suppress(OSError):
+                    day.rmdir()  # only when empty
+        return removed
+
+    def disk_bytes(self) -> int:
+        """Bytes of every file under the seal root."""
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file()) if self.root.is_dir() else 0
+
+    # ------------------------------------------------------------ sealing
+
+    def seal(self) -> Sealed:
+        """Seal what was committed since the last seal; return every sealed file and the inline tables.
+
+        Runs on its own cursor in one read transaction, outside the store lock: writers keep committing,
+        and the result holds every row of a committed write or none of it.
+        """
+        with self._lock:
+            return self._seal_locked()
+
+    def _load_manifest(self) -> _Manifest:
+        if self._manifest is None:
+            self._manifest = _Manifest.read(self.root / MANIFEST) or _Manifest.fresh()
+        return self._manifest
+
+    def _seal_locked(self) -> Sealed:
+        started = time.perf_counter()
+        old = self._load_manifest()
+        staging = self.root / f".staging-{uuid.uuid4().hex[:12]}"
+        with self.store.reading_cursor() as cur:
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                # A copy: a seal cut short must leave the manifest in force as it was.
+                manifest = copy.deepcopy(old) if self._still_valid(cur, old) else _Manifest.fresh()
+                seal_no = manifest.seals + 1
+                tops: dict[str, tuple[int, int, str | None]] = {}
+                try:
+                    staging.mkdir(parents=True)
+                    for table, key in SEALED_TABLES.items():
+                        tops[table] = self._copy_new(cur, table, key, manifest.tables[table], staging,
+                                                     f"seg-{manifest.generation}-{seal_no:06d}")
+                except (duckdb.IOException, OSError) as exc:
+                    shutil.rmtree(staging, ignore_errors=True)
+                    raise SealFailed(
+                        f"could not write sealed segments of {self.store.path} to {self.root}: {exc}. Free space "
+                        "there, or point UBI_SEAL_DIR at a disk with room for the store's Parquet copy."
+                    ) from exc
+                inline = {t: cur.sql(f"SELECT * FROM {t}").to_arrow_table() for t in INLINE_TABLES}
+            finally:
+                with contextlib.suppress(duckdb.Error):
+                    cur.execute("COMMIT")
+        try:
+            new_rows = self._publish(manifest, staging, seal_no, tops)
+        except OSError as exc:
+            raise SealFailed(f"could not publish sealed segments under {self.root}: {exc}") from exc
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        files = {t: [self.root / f for f in m.files] for t, m in manifest.tables.items()}
+        seconds = time.perf_counter() - started
+        if any(new_rows.values()):
+            log.info("sealed %s new rows of %s in %.2f s", new_rows, self.store.path, seconds)
+        return Sealed(self.root, files, inline, new_rows, seconds)
+
+    @staticmethod
+    def _still_valid(cur: duckdb.DuckDBPyConnection, manifest: _Manifest) -> bool:
+        """Whether the rows the manifest says were sealed are still the store's rows up to its watermark.
+
+        Costs look-ups, not a scan of the store: DuckDB answers ``count(*)`` from its row-group metadata and
+        prunes row groups on a ``rowid`` filter, so only the rows past the watermark are read. As many rows
+        at or below the watermark as were sealed, and the sealed key at the watermark row, say that nothing
+        was deleted or renumbered (a replaced, restored or vacuumed store fails one of them).
+        """
+        for table, key in SEALED_TABLES.items():
+            mark = manifest.tables[table]
+            row = _one(
+                cur,
+                f"SELECT (SELECT count(*) FROM {table}) - (SELECT count(*) FROM {table} WHERE rowid > ?), "
+                f"(SELECT max({key}) FROM {table} WHERE rowid = ?)",
+                [mark.upto_rowid, mark.upto_rowid],
+            )
+            if int(row[0]) != mark.rows or (mark.upto_rowid >= 0 and row[1] != mark.last_key):
+                return False
+        return True
+
+    @staticmethod
+    def _copy_new(
+        cur: duckdb.DuckDBPyConnection, table: str, key: str, mark: _TableMark, staging: Path, stem: str
+    ) -> tuple[int, int, str | None]:
+        """Copy the rows past the mark to ``staging/table/day=.../``; return (new top rowid, rows, last key).
+
+        In chunks of :data:`CHUNK_ROWS` rowids, each one COPY, all in the caller's one read transaction.
+        """
+        top = int(_one(cur, f"SELECT coalesce(max(rowid), -1) FROM {table}")[0])
+        if top <= mark.upto_rowid:
+            return mark.upto_rowid, 0, mark.last_key
+        count = 0
+        cols = ", ".join(tables.TABLE_COLUMNS[table])
+        out = str(staging / table).replace("'", "''")
+        for chunk, low in enumerate(range(mark.upto_rowid, top, CHUNK_ROWS)):
+            window = f"FROM {table} WHERE rowid > {int(low)} AND rowid <= {min(top, low + CHUNK_ROWS)}"
+            (copied,) = cur.execute(
+                f"COPY (SELECT {cols}, strftime(received_at, '%Y-%m-%d') AS day {window}) TO '{out}' "
+                f"(FORMAT parquet, COMPRESSION zstd, PARTITION_BY (day), APPEND, "
+                f"FILENAME_PATTERN '{stem}-{chunk:04d}-{{uuid}}')"
+            ).fetchall()[0]
+            count += int(copied)
+        last = _one(cur, f"SELECT max({key}) FROM {table} WHERE rowid = {top}")[0]
+        return top, count, last
+
+    def _publish(
+        self, manifest: _Manifest, staging: Path, seal_no: int, tops: dict[str, tuple[int, int, str | None]]
+    ) -> dict[str, int]:
+        """Move staged files into place, then write the manifest that names them (atomically)."""
+        new_rows: dict[str, int] = {}
+        for table, (top, count, last) in tops.items():
+            mark = manifest.tables[table]
+            new_rows[table] = count
+            if not count:
+                continue
+            for seg in sorted((staging / table).glob("*/*.parquet")):
+                rel = seg.relative_to(staging)
+                dest = self.root / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(seg, dest)
+                fsync_dir(dest.parent)
+                mark.files.append(str(rel))
+            mark.upto_rowid, mark.rows, mark.last_key = top, mark.rows + count, last
+        manifest.seals = seal_no
+        tmp = self.root / f".{MANIFEST}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(manifest.to_json())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.root / MANIFEST)
+        fsync_dir(self.root)
+        self._manifest = manifest
+        return new_rows
+
+
+def _one(cur: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> tuple[Any, ...]:
+    """The one row of an aggregate query, its result fetched to the end (DuckDB then takes the next statement)."""
+    rows = cur.execute(sql, params or []).fetchall()
+    return tuple(rows[0])
+
+
+# ---------------------------------------------------------------- the wire: one answer, no file per reader
+
+
+def encode_seal(sealed: Sealed) -> Iterator[bytes]:
+    """A seal answer: a length-prefixed JSON header (the files), then each inline table as an Arrow IPC stream.
+
+    Every part is an 8-byte big-endian length followed by that many bytes.
+    """
+    head = json.dumps({
+        "root": str(sealed.root),
+        "files": {t: [str(p) for p in ps] for t, ps in sealed.files.items()},
+        "inline": list(sealed.inline),
+        "new_rows": sealed.new_rows,
+        "seconds": sealed.seconds,
+    }).encode()
+    yield struct.pack(">Q", len(head)) + head
+    for data in sealed.inline.values():
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, data.schema) as writer:
+            writer.write_table(data)
+        buf = sink.getvalue().to_pybytes()
+        yield struct.pack(">Q", len(buf)) + buf
+
+
+def decode_seal(body: bytes) -> Sealed:
+    """The :class:`Sealed` of an answer made by :func:`encode_seal`; raises :class:`SealFailed` if malformed."""
+    parts: list[bytes] = []
+    pos = 0
+    while pos < len(body):
+        if pos + 8 > len(body):
+            raise SealFailed(f"seal answer cut short at byte {pos} of {len(body)} (a part's length)")
+        (n,) = struct.unpack(">Q", body[pos:pos + 8])
+        if pos + 8 + n > len(body):
+            raise SealFailed(f"seal answer cut short: part at byte {pos} says {n} bytes, {len(body) - pos - 8} left")
+        parts.append(body[pos + 8:pos + 8 + n])
+        pos += 8 + n
+    try:
+        head: dict[str, Any] = json.loads(parts[0])
+        names = list(head["inline"])
+        if len(parts) != 1 + len(names):
+            raise SealFailed(f"seal answer has {len(parts) - 1} inline tables, its header names {len(names)}")
+        inline = {n: pa.ipc.open_stream(pa.py_buffer(p)).read_all() for n, p in zip(names, parts[1:], strict=True)}
+        files = {t: [Path(p) for p in ps] for t, ps in head["files"].items()}
+        return Sealed(Path(head["root"]), files, inline, {t: int(v) for t, v in head.get("new_rows", {}).items()},
+                      float(head.get("seconds", 0.0)))
+    except (IndexError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        raise SealFailed(f"seal answer is malformed: {type(exc).__name__}: {exc}") from exc
+
+
+# ---------------------------------------------------------------- reading
+
+
+def open_sealed(sealed: Sealed) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with the store's five tables, read from ``sealed``.
+
+    The append-only tables are views over their segments (the store's declared columns, in order, with
+    the declared types); a table with no segment yet is an empty table. The inline tables are filled from
+    the rows sent. Nothing is written to disk.
+    """
+    from store.duckdb_store import checked_columns  # store.duckdb_store imports this module
+
+    con = duckdb.connect()
+    try:
+        for table in SEALED_TABLES:
+            files = [str(p) for p in sealed.files.get(table, [])]
+            missing = [f for f in files if not os.path.exists(f)]
+            if missing:
+                raise SealFailed(f"sealed segment {missing[0]} of {table} is gone; ask the writer to seal again")
+            con.execute(DDL[table].replace(f"EXISTS {table}", f"EXISTS _shape_{table}", 1))
+            if not files:
+                con.execute(f"ALTER TABLE _shape_{table} RENAME TO {table}")
+                continue
+            types = dict(con.execute(f"SELECT column_name, data_type FROM duckdb_columns() "
+                                     f"WHERE table_name = '_shape_{table}'").fetchall())
+            con.execute(f"DROP TABLE _shape_{table}")
+            cols = ", ".join(f"{c}::{types[c]} AS {c}" for c in tables.TABLE_COLUMNS[table])
+            listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+            con.execute(f"CREATE VIEW {table} AS SELECT {cols} FROM read_parquet([{listed}], "
+                        "hive_partitioning = false)")
+        for table in INLINE_TABLES:
+            con.execute(DDL[table])
+            data = sealed.inline.get(table)
+            if data is not None and data.num_rows:
+                cols = checked_columns(table, data.column_names)  # names from an answer: on the fixed list
+                con.register("_inline", data)
+                con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _inline")
+                con.unregister("_inline")
+    except BaseException:
+        con.close()
+        raise
+    return con
