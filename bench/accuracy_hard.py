@@ -182,6 +182,7 @@ def coverage(seeds: int, sessions: int, replicates: int, first_seed: int, bootst
     for method in ("harvest", "em"):
         hit = total = 0
         errs = []
+        per_seed: list[dict[str, Any]] = []
         t0 = time.perf_counter()
         reps = replicates if method in bootstrapped else 0
         for s in range(first_seed, first_seed + seeds):
@@ -190,14 +191,18 @@ def coverage(seeds: int, sessions: int, replicates: int, first_seed: int, bootst
             est = estimate_from_patterns(traffic.patterns(), method, replicates=reps, seed=s)
             t = truth[1:]
             lo, hi = est.ci_low[1:], est.ci_high[1:]
-            hit += int(((lo <= t) & (t <= hi)).sum())
+            seed_hit = int(((lo <= t) & (t <= hi)).sum())
+            hit += seed_hit
             total += len(t)
             errs.append(est.relative_error(truth))
+            per_seed.append({"seed": s, "covered": seed_hit if reps else None, "cases": len(t),
+                             "relative_error": float(errs[-1])})
             print(f"  coverage {method} seed {s}: {hit}/{total} so far, error {errs[-1]:.2%} "
                   f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         out[method] = {"covered": hit if reps else None, "cases": total,
                        "coverage": hit / total if total and reps else None,
-                       "mean_relative_error": float(np.mean(errs)), "seconds": round(time.perf_counter() - t0, 1)}
+                       "mean_relative_error": float(np.mean(errs)), "seconds": round(time.perf_counter() - t0, 1),
+                       "per_seed": per_seed}
     return out
 
 
@@ -310,7 +315,7 @@ def markdown(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[2_000, 20_000, 200_000])
-    ap.add_argument("--generators", nargs="+", default=["pbm", "cascade", "dbn"])
+    ap.add_argument("--generators", nargs="*", default=["pbm", "cascade", "dbn"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--coverage-seeds", type=int, default=0)
     ap.add_argument("--coverage-first-seed", type=int, default=100)

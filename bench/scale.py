@@ -3,8 +3,9 @@
 For each size (events) it generates a store in DuckDB SQL (``processors.simulation.bulk_log``: about 12
 events per search, UUID ids), then runs every step as its own ``ubi`` process and prints per step wall time,
 CPU time (user + system of that process and its threads), peak RSS and the disk the store takes. The
-baseline is one plain DuckDB query computing the same PBM cells (query text, doc, rank -> impressions,
-clicks) from the same store, run the same way, so ``process / baseline`` is measured in the same run.
+baseline is plain DuckDB SQL computing the statistics process fits on (PBM cells, weighted click patterns,
+UBM cells; see ``BASELINE``) from the same store, run the same way, so ``process / baseline`` (CPU and wall)
+is measured in the same run; "sessions only" is process's SQL without the fit.
 ``import`` writes the log as NDJSON and ``_bulk`` files and imports them into a fresh store (sizes up to
 ``--import-max``: it is the slow step).
 
@@ -27,25 +28,64 @@ import duckdb
 
 UBI = [sys.executable, "-m", "ubi.cli"]
 
+# The plain-SQL baseline: the statistics `ubi process` hands to a click model, each in one straightforward DuckDB
+# query with the simple rules (one record per query_id, the hit list is the ranking, impressions say what was
+# displayed, a click marks its doc), fetched into Python as Arrow as process fetches its own. Per (query,
+# doc, rank): impressions and clicks (PBM cells); per distinct (query, ranking, clicks) session: its weight
+# (the patterns every model fits on); per (query, doc, rank, previous click rank): UBM cells from those
+# patterns. What it leaves out and process does: the data-quality counts, per-application ordinal bases,
+# placement of clicks on undisplayed docs, the bot / click-on-everything / empty-query filters, query
+# normalisation, and the fit, grading and storing of judgments. "sessions only" times load_sessions and
+# nothing after it, so SQL is compared with SQL too.
 BASELINE = """
 import sys, duckdb
 con = duckdb.connect(sys.argv[1], read_only=True)
 con.execute("SET memory_limit = '1GB'")
-n = len(con.sql('''
+con.execute("SET enable_progress_bar = false")
+con.execute('''
+CREATE TEMP TABLE d AS
 WITH s AS (
     SELECT query_id, arg_min(user_query, "timestamp") AS user_query, arg_min(query_response_hit_ids, "timestamp") AS hits
     FROM ubi_queries GROUP BY query_id
 ), e AS (
-    SELECT s.user_query, e.object_id, e.query_id, list_position(s.hits, e.object_id) AS rank,
+    SELECT e.query_id, s.user_query, e.object_id, list_position(s.hits, e.object_id) AS rank,
            e.action_name = 'click' AS click
     FROM ubi_events e JOIN s USING (query_id) WHERE e.action_name IN ('impression', 'click')
-), d AS (
-    SELECT query_id, user_query, object_id, min(rank) AS rank, bool_or(click) AS clicked FROM e
-    WHERE rank BETWEEN 1 AND 10 GROUP BY ALL
 )
-SELECT user_query, object_id, rank, count(*) AS impressions, count(*) FILTER (WHERE clicked) AS clicks
-FROM d GROUP BY ALL''').fetchall())
-print(n, "cells")
+SELECT query_id, user_query, object_id, min(rank) AS rank, bool_or(click) AS clicked FROM e
+WHERE rank BETWEEN 1 AND 10 GROUP BY ALL''')
+cells = con.sql('''SELECT user_query, object_id, rank, count(*) AS impressions, count(*) FILTER (WHERE clicked) AS clicks
+                   FROM d GROUP BY ALL''').to_arrow_table()
+con.execute('''
+CREATE TEMP TABLE p AS
+SELECT row_number() OVER () AS pattern, user_query, sig, count(*) AS weight FROM (
+    SELECT query_id, any_value(user_query) AS user_query,
+           list({'rank': rank, 'doc': object_id, 'clicked': clicked} ORDER BY rank) AS sig
+    FROM d GROUP BY query_id
+) GROUP BY user_query, sig''')
+patterns = con.sql('SELECT pattern, user_query, weight, sig FROM p').to_arrow_table()
+ubm = con.sql('''
+SELECT user_query, doc, rank, prev_click, sum(weight) AS impressions, sum(weight) FILTER (WHERE clicked) AS clicks FROM (
+    SELECT user_query, weight, r.doc, r.rank, r.clicked,
+           coalesce(max(CASE WHEN r.clicked THEN r.rank END) OVER (PARTITION BY pattern ORDER BY r.rank
+                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS prev_click
+    FROM (SELECT pattern, user_query, weight, unnest(sig) AS r FROM p)
+) GROUP BY ALL''').to_arrow_table()
+print(cells.num_rows, "cells,", patterns.num_rows, "patterns,", ubm.num_rows, "UBM cells")
+"""
+
+# The earlier, narrower baseline: PBM cells only (printed beside, for figures measured against it)
+BASELINE_CELLS = BASELINE.split("cells = con.sql", 1)[0] + """
+n = con.sql('SELECT user_query, object_id, rank, count(*), count(*) FILTER (WHERE clicked) FROM d GROUP BY ALL').fetchall()
+print(len(n), "cells")
+"""
+
+# load_sessions alone: the SQL process runs before any fitting (same reader, same memory limit)
+SESSIONS = """
+import sys
+from processors.sessions import read_sessions
+d = read_sessions(sys.argv[1])
+print(len(d.cells.pair), "cells,", d.patterns.docs.shape[0], "patterns,", len(d.ubm_cells.pair), "UBM cells")
 """
 
 
@@ -68,11 +108,13 @@ def disk_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*")) / 1e6
 
 
-def row(size: int, step: str, res: tuple[float, float, float, int], disk: float, base: float | None) -> None:
+def row(size: int, step: str, res: tuple[float, float, float, int], disk: float,
+        base: tuple[float, float, float, int] | None) -> None:
+    """One line of the table; ``base``: the baseline's result, for the CPU and wall ratios."""
     wall, cpu, rss, code = res
-    ratio = f"{wall / base:5.1f}x" if base else "     "
+    ratio = f"{cpu / base[1]:5.1f}x {wall / base[0]:5.1f}x" if base and base[0] and base[1] else " " * 12
     flag = "" if code == 0 else f"  (exit {code})"
-    print(f"{size:>11,} {step:<26} {wall:8.1f} {cpu:8.1f} {rss:8,.0f} {disk:9,.0f}  {ratio}{flag}", flush=True)
+    print(f"{size:>11,} {step:<30} {wall:8.1f} {cpu:8.1f} {rss:8,.0f} {disk:9,.0f}  {ratio}{flag}", flush=True)
 
 
 def main() -> None:
@@ -82,36 +124,57 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["pbm", "ubm", "dbn"])
     ap.add_argument("--import-max", type=int, default=1_000_000, help="largest size whose import is timed")
     ap.add_argument("--dir", type=Path, help="work folder (default: a temporary one, removed)")
+    ap.add_argument("--steps", nargs="+", default=["process", "propensity", "report", "import"],
+                    choices=("process", "propensity", "report", "import"),
+                    help="steps to time beside the baseline (default: all)")
+    ap.add_argument("--before", type=Path, metavar="TREE",
+                    help="also time sessions and process with the code of this checkout (e.g. `git archive main | "
+                         "tar -x -C TREE`), interleaved with this one, for a before/after in the same run")
+    ap.add_argument("--reuse", action="store_true", help="keep the generated stores in --dir and reuse them")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run baseline, sessions and process this many times, interleaved (load drifts)")
     args = ap.parse_args()
     sizes = args.sizes + ([50_000_000] if args.big else [])
     root = Path(__file__).resolve().parents[1]
     work = args.dir or Path(tempfile.mkdtemp(prefix="ubi-scale-"))
     load = os.getloadavg()
     print(f"{os.cpu_count()} cores, load average {load[0]:.1f} at start; memory_limit of readers: 1GB (default)")
-    print(f"{'events':>11} {'step':<26} {'wall s':>8} {'CPU s':>8} {'RSS MB':>8} {'disk MB':>9}  /baseline")
+    print(f"{'events':>11} {'step':<30} {'wall s':>8} {'CPU s':>8} {'RSS MB':>8} {'disk MB':>9}  "
+          "/baseline CPU, wall")
     try:
         for size in sizes:
             db = work / f"s{size}.duckdb"
-            for p in work.glob(db.name + "*"):
-                p.unlink()
-            # in a child process: a child's peak RSS starts at its parent's, so this process must stay small
-            gen = run([sys.executable, "-c", "import sys; from pathlib import Path; from processors.simulation."
-                       "bulk_log import write_store; write_store(Path(sys.argv[1]), int(sys.argv[2]))",
-                       str(db), str(size)], root)
+            if args.reuse and db.exists():
+                gen = (0.0, 0.0, 0.0, 0)
+            else:
+                for p in work.glob(db.name + "*"):
+                    p.unlink()
+                # in a child process: a child's peak RSS starts at its parent's, so this process must stay small
+                gen = run([sys.executable, "-c", "import sys; from pathlib import Path; from processors.simulation."
+                           "bulk_log import write_store; write_store(Path(sys.argv[1]), int(sys.argv[2]))",
+                           str(db), str(size)], root)
             with duckdb.connect(str(db), read_only=True) as con:
                 ((ne,),) = con.execute("SELECT count(*) FROM ubi_events").fetchall()
             row(size, f"generate ({ne:,} events)", gen, disk_mb(db), None)
-            base = run([sys.executable, "-c", BASELINE, str(db)], root)
-            row(size, "baseline: cells in one SQL", base, disk_mb(db), None)
-            for model in args.models:
-                store = [] if model == "pbm" else ["--no-store"]
-                res = run([*UBI, "process", "--db", str(db), "--model", model, *store], root)
-                row(size, f"process --model {model}", res, disk_mb(db), base[0])
-            res = run([*UBI, "propensity", "--db", str(db), "--method", "em", "--json"], root)
-            row(size, "propensity --method em", res, disk_mb(db), base[0])
-            res = run([*UBI, "report", "--db", str(db), "--format", "json", "--out", os.devnull], root)
-            row(size, "report (pbm labels)", res, disk_mb(db), base[0])
-            if size <= args.import_max:
+            for _ in range(args.repeat):
+                base = run([sys.executable, "-c", BASELINE, str(db)], root)
+                row(size, "baseline: plain SQL", base, disk_mb(db), None)
+                row(size, "(baseline: PBM cells only)", run([sys.executable, "-c", BASELINE_CELLS, str(db)], root),
+                    disk_mb(db), base)
+                for tree, tag in ((root, ""), *(((args.before, "before: "),) if args.before else ())):
+                    res = run([sys.executable, "-c", SESSIONS, str(db)], tree)
+                    row(size, tag + "sessions only", res, disk_mb(db), base)
+                    for model in args.models if "process" in args.steps else ():
+                        store = [] if model == "pbm" else ["--no-store"]
+                        res = run([*UBI, "process", "--db", str(db), "--model", model, *store], tree)
+                        row(size, f"{tag}process --model {model}", res, disk_mb(db), base)
+            if "propensity" in args.steps:
+                res = run([*UBI, "propensity", "--db", str(db), "--method", "em", "--json"], root)
+                row(size, "propensity --method em", res, disk_mb(db), base)
+            if "report" in args.steps:
+                res = run([*UBI, "report", "--db", str(db), "--format", "json", "--out", os.devnull], root)
+                row(size, "report (pbm labels)", res, disk_mb(db), base)
+            if "import" in args.steps and size <= args.import_max:
                 for fmt in ("ndjson", "bulk"):
                     folder = work / f"in{size}{fmt}"
                     run([sys.executable, "-c", "import sys; from pathlib import Path; from processors.simulation."
@@ -125,8 +188,9 @@ def main() -> None:
                     shutil.rmtree(work / f"in{size}{fmt}", ignore_errors=True)
                     for p in work.glob(target.name + "*"):
                         p.unlink()
-            for p in work.glob(db.name + "*"):
-                p.unlink()
+            if not args.reuse:
+                for p in work.glob(db.name + "*"):
+                    p.unlink()
     finally:
         if args.dir is None:
             shutil.rmtree(work, ignore_errors=True)

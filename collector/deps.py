@@ -18,18 +18,8 @@ from fastapi.responses import JSONResponse
 from starlette.types import Scope
 
 from collector.errors import RequestError, TooLarge, Unprocessable
-from collector.ingest import (
-    BodyError,
-    IngestContext,
-    IngestResult,
-    Kind,
-    RawItem,
-    RecordFilter,
-    apply_filters,
-    parse_bulk,
-    parse_items,
-    validate_items,
-)
+from collector.formats import BodyError, Kind, RawItem, parse_bulk, parse_items
+from collector.ingest import IngestContext, IngestResult, RecordFilter, apply_filters, validate_items
 from collector.metrics import Metrics
 from collector.sinks.base import Sink
 from schemas.settings import Settings

@@ -9,25 +9,37 @@ collector's ``/v1/bulk`` route in chunks instead, so the one writer stays the on
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import io
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
 
+from collector.formats import (
+    BOM,
+    FILE_BUFFER,
+    BodyError,
+    Kind,
+    RawItem,
+    array_items,
+    bulk_items,
+    ndjson_items,
+    open_file,
+    parses,
+    split_json,
+    starts_bulk,
+    stream_lines,
+)
 from collector.ingest import (
     IngestContext,
     IngestResult,
     ItemError,
-    Kind,
-    RawItem,
     RecordFilter,
     apply_filters,
     ingest,
-    parse_bulk,
     validate_items,
 )
 from schemas.errors import InputFileError, StoreError, StoreLocked
@@ -46,7 +58,7 @@ class FileReport:
     """What importing one file did; ``errors`` are ``(index, line, field, message)`` of rejected records.
 
     ``index`` is the record's 0-based position in the file (array item, NDJSON record, ``_bulk`` pair) and
-    ``line`` the 1-based line of its document, None in a JSON array (one value over many lines).
+    ``line`` the 1-based line of its document (where it starts, for an item of a JSON array).
     """
 
     path: str
@@ -105,32 +117,11 @@ def guess_kind(value: Any, default: Kind) -> Kind:
     return default
 
 
-def _is_bulk_action(line: bytes) -> bool:
+def _open(path: Path) -> io.BufferedReader:
     try:
-        value = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return False
-    if not isinstance(value, dict) or len(value) != 1:
-        return False
-    verb, meta = next(iter(value.items()))
-    return verb in ("index", "create") and isinstance(meta, dict) and "_index" in meta
-
-
-def _read(path: Path) -> bytes:
-    try:
-        with _open(path) as fh:
-            return fh.read()
+        return open_file(path)
     except OSError as exc:
         raise InputFileError(str(path), None, f"cannot read: {exc.strerror or exc}") from exc
-
-
-def _open(path: Path) -> io.BufferedReader:
-    """The file, decompressed on the fly when it is gzip (by its magic bytes, whatever its name)."""
-    raw = io.BufferedReader(io.FileIO(path, "rb"), _BUFFER)  # returned open; the caller closes it
-    if raw.peek(2)[:2] == b"\x1f\x8b":
-        # buffered, so that peek() sees a whole first line
-        return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), _BUFFER)  # type: ignore[arg-type]
-    return raw
 
 
 class FileCursor:
@@ -161,54 +152,58 @@ def read_items(path: Path, kind: Kind | None = None) -> tuple[list[RawItem], int
 def iter_items(path: Path, kind: Kind | None = None, cursor: FileCursor | None = None) -> Iterator[RawItem]:
     """The items of a file one by one, with their line numbers; ``kind`` None: per item, by its keys.
 
-    NDJSON and ``_bulk`` files (plain or gzip) are read a line at a time, so memory does not grow with the
-    file; a file holding one JSON document (an array or an object over several lines) is parsed whole.
+    Every format is streamed (plain or gzip): NDJSON and ``_bulk`` a line at a time, a JSON array an
+    element at a time (:func:`collector.formats.split_json`), so memory does not grow with the file. The
+    parsers are the HTTP routes' own (:mod:`collector.formats`). A JSON array that stops being JSON half-way
+    raises :class:`InputFileError` naming the line and column, after the items before it.
     """
-    try:
-        fh = _open(path)
-    except OSError as exc:
-        raise InputFileError(str(path), None, f"cannot read: {exc.strerror or exc}") from exc
+    fh = _open(path)
     if cursor is not None:
         cursor.attach(fh)
     with fh:
         try:
-            head = fh.peek(_BUFFER)[:_BUFFER]
+            head = fh.peek(FILE_BUFFER)[:FILE_BUFFER]
         except OSError as exc:
             raise InputFileError(str(path), None, f"cannot read: {exc}") from exc
-        if head.startswith(_BOM):  # Windows tools write one; it is not JSON, and not worth rejecting a file for
-            fh.read(len(_BOM))
-            head = head[len(_BOM):]
+        if head.startswith(BOM):  # Windows tools write one; it is not JSON, and not worth rejecting a file for
+            fh.read(len(BOM))
+            head = head[len(BOM):]
         text = head.lstrip()
         first_line = text.split(b"\n", 1)[0].strip()
         if not text.strip() and not fh.read(1):
             return
-        if _is_bulk_action(first_line):
-            yield from _bulk_stream(fh)
-        elif text[:1] == b"[" or (text[:1] == b"{" and not _parses(first_line)):
-            body = fh.read()
-            try:
-                value = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                raise InputFileError(
-                    str(path), exc.lineno, f"malformed JSON at column {exc.colno}: {exc.msg}"
-                ) from exc
-            values = value if isinstance(value, list) else [value]
-            default: Kind = kind or _dominant(values)
-            for i, v in enumerate(values):
-                yield RawItem(i, kind or guess_kind(v, default), v, orjson.dumps(v))
-        else:
-            yield from _ndjson_stream(fh, kind)
+        try:
+            if starts_bulk(first_line):
+                yield from bulk_items(stream_lines(fh))
+            elif text[:1] == b"[" or (text[:1] == b"{" and not parses(first_line)):
+                elements = split_json(fh)
+                yield from _with_kinds(elements, kind, lambda e: orjson.loads(e[2]), array_items)
+            else:
+                yield from _with_kinds(stream_lines(fh), kind, lambda ln: orjson.loads(ln[1]), ndjson_items)
+        except BodyError as exc:
+            where = f"column {exc.column}: " if exc.column is not None else ""
+            raise InputFileError(str(path), exc.line, where + exc.reason) from exc
 
 
-_BOM = b"\xef\xbb\xbf"
-
-
-def _parses(line: bytes) -> bool:
-    try:
-        orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return False
-    return True
+def _with_kinds(
+    records: Iterator[Any],
+    kind: Kind | None,
+    peek: Callable[[Any], Any],
+    parse: Callable[..., Iterator[RawItem]],
+) -> Iterator[RawItem]:
+    """``parse(records)`` with each item's kind: ``kind``, else guessed by its keys, with the kind most of
+    the first ``_LOOKAHEAD`` records have as the default for records that say neither."""
+    if kind is not None:
+        return parse(records, kind)
+    head = list(itertools.islice(records, _LOOKAHEAD))
+    values = []
+    for record in head:
+        try:
+            values.append(peek(record))
+        except orjson.JSONDecodeError:
+            continue
+    default = _dominant(values)
+    return parse(itertools.chain(head, records), None, kind_of=lambda value: guess_kind(value, default))
 
 
 def _dominant(values: Sequence[Any]) -> Kind:
@@ -217,62 +212,8 @@ def _dominant(values: Sequence[Any]) -> Kind:
     return "query" if kinds.count("query") > kinds.count("event") else "event"
 
 
-#: read buffer: the format is decided from the first line, which must fit in it
-_BUFFER = 1 << 20
 #: items read ahead to decide a file's dominant kind (``_dominant`` looks at the first 100)
 _LOOKAHEAD = 100
-#: ``_bulk`` records parsed together (one ``parse_bulk`` call each)
-_BULK_RECORDS = 2000
-
-
-def _ndjson_stream(fh: BinaryIO, kind: Kind | None) -> Iterator[RawItem]:
-    parsed: list[tuple[int, bytes, Any, str | None]] = []
-    default: Kind | None = kind
-    index = 0
-    for number, line in enumerate(fh, start=1):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            parsed.append((number, line, orjson.loads(line), None))
-        except orjson.JSONDecodeError as exc:
-            parsed.append((number, line, None, f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}"))
-        if default is None:
-            if len(parsed) < _LOOKAHEAD:
-                continue
-            default = _dominant([v for _, _, v, _ in parsed])
-        for n, raw, value, error in parsed:
-            yield RawItem(index, kind or guess_kind(value, default), value, raw, error=error, line=n)
-            index += 1
-        parsed.clear()
-    default = default or _dominant([v for _, _, v, _ in parsed])
-    for n, raw, value, error in parsed:
-        yield RawItem(index, kind or guess_kind(value, default), value, raw, error=error, line=n)
-        index += 1
-
-
-def _bulk_stream(fh: BinaryIO) -> Iterator[RawItem]:
-    """``_bulk`` records in runs of about ``_BULK_RECORDS``, each run cut before an action line."""
-    lines: list[tuple[int, bytes]] = []
-    offset = 0
-    for number, line in enumerate(fh, start=1):
-        if not line.strip():
-            continue
-        if len(lines) >= 2 * _BULK_RECORDS and _is_bulk_action(line.strip()):
-            offset = yield from _bulk_run(lines, offset)
-            lines = []
-        lines.append((number, line.rstrip(b"\r\n")))
-    if lines:
-        yield from _bulk_run(lines, offset)
-
-
-def _bulk_run(lines: list[tuple[int, bytes]], offset: int) -> Generator[RawItem, None, int]:
-    items = parse_bulk(b"\n".join(line for _, line in lines) + b"\n")
-    numbers = [n for n, _ in lines]  # the run's body line k is the file's line numbers[k - 1]
-    for it in items:
-        line = numbers[it.line - 1] if it.line is not None and 0 < it.line <= len(numbers) else None
-        yield dataclasses.replace(it, index=offset + it.index, line=line)
-    return offset + len(items)
 
 
 def chunks(

@@ -1,26 +1,37 @@
 """The ingest stage: bytes in, validated rows out, one committed write.
 
 Shared by every way records arrive (HTTP routes, ``ubi import``, the Kafka loader, tests): parse a body
-(one JSON object, a JSON array, NDJSON, or an OpenSearch ``_bulk`` body), validate each item on its own,
-turn the valid ones into Arrow batches of the stored shape, and keep every rejected one, with its reason
-and raw bytes, for the ``failed_records`` table.
+(one JSON object, a JSON array, NDJSON, or an OpenSearch ``_bulk`` body: the parsers of
+:mod:`collector.formats`, re-exported here), validate each item on its own, turn the valid ones into Arrow
+batches of the stored shape, and keep every rejected one, with its reason and raw bytes, for the
+``failed_records`` table.
 """
 
 from __future__ import annotations
 
 import bisect
-import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 import pyarrow as pa
 from pydantic import TypeAdapter, ValidationError
 
-from collector.errors import RequestError, TooLarge  # noqa: F401  (TooLarge: re-exported)
-from schemas.ubi import Str100, UbiEvent, UbiQuery
+from collector.errors import TooLarge  # noqa: F401  (re-exported)
+from collector.formats import (  # noqa: F401  (re-exported: the parsers' long-standing home)
+    BodyError,
+    Kind,
+    RawItem,
+    _dropped_keys,
+    _json_type,
+    duplicate_keys,
+    parse_bulk,
+    parse_items,
+    strip_bom,
+)
+from schemas.ubi import UbiEvent, UbiQuery
 from store.duckdb_store import Store
 from store.rows import (
     EVENT_SCHEMA,
@@ -34,44 +45,6 @@ from store.rows import (
     rows_table,
     utcnow,
 )
-
-Kind = Literal["query", "event"]
-
-
-class BodyError(RequestError):
-    """A request body or file that cannot be parsed at all (400): names line and column."""
-
-    status_code = 400
-    kind = "body"
-
-    def __init__(self, message: str, *, line: int | None = None, column: int | None = None) -> None:
-        self.line, self.column, self.message = line, column, message
-        where = f"line {line}, column {column}: " if line is not None else ""
-        super().__init__(where + message)
-        self.message = where + message
-
-
-@dataclass(frozen=True)
-class RawItem:
-    """One item of a body before validation: its kind, parsed value (or parse error) and raw bytes."""
-
-    index: int
-    kind: Kind | None
-    value: Any
-    #: The item's bytes; None for an item of a JSON array, serialised again from ``value`` only when asked
-    #: for (:meth:`raw_bytes`): valid items never need them, and the copy cost 1.5 us an event.
-    raw: bytes | None
-    error: str | None = None  # set when the item could not even be parsed
-    field: str | None = None
-    event_id: str | None = None  # from a _bulk action line's _id (validated as event_id is)
-    line: int | None = None  # 1-based line of the item's document in the body, when known
-    body: bytes = b""  # the whole body: what is kept for an array item too deeply nested to serialise
-    action: str | None = None  # the _bulk action: index or create (the OpenSearch answer names it)
-    index_name: str | None = None  # the _bulk _index as sent
-
-    def raw_bytes(self) -> bytes:
-        """The item's bytes as ``failed_records`` keeps them."""
-        return self.raw if self.raw is not None else _item_bytes(self.value, self.body)
 
 
 class ItemBytes(Mapping[int, bytes]):
@@ -190,355 +163,6 @@ class IngestResult:
         }
 
 
-# ---------------------------------------------------------------- parsing
-
-
-def _decode_error(exc: orjson.JSONDecodeError, *, line_offset: int = 0) -> BodyError:
-    return BodyError(f"malformed JSON: {exc.msg}", line=exc.lineno + line_offset, column=exc.colno)
-
-
-def strip_bom(body: bytes) -> bytes:
-    """``body`` without a leading UTF-8 byte order mark (Windows tools write one; orjson refuses it)."""
-    return body[3:] if body.startswith(b"\xef\xbb\xbf") else body
-
-
-def _lines(body: bytes) -> Iterator[tuple[int, bytes]]:
-    for number, line in enumerate(body.split(b"\n"), start=1):
-        stripped = line.strip()
-        if stripped:
-            yield number, stripped
-
-
-# ---------------------------------------------------------------- duplicate keys
-
-def _dropped_keys(raw: bytes, value: Any) -> bool:
-    """Whether parsing ``raw`` into ``value`` dropped a repeated key (orjson keeps the last value silently).
-
-    Exact, and about as cheap as serialising ``value`` once (C code throughout), so it runs on every body.
-    In JSON text a colon is either the one after a key or a character inside a string (literal, or escaped
-    as ``\\u003a``). orjson writes ``value`` back with one colon per key it kept and every string's colons
-    literally, so, for input without ``\\u003a`` escapes, the output has fewer colons than the input iff a
-    pair was dropped: a dropped pair takes at least its key's colon with it. Whitespace does not matter.
-    Input with such an escape (rare) goes to the exact parse of :func:`duplicate_keys`.
-    """
-    if not isinstance(value, dict | list):
-        return False
-    if b"\\u003" in raw:  # \u003a / \u003A: a colon the count would miss (and its neighbours: harmless)
-        return any(duplicate_keys(raw))
-    try:
-        again = orjson.dumps(value)
-    except orjson.JSONEncodeError:  # nested deeper than orjson writes: parse exactly
-        return any(duplicate_keys(raw))
-    return again.count(b":") < raw.count(b":")
-
-
-class _Object(dict[str, Any]):
-    """A parsed JSON object that remembers its first repeated key (a dotted path into it) and its pairs."""
-
-    __slots__ = ("repeated", "pairs")
-    repeated: str | None
-    pairs: list[tuple[str, Any]]
-
-
-def _as_sent(value: Any) -> str:
-    """JSON text of a value parsed by :func:`duplicate_keys`, repeated keys included (for failed_records)."""
-    if isinstance(value, _Object):
-        return "{" + ",".join(f"{json.dumps(k)}:{_as_sent(v)}" for k, v in value.pairs) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(_as_sent(v) for v in value) + "]"
-    return json.dumps(value)
-
-
-def _inner_repeat(value: Any) -> str | None:
-    if isinstance(value, _Object):
-        return value.repeated
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            inner = _inner_repeat(item)
-            if inner is not None:
-                return f"{i}.{inner}"
-    return None
-
-
-def _object(pairs: list[tuple[str, Any]]) -> _Object:
-    obj = _Object()
-    obj.repeated, obj.pairs = None, pairs
-    for key, item in pairs:
-        if obj.repeated is None:
-            if key in obj:
-                obj.repeated = key
-            else:
-                inner = _inner_repeat(item)
-                if inner is not None:
-                    obj.repeated = f"{key}.{inner}"
-        obj[key] = item
-    return obj
-
-
-def duplicate_keys(raw: bytes) -> list[str | None]:
-    """The first repeated key (dotted path) of each item of ``raw``: one entry for an object, one per element
-    for an array; ``[]`` when ``raw`` does not parse. The exact, slower check behind :func:`_dropped_keys`."""
-    return [path for path, _ in _repeats(raw)]
-
-
-def _repeats(raw: bytes) -> list[tuple[str | None, bytes]]:
-    """(first repeated key or None, the item's JSON text with every key as sent) per item of ``raw``."""
-    try:
-        value = json.loads(raw, object_pairs_hook=_object)
-    except (ValueError, RecursionError):
-        return []
-    items = value if isinstance(value, list) else [value]
-    out: list[tuple[str | None, bytes]] = []
-    for item in items:
-        path = _inner_repeat(item)
-        out.append((path, _as_sent(item).encode() if path is not None else b""))
-    return out
-
-
-def _repeat_error(path: str) -> str:
-    return (
-        f"duplicate key {path!r}: an object names the same key twice, and which value was meant cannot be "
-        "told; send each key once"
-    )
-
-
-def parse_items(body: bytes, kind: Kind, *, ndjson: bool = False) -> list[RawItem]:
-    """Split a body of ``kind`` records into items: one object, a JSON array, or NDJSON (one per line).
-
-    A JSON array or single object that does not parse raises :class:`BodyError` naming line and column.
-    In NDJSON each line is its own item, so a bad line rejects that item only. A leading UTF-8 byte order
-    mark is dropped.
-    """
-    body = strip_bom(body)
-    text = body.strip()
-    if not text:
-        raise BodyError("empty body: expected a JSON object, a JSON array or NDJSON", line=1, column=1)
-    if not ndjson:
-        try:
-            value = orjson.loads(body)  # the body as sent, so that line numbers in errors are the client's
-        except orjson.JSONDecodeError as exc:
-            # Several lines of which the first is a whole JSON value: NDJSON sent without its content type.
-            first = text.split(b"\n", 1)[0].strip()
-            if b"\n" in text and _parses(first):
-                return _ndjson_items(body, kind)
-            raise _decode_error(exc) from exc
-        repeats = _repeats(body) if _dropped_keys(body, value) else []
-        if isinstance(value, list):
-            items = [RawItem(i, kind, v, None, body=text) for i, v in enumerate(value)]
-            for i, (path, sent) in enumerate(repeats):
-                if path is not None and i < len(items):
-                    items[i] = RawItem(i, kind, None, sent, error=_repeat_error(path), field=path)
-            return items
-        if repeats and repeats[0][0] is not None:
-            return [RawItem(0, kind, None, text, error=_repeat_error(repeats[0][0]), field=repeats[0][0])]
-        return [RawItem(0, kind, value, text)]
-    return _ndjson_items(body, kind)
-
-
-def _item_bytes(value: Any, body: bytes) -> bytes:
-    """An array item's bytes for ``failed_records``: the item re-serialised (same JSON value), or the whole
-    body when the item is nested too deeply to serialise (orjson writes 254 levels, reads 1024)."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return body
-
-
-def _parses(line: bytes) -> bool:
-    try:
-        orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return False
-    return True
-
-
-def _ndjson_items(body: bytes, kind: Kind) -> list[RawItem]:
-    items: list[RawItem] = []
-    for number, line in _lines(body):
-        index = len(items)
-        try:
-            value = orjson.loads(line)
-            repeat = duplicate_keys(line)[0] if _dropped_keys(line, value) else None
-            if repeat is not None:
-                error = f"line {number}: {_repeat_error(repeat)}"
-                items.append(RawItem(index, kind, None, line, line=number, error=error, field=repeat))
-            else:
-                items.append(RawItem(index, kind, value, line, line=number))
-        except orjson.JSONDecodeError as exc:
-            items.append(
-                RawItem(
-                    index,
-                    kind,
-                    None,
-                    line,
-                    line=number,
-                    error=f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}",
-                )
-            )
-    return items
-
-
-_BULK_INDEX: dict[str, Kind] = {"ubi_queries": "query", "ubi_events": "event"}
-
-#: ``_id`` is checked as ``UbiEvent.event_id`` is (it becomes the event's event_id): a string of at most
-#: 100 characters. A number is taken as its decimal text, as OpenSearch does; anything else is refused.
-_ID: TypeAdapter[str] = TypeAdapter(Str100)  # UbiEvent.event_id's type
-
-
-def bulk_id(meta: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(the ``_id`` of an action line, or why it is refused)."""
-    doc_id = meta.get("_id")
-    if doc_id is None:
-        return None, None
-    if isinstance(doc_id, int) and not isinstance(doc_id, bool):
-        doc_id = str(doc_id)
-    if not isinstance(doc_id, str):
-        return None, f"_id must be a string (it becomes the event_id), got {_json_type(doc_id)}"
-    if not doc_id:
-        return None, "_id must not be empty"
-    try:
-        _ID.validate_python(doc_id)
-    except ValidationError as exc:
-        why = exc.errors(include_url=False)[0]["msg"]
-        return None, f"_id is checked as event_id (it becomes the event's event_id): {why}; got {len(doc_id):,} characters"
-    return doc_id, None
-
-
-def parse_bulk(
-    body: bytes, *, indices: Mapping[str, Kind] | None = None, default_index: str | None = None
-) -> list[RawItem]:
-    """Split an OpenSearch ``_bulk`` body: an action line, then the document, for each record.
-
-    ``index`` and ``create`` actions are supported; ``_index`` (else ``default_index``, the index of a
-    ``/{index}/_bulk`` path) names the kind through ``indices`` (default ``ubi_queries`` and ``ubi_events``),
-    and an event's ``_id`` becomes its ``event_id``, so replaying an export deduplicates. ``_id`` is
-    validated as ``event_id`` is. A bad pair rejects that record only; items are numbered by record, and
-    messages name the line. Each item's ``line`` is its document's line in the body (the action line's when
-    there is no document).
-    """
-    indices = _BULK_INDEX if indices is None else indices
-    lines = list(_lines(strip_bom(body)))
-    if not lines:
-        raise BodyError(
-            "empty body: expected an OpenSearch _bulk body (action line, then document)", line=1, column=1
-        )
-    items: list[RawItem] = []
-    i = 0
-    while i < len(lines):
-        number, line = lines[i]
-        index = len(items)
-        try:
-            action = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            items.append(
-                RawItem(
-                    index,
-                    None,
-                    None,
-                    line,
-                    error=f"line {number}, column {exc.colno}: malformed action line: {exc.msg}",
-                    line=number,
-                )
-            )
-            i += 1
-            continue
-        repeat = duplicate_keys(line)[0] if _dropped_keys(line, action) else None
-        if not isinstance(action, dict) or len(action) != 1 or repeat is not None:
-            error = f"line {number}: " + (
-                _repeat_error(repeat) if repeat is not None
-                else 'expected an action line such as {"index": {"_index": "ubi_events"}}'
-            )
-            items.append(RawItem(index, None, None, line, error=error, field=repeat, line=number))
-            i += 1
-            continue
-        verb, meta = next(iter(action.items()))
-        if verb not in ("index", "create") or not isinstance(meta, dict):
-            items.append(
-                RawItem(
-                    index,
-                    None,
-                    None,
-                    line,
-                    error=f"line {number}: unsupported bulk action {verb!r}; expected 'index' or 'create'",
-                    field="action",
-                    action=str(verb),
-                    line=number,
-                )
-            )
-            i += 1 if verb == "delete" else 2
-            continue
-        target = meta.get("_index", default_index)
-        kind = indices.get(target) if isinstance(target, str) else None
-        name = target if isinstance(target, str) else None
-        if i + 1 >= len(lines):
-            items.append(
-                RawItem(
-                    index, kind, None, line, error=f"line {number}: action line without a document after it",
-                    action=verb, index_name=name, line=number,
-                )
-            )
-            break
-        doc_number, doc = lines[i + 1]
-        i += 2
-        if kind is None:
-            known = " or ".join(indices)
-            error = (
-                f"line {number}: no such index [{target}]; _index must be {known}"
-                if isinstance(target, str)
-                else f"line {number}: the action names no _index (or not as a string); send _index "
-                f"({known}) or post to /{{index}}/_bulk"
-            )
-            items.append(
-                RawItem(
-                    index,
-                    None,
-                    None,
-                    doc,
-                    field="_index",
-                    error=error,
-                    action=verb,
-                    index_name=name,
-                    line=doc_number,
-                )
-            )
-            continue
-        doc_id, id_error = bulk_id(meta)
-        if id_error is not None:
-            items.append(
-                RawItem(index, kind, None, doc, field="_id", error=f"line {number}: {id_error}",
-                        line=doc_number, action=verb, index_name=name)
-            )
-            continue
-        try:
-            value = orjson.loads(doc)
-        except orjson.JSONDecodeError as exc:
-            items.append(
-                RawItem(
-                    index,
-                    kind,
-                    None,
-                    doc,
-                    error=f"line {doc_number}, column {exc.colno}: malformed JSON: {exc.msg}",
-                    action=verb,
-                    index_name=name,
-                    event_id=doc_id,
-                    line=doc_number,
-                )
-            )
-            continue
-        repeat = duplicate_keys(doc)[0] if _dropped_keys(doc, value) else None
-        if repeat is not None:
-            items.append(
-                RawItem(index, kind, None, doc, field=repeat, error=f"line {doc_number}: {_repeat_error(repeat)}",
-                        line=doc_number, action=verb, index_name=name, event_id=doc_id)
-            )
-            continue
-        items.append(
-            RawItem(index, kind, value, doc, event_id=doc_id, line=doc_number, action=verb, index_name=name)
-        )
-    return items
-
-
 # ---------------------------------------------------------------- validation
 
 
@@ -569,15 +193,38 @@ def _error_from_validation(index: int, exc: ValidationError, kind: str, raw: byt
     return ItemError(index, _loc(first) or None, msg, kind, raw)
 
 
+#: Validators of many records in one call: pydantic-core loops over the list in Rust, about a fifth less CPU
+#: than one ``model_validate`` call per record (bench/import_speed.py prints both).
+_MANY: dict[str, TypeAdapter[list[Any]]] = {
+    "query": TypeAdapter(list[UbiQuery]),
+    "event": TypeAdapter(list[UbiEvent]),
+}
+
+
+def _validate_many(kind: str, items: list[RawItem]) -> list[Any] | None:
+    """The models of ``items`` (objects of one kind) in one call; None when any is invalid (the caller then
+    validates them one by one, so that each error names its own item and field)."""
+    if len(items) < 2:
+        return None
+    try:
+        return _MANY[kind].validate_python([item.value for item in items])
+    except ValidationError:
+        return None
+
+
 def validate_items(items: Iterable[RawItem]) -> Validated:
-    """Validate each item on its own; valid ones are kept in order, invalid ones become :class:`ItemError`."""
+    """Validate each item on its own; valid ones are kept in order, invalid ones become :class:`ItemError`.
+
+    The objects of each kind are validated together first (:func:`_validate_many`); a batch holding an
+    invalid record is validated again record by record, which gives the same models and the errors.
+    """
     items = list(items)
     out = Validated(raws=ItemBytes(items))
+    objects: dict[str, list[RawItem]] = {"query": [], "event": []}
     for item in items:
         if item.error is not None:
             out.errors.append(ItemError(item.index, item.field, item.error, item.kind or "body", item.raw_bytes()))
-            continue
-        if not isinstance(item.value, dict):
+        elif not isinstance(item.value, dict):
             out.errors.append(
                 ItemError(
                     item.index,
@@ -587,40 +234,42 @@ def validate_items(items: Iterable[RawItem]) -> Validated:
                     item.raw_bytes(),
                 )
             )
-            continue
-        try:
-            if item.kind == "query":
+        else:
+            objects["query" if item.kind == "query" else "event"].append(item)
+    queries = _validate_many("query", objects["query"])
+    if queries is not None:
+        out.queries = [(item.index, q) for item, q in zip(objects["query"], queries, strict=True)]
+    else:
+        for item in objects["query"]:
+            try:
                 out.queries.append((item.index, UbiQuery.model_validate(item.value)))
-            else:
+            except ValidationError as exc:
+                out.errors.append(_error_from_validation(item.index, exc, "query", item.raw_bytes()))
+    events = _validate_many("event", objects["event"])
+    for pos, item in enumerate(objects["event"]):
+        if events is not None:
+            event = events[pos]
+        else:
+            try:
                 event = UbiEvent.model_validate(item.value)
-                if item.event_id is not None and event.event_id and event.event_id != item.event_id:
-                    out.errors.append(
-                        ItemError(
-                            item.index,
-                            "_id",
-                            f"_id {item.event_id!r} and the document's event_id {event.event_id!r} differ; "
-                            "the _id becomes the event_id, so send one or make them equal",
-                            "event",
-                            item.raw_bytes(),
-                        )
-                    )
-                    continue
-                out.events.append((item.index, event, item.event_id))
-        except ValidationError as exc:
-            out.errors.append(_error_from_validation(item.index, exc, item.kind or "event", item.raw_bytes()))
+            except ValidationError as exc:
+                out.errors.append(_error_from_validation(item.index, exc, item.kind or "event", item.raw_bytes()))
+                continue
+        if item.event_id is not None and event.event_id and event.event_id != item.event_id:
+            out.errors.append(
+                ItemError(
+                    item.index,
+                    "_id",
+                    f"_id {item.event_id!r} and the document's event_id {event.event_id!r} differ; "
+                    "the _id becomes the event_id, so send one or make them equal",
+                    "event",
+                    item.raw_bytes(),
+                )
+            )
+            continue
+        out.events.append((item.index, event, item.event_id))
+    out.errors.sort(key=lambda e: e.index)
     return out
-
-
-def _json_type(value: Any) -> str:
-    return {
-        list: "an array",
-        dict: "an object",
-        str: "a string",
-        int: "a number",
-        float: "a number",
-        bool: "a boolean",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
 
 
 # ---------------------------------------------------------------- the stage

@@ -36,18 +36,8 @@ from starlette.datastructures import Headers
 
 from collector.deps import Collector
 from collector.errors import RequestError
-from collector.ingest import (
-    APPLICATION_SCOPE_KEY,
-    BodyError,
-    IngestContext,
-    IngestResult,
-    ItemError,
-    Kind,
-    RawItem,
-    bulk_id,
-    parse_bulk,
-    parse_items,
-)
+from collector.formats import BodyError, Kind, RawItem, bulk_id, parse_bulk, parse_items
+from collector.ingest import APPLICATION_SCOPE_KEY, IngestContext, IngestResult, ItemError
 from collector.routes import read_request
 
 router = APIRouter(tags=["opensearch"])

@@ -7,7 +7,6 @@ Typed errors become status codes in :mod:`collector.app` (``RequestError.status_
 from __future__ import annotations
 
 import asyncio
-import zlib
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -20,7 +19,8 @@ from starlette.types import Receive, Scope
 
 from collector.deps import Collector, ORJSONResponse, error_answer, get_collector
 from collector.errors import RequestError, TooLarge
-from collector.ingest import APPLICATION_SCOPE_KEY, IngestContext, Kind
+from collector.formats import Kind, NotGzip, gunzip
+from collector.ingest import APPLICATION_SCOPE_KEY, IngestContext
 from collector.metrics import Labels
 
 router = APIRouter()
@@ -162,13 +162,6 @@ class UnsupportedEncoding(RequestError):
     keep = False
 
 
-class NotGzip(RequestError):
-    """A body that claims ``Content-Encoding: gzip`` but does not decompress (400); kept as sent."""
-
-    status_code = 400
-    kind = "body"
-
-
 def content_encoding(scope: Scope) -> str | None:
     """``gzip`` for a gzip body, None for a plain one; 415 for any other ``Content-Encoding``."""
     codings = [
@@ -186,27 +179,6 @@ def content_encoding(scope: Scope) -> str | None:
         f"Content-Encoding {', '.join(codings)!r} is not supported: send the body as is, or gzip-compressed "
         "with Content-Encoding: gzip"
     )
-
-
-def gunzip(body: bytes, limit: int) -> bytes:
-    """A gzip body decompressed, refusing (413) as soon as the output passes ``limit`` bytes, so a small
-    body that inflates to gigabytes (a zip bomb) costs at most ``limit`` bytes of memory."""
-    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip header and trailer, one member
-    try:
-        out = inflate.decompress(body, limit + 1)
-        if len(out) > limit:
-            raise TooLarge(
-                f"body is over the limit of {limit} bytes once decompressed ({len(body)} bytes gzip-compressed): "
-                "split it into batches"
-            )
-        if not inflate.eof:
-            raise NotGzip("Content-Encoding: gzip, but the body ends before its gzip stream does (truncated?)")
-    except zlib.error as exc:
-        raise NotGzip(f"Content-Encoding: gzip, but the body is not gzip data ({exc}): send it plain, "
-                      "without that header, or compress it") from exc
-    if inflate.unused_data.strip():
-        raise NotGzip("Content-Encoding: gzip, but bytes follow the gzip stream (several members are not read)")
-    return out
 
 
 class ClientGone(RequestError):

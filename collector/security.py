@@ -40,6 +40,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from collector.errors import RequestError
+from collector.formats import bulk_verb
 from collector.ingest import APPLICATION_SCOPE_KEY, IngestContext, ItemError, RecordFilter, Validated
 from collector.metrics import Metrics
 from schemas.errors import UbiError
@@ -662,7 +663,7 @@ class Privacy:
             value = _loads(line, strict=True)
         except _NOT_JSON:
             return self._marker(line, "a line that is not JSON")
-        if _is_bulk_action(value):
+        if bulk_verb(value) is not None:
             return line
         return self._dumps(self._scrub_value(value), line)
 
@@ -734,15 +735,6 @@ def _json_text(value: Any) -> str:
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
     except (ValueError, TypeError, RecursionError):
         return repr(value)
-
-
-def _is_bulk_action(value: Any) -> bool:
-    return (
-        isinstance(value, dict)
-        and len(value) == 1
-        and next(iter(value)) in ("index", "create", "delete", "update")
-        and isinstance(next(iter(value.values())), dict)
-    )
 
 
 def _get_path(data: Any, path: tuple[str, ...]) -> Any:

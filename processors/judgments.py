@@ -44,6 +44,7 @@ from urllib.parse import unquote
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from processors.cli_names import AUTO, JUDGMENT_MODELS
@@ -258,16 +259,24 @@ def build_judgments(estimate: RelevanceEstimate, *, source: str, model_version: 
     base = {"model": estimate.parameters, "grade_mapping": mapping.as_dict(), **(parameters or {})}
     if split is None:
         split = np.full(n, "", dtype=object)
-    # three distinct documents but for the per-row support: serialise each once, splice the number in
-    docs = {s: orjson.dumps({**base, "calibration_split": s} if s else base, option=orjson.OPT_SERIALIZE_NUMPY
-                            | orjson.OPT_NON_STR_KEYS).decode()[:-1] for s in ("", "fit", "holdout")}
-    obs = np.round(estimate.support(), 3)
-    params = pa.array([f'{docs[s]},"observations":{_json_number(o)}}}' for s, o in zip(split, obs, strict=True)],
-                      pa.string()) if n else pa.array([], pa.string())
+    # three distinct documents but for the per-row support: serialise each once, splice the number in (in Arrow:
+    # each distinct support value is formatted once, so no Python loop runs over the rows)
+    splits = ("", "fit", "holdout")
+    heads = pa.array([orjson.dumps({**base, "calibration_split": s} if s else base, option=orjson.OPT_SERIALIZE_NUMPY
+                                   | orjson.OPT_NON_STR_KEYS).decode()[:-1] + ',"observations":' for s in splits],
+                     pa.string())
+    split_code = np.zeros(n, dtype=np.int64)
+    for code, s in enumerate(splits[1:], start=1):
+        split_code[np.asarray(split, dtype=object) == s] = code
+    obs = np.round(np.asarray(estimate.support(), dtype=np.float64), 3)
+    values, which = np.unique(obs, return_inverse=True)
+    numbers = pa.array([_json_number(v) for v in values], pa.string())
+    params = pc.binary_join_element_wise(heads.take(pa.array(split_code)), numbers.take(pa.array(which.ravel())),
+                                         "}", "")
     now = created_at or utcnow()
     return pa.table({
-        "query": pa.array(estimate.pairs.queries.tolist(), pa.string()),
-        "doc_id": pa.array(estimate.pairs.doc_ids.tolist(), pa.string()),
+        "query": pa.array(estimate.pairs.queries, pa.string()),
+        "doc_id": pa.array(estimate.pairs.doc_ids, pa.string()),
         "source": pa.array([source] * n, pa.string()),
         "model_version": pa.array([model_version] * n, pa.string()),
         "parameters": params,

@@ -68,6 +68,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--query-skew", type=float, help="query popularity ∝ 1/rank^skew (default 0.5; hard: 1)")
     p.add_argument("--crawlers", type=float, metavar="SHARE", dest="crawler_share",
                    help="share of searches made by crawlers (bots clicking at random; default 0, hard: 0.05)")
+    p.add_argument("--interleave", metavar="REFERENCE,CHALLENGER",
+                   help="interleave two of the simulated rankers (by name, e.g. ranker-a,ranker-b) by team draft on "
+                        "a share of searches; their query records carry query_attributes.interleaving (the block "
+                        "POST /v1/interleave returns) and ranker 'interleaved', so `ubi report` shows an "
+                        "Interleaving section")
+    p.add_argument("--interleave-share", type=float, metavar="FRACTION",
+                   help="share of searches interleaved with --interleave (default 0.5; the rest are served by "
+                        "single rankers as usual)")
     p.add_argument("--application", default="ubi-sim", help="application field of every record (default ubi-sim)")
     dest = p.add_mutually_exclusive_group()
     dest.add_argument("--out", type=Path, help=f"write an OpenSearch _bulk file (default {DEFAULT_OUT})")
@@ -137,6 +145,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     given = {name: getattr(args, name) for name in ("eta", "rankers", "queries", "docs_per_query", "max_rank",
                                                      "randomize", "epochs", "query_skew", "crawler_share")
              if getattr(args, name) is not None}
+    if args.interleave is not None:
+        given["interleave"] = tuple(x.strip() for x in args.interleave.split(","))
+    elif args.interleave_share is not None:
+        raise UbiError("--interleave-share needs --interleave REFERENCE,CHALLENGER")
+    if args.interleave_share is not None:
+        given["interleave_share"] = args.interleave_share
     if "rankers" in given and args.scenario != "demo":
         given["ranker_noise"] = None  # the preset's noise list has the preset's number of rankers
     config = scenario(args.scenario, sessions=args.sessions, seed=settings.seed, model=args.model,
@@ -181,7 +195,9 @@ def _print_simulation(console: Console, s: dict[str, Any]) -> None:
     console.print(f"[bold]Simulated {s['sessions']:,} searches[/] ({s['model']} clicks, seed {s['seed']}) over "
                   f"{s['queries']} queries: {s['impressions']:,} impressions, {s['clicks']:,} clicks"
                   + (f", {s['randomized_searches']:,} in the swap experiment" if s["randomized_searches"] else "")
-                  + (f", {s['crawler_searches']:,} by crawlers" if s.get("crawler_searches") else ""))
+                  + (f", {s['crawler_searches']:,} by crawlers" if s.get("crawler_searches") else "")
+                  + (f", {s['interleaved_searches']:,} interleaving {' and '.join(s['interleave'])}"
+                     if s.get("interleaved_searches") else ""))
     table = Table(title="rankers")
     for col in ("ranker", "noise σ", "searches", "clicks", "CTR (clicks / impressions)", "searches with a click"):
         table.add_column(col, justify="right" if col != "ranker" else "left")

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 # `ubi --help` stays light (tests/ubi/test_cli_imports.py).
 
 _EPILOG = """\
-methods: dm = direct method (expected clicks of the candidate's lists under the fitted click model; unseen
-documents get the model's prior, and the share of the top k resting on it is printed); ips = inverse
+methods: dm = direct method (expected clicks of the candidate's lists under the fitted click model; documents
+the log never showed get the median click probability of the pairs it showed below rank k/2, and the share of
+the top k resting on them is printed); ips = inverse
 propensity scoring under the item-position model (weights clipped at --clip); snips = self-normalised IPS;
 dr = doubly robust (dm plus the IPS-weighted residual of the model). ips, snips and dr estimate CTR@k and
 clicks per search only. When the log holds a randomised swap experiment (query_attributes.randomized), IPS
@@ -39,8 +40,10 @@ takes theta_k/theta_1 from it instead of from the PBM fit.
 
 intervals: percentile bootstrap over logged searches, the click model refitted on every replicate. They do
 not contain the bias of a wrong click model or of documents the log never showed: read prior_share and
-unsupported_share beside them. The prior-free interval <lo, hi> widens the bootstrap interval by letting every
-document the log never showed take any click probability in [0, 1]: what the log alone can say.
+unsupported_share beside them. The calibrated interval {lo, hi} (the one to read) widens the bootstrap
+interval by letting the documents the log never showed range over the 25%-75% quantiles of those deep pairs'
+click probabilities; the prior-free interval <lo, hi> lets them take any click probability in [0, 1]: what
+the log alone can say.
 
 examples:
   ubi predict --run ltr-v3.trec
@@ -146,7 +149,7 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
 
     names = [m.replace("@k", f"@{pred.k}") for m in METRICS]
     t = Table(title=f"predicted online metrics of {escape(name)} (never served): value, [{pred.confidence:.0%} "
-                    "bootstrap interval], <prior-free interval>")
+                    "bootstrap interval], {calibrated interval}, <prior-free interval>")
     t.add_column("system / method")
     t.add_column("searches", justify="right")
     for m in names:
@@ -156,7 +159,8 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
         for metric in METRICS:
             f = figs.get(metric)
             free = f"\n<{_num(f.bound_low, 3)}, {_num(f.bound_high, 3)}>" if f is not None and f.bound_low == f.bound_low else ""
-            cells.append("n/a" if f is None else f"{_num(f.value)}\n[{_num(f.low, 3)}, {_num(f.high, 3)}]{free}")
+            cal = f"\n{{{_num(f.cal_low, 3)}, {_num(f.cal_high, 3)}}}" if f is not None and f.cal_low == f.cal_low else ""
+            cells.append("n/a" if f is None else f"{_num(f.value)}\n[{_num(f.low, 3)}, {_num(f.high, 3)}]{cal}{free}")
         t.add_row(f"{escape(name)} · {method}", str(pred.searches), *cells)
     for system, om in sorted(logged.items()):
         cells = []
@@ -175,7 +179,11 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
         f"(max weight {_num(pred.max_weight, 2)}, {_num(pred.clipped_share * 100, 1)}% of the candidate's "
         f"examination clipped)", highlight=False)
     console.print(
-        f"top {pred.k} resting on the model's prior only: {_num(pred.prior_share * 100, 1)}%; never shown in the "
+        f"top {pred.k} never shown for its query: {_num(pred.prior_share * 100, 1)}%"
+        + (f" (click probability at rank 1 taken as {_num(pred.unseen_click[0], 3)}, the median of the pairs the "
+           f"log showed in the lower half of its lists; calibrated range {_num(pred.unseen_click[1], 3)}-{_num(pred.unseen_click[2], 3)})"
+           if pred.unseen == "deep" else " (on the model's prior)")
+        + "; never shown in the "
         f"log (no IPS support): {_num(pred.unsupported_share * 100, 1)}%; predicted on {pred.covered_queries} of "
         f"{pred.logged_queries} logged queries ({pred.searches} of {pred.logged_searches} searches); "
         f"{pred.replicates} bootstrap replicates", highlight=False)

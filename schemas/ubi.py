@@ -48,6 +48,8 @@ TIMESTAMP_PATTERN = (
     r"([Tt ]\d{2}(:\d{2}(:\d{2}([.,]\d+)?)?)?([Zz]|[+-]\d{2}(:?\d{2}(:?\d{2}([.,]\d+)?)?)?)?)?\s*$"
 )
 _TIMESTAMP_RE = re.compile(TIMESTAMP_PATTERN)
+#: One spelling inside TIMESTAMP_PATTERN (UTC, milliseconds), taken by a shorter path in parse_timestamp.
+_COMMON_TIMESTAMP_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
 
 
 def _to_utc(parsed: datetime, shown: object) -> datetime:
@@ -71,6 +73,13 @@ def parse_timestamp(value: Any) -> datetime:
     as UTC) and integers as epoch milliseconds (the ``ubi-demo`` producer). Booleans, floats, anything
     unparseable and instants outside years 1..9999 in UTC raise ``ValueError`` (never ``OverflowError``).
     """
+    if type(value) is str and _COMMON_TIMESTAMP_RE.match(value):
+        # The shape most producers send (2024-05-16T12:34:56.789Z) first: TIMESTAMP_PATTERN matches it, so
+        # only the date's existence is left to check, by fromisoformat as below (it reads Z as UTC).
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            pass  # no such date: the general path below says so
     if isinstance(value, bool):
         raise ValueError("expected an ISO 8601 string or epoch milliseconds, got a boolean")
     if isinstance(value, int):
@@ -122,6 +131,8 @@ def _id_to_str(value: Any) -> Any:
     parsers, reads it as a double), so it is rejected with a message asking for a string, never stored
     rounded.
     """
+    if type(value) is str:  # the common case first
+        return value
     if isinstance(value, bool):
         return value  # let the str check reject it
     if isinstance(value, int):

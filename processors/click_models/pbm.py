@@ -213,7 +213,8 @@ class ExaminationEM(FittedModel):
     The two differ only in what indexes examination (the rank; the rank and previous click rank) and in how
     that examination is reported. ``prior`` (``processors.click_models.priors``) chooses the prior on α:
     ``empirical`` alternates EM at a fixed prior with an empirical-Bayes refit of the rank-informed prior on
-    (clicks, expected examinations) until the prior's hyperparameters settle (at most
+    (clicks, expected examinations), with a per-pair strength (``priors.fit_prior(varying_strength=True)``),
+    until the prior's hyperparameters settle (at most
     :data:`MAX_PRIOR_ROUNDS` rounds; each round's EM starts where the last one stopped).
     """
 
@@ -262,7 +263,7 @@ class ExaminationEM(FittedModel):
                     if top > 0:
                         exam, alpha = exam / top, np.minimum(alpha * top, 1.0)
                 examined = expected_examined(pair, exam_id, imps, clk, exam, alpha, n_pairs)
-                new = fit_prior(pair_clk, examined, feats, start=prior)
+                new = fit_prior(pair_clk, examined, feats, start=prior, varying_strength=True)
                 settled = prior is not None and same_prior(prior, new)
                 prior = new
                 # rounds before the prior settles only need to get close; the last one converges fully

@@ -8,6 +8,26 @@ the bias of a wrong model or of documents the log never showed: the share of the
 on the model's prior only (``prior_share``) and the share unsupported by any logged impression
 (``unsupported_share``) are printed beside the figures for that reason.
 
+Documents the log never showed. The click model's own prior for them is the mean over what the log showed,
+but the logging ranker left them out because it ranked them below everything it showed, so by default
+(``unseen="deep"``) they get instead the median fitted click probability at rank 1 of the *deep pairs*: the
+pairs the log showed at a mean display rank below K/2, the nearest the log has to the documents it left out.
+Each figure then carries three intervals:
+
+* the bootstrap interval ``[low, high]`` (sampling error of the log and of the refitted model only);
+* the *calibrated* interval ``[cal_low, cal_high]``: the lower bootstrap quantile with every unseen document at
+  the ``UNSEEN_RANGE[0]`` quantile of the deep pairs' click probabilities (re-read on each replicate) and the
+  upper quantile with them at the ``UNSEEN_RANGE[1]`` quantile. It adds to the sampling error the
+  uncertainty about the unseen documents, as a bound with all of them moving together (a sensitivity
+  interval in the sense of partial identification, Manski, *Partial Identification of Probability
+  Distributions*, 2003), with the range narrowed from [0, 1] by the empirical distribution of the log's
+  nearest documents (empirical Bayes: the reference distribution is estimated from the same data, Efron,
+  *Large-Scale Inference*, 2010, ch. 1). The reference class and the quantiles are this project's choice,
+  checked only in simulation (``bench/counterfactual.py``: the quantiles were chosen on one block of seeds
+  and the README reports another);
+* the prior-free interval ``[bound_low, bound_high]``: the same with the unseen documents anywhere in [0, 1]
+  (what the log alone can say).
+
 The kernels are :mod:`processors.counterfactual.direct` and :mod:`processors.counterfactual.ips`.
 """
 
@@ -48,6 +68,18 @@ MODELS = ("pbm", "dbn")
 #: that promotes it contradicts. On ``bench/counterfactual.py`` (12 PBM pairs) it raised the direct method's MAE
 #: of CTR@10 (README). ``model_options={"prior": ...}`` (``ubi predict --prior``) chooses another.
 DEFAULT_MODEL_OPTIONS: dict[str, Any] = {"prior": "none"}
+
+
+#: Documents the log never showed for a query (``unseen``): "deep" gives them, in the direct method and the doubly
+#: robust point estimate, the median fitted click probability at rank 1 of the pairs the log showed below rank
+#: K/2 (``_Fit.deep_click_probs``); "prior" keeps the click model's own prior (the mean over what was shown,
+#: which the documents the logging ranker left out seldom reach).
+UNSEEN_CHOICES = ("deep", "prior")
+#: The calibrated interval lets the unseen documents' click probability range over these quantiles of the same
+#: deep pairs' click probabilities. Chosen on ``bench/counterfactual.py --seed-block 1`` (24 pairs) as the
+#: narrowest of (0.05, 0.95), (0.1, 0.9), (0.15, 0.85), (0.2, 0.8), (0.25, 0.75) whose doubly robust interval held
+#: the truth for at least 23 of the 24 (it held 23; (0.2, 0.8) held 24); the README reports block 2.
+UNSEEN_RANGE = (0.25, 0.75)
 
 
 class PredictionError(UbiError):
@@ -112,12 +144,14 @@ def candidate_arrays(patterns: SessionPatterns, rankings: Mapping[str, Sequence[
 
 @dataclass(frozen=True)
 class Figure:
-    """One predicted metric: point estimate, percentile bootstrap interval, and the prior-free interval.
+    """One predicted metric: point estimate, percentile bootstrap interval, calibrated and prior-free intervals.
 
     ``bound_low``/``bound_high`` widen the bootstrap interval by letting every document the log never showed
     (for that query) take any click probability at rank 1 in [0, 1] instead of the model's prior: the lower
     bootstrap quantile with them at 0, the upper with them at 1. What the log cannot say stays unsaid; the
-    width says how much of the prediction is a guess. NaN where a method has no such bound (SNIPS).
+    width says how much of the prediction is a guess. ``cal_low``/``cal_high`` do the same with the range
+    narrowed to quantiles ``UNSEEN_RANGE`` of the deep pairs' click probabilities (module docstring): the
+    interval to read by default. NaN where a method has no such interval (SNIPS).
     """
 
     value: float
@@ -125,13 +159,16 @@ class Figure:
     high: float
     bound_low: float = float("nan")
     bound_high: float = float("nan")
+    cal_low: float = float("nan")
+    cal_high: float = float("nan")
 
     def to_json(self) -> dict[str, float | None]:
         def num(x: float) -> float | None:
             return round(float(x), 6) if np.isfinite(x) else None
 
         return {"value": num(self.value), "ci_low": num(self.low), "ci_high": num(self.high),
-                "prior_free_low": num(self.bound_low), "prior_free_high": num(self.bound_high)}
+                "prior_free_low": num(self.bound_low), "prior_free_high": num(self.bound_high),
+                "calibrated_low": num(self.cal_low), "calibrated_high": num(self.cal_high)}
 
 
 @dataclass(frozen=True)
@@ -158,6 +195,10 @@ class Prediction:
     figures: dict[str, dict[str, Figure]] = field(default_factory=dict)  # method -> metric -> figure
     model_choice: dict[str, float] = field(default_factory=dict)  # auto: held-out log-likelihood per session
     notes: tuple[str, ...] = ()
+    unseen: str = "prior"  # what unseen documents' click probability rests on (UNSEEN_CHOICES)
+    #: (point, low, high): rank-1 click probability of unseen documents in the point estimate and the calibrated
+    #: interval's range (quantiles UNSEEN_RANGE of the deep pairs' fitted click probabilities, on the full log)
+    unseen_click: tuple[float, float, float] = (float("nan"), float("nan"), float("nan"))
 
     def to_json(self) -> dict[str, Any]:
         def num(x: float) -> float | None:
@@ -176,6 +217,8 @@ class Prediction:
             "methods": {m: {metric.replace("@k", f"@{self.k}"): f.to_json() for metric, f in figs.items()}
                         for m, figs in self.figures.items()},
             "model_choice": {name: num(v) for name, v in self.model_choice.items()},
+            "unseen": {"basis": self.unseen, "click_at_rank_1": num(self.unseen_click[0]),
+                       "calibrated_range": [num(self.unseen_click[1]), num(self.unseen_click[2])]},
             "notes": list(self.notes),
         }
 
@@ -229,6 +272,27 @@ class _Fit:
                 self.propensity = "randomized"
         self.theta = theta
 
+    def deep_click_probs(self, patterns: SessionPatterns) -> NDArray[np.float64]:
+        """Fitted click probability at rank 1 of every pair the log showed, on average, below rank K/2.
+
+        The logging ranker put them lowest of what it showed: of the documents the log knows, the nearest to
+        those it never showed (which it ranked lower still). Every fitted pair when none lies that deep.
+        """
+        m = self.model
+        alpha = np.asarray(m.alpha, dtype=np.float64)
+        scale = float(np.asarray(m.theta, dtype=np.float64)[0]) if m.name == "pbm" else 1.0
+        a1 = np.clip(alpha * scale, 0.0, 1.0)
+        shown = patterns.docs >= 0
+        w = np.broadcast_to(patterns.weight[:, None], patterns.docs.shape)[shown].astype(np.float64)
+        pair = patterns.docs[shown]
+        rank = np.broadcast_to(np.arange(1, patterns.docs.shape[1] + 1), patterns.docs.shape)[shown]
+        n = len(alpha)
+        seen = np.bincount(pair, weights=w, minlength=n)[:n]
+        mean_rank = np.bincount(pair, weights=w * rank, minlength=n)[:n] / np.where(seen > 0, seen, 1.0)
+        ok = np.isfinite(a1) & (seen > 0)
+        deep = ok & (mean_rank > patterns.max_rank / 2)
+        return a1[deep] if deep.any() else a1[ok]
+
     def position_probs(self, cand: CandidateArrays,
                        unseen: float | None = None) -> tuple[PositionProbs, NDArray[np.bool_]]:
         """Per-position probabilities of the candidate's lists and where they rest on the prior only.
@@ -263,30 +327,37 @@ def _logged(patterns: SessionPatterns, n_queries: int) -> LoggedArrays:
                         patterns.pairs.query_index, n_queries)
 
 
-def _bounds(figs: dict[str, float], extremes: Sequence[dict[str, float]]) -> None:
+def _bounds(figs: dict[str, float], extremes: Sequence[dict[str, float]], lo: str = ":lo", hi: str = ":hi") -> None:
     """Add ``<metric>:lo`` / ``<metric>:hi``, the metric with unseen documents at the two extremes."""
-    for metric in list(figs):
+    for metric in [m for m in figs if ":" not in m]:
         vals = [e[metric] for e in extremes if metric in e]
         if vals:
-            figs[f"{metric}:lo"], figs[f"{metric}:hi"] = min(vals), max(vals)
+            figs[f"{metric}{lo}"], figs[f"{metric}{hi}"] = min(vals), max(vals)
 
 
 def _once(patterns: SessionPatterns, cand: CandidateArrays, model: str, methods: Sequence[str], k: int, clip: float,
           swaps: SwapSessions | None, swap_weight: NDArray[np.float64] | None,
-          options: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+          options: Mapping[str, Any], unseen: str = "deep") -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
     """Every method's metrics on one (re)sampled log, and the diagnostics of this fit."""
     fit = _Fit(patterns, model, swaps, swap_weight, options)
     n_q = len(cand.length)
     log = _logged(patterns, n_q)
     searches_q = np.bincount(patterns.query, weights=patterns.weight.astype(np.float64), minlength=n_q)
     w = np.where(cand.length > 0, searches_q, 0.0)
-    probs, on_prior = fit.position_probs(cand)
+    ref = fit.deep_click_probs(patterns)
+    u_mid, u_lo, u_hi = (np.quantile(ref, [0.5, *UNSEEN_RANGE]).tolist() if len(ref)
+                         else [float("nan")] * 3)
+    at = u_mid if unseen == "deep" and np.isfinite(u_mid) else None
+    probs, on_prior = fit.position_probs(cand, unseen=at)
     qm = query_metrics(probs, k)
     extremes = [query_metrics(fit.position_probs(cand, unseen=a)[0], k) for a in (0.0, 1.0)]
+    calibrated = ([query_metrics(fit.position_probs(cand, unseen=a)[0], k) for a in (u_lo, u_hi)]
+                  if np.isfinite(u_mid) else [])
     out: dict[str, dict[str, float]] = {}
     if "dm" in methods:
         out["dm"] = aggregate(qm, w)
         _bounds(out["dm"], [aggregate(e, w) for e in extremes])
+        _bounds(out["dm"], [aggregate(c, w) for c in calibrated], ":clo", ":chi")
     predicted = fit.model.click_probs(patterns) if "dr" in methods else None
     totals = ips_totals(log, cand.rank_of_pair, cand.length, fit.theta, k, clip, predicted)
     if "ips" in methods:
@@ -297,12 +368,18 @@ def _once(patterns: SessionPatterns, cand: CandidateArrays, model: str, methods:
         unseen_all = float((w[:, None] * (on_prior & probs.shown) * fit.theta[None, : cand.docs.shape[1]]).sum())
         top = ips_metrics(totals._replace(clicks_k=totals.clicks_k + unseen_k, clicks=totals.clicks + unseen_all))
         _bounds(out["ips"], [out["ips"], top])
+        if np.isfinite(u_mid):
+            _bounds(out["ips"], [ips_metrics(totals._replace(clicks_k=totals.clicks_k + a * unseen_k,
+                                                            clicks=totals.clicks + a * unseen_all))
+                                 for a in (u_lo, u_hi)], ":clo", ":chi")
     if "snips" in methods:
         out["snips"] = ips_metrics(totals, self_normalise=True)
     if "dr" in methods:
         out["dr"] = dr_metrics(totals, float((w * qm.clicks_k).sum()), float((w * qm.clicks).sum()))
         _bounds(out["dr"], [dr_metrics(totals, float((w * e.clicks_k).sum()), float((w * e.clicks).sum()))
                             for e in extremes])
+        _bounds(out["dr"], [dr_metrics(totals, float((w * c.clicks_k).sum()), float((w * c.clicks).sum()))
+                            for c in calibrated], ":clo", ":chi")
     diag = {
         "prior_share": prior_share(on_prior, probs.shown, w, k),
         "unsupported_share": totals.unsupported_k / totals.shown_k if totals.shown_k > 0 else float("nan"),
@@ -311,6 +388,8 @@ def _once(patterns: SessionPatterns, cand: CandidateArrays, model: str, methods:
         "theta": fit.theta,
         "propensity": fit.propensity,
         "searches": float(w.sum()),
+        "unseen_click": (u_mid, u_lo, u_hi),
+        "deep_pairs": len(ref),
     }
     return out, diag
 
@@ -337,15 +416,19 @@ def predict(
     seed: int = 0,
     swaps: SwapSessions | None = None,
     model_options: Mapping[str, Any] | None = None,
+    unseen: str = "deep",
 ) -> Prediction:
     """The candidate ``rankings`` (normalised query text -> doc ids) predicted from the logged ``patterns``.
 
     ``model``: pbm, dbn, or auto (the better held-out log-likelihood of the two). ``methods``: any of dm, ips,
     snips, dr. ``swaps``: the log's randomised swap experiment; when given, IPS uses its θ_k/θ_1 (Joachims et
     al., WSDM 2017) instead of the PBM fit's. ``clip``: the IPS weight cap M. ``replicates``: bootstrap
-    replicates (0: point estimates only).
+    replicates (0: point estimates only). ``unseen``: "deep" (default) or "prior", what documents the log never
+    showed rest on in the direct method and DR (module docstring).
     """
     _check(model, methods, k, clip, replicates, confidence)
+    if unseen not in UNSEEN_CHOICES:
+        raise PredictionError(f"unseen={unseen!r}: choose one of {', '.join(UNSEEN_CHOICES)}")
     options = dict(DEFAULT_MODEL_OPTIONS if model_options is None else model_options)
     if patterns.n_sessions == 0:
         raise PredictionError("the log holds no sessions to predict from")
@@ -358,7 +441,7 @@ def predict(
         choice = choose_model(patterns, seed, options)
         finite = {n: v for n, v in choice.items() if np.isfinite(v)}
         model = max(finite, key=finite.__getitem__) if finite else "pbm"
-    point, diag = _once(patterns, cand, model, methods, k, clip, swaps, None, options)
+    point, diag = _once(patterns, cand, model, methods, k, clip, swaps, None, options, unseen)
     rng = np.random.default_rng([seed, 0xCF])
     n = patterns.n_sessions
     p = patterns.weight / n
@@ -372,7 +455,7 @@ def predict(
         if swaps is not None:
             total = int(swaps.weight.sum())
             sw = rng.multinomial(total, swaps.weight / total).astype(np.float64) if total else None
-        values, _ = _once(boot, cand, model, methods, k, clip, swaps, sw, options)
+        values, _ = _once(boot, cand, model, methods, k, clip, swaps, sw, options, unseen)
         for m, figs in values.items():
             for x, v in figs.items():
                 reps[m][x].append(v)
@@ -388,7 +471,11 @@ def predict(
             b_hi = _quantiles(reps[m].get(f"{x}:hi", []), tail)[1] if f"{x}:hi" in point[m] else np.nan
             if replicates == 0 and f"{x}:lo" in point[m]:
                 b_lo, b_hi = point[m][f"{x}:lo"], point[m][f"{x}:hi"]
-            figures[m][x] = Figure(point[m][x], lo, hi, float(b_lo), float(b_hi))
+            c_lo = _quantiles(reps[m].get(f"{x}:clo", []), tail)[0] if f"{x}:clo" in point[m] else np.nan
+            c_hi = _quantiles(reps[m].get(f"{x}:chi", []), tail)[1] if f"{x}:chi" in point[m] else np.nan
+            if replicates == 0 and f"{x}:clo" in point[m]:
+                c_lo, c_hi = point[m][f"{x}:clo"], point[m][f"{x}:chi"]
+            figures[m][x] = Figure(point[m][x], lo, hi, float(b_lo), float(b_hi), float(c_lo), float(c_hi))
     notes = []
     if any(m != "dm" for m in methods):
         notes.append(f"ips, snips and dr estimate only {' and '.join(LINEAR_METRICS)} (sums of per-document clicks); "
@@ -403,5 +490,6 @@ def predict(
         run_queries=cand.run_queries, cut_docs=cand.cut_docs, prior_share=diag["prior_share"],
         unsupported_share=diag["unsupported_share"], clipped_share=diag["clipped_share"],
         max_weight=diag["max_weight"], replicates=replicates, confidence=confidence, figures=figures,
-        model_choice=choice, notes=tuple(notes),
+        model_choice=choice, notes=tuple(notes), unseen=unseen,
+        unseen_click=tuple(float(x) for x in diag["unseen_click"]),  # type: ignore[arg-type]
     )

@@ -88,10 +88,12 @@ def run_pair(
     use_swaps: bool = True,
     k: int = 10,
     prior: str | None = None,
+    unseen: str = "deep",
 ) -> PairResult:
     """Log A (``epochs`` ranking changes, a ``randomize`` share of rank-1 swaps), predict B, measure B.
 
-    ``prior``: the click model's prior keyword (``processors.click_models.priors``; None: ``predict``'s default).
+    ``prior``: the click model's prior keyword (``processors.click_models.priors``; None: ``predict``'s default);
+    ``unseen``: what documents A never showed rest on (``predict``'s ``unseen``).
     """
     cfg = SimConfig(sessions=sessions, seed=seed, model=model, rankers=1, ranker_noise=(noise_a,), epochs=epochs,
                     randomize=randomize, eps_minus=eps_minus, eps_plus=eps_plus)
@@ -102,7 +104,7 @@ def run_pair(
                 for q in range(cat.n_queries)}
     swaps = log.swap_sessions() if use_swaps and randomize > 0 else None
     pred = predict(log.patterns(), rankings, model=click_model, k=k, replicates=replicates, seed=seed, swaps=swaps,
-                   model_options=None if prior is None else {"prior": prior})
+                   model_options=None if prior is None else {"prior": prior}, unseen=unseen)
     exact_b = exact_metrics(truth, log.query, b[log.query], k)
     exact_a = exact_metrics(truth, log.query, log.slots, k)
     # B served: the same number of searches, queries drawn from A's logged distribution, the same click kernel

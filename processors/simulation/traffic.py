@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
+from collector.interleaving import Interleaved, team_draft
 from processors.cli_names import TRAFFIC_MODELS
 from processors.propensity.randomized import SwapSessions
 from processors.simulation.catalog import Catalog, SimulationError, build_catalog
@@ -39,6 +40,7 @@ from schemas.text import normalize_query
 #: Click models the traffic simulator offers (the kernel has more; these are the protocol's).
 
 OBJECT_ID_FIELD = "product_id"
+INTERLEAVED_RANKER = "interleaved"  # query_attributes.ranker of an interleaved search
 SEARCHES_PER_CLIENT = 5  # a client's searches come in one burst: the bot filter must not see a machine
 _CLIENT_START_GAP_MS = 20_000  # next client starts 20 s after the previous one
 _SEARCH_GAP_MS = 30_000  # a client's searches are 30 s apart (2 per minute)
@@ -97,6 +99,9 @@ class SimConfig:
     crawler_share: float = 0.0  # share of searches made by crawlers (bots the session filter must drop)
     crawlers: int = 3  # crawler clients sharing those searches
     crawler_click: float = 0.3  # a crawler "clicks" each result with this probability, whatever it is
+    #: (reference, challenger) ranker names: a share of searches shows their team-draft interleaving instead
+    interleave: tuple[str, str] | None = None
+    interleave_share: float = 0.5  # share of searches interleaved when ``interleave`` is set
     application: str = "ubi-sim"
     start: datetime = datetime(2025, 1, 6, 9, 0, tzinfo=UTC)
 
@@ -134,6 +139,16 @@ class SimConfig:
             raise SimulationError(f"crawlers must be at least 1, got {self.crawlers}")
         if not 0.0 <= self.crawler_click <= 1.0:
             raise SimulationError(f"crawler click probability must lie in 0..1, got {self.crawler_click}")
+        if self.interleave is not None:
+            names = self.names()
+            if len(self.interleave) != 2 or self.interleave[0] == self.interleave[1]:
+                raise SimulationError(f"interleave names two different rankers (reference, challenger), got "
+                                      f"{list(self.interleave)}")
+            unknown = [r for r in self.interleave if r not in names]
+            if unknown:
+                raise SimulationError(f"interleave: no ranker named {unknown[0]!r}; the rankers are {', '.join(names)}")
+        if not 0.0 < self.interleave_share <= 1.0:
+            raise SimulationError(f"interleave share is a fraction of searches in (0, 1], got {self.interleave_share}")
 
     def noise(self) -> tuple[float, ...]:
         if self.ranker_noise is not None:
@@ -276,11 +291,13 @@ class SimulatedTraffic:
     config: SimConfig
     truth: Truth
     query: NDArray[np.int64]  # [n] catalog query per search
-    ranker: NDArray[np.int64]  # [n]
+    ranker: NDArray[np.int64]  # [n]; -1 for an interleaved search
     swap: NDArray[np.int64]  # [n] 0 = not in the experiment, else k: rank 1 swapped with rank k (1 = control)
     slots: NDArray[np.int64]  # [n, K] doc slot (column of the catalog) at each rank
     clicks: NDArray[np.bool_]  # [n, K]
     crawler: NDArray[np.bool_] | None = None  # [n] search made by a crawler (None: no crawlers)
+    #: [n, K] per interleaved search the team of each rank (0 = reference, 1 = challenger), -1 elsewhere
+    team: NDArray[np.int8] | None = None
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -391,7 +408,13 @@ class SimulatedTraffic:
             session = client + "-s1"
             text = cat.query_texts[q]
             hits = [str(cat.doc_ids[q, j]) for j in self.slots[i]]
-            attrs: dict[str, Any] = {"ranker": names[int(self.ranker[i])]}
+            if self.team is not None and self.team[i, 0] >= 0:
+                pair = cfg.interleave or ("", "")
+                block = Interleaved(qid, hits, {h: pair[int(t)] for h, t in zip(hits, self.team[i].tolist(),
+                                                                                 strict=True)}, pair)
+                attrs: dict[str, Any] = {"ranker": INTERLEAVED_RANKER, **block.query_attributes()}
+            else:
+                attrs = {"ranker": names[int(self.ranker[i])]}
             if self.swap[i]:
                 attrs["randomized"] = {"method": "swap", "ranks": [1, int(self.swap[i])]}
             query = {
@@ -510,6 +533,8 @@ class SimulatedTraffic:
             "impressions": self.n_sessions * k,
             "clicks": self.n_clicks,
             "randomized_searches": int((self.swap > 0).sum()),
+            "interleaved_searches": 0 if self.team is None else int((self.team[:, 0] >= 0).sum()),
+            "interleave": None if self.config.interleave is None else list(self.config.interleave),
             "crawler_searches": self.n_crawler_searches,
             "crawler_clients": self.n_crawler_clients,
             "ctr_at_rank": [round(float(x), 6) for x in self.clicks.mean(axis=0)],
@@ -628,11 +653,15 @@ def simulate(config: SimConfig | None = None, **overrides: Any) -> SimulatedTraf
     config.check()
     seq = np.random.SeedSequence(config.seed)
     # a fourth stream for crawlers: the first three (and so every log without crawlers) stay as they were
-    rng_rank, rng_sess, rng_click, rng_crawl = (np.random.default_rng(s) for s in seq.spawn(4))
+    # a fifth for interleaving (SeedSequence children depend on their index only: the first four are unchanged)
+    rng_rank, rng_sess, rng_click, rng_crawl, rng_il = (np.random.default_rng(s) for s in seq.spawn(5))
     catalog = build_catalog(config.queries, config.docs_per_query, max_grade=config.max_grade, seed=config.seed)
     truth = _truth(config, catalog)
     rankings = _rankings(rng_rank, catalog, truth.ranker_noise, config.epochs, config.max_rank)
     query, ranker, swap, slots = _sessions(config, catalog, rankings, rng_sess)
+    team = None
+    if config.interleave is not None:
+        ranker, swap, slots, team = _interleave(config, truth, rankings, query, ranker, swap, slots, rng_il)
     clicks = _draw_clicks(config, truth, query, slots, rng_click)
     crawler = None
     if config.crawler_share > 0:
@@ -645,7 +674,40 @@ def simulate(config: SimConfig | None = None, **overrides: Any) -> SimulatedTraf
         clicks[rows] = rng_crawl.random((len(rows), config.max_rank)) < config.crawler_click
         swap = swap.copy()
         swap[rows] = 0  # crawlers are not part of a swap experiment
-    return SimulatedTraffic(config, truth, query, ranker, swap, slots, clicks, crawler)
+        if team is not None:  # nor of an interleaving experiment: they show the ranker they drew
+            team[rows] = -1
+            ranker[rows] = rng_crawl.integers(0, config.rankers, size=len(rows))
+            slots[rows] = rankings[ranker[rows], (rows * config.epochs) // config.sessions, query[rows]]
+    return SimulatedTraffic(config, truth, query, ranker, swap, slots, clicks, crawler, team)
+
+
+def _interleave(config: SimConfig, truth: Truth, rankings: NDArray[np.int64], query: NDArray[np.int64],
+                ranker: NDArray[np.int64], swap: NDArray[np.int64], slots: NDArray[np.int64],
+                rng: np.random.Generator) -> tuple[NDArray[np.int64], ...]:
+    """Replace a ``interleave_share`` of searches by the team-draft interleaving of the two named rankers.
+
+    Each chosen search interleaves the two rankers' lists of its epoch with
+    :func:`collector.interleaving.team_draft`, seeded by the search's ``query_id`` as the collector's route
+    is; it leaves any swap experiment (swap 0) and its ranker becomes -1 (its records say ``interleaved``).
+    """
+    names = truth.ranker_names
+    pair = config.interleave or ("", "")
+    ref, cha = names.index(pair[0]), names.index(pair[1])
+    n, k = slots.shape
+    inside = np.flatnonzero(rng.random(n) < config.interleave_share)
+    epoch = (inside * config.epochs) // n
+    width = max(6, len(str(n - 1)))  # as ``SimulatedTraffic._ids``: the records' query ids
+    ranker, swap, slots = ranker.copy(), swap.copy(), slots.copy()
+    team = np.full((n, k), -1, dtype=np.int8)
+    for i, e in zip(inside.tolist(), epoch.tolist(), strict=True):
+        q = int(query[i])
+        lists = {pair[0]: [str(x) for x in rankings[ref, e, q]], pair[1]: [str(x) for x in rankings[cha, e, q]]}
+        out = team_draft(f"sim{config.seed}-{i:0{width}d}", lists, size=k)
+        slots[i] = [int(d) for d in out.hits]
+        team[i] = [0 if out.teams[d] == pair[0] else 1 for d in out.hits]
+    ranker[inside] = -1
+    swap[inside] = 0
+    return ranker, swap, slots, team
 
 
 def _draw_clicks(config: SimConfig, truth: Truth, query: NDArray[np.int64], slots: NDArray[np.int64],

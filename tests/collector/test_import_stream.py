@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import resource
@@ -59,6 +60,25 @@ def _limit_address_space(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+#: The address-space cap of the big-file tests: Python with the importer's modules loaded maps about 430 MB.
+CAP = 560 * 1024 * 1024
+
+
+def _records_read_under_cap(path: Path, whole_read: str) -> int:
+    """Records ``ubi import``'s reader finds in ``path`` in a child process under :data:`CAP`, after checking
+    that ``whole_read`` (code reading the file at once, ``sys.argv[1]``) fails under the same cap: the
+    limit is real."""
+    code = ("import sys; from pathlib import Path; from collector.importer import iter_items, chunks; "
+            "print(sum(len(c) for c in chunks(iter_items(Path(sys.argv[1]), 'event'))))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900, preexec_fn=lambda: _limit_address_space(CAP))
+    assert out.returncode == 0, out.stderr[-2000:]
+    whole = subprocess.run([sys.executable, "-c", whole_read, str(path)],
+                           capture_output=True, timeout=300, preexec_fn=lambda: _limit_address_space(CAP))
+    assert whole.returncode != 0 and b"MemoryError" in whole.stderr
+    return int(out.stdout)
+
+
 def test_reading_a_file_larger_than_the_memory_cap(tmp_path: Path) -> None:
     """A 600 MB NDJSON file read under a 560 MB address-space cap: the reader holds a line at a time.
 
@@ -74,18 +94,27 @@ def test_reading_a_file_larger_than_the_memory_cap(tmp_path: Path) -> None:
         while f.tell() < 600 * 1024 * 1024:
             f.writelines(line % (n + i, i) for i in range(10_000))
             n += 10_000
-    code = ("import sys; from pathlib import Path; from collector.importer import iter_items, chunks; "
-            "print(sum(len(c) for c in chunks(iter_items(Path(sys.argv[1]), 'event'))))")
-    cap = 560 * 1024 * 1024
-    assert path.stat().st_size > cap
-    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600, preexec_fn=lambda: _limit_address_space(cap))
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert int(out.stdout) == n
-    # the same cap is too small for reading the whole file at once: the limit is real
-    whole = subprocess.run([sys.executable, "-c", "import sys; open(sys.argv[1], 'rb').read()", str(path)],
-                           capture_output=True, timeout=120, preexec_fn=lambda: _limit_address_space(cap))
-    assert whole.returncode != 0 and b"MemoryError" in whole.stderr
+    assert path.stat().st_size > CAP
+    assert _records_read_under_cap(path, "import sys; open(sys.argv[1], 'rb').read()") == n
+
+
+def test_reading_a_json_array_larger_than_the_memory_cap(tmp_path: Path) -> None:
+    """A JSON array of 600 MB (gzip-compressed on disk) read under the same 560 MB cap: split into its
+    elements a block at a time (the old reader parsed an array whole, and decompressing it whole fails here)."""
+    path = tmp_path / "big.json.gz"
+    element = ('{"action_name": "impression", "query_id": "q%09d", "timestamp": "2025-01-01T00:00:00Z", '
+               '"event_attributes": {"object": {"object_id": "sku-%d"}, "position": {"ordinal": 3}}, '
+               '"message": "' + "x" * 1000 + '"}')
+    size = n = 0
+    with gzip.open(path, "wt", compresslevel=1) as f:
+        f.write("[\n")
+        while size < 600 * 1024 * 1024:
+            part = ",\n".join(element % (n + i, i) for i in range(5_000))
+            f.write(("" if n == 0 else ",\n") + part)
+            size += len(part) + 2
+            n += 5_000
+        f.write("\n]\n")
+    assert _records_read_under_cap(path, "import gzip, sys; gzip.open(sys.argv[1]).read()") == n
 
 
 def test_a_killed_import_run_again_stores_every_record_once(tmp_path: Path) -> None:

@@ -156,11 +156,11 @@ def test_a_timestamp_out_of_range_rejects_its_item_only(tmp_path):
 
 
 def test_array_items_are_serialised_again_only_when_rejected(make_event, monkeypatch):
-    import collector.ingest as ingest
+    import collector.formats as formats
 
     calls = []
-    real = ingest._item_bytes
-    monkeypatch.setattr(ingest, "_item_bytes", lambda value, body: calls.append(value) or real(value, body))
+    real = formats._item_bytes
+    monkeypatch.setattr(formats, "_item_bytes", lambda value, body: calls.append(value) or real(value, body))
     bad = {"action_name": "click"}  # no timestamp
     last = make_event()
     out = validate_items(parse_items(orjson.dumps([make_event(), bad, last]), "event"))

@@ -67,7 +67,7 @@ def test_predict_table_and_errors(store: tuple[Path, Path, float], tmp_path: Pat
                  "--model", "dbn", "--out", str(out)]) == 0
     text = out.read_text()
     assert "ideal · dm" in text and "ideal · ips" in text and "ubi-sim/ranker=ranker-a · logged" in text
-    assert "resting on the model's prior only" in text
+    assert "never shown for its query" in text and "calibrated range" in text
     assert main(["predict", "--db", str(db), "--run", str(run), "--method", "magic"]) == 2
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"query_id": "no such query", "doc_ids": ["x"]}) + "\n")

@@ -88,3 +88,40 @@ def test_prior_free_interval_by_hand() -> None:
     boot = predict(pat, {"shoes": ["new1", "a", "new2"], "hats": ["h"]}, replicates=20, k=3,
                    model_options=MLE).figures["dm"]["ctr@k"]
     assert boot.bound_low <= boot.low <= boot.value <= boot.high <= boot.bound_high
+
+
+def test_unseen_documents_take_the_deep_pairs_click_probability_by_hand() -> None:
+    """Unseen documents at the click probability of the pairs the log showed deep; the calibrated interval.
+
+    The log of ``_log`` plus 40 searches ordered a, c, b (a clicked 32 times, c 8 = 0.5·0.4, b 4 = 0.25·0.4),
+    so PBM fits the cells exactly: θ = (1, 0.5, 0.25), α_a = 0.8, α_b = α_c = 0.4, α_h = 0.5. Mean display
+    ranks over the 120 shoes searches: a 1.67, b 2.0, c 2.67, h 1; K/2 = 1.5, so the deep pairs are b and c,
+    both at 0.4: every quantile of their click probabilities is 0.4, and the calibrated interval (no
+    bootstrap) collapses to the point. Candidate shoes [new1, a, new2] (120 searches), hats [h] (10):
+    clicks@3 of shoes = 0.4·θ_1 + 0.8·θ_2 + 0.4·θ_3 = 0.9, hats 0.5; CTR@3 = (120·0.9 + 10·0.5)/(120·3 + 10)
+    = 113/370. IPS credits a's logged clicks (0.8·θ_2 per search) and the calibrated ends add 0.4·(θ_1 + θ_3)
+    per search for the unseen pair: the same 113/370; its point (unseen at 0) is (48 + 5)/370.
+    """
+    sessions = _log()
+    for i in range(40):
+        sessions.append(Session(f"z{i}", "shoes", ("a", "c", "b"), (1, 2, 3), (i < 32, i % 5 == 0, i % 10 == 1)))
+    pat = patterns_from_sessions(sessions, max_rank=3)
+    cand = {"shoes": ["new1", "a", "new2"], "hats": ["h"]}
+    pred = predict(pat, cand, replicates=0, k=3, model_options=MLE)
+    assert pred.unseen == "deep"
+    assert pred.unseen_click == pytest.approx((0.4, 0.4, 0.4), abs=1e-4)
+    for method in ("dm", "dr"):
+        fig = pred.figures[method]["ctr@k"]
+        assert fig.value == pytest.approx(113 / 370, abs=1e-4), method
+        assert (fig.cal_low, fig.cal_high) == (pytest.approx(113 / 370, abs=1e-4),) * 2, method
+    ips = pred.figures["ips"]["ctr@k"]
+    assert ips.value == pytest.approx(53 / 370, abs=1e-4)
+    assert (ips.cal_low, ips.cal_high) == (pytest.approx(113 / 370, abs=1e-4),) * 2
+    # the model's own prior instead: α₀ = clicks / expected examinations over every shown pair, not 0.4
+    prior = predict(pat, cand, replicates=0, k=3, model_options=MLE, unseen="prior").figures["dm"]["ctr@k"]
+    clicks = sum(sum(s.clicked) for s in sessions if s.query == "shoes")
+    exam = 120 * (1 + 0.5 + 0.25)
+    alpha0 = (clicks + 5) / (exam + 10)
+    assert prior.value == pytest.approx((120 * (alpha0 * 1.25 + 0.4) + 5) / 370, abs=1e-3)
+    with pytest.raises(PredictionError, match="unseen="):
+        predict(pat, cand, replicates=0, unseen="zero")

@@ -29,4 +29,7 @@ def test_a_worse_logger_predicts_a_better_ranker() -> None:
         f = r.prediction.figures[method]["ctr@k"]
         assert f.value == pytest.approx(r.exact_b["ctr@k"], abs=0.01), method
         assert f.bound_low <= r.exact_b["ctr@k"] <= f.bound_high, method
+        # the calibrated interval lies inside the prior-free one and, here, still holds the truth
+        assert f.bound_low <= f.cal_low <= f.cal_high <= f.bound_high, method
+        assert f.cal_low <= r.exact_b["ctr@k"] <= f.cal_high, method
         assert f.value > r.observed_a["ctr@k"]  # B is better than A, and predicted so
