@@ -20,3 +20,7 @@ STRATEGIES: tuple[str, ...] = ("top", "random", "pptss")
 #: judgment and query-set file formats (``processors.qrels``)
 QRELS_FORMATS: tuple[str, ...] = ("jsonl", "trec", "workbench")
 QUERYSET_FORMATS: tuple[str, ...] = ("jsonl", "workbench")
+
+#: bootstrap replicates of ``ubi report``'s counterfactual predictions (``ubi predict`` uses 200): each replicate
+#: refits the click model once per predicted system, so the report keeps fewer (``--predict-replicates``)
+DEFAULT_REPORT_REPLICATES = 50

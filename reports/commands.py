@@ -14,6 +14,7 @@ from rich.markup import escape
 from processors.cli_names import POSITION_BASE_CHOICES, POSITION_BASE_HELP
 from reports.cli_names import (
     DEFAULT_PRECEDENCE,
+    DEFAULT_REPORT_REPLICATES,
     DEFAULT_SPLIT_KEYS,
     GAINS,
     QRELS_FORMATS,
@@ -138,6 +139,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--propensity", type=Path, metavar="FILE",
                    help="a position-bias estimate (JSON of `ubi propensity`) to plot in the HTML report")
     p.add_argument("--seed", type=int, help="seed of the bootstrap and randomisation test (default: $UBI_SEED or 0)")
+    p.add_argument("--predict-replicates", type=int, default=None, metavar="N",
+                   help="bootstrap replicates of the predicted online metrics of --run systems and of the joint "
+                        f"view's predicted differences; each refits the click model per system (default "
+                        f"{DEFAULT_REPORT_REPLICATES}, fewer (at least 10) when one fit is so slow that they would "
+                        "take over a minute of CPU; `ubi predict` uses 200; 0: no interval)")
+    p.add_argument("--predict-model", choices=("pbm", "dbn", "auto"), default="pbm",
+                   help="click model of those predictions (default pbm; see `ubi predict`)")
     p.add_argument("--position-base", dest="position_base_flag", choices=POSITION_BASE_CHOICES, help=POSITION_BASE_HELP + " (online metrics)")
     p.add_argument("--format", choices=_FORMATS, default="text", help="output format (default text)")
     p.add_argument("--json", action="store_true", help="same as --format json")
@@ -281,8 +289,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         reformulation_window_s=settings.reformulation_window_s,
         max_client_queries_per_minute=settings.max_client_queries_per_minute, max_rank=max(settings.max_rank, args.k),
         grade_max=settings.grade_max, n_boot=settings.report_bootstrap, n_perm=settings.report_permutations,
-        seed=settings.seed,
+        seed=settings.seed, predict_replicates=args.predict_replicates, predict_model=args.predict_model,
     )
+    if args.predict_replicates is not None and args.predict_replicates < 0:
+        raise UbiError(f"--predict-replicates {args.predict_replicates}: expected 0 or more")
     err = Console(stderr=True)
     labels = LabelSet()
     inputs: dict[str, Any] = {"db": str(settings.db)}
@@ -319,12 +329,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             if hint:
                 warnings.append(f"suggested setting: {hint}")
         sessions = _sessions(con, settings)
+        swaps = None
+        if sessions is not None:
+            from reports.predicted import load_swap_experiment
+
+            swaps = load_swap_experiment(con, settings, sessions.max_rank)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                       transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("report", total=None)
             report = build_report(con, labels, config, thresholds=thresholds, propensity=propensity, inputs=inputs,
                                   progress=lambda name: bar.update(task, description=name), file_runs=file_runs,
-                                  warnings=warnings, sessions=sessions)
+                                  warnings=warnings, sessions=sessions, swaps=swaps)
 
     if fmt == "text":
         if args.out is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 import tomllib
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -39,8 +40,10 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from processors.counterfactual.predict import PredictionError, predict
 from processors.identifiability import assess
 from processors.interleaving import InterleavingResult
+from processors.propensity.randomized import SwapSessions
 from processors.sessions import SessionData
 from reports.agreement import Agreement, agreement_all
 from reports.compare import Comparison, Ordering, compare_systems, ordering
@@ -60,6 +63,18 @@ from reports.merge import (
 )
 from reports.metrics import MetricTable, compute
 from reports.online import DEFAULT_CLICK_ACTIONS, ONLINE_METRICS, OnlineMetrics, online_metrics
+from reports.pairs import MAX_PAIRS, PairView, joint_view, pairs_of
+from reports.predicted import (
+    DEFAULT_REPORT_REPLICATES,
+    JOINT_METHOD,
+    PREDICT_BUDGET_S,
+    PredictedDifferences,
+    PredictedSystem,
+    budget_replicates,
+    predicted_differences,
+    predictions,
+    shared_rankings,
+)
 from reports.recommend import identifiability_notes, recommend, withhold_unidentified
 from reports.runs import Run
 from reports.systems import (
@@ -152,6 +167,9 @@ class ReportConfig:
     n_perm: int = 10_000
     resample_limit: int = RESAMPLE_LIMIT  # above: t intervals for means (comparisons always bootstrap)
     seed: int = 0
+    #: counterfactual predictions (run systems' section, the joint view): bootstrap replicates, click model
+    predict_replicates: int | None = None  # None: DEFAULT_REPORT_REPLICATES within PREDICT_BUDGET_S of CPU
+    predict_model: str = "pbm"
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -228,6 +246,10 @@ class Report:
     identifiability: dict[str, Any] | None = None  # processors.identifiability verdict of the logged sessions
     recommendation: dict[str, Any] | None = None  # reports.recommend: the implicit source to trust, and why
     interleaving: list[InterleavingResult] = field(default_factory=list)  # reports.interleaving
+    #: run-file systems' online metrics predicted from the logs (reports.predicted)
+    predicted: list[PredictedSystem] = field(default_factory=list)
+    predicted_differences: PredictedDifferences | None = None  # the joint view's predicted CTR@k per system
+    pairs: list[PairView] = field(default_factory=list)  # the joint view (reports.pairs)
 
     @property
     def run_systems(self) -> list[str]:
@@ -491,6 +513,99 @@ def _bot_warnings(con: duckdb.DuckDBPyConnection, max_per_minute: float) -> list
             f"searches in all): bots? The online metrics here include them; `ubi process` filters them"]
 
 
+def _rankings_by_text(run: SystemRun) -> dict[str, list[str]]:
+    """A system's ranking per normalised query text (the first of its rows for a text, in run order)."""
+    out: dict[str, list[str]] = {}
+    for qid, docs in run.run.items():
+        out.setdefault(run.query_of[qid], list(docs))
+    return out
+
+
+def _interleaved_systems(interleaved: Sequence[InterleavingResult]) -> set[str]:
+    """Logged systems whose searches were interleaved: a mix of two rankers, not one ranker to pair or predict."""
+    return {s for r in interleaved for s in r.systems}
+
+
+def _predictions(
+    runs: Mapping[str, SystemRun], from_files: Mapping[str, SystemRun], interleaved: Sequence[InterleavingResult],
+    sessions: SessionData | None, swaps: SwapSessions | None, cfg: ReportConfig, step: Callable[[str], None],
+) -> tuple[list[PredictedSystem], PredictedDifferences | None, list[str], int | None]:
+    """The run systems' predicted online metrics, every pairable system's predicted CTR@k (reports.predicted),
+    notes, and the bootstrap replicates used (``cfg.predict_replicates``, else the budget's count)."""
+    if sessions is None or sessions.patterns.n_sessions == 0:
+        why = ["run systems: the store holds no logged sessions to predict their online metrics from"]
+        return [], None, why if from_files else [], cfg.predict_replicates
+    from processors.counterfactual.predict import query_texts
+
+    patterns = sessions.patterns
+    mixed = _interleaved_systems(interleaved)
+    in_pairs = {s for pair in pairs_of([n for n in runs if n not in mixed], cfg.baseline) for s in pair}
+    pairable = {n: _rankings_by_text(r) for n, r in runs.items() if n in in_pairs}  # only what a table shows
+    notes: list[str] = []
+    replicates = cfg.predict_replicates
+    if replicates is None:  # the default: as many as PREDICT_BUDGET_S of CPU allow, up to the default count
+        replicates = DEFAULT_REPORT_REPLICATES
+        first = next(iter(from_files.values()), None) or next(iter(runs.values()), None)
+        fits = len(from_files) + (len(pairable) if len(pairable) >= 2 else 0)
+        if first is not None and fits:
+            started = time.process_time()
+            try:
+                predict(patterns, _rankings_by_text(first), model=cfg.predict_model, k=cfg.k, replicates=0,
+                        seed=cfg.seed, swaps=swaps)
+            except PredictionError:
+                pass
+            per_fit = time.process_time() - started
+            replicates = budget_replicates(per_fit, fits)
+            if replicates < DEFAULT_REPORT_REPLICATES:
+                notes.append(f"predictions: {replicates} bootstrap replicates, not {DEFAULT_REPORT_REPLICATES}, to stay "
+                             f"near {PREDICT_BUDGET_S:g} s of CPU (one fit took {per_fit:.1f} s, {fits} fits per "
+                             "replicate); --predict-replicates N asks for N")
+    predicted: list[PredictedSystem] = []
+    if from_files:
+        step("predicted online metrics of the run systems")
+        predicted = predictions(patterns, {n: _rankings_by_text(r) for n, r in from_files.items()},
+                                model=cfg.predict_model, k=cfg.k, replicates=replicates,
+                                confidence=cfg.confidence, seed=cfg.seed, swaps=swaps)
+    notes += [f"run {p.system}: no prediction ({p.error})" for p in predicted if p.prediction is None]
+    pred_diff = None
+    if len(pairable) >= 2:
+        step("predicted differences for the joint view")
+        shared = shared_rankings(pairable, {t for t in query_texts(patterns) if t})
+        pred_diff = predicted_differences(patterns, shared, model=cfg.predict_model, method=JOINT_METHOD, k=cfg.k,
+                                          replicates=replicates, confidence=cfg.confidence,
+                                          seed=cfg.seed, swaps=swaps)
+        if pred_diff is None:
+            notes.append("joint view: no logged query is ranked by every system, so no predicted difference")
+    return predicted, pred_diff, notes, replicates
+
+
+def _joint(
+    runs: Mapping[str, SystemRun], interleaved: Sequence[InterleavingResult], offline: Sequence[OfflineResult],
+    sources: Sequence[str], rec: Any, online: Mapping[str, OnlineMetrics],
+    pred_diff: PredictedDifferences | None, sessions: SessionData | None, cfg: ReportConfig,
+) -> tuple[list[PairView], list[str]]:
+    """The joint view over the systems that are one ranker each (reports.pairs), and a note when cut short."""
+    mixed = _interleaved_systems(interleaved)
+    systems = [s for s in runs if s not in mixed]
+    total = len(systems) * (len(systems) - 1) // 2
+    notes = [f"joint view: {MAX_PAIRS} of the {total} pairs of systems shown (the baseline's first)"] if total > MAX_PAIRS else []
+    main = next((m for m in cfg.metric_names if m.startswith("ndcg")), cfg.metric_names[0])
+    implicit = [s for s in sources if s.startswith("implicit:")]
+    chosen = rec.source if rec is not None and getattr(rec, "source", None) in implicit else None
+    implicit_source = chosen or (implicit[0] if implicit else None)
+
+    def per_text(source: str | None) -> dict[str, tuple[list[str], np.ndarray]]:
+        return {r.system: _per_text(r, main) for r in offline if r.source == source and r.n_queries > 0}
+
+    why = ("no logged sessions to predict from" if sessions is None or sessions.patterns.n_sessions == 0
+           else "no logged query is ranked by both")
+    pairs = joint_view(systems, baseline=cfg.baseline, metric=main, k=cfg.k, human=per_text("human"),
+                       implicit_source=implicit_source, implicit=per_text(implicit_source),
+                       predicted=pred_diff, predicted_missing=why, online=online, interleaving=interleaved,
+                       has_human="human" in sources, n_boot=cfg.n_boot, seed=cfg.seed)
+    return pairs, notes
+
+
 def build_report(
     con: duckdb.DuckDBPyConnection,
     labels: LabelSet,
@@ -503,6 +618,7 @@ def build_report(
     file_runs: Sequence[tuple[str, Run]] = (),
     warnings: Sequence[str] = (),
     sessions: SessionData | None = None,
+    swaps: SwapSessions | None = None,
 ) -> Report:
     """Build the joint report from a store connection and the labels (see the module docstring).
 
@@ -511,8 +627,10 @@ def build_report(
     without a query record and bot-like clients.
     ``progress`` is called with the name of each step as it starts (the CLI shows it).
     ``sessions`` (``processors.sessions.load_sessions`` with a ``holdout``) give the identifiability verdict
-    and the held-out comparison behind the recommended source (``reports.recommend``); without them the
-    report has neither.
+    and the held-out comparison behind the recommended source (``reports.recommend``), and the logs that the
+    run systems' online metrics and the joint view's predicted differences are predicted from
+    (``reports.predicted``); without them the report has none of these. ``swaps``: the log's randomised
+    swap experiment, when it has one (IPS then takes its propensities from it).
     """
     step = progress or (lambda _name: None)
     cfg = config or ReportConfig()
@@ -597,6 +715,11 @@ def build_report(
     if sessions is not None:
         step("recommended source")
         rec = recommend((lab for ls in labels.by_pair.values() for lab in ls), sources, sessions, ident, agree)
+    predicted, pred_diff, pred_notes, replicates = _predictions(runs, from_files, interleaved, sessions, swaps, cfg,
+                                                                step)
+    cfg = replace(cfg, predict_replicates=replicates)  # what the sections say they rest on
+    step("joint view")
+    pairs, pair_notes = _joint(runs, interleaved, offline, sources, rec, online, pred_diff, sessions, cfg)
     id_notes = identifiability_notes(ident, sources, withheld) if ident is not None else []
     report = Report(
         created_at=datetime.now(UTC).replace(microsecond=0), config=cfg,
@@ -604,12 +727,12 @@ def build_report(
         sources=sources, label_counts=_label_counts(labels), offline=offline, coverage=cov, online=online,
         agreement=agree, comparisons=comparisons, orderings=orderings, propensity=propensity,
         label_pairs=label_pairs, merge=merge,
-        notes=_run_notes(from_files, labels) + id_notes + interleaving_notes,
+        notes=_run_notes(from_files, labels) + id_notes + interleaving_notes + pred_notes + pair_notes,
         inputs=dict(inputs or {}),
         warnings=[*warnings, *_orphan_notes(con), *_bot_warnings(con, cfg.max_client_queries_per_minute)],
         identifiability=ident.as_dict() if ident is not None else None,
         recommendation=rec.as_dict() if rec is not None else None,
-        interleaving=interleaved,
+        interleaving=interleaved, predicted=predicted, predicted_differences=pred_diff, pairs=pairs,
     )
     if thresholds:
         with_interleaving = sorted({s for r in interleaved for s in (r.systems or ("(interleaving)",))})

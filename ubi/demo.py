@@ -3,8 +3,9 @@
 It starts a real collector process (``ubi serve``) on a fresh DuckDB file and a free loopback port, sends
 simulated traffic over HTTP (the built-in catalog with graded human judgments, two rankers, position-biased
 clicks), derives candidate judgments with several click models *while the collector keeps running* (the
-one-writer design of ``collector/store.py``), estimates position bias, and prints the joint report. Same
-seed, same report. ``--serve`` instead serves the instrumented demo search page.
+one-writer design of ``collector/store.py``), estimates position bias, and prints the joint report, in which
+a third ranker that never served (a run file the demo writes from its catalog) gets its online metrics
+predicted from the logs and every pair of rankers its joint view. Same seed, same report. ``--serve`` instead serves the instrumented demo search page.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ from ubi.stages import main as ubi_main
 #: Click models the demo derives candidate judgments with (each becomes a source ``implicit:<model>``).
 DEMO_MODELS = ("ctr", "coec", "pbm", "dbn")
 RANKERS = ("baseline", "candidate")
+RANKER_NOISE = (1.5, 0.7)
+#: The third ranker, which never serves: the demo writes its run file from the catalog and the report predicts
+#: its online metrics from the two logged rankers' traffic. Its noise σ is below both logged rankers' (better).
+UNLOGGED = "unlogged-next"
+UNLOGGED_NOISE = 0.3
 
 
 class DemoError(UbiError):
@@ -108,6 +114,25 @@ def prepare_workdir(workdir: Path) -> None:
                                   encoding="utf-8")
 
 
+def unlogged_slots(catalog: Any, *, noise: float = UNLOGGED_NOISE, seed: int = 0, depth: int = 10) -> Any:
+    """[Q, depth] doc slots of a ranker that never served: each catalog query's docs by grade + N(0, σ²)
+    (the simulator's ranker protocol, ``processors.simulation.traffic``)."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, 0x0A11])
+    score = catalog.grades + rng.normal(0.0, noise, size=catalog.grades.shape)
+    return np.argsort(-score, axis=1, kind="stable")[:, :depth]
+
+
+def write_run(catalog: Any, slots: Any, path: Path, tag: str = UNLOGGED) -> int:
+    """The ranker's lists as a TREC run (score: depth − rank + 1); returns the number of lines."""
+    depth = slots.shape[1]
+    lines = [f"{qid} Q0 {catalog.doc_ids[q, j]} {r} {depth - r + 1} {tag}"
+             for q, qid in enumerate(catalog.query_ids) for r, j in enumerate(slots[q].tolist(), 1)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return len(lines)
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """The main job, shown in one command."""
     from processors.simulation import SimConfig, simulate
@@ -119,9 +144,13 @@ def run_demo(args: argparse.Namespace) -> int:
     truth_file = workdir / "truth.json"
     html = workdir / "report.html"
     propensity_json = workdir / "propensity.json"
+    unlogged_run = workdir / f"{UNLOGGED}.trec"
 
     traffic = simulate(SimConfig(sessions=args.sessions, seed=args.seed, rankers=2, ranker_names=RANKERS,
-                                 ranker_noise=(1.5, 0.7), application="demo-shop"))
+                                 ranker_noise=RANKER_NOISE, application="demo-shop"))
+    catalog = traffic.truth.catalog
+    slots = unlogged_slots(catalog, seed=args.seed)
+    write_run(catalog, slots, unlogged_run)
     traffic.write_qrels(qrels)
     traffic.write_truth(truth_file)
     summary = traffic.summary()
@@ -177,11 +206,29 @@ def run_demo(args: argparse.Namespace) -> int:
         with propensity_json.open("w") as out, contextlib.redirect_stdout(out):
             _run(["propensity", "--db", str(db), "--method", "em", "--bootstrap", "100", "--no-plot", "--json"])
 
-        _step(console, "Joint report: both rankers, offline on human and implicit labels, online, agreement")
+        _step(console, f"Joint report: both rankers and {UNLOGGED}, a third that never served (a run file: "
+                       f"grade + N(0, {UNLOGGED_NOISE}²)), offline on human and implicit labels, online, predicted "
+                       "online, agreement, the joint view")
         _run(["report", "--db", str(db), "--baseline", f"demo-shop/ranker={RANKERS[0]}",
+              "--run", f"{unlogged_run}={UNLOGGED}", "--predict-replicates", "50",  # not CPU-budgeted: same seed, same report
               "--propensity", str(propensity_json), "--html", str(html)])
+        _truth_line(console, traffic, slots)
     console.print(f"\nHTML report: {html}")
     return 0
+
+
+def _truth_line(console: Console, traffic: Any, slots: Any) -> None:
+    """What the simulator knows and the report had to predict: the unlogged ranker's exact CTR@10."""
+    from processors.counterfactual.validate import exact_metrics
+
+    if traffic.truth.config.model not in ("pbm", "cascade", "dbn"):
+        return
+    exact = exact_metrics(traffic.truth, traffic.query, slots[traffic.query])["ctr@k"]
+    logged = {name: exact_metrics(traffic.truth, traffic.query[traffic.ranker == r],
+                                  traffic.slots[traffic.ranker == r])["ctr@k"] for r, name in enumerate(RANKERS)}
+    console.print(f"\nThe simulator's truth, which the report did not see: {UNLOGGED}'s exact expected CTR@10 on the "
+                  f"logged searches is {exact:.3f} (the prediction above estimates it); "
+                  + ", ".join(f"{n} {v:.3f}" for n, v in logged.items()) + " for the logged rankers.")
 
 
 #: ``ubi demo --help``: the module docstring without reST markup (argparse prints it as it is).

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from reports.compare import Ordering
 from reports.intervals import MIN_BOOTSTRAP_N, Interval, why_no_interval
 from reports.joint import NO_LOG, Report
+from reports.pairs import PairView
 
 Row = list[str]
 NO_COMMON = "no common queries"
@@ -289,3 +290,103 @@ def summary_line(report: Report) -> str:
     failed = report.failed_gates
     gate = "" if not report.gates else (f"; gates: {len(failed)} failed" if failed else "; gates: all passed")
     return f"{n_sys} system(s){runs}, sources: {', '.join(report.sources) or 'none'}{gate}"
+
+
+# ------------------------------------------------------------------ predicted online metrics, the joint view
+
+PREDICTED_METRICS = ("ctr@k", "clicks_per_search", "abandonment", "rr_first_click")
+
+
+def _calibrated(report: Report) -> bool:
+    """Whether the predictions carry a calibrated interval (``Figure.cal_low``, from predictors that give one)."""
+    return any(math.isfinite(getattr(f, "cal_low", math.nan)) for p in report.predicted if p.prediction is not None
+               for figs in p.prediction.figures.values() for f in figs.values())
+
+
+def predicted_title(report: Report) -> str:
+    reps = report.config.predict_replicates
+    cal = " {calibrated}" if _calibrated(report) else ""
+    return (f"Predicted online metrics of the run systems (never served): value [95% bootstrap, {reps} "
+            f"replicates]{cal} <prior-free>; the logged systems observed")
+
+
+def predicted_note(report: Report) -> str:
+    """What the predicted figures rest on, said once under the table."""
+    reps = report.config.predict_replicates
+    return (f"Predicted from the logs with {report.config.predict_model} ({reps} bootstrap replicates, each refitting "
+            f"the model; `ubi report --predict-replicates N` for more, `ubi predict` uses 200). The bootstrap "
+            "interval holds the sampling error, not the bias of the model or of documents the log never showed: "
+            "read the prior share beside it, and the prior-free interval, in which those documents may take any "
+            "click probability. \"model, θ\": the click model, and where IPS took its propensities from (pbm: "
+            "the PBM fit; randomized: the log's swap experiment)." + (
+                " {calibrated}: the predictor's calibrated interval, with the unseen documents over a range the log's "
+                "nearest documents suggest (see `ubi predict --help`)." if _calibrated(report) else ""))
+
+
+def predicted_table(report: Report) -> tuple[Row, list[Row]]:
+    """A row per run system and method, then a row per logged system (observed); a column per metric."""
+    k = report.config.k
+    names = [m.replace("@k", f"@{k}") for m in PREDICTED_METRICS]
+    head = ["system", "method", "searches", *names, "prior share", "model, θ"]
+    rows = []
+    for p in report.predicted:
+        pred = p.prediction
+        if pred is None:
+            rows.append([p.system, "–", "–", *["–"] * len(names), "–", f"no prediction: {p.error}"])
+            continue
+        for method, figs in pred.figures.items():
+            cells = []
+            for m in PREDICTED_METRICS:
+                f = figs.get(m)
+                if f is None:
+                    cells.append("n/a")
+                    continue
+                cal_low, cal_high = getattr(f, "cal_low", math.nan), getattr(f, "cal_high", math.nan)
+                cal = f"\n{{{num(cal_low)}, {num(cal_high)}}}" if math.isfinite(cal_low) else ""
+                free = f"\n<{num(f.bound_low)}, {num(f.bound_high)}>" if math.isfinite(f.bound_low) else ""
+                cells.append(f"{num(f.value)} [{num(f.low)}, {num(f.high)}]{cal}{free}")
+            rows.append([p.system, method, f"{pred.searches} of {pred.logged_searches}", *cells,
+                         f"{num(pred.prior_share * 100, 1)}%", f"{pred.model}, {pred.propensity}"])
+    for system, om in report.online.items():
+        cells = []
+        for m in names:
+            iv = om.metrics.get(m)
+            cells.append("–" if iv is None else ci(iv))
+        rows.append([system, "observed", str(om.searches), *cells, "–", "logged"])
+    return head, rows
+
+
+def _diff(x: float) -> str:
+    return "–" if not math.isfinite(x) else f"{x:+.3f}"
+
+
+def pair_title(pair: PairView) -> str:
+    return f"{pair.challenger} − {pair.reference}"
+
+
+def pair_tables(report: Report) -> Iterator[tuple[str, Row, list[Row], str]]:
+    """One table per pair of systems: a row per line of evidence (challenger − reference), and the verdict."""
+    head = ["evidence", "measure", "difference [95% CI]", "n", "sign", "excludes 0", "interval, or why none"]
+    for pair in report.pairs:
+        rows = []
+        for ln in pair.lines:
+            if ln.missing is not None and not math.isfinite(ln.diff):
+                rows.append([ln.evidence, ln.measure, "–", "–" if ln.n is None else str(ln.n), "–", "–", ln.missing])
+                continue
+            bounds = (f" [{_diff(ln.low)}, {_diff(ln.high)}]" if math.isfinite(ln.low) and math.isfinite(ln.high)
+                      else " (no interval)")
+            sign = {1: "+", -1: "−", 0: "0"}[ln.sign]
+            clear = {True: "yes", False: "no", None: "–"}[ln.clear]
+            rows.append([ln.evidence, ln.measure, _diff(ln.diff) + bounds, f"{ln.n} {ln.unit}", sign, clear,
+                         ln.interval])
+        yield pair_title(pair), head, rows, pair.verdict()
+
+
+JOINT_NOTE = ("Each line is challenger − reference on its own scale (an nDCG difference, a CTR difference, a win "
+              "rate minus 1/2), so only the signs are compared. Offline: paired over the queries both were "
+              "evaluated on. Predicted: doubly robust CTR@k of both on the logged queries every system ranks, the "
+              "same bootstrap resamples of the log for both (the model refitted on each); '≤ x% on the prior' is "
+              "the larger share of the two top k that rests on the model's prior only. Observed: logged CTR@k of "
+              "both, MOVER interval of the difference (Newcombe 1998, method 10). Interleaving: the challenger's "
+              "win rate over searches with a winner, minus 1/2. Systems whose searches were interleaved are a mix "
+              "of two rankers and get no pair.")

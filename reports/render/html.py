@@ -2,7 +2,7 @@
 
 Plots: CTR by rank per system with Wilson intervals; the propensity curve with its bootstrap intervals when an
 estimate is attached; metric bars with bootstrap intervals per system and judgment source; the agreement
-confusion matrix of each implicit source. Tables are the same rows as the text and Markdown renderers.
+confusion matrix of each implicit source; a forest plot per pair of systems (the joint view). Tables are the same rows as the text and Markdown renderers.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from reports import interleaving
 from reports.intervals import why_no_interval
 from reports.joint import Report
+from reports.pairs import PairView
 from reports.render import common
 
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
@@ -173,9 +175,39 @@ def confusion_svg(report: Report, source: str) -> str:
         return _svg(fig)
 
 
+def forest_svg(pair: PairView) -> str:
+    """Forest plot of one pair: a row per line of evidence, its difference and interval, a line at 0.
+
+    The lines are on different scales (module ``reports.pairs``); the plot shows where each lies against 0,
+    which is what the joint view compares. A line without a figure is listed with why, at no position.
+    """
+    lines = list(pair.lines)
+    with matplotlib.rc_context(_RC):
+        fig = _figure(6.4, 0.55 * len(lines) + 1.2)
+        ax = fig.add_subplot()
+        y = np.arange(len(lines))[::-1]
+        labels = []
+        for yi, ln in zip(y, lines, strict=True):
+            labels.append(f"{ln.evidence}\n{ln.measure}" + (f" (n={ln.n})" if ln.n else ""))
+            if not math.isfinite(ln.diff):
+                ax.text(0.5, yi, f"no figure: {ln.missing or '?'}", ha="center", va="center", fontsize=7,
+                        color="#57606a", transform=ax.get_yaxis_transform())
+                continue
+            color = _color(0) if ln.sign > 0 else _color(1) if ln.sign < 0 else "#57606a"
+            if math.isfinite(ln.low) and math.isfinite(ln.high):
+                ax.hlines(yi, min(ln.low, ln.high), max(ln.low, ln.high), color=color, lw=2)
+            ax.plot([ln.diff], [yi], "s", ms=6, color=color)
+        ax.axvline(0.0, color="black", lw=0.8, ls="--")
+        ax.set_yticks(y, labels)
+        ax.set_ylim(-0.7, len(lines) - 0.3)
+        ax.set_xlabel(f"difference {pair.challenger} − {pair.reference} (each on its own scale)")
+        ax.set_title(f"{pair.challenger} vs {pair.reference}: {pair.verdict()}", fontsize=8)
+        return _svg(fig)
+
+
 def _table(head: common.Row, rows: Sequence[common.Row], *, marks: bool = False) -> str:
     def cell(text: str) -> str:
-        esc = html.escape(text)
+        esc = html.escape(text).replace("\n", "<br>")
         if marks and text.startswith("FAIL"):
             return f'<td class="fail">{esc}</td>'
         if marks and text.startswith("PASS"):
@@ -224,6 +256,22 @@ def render_html(report: Report) -> str:
     if report.online:
         parts += ["<h2>Online metrics</h2>", '<div class="plots">', _plot(ctr_by_rank_svg(report)),
                   _plot(propensity_svg(report.propensity)), "</div>", _table(*common.online_table(report))]
+    if report.interleaving:
+        parts += ["<h2>Interleaving (team draft)</h2>",
+                  '<p class="note">The challenger against the reference: each click credits the ranker that '
+                  "contributed the result; per search and per query, wins, losses and ties, the win rate "
+                  "wins / (wins + losses) with a bootstrap interval and the exact sign test.</p>",
+                  _table(*interleaving.table(report.interleaving))]
+    if report.predicted:
+        parts += ["<h2>Predicted online metrics (run systems, never served)</h2>",
+                  f'<p class="note">{html.escape(common.predicted_title(report))}.</p>',
+                  _table(*common.predicted_table(report)),
+                  f'<p class="note">{html.escape(common.predicted_note(report))}</p>']
+    if report.pairs:
+        parts += ["<h2>Joint view: each pair of systems</h2>", f'<p class="note">{html.escape(common.JOINT_NOTE)}</p>']
+        for pair, (title, head, rows, verdict) in zip(report.pairs, common.pair_tables(report), strict=True):
+            parts += [f"<h3>{html.escape(title)}</h3>", '<div class="plots">', _plot(forest_svg(pair)), "</div>",
+                      _table(head, rows), f"<p><strong>{html.escape(verdict)}</strong></p>"]
     if report.agreement:
         parts += ["<h2>Agreement of implicit labels with human grades</h2>", _table(*common.agreement_table(report)),
                   *[f'<p class="note">{html.escape(common.no_overlap(report, s) or "")}</p>'

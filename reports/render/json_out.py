@@ -63,6 +63,39 @@ def _labels(report: Report, label_pairs: bool) -> dict[str, Any]:
     }
 
 
+def _predicted(report: Report) -> dict[str, Any]:
+    """The run systems' predictions (``Prediction.to_json``) beside the logged systems' observed figures."""
+    k = report.config.k
+    names = [m.replace("@k", f"@{k}") for m in ("ctr@k", "clicks_per_search", "abandonment", "rr_first_click")]
+    return {
+        "replicates": report.config.predict_replicates,
+        "model": report.config.predict_model,
+        "systems": {p.system: (p.prediction.to_json() if p.prediction is not None else {"error": p.error})
+                    for p in report.predicted},
+        "observed": {s: {"searches": om.searches, **{m: _clean(om.metrics[m]) for m in names if m in om.metrics}}
+                     for s, om in report.online.items()},
+    }
+
+
+def _joint(report: Report) -> dict[str, Any]:
+    """The joint view: per pair, every line with its interval and n, the signs and whether they agree."""
+    pd = report.predicted_differences
+    return {
+        "predicted": None if pd is None else {
+            "method": pd.method, "metric": pd.metric, "model": pd.model, "replicates": pd.replicates,
+            "queries": pd.queries, "searches": pd.searches, "values": _clean(pd.values),
+            "prior_share": _clean(pd.prior_share)},
+        "pairs": [{
+            "reference": pair.reference, "challenger": pair.challenger,
+            "lines": [{"evidence": ln.evidence, "measure": ln.measure, "difference": _clean(ln.diff),
+                       "low": _clean(ln.low), "high": _clean(ln.high), "n": ln.n, "unit": ln.unit,
+                       "interval": ln.interval, "sign": ln.sign if ln.missing is None else None,
+                       "excludes_zero": ln.clear, "missing": ln.missing} for ln in pair.lines],
+            "agree_in_sign": pair.agree, "verdict": pair.verdict(),
+        } for pair in report.pairs],
+    }
+
+
 def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
     """Everything in the report, per query and per labelled pair included, as plain JSON-ready data.
 
@@ -109,6 +142,8 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
         "offline": offline,
         "online": online,
         "interleaving": interleaving.to_json(report.interleaving),
+        "predicted": _predicted(report),
+        "joint": _joint(report),
         "agreement": {s: {**_clean(a), "confusion": _clean(a.confusion) if a.pairs else None,
                           "no_overlap": None if a.pairs else "no implicit label overlaps a human one"}
                       for s, a in report.agreement.items()},

@@ -41,6 +41,13 @@ def render_markdown(report: Report) -> str:
         out += ["## Online metrics", "", _table(*common.online_table(report))]
     if report.interleaving:
         out += ["## Interleaving", "", _table(*interleaving.table(report.interleaving))]
+    if report.predicted:
+        out += ["## Predicted online metrics (run systems, never served)", "", common.predicted_title(report) + ".",
+                "", _table(*common.predicted_table(report)), common.predicted_note(report), ""]
+    if report.pairs:
+        out += ["## Joint view: each pair of systems", "", common.JOINT_NOTE, ""]
+        for title, head, rows, verdict in common.pair_tables(report):
+            out += [f"### {title}", "", _table(head, rows), f"**{verdict}**", ""]
     if report.agreement:
         out += ["## Agreement with human grades", "", _table(*common.agreement_table(report))]
         for source in report.agreement:

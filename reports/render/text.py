@@ -51,6 +51,16 @@ def print_report(report: Report, console: Console) -> None:
     if report.interleaving:
         console.print(_table("Interleaving (team draft): the challenger against the reference",
                              *interleaving.table(report.interleaving)))
+    if report.predicted:
+        console.print(_table(common.predicted_title(report), *common.predicted_table(report)))
+        console.print(f"[dim]{escape(common.predicted_note(report))}[/]", highlight=False)
+    if report.pairs:
+        console.print(escape("Joint view: every kind of evidence on each pair of systems (challenger − reference)"),
+                      highlight=False)
+        for title, head, rows, verdict in common.pair_tables(report):
+            console.print(_table(title, head, rows))
+            console.print(escape(f"{title}: {verdict}"), highlight=False)
+        console.print(f"[dim]{escape(common.JOINT_NOTE)}[/]", highlight=False)
     if report.agreement:
         console.print(_table("Agreement of implicit labels with human grades", *common.agreement_table(report)))
         for source in report.agreement:

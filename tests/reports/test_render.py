@@ -79,8 +79,9 @@ def test_html_is_self_contained(report):
     # no script, stylesheet, image or font fetched from anywhere: only inline SVG and CSS
     assert not re.search(r"<script|<link|<img|<iframe|@import|url\((?!#)", page)  # url(#id): in-page clip paths
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
-    # 3 metric-bar plots (human, implicit:ctr, merged), CTR by rank, propensity, 1 confusion matrix
-    assert page.count("<svg") == 6
+    # 3 metric-bar plots (human, implicit:ctr, merged), CTR by rank, propensity, 1 confusion matrix, and the
+    # joint view's forest plot of the one pair (shop/ranker=a, shop/ranker=b)
+    assert page.count("<svg") == 7
 
 
 @pytest.mark.browser
@@ -107,7 +108,9 @@ def test_html_renders_in_headless_chromium(report):
         finally:
             browser.close()
     assert requests == [html_path.as_uri()]  # the page asked for nothing else
-    assert len(boxes) == 6 and all(h > 100 for h in boxes)  # every plot drawn at a readable size
+    # every plot drawn at a readable size: the six of test_html_is_self_contained and the pair's forest plot
+    assert len(boxes) == 7 and all(h > 100 for h in boxes)
+    assert "Joint view: each pair of systems" in headings
     assert "Online metrics" in headings and "Agreement of implicit labels with human grades" in headings
     assert failed == "1 gate(s) failed"
     assert shot.stat().st_size > 50_000

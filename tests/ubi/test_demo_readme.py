@@ -36,7 +36,22 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "Stored the catalog's 40 queries of human judgments" in proc.stdout
     assert (root / "demo-out" / "report.html").read_text().startswith("<!DOCTYPE html>")
+    (root / "demo-stdout.txt").write_text(proc.stdout)
     return root
+
+
+def test_demo_predicts_the_ranker_that_never_served(demo_dir: Path) -> None:
+    """Issue 13: the demo's third ranker is a run file; the report predicts it and shows the joint view."""
+    out = " ".join((demo_dir / "demo-stdout.txt").read_text().split())  # a console of 80 columns wraps lines
+    run = demo_dir / "demo-out" / "unlogged-next.trec"
+    # 40 catalog queries, the top 10 of each
+    assert len(run.read_text().splitlines()) == 400
+    assert "Predicted online metrics of the run systems (never served)" in out
+    assert "unlogged-next − demo-shop/ranker=baseline" in out and "demo-shop/ranker=candidate − demo-shop/ranker=baseline" in out
+    assert "exact expected CTR@10 on the logged searches is" in out
+    # the terminal may fold long table cells; the HTML report never does
+    html = (demo_dir / "demo-out" / "report.html").read_text()
+    assert "<h2>Joint view: each pair of systems</h2>" in html and "unlogged-next never served (no log)" in html
 
 
 def test_readme_lists_the_commands() -> None:
