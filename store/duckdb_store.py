@@ -37,6 +37,7 @@ from schemas.errors import StoreError, StoreHeldByReader, StoreLocked
 from schemas.settings import Settings
 from store.rows import EVENT_CONTENT_COLUMNS, Counts, RowStatus, event_content_digest
 from store.sealed import Sealed, Sealer
+from store.sql import quote_ident
 
 #: Derived tables other processes may load through a running collector.
 LOADABLE_TABLES = ("judgments", "human_judgments")
@@ -47,11 +48,6 @@ log = logging.getLogger("ubi.store")
 def is_lock_error(exc: Exception) -> bool:
     """Whether a DuckDB error says another process holds the file."""
     return "lock" in str(exc).lower()
-
-
-def quote_ident(name: str) -> str:
-    """``name`` as a quoted SQL identifier (embedded double quotes doubled)."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def checked_columns(table: str, names: Sequence[str]) -> str:

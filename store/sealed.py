@@ -55,6 +55,7 @@ import pyarrow as pa
 from schemas import tables
 from schemas.errors import StoreError
 from store.files import fsync_dir
+from store.sql import quote_ident
 
 if TYPE_CHECKING:
     from store.duckdb_store import Store
@@ -210,7 +211,7 @@ class Sealer:
                         f"could not write sealed segments of {self.store.path} to {self.root}: {exc}. Free space "
                         "there, or point UBI_SEAL_DIR at a disk with room for the store's Parquet copy."
                     ) from exc
-                inline = {t: cur.sql(f"SELECT * FROM {t}").to_arrow_table() for t in INLINE_TABLES}
+                inline = {t: cur.sql(f"SELECT * FROM {quote_ident(t)}").to_arrow_table() for t in INLINE_TABLES}
             finally:
                 with contextlib.suppress(duckdb.Error):
                     cur.execute("COMMIT")
@@ -235,8 +236,9 @@ class Sealer:
         at or below the watermark as were sealed, and the sealed key at the watermark row, say that nothing
         was deleted or renumbered (a replaced, restored or vacuumed store fails one of them).
         """
-        for table, key in SEALED_TABLES.items():
-            mark = manifest.tables[table]
+        for name, key_name in SEALED_TABLES.items():
+            mark = manifest.tables[name]
+            table, key = quote_ident(name), quote_ident(key_name)
             row = _one(
                 cur,
                 f"SELECT (SELECT count(*) FROM {table}) - (SELECT count(*) FROM {table} WHERE rowid > ?), "
@@ -255,12 +257,13 @@ class Sealer:
 
         In chunks of :data:`CHUNK_ROWS` rowids, each one COPY, all in the caller's one read transaction.
         """
+        out = str(staging / table).replace("'", "''")
+        cols = ", ".join(quote_ident(c) for c in tables.TABLE_COLUMNS[table])
+        table, key = quote_ident(table), quote_ident(key)  # fixed names (SEALED_TABLES), quoted all the same
         top = int(_one(cur, f"SELECT coalesce(max(rowid), -1) FROM {table}")[0])
         if top <= mark.upto_rowid:
             return mark.upto_rowid, 0, mark.last_key
         count = 0
-        cols = ", ".join(tables.TABLE_COLUMNS[table])
-        out = str(staging / table).replace("'", "''")
         for chunk, low in enumerate(range(mark.upto_rowid, top, CHUNK_ROWS)):
             window = f"FROM {table} WHERE rowid > {int(low)} AND rowid <= {min(top, low + CHUNK_ROWS)}"
             (copied,) = cur.execute(
@@ -380,9 +383,10 @@ def open_sealed(sealed: Sealed) -> duckdb.DuckDBPyConnection:
                 con.execute(DDL[table])
                 continue
             # each column cast to its declared type (schemas.tables), whatever the files' own types
-            cols = ", ".join(f"{c.name}::{c.sql} AS {c.name}" for c in tables.TABLES[table].columns)
+            cols = ", ".join(f"{quote_ident(c.name)}::{c.sql} AS {quote_ident(c.name)}"
+                             for c in tables.TABLES[table].columns)
             listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-            con.execute(f"CREATE VIEW {table} AS SELECT {cols} FROM read_parquet([{listed}], "
+            con.execute(f"CREATE VIEW {quote_ident(table)} AS SELECT {cols} FROM read_parquet([{listed}], "
                         "hive_partitioning = false)")
         for table in INLINE_TABLES:
             con.execute(DDL[table])
@@ -390,7 +394,7 @@ def open_sealed(sealed: Sealed) -> duckdb.DuckDBPyConnection:
             if data is not None and data.num_rows:
                 cols = checked_columns(table, data.column_names)  # names from an answer: on the fixed list
                 con.register("_inline", data)
-                con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _inline")
+                con.execute(f"INSERT INTO {quote_ident(table)} ({cols}) SELECT {cols} FROM _inline")
                 con.unregister("_inline")
     except BaseException:
         con.close()
