@@ -19,19 +19,13 @@ The page is on its own loopback origin, the collector on another (``--allow-orig
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pytest
 
-from tests.browser.conftest import REFERENCE_CLIENT
-from tests.browser.test_reference_client import collector
-from tests.conftest import shared_path
+from tests.browser.test_reference_client import collector, shop_site
 from ubi.cli import main
 
 pytestmark = pytest.mark.browser
@@ -104,39 +98,6 @@ document.head.appendChild(script);
 """.replace("RANKINGS_JSON", json.dumps(RANKINGS))
 
 
-@contextmanager
-def shop_site(axios: Path, page: str = PAGE) -> Iterator[str]:
-    """The page, the reference client and axios on a loopback port of their own: the shop's origin."""
-    files = {"/ubi.js": shared_path(REFERENCE_CLIENT), "/node_modules/axios/dist/esm/axios.js": axios}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            path = self.path.split("?", 1)[0]
-            if path == "/":
-                body, media = page.encode(), "text/html"
-            elif path in files:
-                body, media = files[path].read_bytes(), "text/javascript"
-            else:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("content-type", media)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def _visit(browser: Any, shop: str, url: str, team: str) -> tuple[dict[str, Any], list[str], Any, Any]:
     """Load the page, wait for the logged search, click the first shown result of ``team``."""
     context = browser.new_context()
@@ -158,7 +119,7 @@ def test_interleaved_search_logged_by_the_reference_client_credits_the_click_to_
     browser: Any, axios_esm: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = tmp_path / "ubi.duckdb"
-    with shop_site(axios_esm) as shop, collector(db, "--allow-origin", shop) as (url, _):
+    with shop_site(axios_esm, PAGE) as shop, collector(db, "--allow-origin", shop) as (url, _):
         answer, shown, query_answer, click_answer = _visit(browser, shop, url, "candidate")
     # The route's answer: as many results as the longer list (4, the route's default size), distinct docs of
     # the two lists, each with the team that contributed it; the page shows exactly that list in that order.

@@ -50,8 +50,9 @@ window.ubiAnswers = answers;
 
 
 @contextmanager
-def shop_site(axios: Path) -> Iterator[str]:
-    """The page, the reference client and axios on a loopback port of their own: the shop's origin."""
+def shop_site(axios: Path, page: str = PAGE) -> Iterator[str]:
+    """``page`` (this module's by default), the reference client and axios on a loopback port of their own:
+    the shop's origin. tests/browser/test_interleaving_client.py serves its pages through it too."""
     files = {
         "/ubi.js": shared_path(REFERENCE_CLIENT),
         "/node_modules/axios/dist/esm/axios.js": axios,
@@ -61,7 +62,7 @@ def shop_site(axios: Path) -> Iterator[str]:
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             path = self.path.split("?", 1)[0]
             if path == "/":
-                body, media = PAGE.encode(), "text/html"
+                body, media = page.encode(), "text/html"
             elif path in files:
                 body, media = files[path].read_bytes(), "text/javascript"
             else:
