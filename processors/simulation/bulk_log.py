@@ -22,6 +22,11 @@ from schemas import tables
 EVENTS_PER_SEARCH = 12.0  # about: 10 impressions, 1.5 clicks, 0.5 add_to_cart
 
 
+def _literal(path: Path) -> str:
+    """``path`` as a quoted SQL string literal (embedded quotes doubled): output paths come from the caller."""
+    return "'" + str(path).replace("'", "''") + "'"
+
+
 def searches_for(events: int) -> int:
     return max(1, round(events / EVENTS_PER_SEARCH))
 
@@ -35,8 +40,8 @@ def _uuid(expr: str) -> str:
 
 def build_rows(con: duckdb.DuckDBPyConnection, events: int, *, seed: int = 0, queries: int | None = None) -> None:
     """Temp tables ``gen_queries`` and ``gen_events`` on ``con`` in the stored shape, about ``events`` events."""
-    s = searches_for(events)
-    nq = queries or max(200, s // 40)
+    s, seed = searches_for(events), int(seed)  # only integers reach the SQL below
+    nq = int(queries or max(200, s // 40))
     clients = max(1, s // 5)
     con.execute("SET enable_progress_bar = false")
     con.execute(f"""
@@ -143,13 +148,13 @@ def write_files(out: Path, events: int, *, fmt: str = "ndjson", seed: int = 0, g
                         FROM ej
                         UNION ALL SELECT 1, n, 1, json_merge_patch(to_json(ej), '{{"n": null}}')::VARCHAR FROM ej
                     ) ORDER BY t, n, part
-                ) TO '{path}' (FORMAT csv, HEADER false, QUOTE '', ESCAPE '', DELIMITER '\x01', COMPRESSION {comp})""")
+                ) TO {_literal(path)} (FORMAT csv, HEADER false, QUOTE '', ESCAPE '', DELIMITER '\x01', COMPRESSION {comp})""")
             return [path]
         files = []
         for name, view in (("queries", "qj"), ("events", "ej")):
             path = out / f"ubi_{name}{ext}"
             array = "true" if fmt == "array" else "false"
-            con.execute(f"COPY (SELECT * EXCLUDE (n) FROM {view} ORDER BY n) TO '{path}' "
+            con.execute(f"COPY (SELECT * EXCLUDE (n) FROM {view} ORDER BY n) TO {_literal(path)} "
                         f"(FORMAT json, ARRAY {array}, COMPRESSION {comp})")
             files.append(path)
         return files
@@ -190,10 +195,10 @@ def store_to_parquet(db: Path, root: Path, *, redeliver: float = 0.05) -> None:
                       "0::INTEGER AS kafka_line")
             first = folder / "part-00000000000000000000-00000000000000000000-first.parquet"
             again = folder / "part-00000000000000000001-00000000000000000001-again.parquet"
-            con.execute(f"COPY (SELECT {cols}, {origin} FROM {table}) TO '{first}' (FORMAT parquet)")
+            con.execute(f"COPY (SELECT {cols}, {origin} FROM {table}) TO {_literal(first)} (FORMAT parquet)")
             con.execute(f"""COPY (SELECT * REPLACE (received_at + INTERVAL 1 HOUR AS received_at)
                                   FROM (SELECT {cols}, {origin} FROM {table})
                                   WHERE hash({key}) % 1000 < {int(redeliver * 1000)})
-                            TO '{again}' (FORMAT parquet)""")
+                            TO {_literal(again)} (FORMAT parquet)""")
     finally:
         con.close()
