@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     import duckdb
 
     from processors.counterfactual.predict import Prediction
-    from processors.propensity.randomized import SwapSessions
     from reports.online import OnlineMetrics
     from schemas.settings import Settings
 
@@ -95,18 +94,6 @@ def _methods(text: str) -> tuple[str, ...]:
     if bad or not items:
         raise UbiError(f"--method {text!r}: expected all or a comma-separated subset of {', '.join(METHODS)}")
     return items
-
-
-def _swaps(con: duckdb.DuckDBPyConnection, settings: Settings, k: int) -> SwapSessions | None:
-    """The log's swap experiment, or None when no search is marked randomised."""
-    from processors.propensity.common import PropensityError
-    from processors.propensity.load import load_swaps
-
-    try:
-        swaps, _ = load_swaps(con, settings, k)
-    except PropensityError:
-        return None
-    return swaps
 
 
 def logged_figures(con: duckdb.DuckDBPyConnection, settings: Settings, k: int, seed: int) -> dict[str, OnlineMetrics]:
@@ -197,6 +184,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from processors.sessions import load_sessions
     from reports.joint import query_id_texts
     from reports.merge import LabelSet, labels_from_human, labels_from_store
+    from reports.predicted import load_swap_experiment
     from reports.runs import load_run
     from reports.systems import file_run, run_system_name
     from schemas.settings import Settings
@@ -216,7 +204,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         system = file_run(name, run, query_id_texts(labels))
         rankings = {system.query_of[qid]: docs for qid, docs in system.run.items()}
         data = load_sessions(con, settings, max_rank=k_model)
-        swaps = _swaps(con, settings, k_model)
+        swaps = load_swap_experiment(con, settings, k_model)
         logged = logged_figures(con, settings, args.k, settings.seed)
     pred = predict(data.patterns, rankings, model=args.model, methods=methods, k=args.k, clip=args.clip,
                    replicates=args.replicates, seed=settings.seed, swaps=swaps,
