@@ -233,7 +233,7 @@ def ranking_features(
     is a distinct (query, list of docs), counted once however many searches showed it. With ρ(r) the rankings
     of the pair's query that show it and R_q the query's rankings:
 
-    * z₁ = mean over ρ of ln(rank in that ranking);
+    * z₁ = mean over ρ of ln(rank in that ranking) (over its slots, should a ranking show it twice);
     * z₂ = ln(|ρ| / R_q), the share of the query's rankings that show the pair;
     * z₃ = mean over ρ of c_r, the *consensus* of ranking r: the mean, over the docs r shows, of the share of
       the query's other rankings that show that doc too (NaN when the query has one ranking).
@@ -256,11 +256,14 @@ def ranking_features(
     slot_ranking = np.broadcast_to(np.arange(len(rankings))[:, None], r_docs.shape)[shown]
     slot_pair = r_docs[shown]
     per_query = np.bincount(r_query, minlength=n_q).astype(np.float64)
-    count = np.bincount(slot_pair, minlength=n_pairs).astype(np.float64)
+    slots = np.bincount(slot_pair, minlength=n_pairs).astype(np.float64)
     log_rank = np.bincount(slot_pair, weights=np.log(slot_rank), minlength=n_pairs)
+    # rankings showing the pair (a list showing a doc twice counts once)
+    once = np.unique(slot_ranking * np.int64(n_pairs) + slot_pair) % n_pairs
+    count = np.bincount(once, minlength=n_pairs).astype(np.float64)
     others = per_query[r_query][slot_ranking] - 1.0
     with np.errstate(invalid="ignore", divide="ignore"):
-        z1 = np.where(count > 0, log_rank / count, np.nan)
+        z1 = np.where(slots > 0, log_rank / np.where(slots > 0, slots, 1.0), np.nan)
         z2 = np.where(count > 0, np.log(count / np.where(per_query[q_pair] > 0, per_query[q_pair], 1.0)), np.nan)
         other_share = np.where(others > 0, (count[slot_pair] - 1.0) / np.where(others > 0, others, 1.0), np.nan)
     ok = np.isfinite(other_share)
