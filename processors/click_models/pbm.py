@@ -218,6 +218,8 @@ class ExaminationEM(FittedModel):
     that examination is reported. ``prior`` (``processors.click_models.priors``) chooses the prior on α:
     ``empirical`` alternates EM at a fixed prior with an empirical-Bayes refit of the rank-informed prior on
     (clicks, expected examinations), with a per-pair strength (``priors.fit_prior(varying_strength=True)``),
+    on the pairs' features over the query's distinct rankings when fitted on session patterns
+    (``priors.ranking_features``; on the cells' impression features with ``fit_cells``),
     until the prior's hyperparameters settle (at most
     :data:`MAX_PRIOR_ROUNDS` rounds; each round's EM starts where the last one stopped).
     """
