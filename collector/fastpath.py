@@ -79,10 +79,9 @@ _OBJ_PATHS = [f"{_OBJ}.{name}" for name, _ in OBJECT_STRINGS]
 #: Every path a plain event may hold a value at; ``$`` first (the value itself), then by level.
 _PATHS = ["$", *_TOP_PATHS, _OBJ, _POS, *_OBJ_PATHS, _ORD]
 _I = {path: i + 1 for i, path in enumerate(_PATHS)}  # 1-based, as DuckDB lists are
-#: The objects of a plain event and the paths of their keys: an object's key count equal to the number of
-#: these paths present means it has no other key and no key twice (json_keys lists repeats).
+#: The objects of a plain event and the paths of their keys.
 _LEVELS = {"$": _TOP_PATHS, _ATTRS: [_OBJ, _POS], _OBJ: _OBJ_PATHS, _POS: [_ORD]}
-_K = {path: i + 1 for i, path in enumerate(_LEVELS)}
+_STRING_PATHS = [*(f"$.{name}" for name, _ in EVENT_STRINGS), *_OBJ_PATHS]
 
 
 def _t(path: str) -> str:
@@ -107,8 +106,8 @@ def _string(path: str, limit: int | None) -> str:
 
 
 def _only_keys(level: str) -> str:
-    present = " + ".join(f"({_t(p)} IS NOT NULL)::INTEGER" for p in _LEVELS[level])
-    return f"len(k{_K[level]}) = {present}"
+    """No key check per object: :data:`_NO_OTHER_KEYS` counts colons for the whole line at once."""
+    return "true"
 
 
 def _object(path: str, *inside: str) -> str:
@@ -120,10 +119,24 @@ _TS = "'%Y-%m-%dT%H:%M:%S.%gZ'"
 _TS_SHAPE = r"'[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z'"
 _INT32 = f"({_t(_ORD)} IN ('BIGINT', 'UBIGINT') AND TRY_CAST({_v(_ORD)} AS BIGINT) BETWEEN -2147483648 AND 2147483647)"
 
+def _colons(expr: str) -> str:
+    return f"(strlen({expr}) - strlen(replace({expr}, ':', '')))"
+
+
+#: No key but the plain ones, none twice, at any level: in JSON text a colon ends a key or sits inside a
+#: string, and a plain line has no escapes, so its colons are one per key plus those of its strings. The
+#: keys found at the plain paths (null values included) plus the colons of the strings found there account
+#: for every colon exactly when there is no other key and no repeated one (a repeated key's colon, or an
+#: unknown key's, is left over; json_type and json_extract_string see one value per path).
+_NO_OTHER_KEYS = (
+    f"colons = {' + '.join(f'({_t(p)} IS NOT NULL)::INTEGER' for p in _PATHS[1:])} + "
+    f"{_colons('concat(' + ', '.join(_v(p) for p in _STRING_PATHS) + ')')}"
+)
+
 #: What makes a parsed line a plain event (see the module docstring).
 _PLAIN_EVENT = " AND ".join([
     f"{_t('$')} = 'OBJECT'",
-    _only_keys("$"),
+    _NO_OTHER_KEYS,
     f"{_t('$.action_name')} = 'VARCHAR' AND length({_v('$.action_name')}) BETWEEN 1 AND 100",
     f"{_t('$.timestamp')} = 'VARCHAR' AND regexp_full_match({_v('$.timestamp')}, {_TS_SHAPE})",
     f"substr({_v('$.timestamp')}, 1, 4) <> '0000'",  # year 0 exists for DuckDB (1 BC), not for Python
@@ -154,10 +167,8 @@ _ATTRS_JSON = (
 )
 
 _PATH_LIST = "[" + ", ".join(f"'{p}'" for p in _PATHS) + "]"
-_LEVEL_LIST = "[" + ", ".join(f"'{p}'" for p in _LEVELS) + "]"
 _COLUMNS = ", ".join(
-    [f"k[{i}] AS k{i}" for i in range(1, len(_LEVELS) + 1)]
-    + [f"t[{i}] AS t{i}" for i in range(1, len(_PATHS) + 1)]
+    [f"t[{i}] AS t{i}" for i in range(1, len(_PATHS) + 1)]
     + [f"v[{i}] AS v{i}" for i in range(1, len(_PATHS) + 1)]
 )
 
@@ -166,24 +177,23 @@ _COLUMNS = ", ".join(
 #: ``received_at``. Lines are first screened on their bytes: no backslash (so no escapes: every string is
 #: its raw text), no comma before a closing bracket (DuckDB's reader allows trailing commas, orjson does
 #: not), valid JSON. The JSON functions run only on lines that pass (a CASE branch is evaluated for the rows
-#: that take it), each line parsed four times in all; the lists are materialised once, not re-parsed for
+#: that take it), each line parsed three times in all; the lists are materialised once, not re-parsed for
 #: every reference.
 EVENT_SQL = f"""
 WITH src AS (
-    SELECT _pos, _bid, line,
+    SELECT _pos, _bid, line, {_colons('line')} AS colons,
            NOT contains(line, '\\')
            AND NOT (contains(line, ',}}') OR contains(line, ',]')
                     OR (regexp_matches(line, ',[ \\t\\r]') AND regexp_matches(line, ',[ \\t\\r]+[\\]}}]')))
            AND json_valid(line) AS ok
     FROM _ubi_fast_lines
 ), lists AS MATERIALIZED (
-    SELECT _pos, _bid,
-           CASE WHEN ok THEN json_keys(line, {_LEVEL_LIST}) END AS k,
+    SELECT _pos, _bid, colons,
            CASE WHEN ok THEN json_type(line, {_PATH_LIST}) END AS t,
            CASE WHEN ok THEN json_extract_string(line, {_PATH_LIST}) END AS v
     FROM src
 ), parsed AS MATERIALIZED (
-    SELECT _pos, _bid, {_COLUMNS},
+    SELECT _pos, _bid, colons, {_COLUMNS},
            CASE WHEN t{_I['$.event_id']} = 'VARCHAR' AND length(v{_I['$.event_id']}) BETWEEN 1 AND 100
                      AND (_bid IS NULL OR _bid = v{_I['$.event_id']}) THEN v{_I['$.event_id']}
                 WHEN coalesce(t{_I['$.event_id']} = 'NULL', true) AND _bid IS NOT NULL THEN _bid END AS eid
@@ -364,7 +374,7 @@ def fast_parser() -> duckdb.DuckDBPyConnection:
 def plain_events(con: duckdb.DuckDBPyConnection, c: Candidates, received_at: datetime) -> pa.Table:
     """Stored rows of the plain events among ``c`` (with ``_pos`` and ``_doc_id``), in candidate order."""
     _ubi_fast_lines, _ = _lines_table(c)  # noqa: F841 (read by name by DuckDB's replacement scan)
-    return con.execute(EVENT_SQL, [received_at]).to_arrow_table()
+    return con.sql(EVENT_SQL, params=[received_at]).to_arrow_table()
 
 
 # ---------------------------------------------------------------- one chunk, one transaction
