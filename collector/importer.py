@@ -200,11 +200,6 @@ def _format(fh: io.BufferedReader, path: Path) -> str | None:
     return "ndjson"
 
 
-#: DuckDB's buffer limit on the store while ``ubi import`` writes it. Without one, DuckDB keeps the table
-#: and primary-key index buffers it writes (up to 80% of RAM), and the import's peak RSS grows with the store
-#: (bench/import_speed.py and README, "Import speed"); with it, DuckDB writes them out and evicts them.
-IMPORT_MEMORY_LIMIT = "256MB"
-
 #: Records per transaction on the fast path (a store this process holds, no record filters): bigger
 #: transactions cost less per record, and a chunk of 50,000 events holds about 25 MB of lines.
 FAST_CHUNK_ITEMS = 50_000
@@ -418,7 +413,6 @@ def import_files(
     max_errors: int = 20,
     on_progress: Callable[[str, int, int, int], None] | None = None,
     fast: bool = True,
-    memory_limit: str | None = IMPORT_MEMORY_LIMIT,
 ) -> tuple[list[FileReport], str]:
     """Import every file; returns a report per file and how the store was reached (``direct`` or a URL).
 
@@ -430,17 +424,13 @@ def import_files(
     interrupted can simply be run again: the dedup keys (``event_id`` or the canonical hash, ``query_id`` +
     ``query_response_id``) make every record already stored a duplicate, so each is stored once.
     ``on_progress(path, bytes_done, bytes_total, records_done)`` is called after each chunk (bytes of the
-    file on disk, compressed when it is gzip). ``memory_limit``: DuckDB's buffer limit on the store while
-    this process writes it (None: DuckDB's default, 80% of RAM), see :data:`IMPORT_MEMORY_LIMIT`.
+    file on disk, compressed when it is gzip).
     """
     store: Store | None = None
     remote: CollectorWriter | None = None
     parser: duckdb.DuckDBPyConnection | None = None
     try:
         store = Store(db)
-        if memory_limit:
-            # Not from a request: the caller's constant or flag, quoted as a string literal all the same.
-            store.con.execute("SET memory_limit = " + "'" + memory_limit.replace("'", "''") + "'")
         write: Callable[[list[RawItem], str], IngestResult] = DirectWriter(store, filters)
         mode = "direct"
     except StoreLocked:
