@@ -18,6 +18,7 @@ import codecs
 import gzip
 import io
 import json
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -412,6 +413,20 @@ def bulk_id(meta: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return doc_id, None
 
 
+#: A ``_bulk`` action line of the plain shape exports have: ``{"index": {"_index": "ubi_events", "_id": "..."}}``
+#: (or ``create``, or without ``_id``), the ``_id`` printable ASCII without quote or backslash. For such a line
+#: :func:`bulk_records` knows what the general path would find (a supported action, this kind, this ``_id``,
+#: valid) without parsing it; anything else takes the general path.
+_PLAIN_ACTION = re.compile(
+    rb'\{[ \t]*"(index|create)"[ \t]*:[ \t]*\{[ \t]*"_index"[ \t]*:[ \t]*"(ubi_events|ubi_queries)"[ \t]*'
+    rb'(?:,[ \t]*"_id"[ \t]*:[ \t]*"([ !#-\[\]-~]{1,100})"[ \t]*)?\}[ \t]*\}'
+)
+
+#: A document of a plain ``_bulk`` pair, not parsed yet: (index, line, text, kind, ``_id``, verb, ``_index``),
+#: the arguments :func:`bulk_items` would give :func:`json_item` for it.
+PlainDocument = tuple[int, int, bytes, Kind, "str | None", str, str]
+
+
 def bulk_items(
     lines: Iterable[tuple[int, bytes]],
     *,
@@ -427,10 +442,32 @@ def bulk_items(
     messages name the line. Each item's ``line`` is its document's line (the action line's when there is
     no document). A ``delete`` action has no document; other unsupported actions have one, skipped.
     """
+    yield from bulk_records(lines, indices=indices, default_index=default_index)  # type: ignore[misc]
+
+
+def bulk_records(
+    lines: Iterable[tuple[int, bytes]],
+    *,
+    indices: Mapping[str, Kind] | None = None,
+    default_index: str | None = None,
+    plain: bool = False,
+) -> Iterator[RawItem | PlainDocument]:
+    """:func:`bulk_items`, with ``plain``: the documents of plain action lines (:data:`_PLAIN_ACTION`, the
+    default indices) as :data:`PlainDocument` tuples instead of parsed items (``ubi import``'s fast path)."""
+    plain = plain and indices is None
     indices = _BULK_INDEX if indices is None else indices
     it = iter(lines)
     index = 0
     for number, line in it:
+        match = _PLAIN_ACTION.fullmatch(line) if plain else None
+        if match is not None:
+            following = next(it, None)
+            if following is not None:
+                verb, name, doc_id = match.groups()
+                yield (index, following[0], following[1], _BULK_INDEX[name.decode()],
+                       doc_id.decode() if doc_id is not None else None, verb.decode(), name.decode())
+                index += 1
+                continue
         item, skip_doc = _bulk_action(index, number, line, indices, default_index)
         if item is None:  # a supported action: its document follows
             verb, meta, kind, name = skip_doc

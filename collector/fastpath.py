@@ -1,0 +1,522 @@
+"""The columnar fast path of ``ubi import``: records of the common shape never become Python objects.
+
+A file's records arrive in chunks of tens of thousands. The events of a chunk are parsed, checked and turned
+into stored rows by DuckDB's JSON functions over the whole chunk at once (:data:`EVENT_SQL`); its query
+records (about one per twelve events) by a short Python check and orjson (:func:`plain_query_row`). Both
+accept only records of a *plain* shape that is strictly narrower than what the pydantic models accept:
+
+* an event: an object whose keys are among ``UbiEvent``'s fields, each of the JSON type the model takes
+  without conversion (strings or null, the position's ``ordinal`` an integer in 32 bits), lengths within the
+  model's limits, ``timestamp`` spelt ``2024-05-16T12:34:56.789Z``, ``event_attributes`` null or an object
+  of ``object`` (string ids of printable ASCII) and ``position`` (``ordinal`` only), and an id: ``event_id``
+  or the ``_bulk`` ``_id``, equal when both are sent;
+* a query record: ``UbiQuery``'s fields only, strings within their limits, the same timestamp spelling,
+  ``query_attributes`` an object, hit ids strings.
+
+No line with a ``\\u`` escape, a repeated key (at any level), a trailing comma or anything else DuckDB's
+JSON reader tolerates and orjson does not is taken. Everything else - invalid records, legacy shapes, extra
+keys, integer ids, events without an id (their key is a content hash), floats - is handed back, and the
+importer sends it through the exact path (:func:`collector.formats.json_item`,
+:func:`collector.ingest.validate_items`, pydantic), which gives it its exact status and message. So the
+fast path changes speed, never outcomes: a record it accepts is one pydantic accepts, with the same stored
+row (``tests/collector/test_fastpath.py`` compares the two record by record).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from collector.formats import RawItem, _dropped_keys, json_item
+from collector.ingest import (
+    IngestResult,
+    ItemError,
+    Validated,
+    prepare,
+    validate_items,
+)
+from schemas.ubi import _COMMON_TIMESTAMP_RE, CANONICAL_OPTIONS
+from store.duckdb_store import Store
+from store.rows import EVENT_SCHEMA, QUERY_SCHEMA, Counts, failed_row, failed_table, rows_table
+
+#: Fields of a plain event read by :data:`EVENT_SQL`, in the order of its path lists: (JSON path, longest
+#: string the model allows, None: no limit). ``tests/collector/test_fastpath.py`` checks the limits against
+#: the models' JSON Schema.
+EVENT_STRINGS: tuple[tuple[str, int | None], ...] = (
+    ("action_name", 100),
+    ("timestamp", None),
+    ("event_id", 100),
+    ("query_id", 100),
+    ("session_id", 100),
+    ("client_id", 100),
+    ("user_id", 100),
+    ("application", 100),
+    ("message_type", 100),
+    ("message", 1024),
+    ("user_query", None),
+)
+OBJECT_STRINGS: tuple[tuple[str, int], ...] = (
+    ("object_id", 256),
+    ("object_id_field", 100),
+    ("object_id_type", 100),
+    ("internal_id", 256),
+)
+EVENT_KEYS = (*(name for name, _ in EVENT_STRINGS), "event_attributes")
+
+_OBJ, _POS, _ATTRS = "$.event_attributes.object", "$.event_attributes.position", "$.event_attributes"
+_ORD = f"{_POS}.ordinal"
+_TOP_PATHS = [f"$.{name}" for name, _ in EVENT_STRINGS] + [_ATTRS]
+_OBJ_PATHS = [f"{_OBJ}.{name}" for name, _ in OBJECT_STRINGS]
+#: Every path a plain event may hold a value at; ``$`` first (the value itself), then by level.
+_PATHS = ["$", *_TOP_PATHS, _OBJ, _POS, *_OBJ_PATHS, _ORD]
+_I = {path: i + 1 for i, path in enumerate(_PATHS)}  # 1-based, as DuckDB lists are
+#: The objects of a plain event and the paths of their keys.
+_LEVELS = {"$": _TOP_PATHS, _ATTRS: [_OBJ, _POS], _OBJ: _OBJ_PATHS, _POS: [_ORD]}
+_STRING_PATHS = [*(f"$.{name}" for name, _ in EVENT_STRINGS), *_OBJ_PATHS]
+
+
+def _t(path: str) -> str:
+    """The JSON type at ``path`` (NULL: absent; 'NULL': null)."""
+    return f"t{_I[path]}"
+
+
+def _v(path: str) -> str:
+    """The string (or number text) at ``path``."""
+    return f"v{_I[path]}"
+
+
+def _absent(path: str) -> str:
+    return f"coalesce({_t(path)} = 'NULL', true)"
+
+
+def _string(path: str, limit: int | None) -> str:
+    """The value at ``path`` is absent, null, or a string within ``limit`` characters (code points, as
+    pydantic counts)."""
+    within = f" AND length({_v(path)}) <= {limit}" if limit is not None else ""
+    return f"({_absent(path)} OR ({_t(path)} = 'VARCHAR'{within}))"
+
+
+def _only_keys(level: str) -> str:
+    """No key check per object: :data:`_NO_OTHER_KEYS` counts colons for the whole line at once."""
+    return "true"
+
+
+def _object(path: str, *inside: str) -> str:
+    """``path`` is absent or null, or an object with no key but the plain ones, and ``inside`` holds."""
+    return f"({_absent(path)} OR ({_t(path)} = 'OBJECT' AND {' AND '.join([_only_keys(path), *inside])}))"
+
+
+_TS = "'%Y-%m-%dT%H:%M:%S.%gZ'"
+_TS_SHAPE = r"'[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z'"
+_INT32 = f"({_t(_ORD)} IN ('BIGINT', 'UBIGINT') AND TRY_CAST({_v(_ORD)} AS BIGINT) BETWEEN -2147483648 AND 2147483647)"
+
+def _colons(expr: str) -> str:
+    return f"(strlen({expr}) - strlen(replace({expr}, ':', '')))"
+
+
+#: No key but the plain ones, none twice, at any level: in JSON text a colon ends a key or sits inside a
+#: string, and a plain line has no escapes, so its colons are one per key plus those of its strings. The
+#: keys found at the plain paths (null values included) plus the colons of the strings found there account
+#: for every colon exactly when there is no other key and no repeated one (a repeated key's colon, or an
+#: unknown key's, is left over; json_type and json_extract_string see one value per path).
+_NO_OTHER_KEYS = (
+    f"colons = {' + '.join(f'({_t(p)} IS NOT NULL)::INTEGER' for p in _PATHS[1:])} + "
+    f"{_colons('concat(' + ', '.join(_v(p) for p in _STRING_PATHS) + ')')}"
+)
+
+#: What makes a parsed line a plain event (see the module docstring).
+_PLAIN_EVENT = " AND ".join([
+    f"{_t('$')} = 'OBJECT'",
+    _NO_OTHER_KEYS,
+    f"{_t('$.action_name')} = 'VARCHAR' AND length({_v('$.action_name')}) BETWEEN 1 AND 100",
+    f"{_t('$.timestamp')} = 'VARCHAR' AND regexp_full_match({_v('$.timestamp')}, {_TS_SHAPE})",
+    f"substr({_v('$.timestamp')}, 1, 4) <> '0000'",  # year 0 exists for DuckDB (1 BC), not for Python
+    f"try_strptime({_v('$.timestamp')}, {_TS}) IS NOT NULL",  # the date and time exist
+    *(_string(f"$.{name}", limit) for name, limit in EVENT_STRINGS[2:]),
+    _object(_ATTRS,
+            _object(_OBJ, *(_string(p, lim) for p, (_, lim) in zip(_OBJ_PATHS, OBJECT_STRINGS, strict=True))),
+            _object(_POS, f"({_absent(_ORD)} OR {_INT32})")),
+    "eid IS NOT NULL",
+])
+
+
+def _object_json() -> str:
+    parts = ", ".join(
+        f"""CASE WHEN {_v(p)} IS NOT NULL THEN '"{n}":"' || {_v(p)} || '"' END"""
+        for p, (n, _) in zip(_OBJ_PATHS, OBJECT_STRINGS, strict=True)
+    )
+    return f"""CASE WHEN {_t(_OBJ)} = 'OBJECT' THEN '"object":{{' || concat_ws(',', {parts}) || '}}' END"""
+
+
+# event_attributes as pydantic writes it (model_dump_json(exclude_none=True)): declared field order, no
+# spaces, strings as they are (a plain line has no backslash, so no string holds a quote, a backslash or a
+# control character, the only characters pydantic escapes).
+_ATTRS_JSON = (
+    f"CASE WHEN {_t(_ATTRS)} = 'OBJECT' THEN '{{' || concat_ws(',', {_object_json()}, "
+    f"""CASE WHEN {_t(_POS)} = 'OBJECT' THEN '"position":{{' || """
+    f"""coalesce('"ordinal":' || CAST({_v(_ORD)} AS BIGINT)::VARCHAR, '') || '}}' END) || '}}' END"""
+)
+
+_PATH_LIST = "[" + ", ".join(f"'{p}'" for p in _PATHS) + "]"
+_COLUMNS = ", ".join(
+    [f"t[{i}] AS t{i}" for i in range(1, len(_PATHS) + 1)]
+    + [f"v[{i}] AS v{i}" for i in range(1, len(_PATHS) + 1)]
+)
+
+#: Plain events of ``_ubi_fast_lines(_pos, _bid, line)`` as stored rows (``EVENT_SCHEMA`` columns, then
+#: ``_pos``, ``_doc_id``: whether the id came from the document), in ``_pos`` order; ``?`` is the chunk's
+#: ``received_at``. Lines are first screened on their bytes: no backslash (so no escapes: every string is
+#: its raw text), no comma before a closing bracket (DuckDB's reader allows trailing commas, orjson does
+#: not), valid JSON. The JSON functions run only on lines that pass (a CASE branch is evaluated for the rows
+#: that take it), each line parsed three times in all; the lists are materialised once, not re-parsed for
+#: every reference.
+EVENT_SQL = f"""
+WITH src AS (
+    SELECT _pos, _bid, line, {_colons('line')} AS colons,
+           NOT contains(line, '\\')
+           AND NOT (contains(line, ',}}') OR contains(line, ',]')
+                    OR (regexp_matches(line, ',[ \\t\\r]') AND regexp_matches(line, ',[ \\t\\r]+[\\]}}]')))
+           AND json_valid(line) AS ok
+    FROM _ubi_fast_lines
+), lists AS MATERIALIZED (
+    SELECT _pos, _bid, colons,
+           CASE WHEN ok THEN json_type(line, {_PATH_LIST}) END AS t,
+           CASE WHEN ok THEN json_extract_string(line, {_PATH_LIST}) END AS v
+    FROM src
+), parsed AS MATERIALIZED (
+    SELECT _pos, _bid, colons, {_COLUMNS},
+           CASE WHEN t{_I['$.event_id']} = 'VARCHAR' AND length(v{_I['$.event_id']}) BETWEEN 1 AND 100
+                     AND (_bid IS NULL OR _bid = v{_I['$.event_id']}) THEN v{_I['$.event_id']}
+                WHEN coalesce(t{_I['$.event_id']} = 'NULL', true) AND _bid IS NOT NULL THEN _bid END AS eid
+    FROM lists WHERE t[1] = 'OBJECT'
+)
+SELECT 'id:' || eid AS event_key, eid AS event_id, {_v('$.action_name')} AS action_name,
+       {_v('$.query_id')} AS query_id, {_v('$.session_id')} AS session_id, {_v('$.client_id')} AS client_id,
+       {_v('$.user_id')} AS user_id, {_v('$.application')} AS application,
+       strptime({_v('$.timestamp')}, {_TS}) AS timestamp, {_v('$.message_type')} AS message_type,
+       {_v('$.message')} AS message, {_v('$.user_query')} AS user_query,
+       {', '.join(f"{_v(p)} AS {n}" for p, (n, _) in zip(_OBJ_PATHS, OBJECT_STRINGS, strict=True))},
+       CAST({_v(_ORD)} AS INTEGER) AS position_ordinal, NULL::DOUBLE AS position_x, NULL::DOUBLE AS position_y,
+       {_ATTRS_JSON} AS event_attributes, NULL::VARCHAR AS extra, ?::TIMESTAMP AS received_at,
+       _pos, {_t('$.event_id')} = 'VARCHAR' AS _doc_id
+FROM parsed
+WHERE {_PLAIN_EVENT}
+ORDER BY _pos
+"""
+
+
+# ---------------------------------------------------------------- plain query records, in Python
+
+_QUERY_KEYS = frozenset(
+    ("user_query", "query_id", "client_id", "application", "timestamp", "query_attributes", "object_id_field",
+     "query_response_id", "query_response_hit_ids")
+)
+#: Longest string each of these UbiQuery fields takes (checked against the models' JSON Schema in the tests).
+QUERY_LIMITS = {"query_id": 100, "client_id": 100, "application": 100, "object_id_field": 100,
+                "query_response_id": 100}
+HIT_ID_LIMIT = 256
+
+
+def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | None:
+    """The stored row (``QUERY_SCHEMA`` order) of a plain query record, or None: let pydantic decide.
+
+    The row is what ``store.rows.query_values`` builds from the validated model: for a plain record the
+    model's dump equals the parsed value with null fields dropped and the timestamp as a UTC datetime.
+    """
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if type(value) is not dict or not value.keys() <= _QUERY_KEYS:
+        return None
+    user_query = value.get("user_query")
+    if type(user_query) is not str:
+        return None
+    for name, limit in QUERY_LIMITS.items():
+        s = value.get(name)
+        if s is not None and (type(s) is not str or len(s) > limit):
+            return None
+    ts = value.get("timestamp")
+    when: datetime | None = None
+    if ts is not None:
+        if type(ts) is not str or not _COMMON_TIMESTAMP_RE.match(ts) or not ts.isascii():
+            return None
+        try:
+            when = datetime.fromisoformat(ts)  # as schemas.ubi.parse_timestamp reads this spelling
+        except ValueError:
+            return None
+    attrs = value.get("query_attributes")
+    if attrs is not None and type(attrs) is not dict:
+        return None
+    hits = value.get("query_response_hit_ids")
+    if hits is not None and (
+        type(hits) is not list or not all(type(h) is str and len(h) <= HIT_ID_LIMIT for h in hits)
+    ):
+        return None
+    if _dropped_keys(text, value):  # a repeated key: the exact path names it
+        return None
+    dump = {k: v for k, v in value.items() if v is not None}
+    if when is not None:
+        dump["timestamp"] = when
+    digest = hashlib.sha256(orjson.dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
+    qid = value.get("query_id") or ("h:" + digest)
+    qrid = value.get("query_response_id")
+    return (
+        qid + "\x1f" + (qrid or ""),
+        qid,
+        user_query,
+        value.get("client_id"),
+        value.get("application"),
+        when.replace(tzinfo=None) if when is not None else None,
+        orjson.dumps(attrs).decode() if attrs is not None else None,
+        value.get("object_id_field"),
+        qrid,
+        hits,
+        None,
+        digest,
+        received_at,
+    )
+
+
+# ---------------------------------------------------------------- a chunk of candidates
+
+
+@dataclass
+class Candidates:
+    """Records of one kind awaiting the fast path, column by column (what :func:`json_item` would be given)."""
+
+    index: list[int] = field(default_factory=list)  # position in the file
+    number: list[int] = field(default_factory=list)  # 1-based line of the document
+    text: list[bytes] = field(default_factory=list)
+    bulk_id: list[str | None] = field(default_factory=list)  # the _bulk _id
+    action: list[str | None] = field(default_factory=list)  # the _bulk verb
+    index_name: list[str | None] = field(default_factory=list)  # the _bulk _index as sent
+
+    def add(self, index: int, number: int, text: bytes, bulk_id: str | None = None, action: str | None = None,
+            index_name: str | None = None) -> None:
+        self.index.append(index)
+        self.number.append(number)
+        self.text.append(text)
+        self.bulk_id.append(bulk_id)
+        self.action.append(action)
+        self.index_name.append(index_name)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+@dataclass
+class Chunk:
+    """One transaction's worth of a file: fast-path candidates of each kind and items for the exact path.
+
+    ``given`` is the kind the exact path is told (``--kind``, the ``_bulk`` index), per candidate group;
+    None: guessed from the keys, with ``kind_of``.
+    """
+
+    events: Candidates = field(default_factory=Candidates)
+    queries: Candidates = field(default_factory=Candidates)
+    exact: list[RawItem] = field(default_factory=list)
+    given: dict[str, str | None] = field(default_factory=lambda: {"event": None, "query": None})
+    kind_of: Any = None
+
+    def __len__(self) -> int:
+        return len(self.events) + len(self.queries) + len(self.exact)
+
+    def item(self, kind: str, pos: int) -> RawItem:
+        """The exact path's item of candidate ``pos`` of ``kind``: what the format's parser yields for it."""
+        c = self.events if kind == "event" else self.queries
+        given = self.given[kind]
+        return json_item(c.index[pos], c.number[pos], c.text[pos], given,  # type: ignore[arg-type]
+                         kind_of=self.kind_of if given is None else None, event_id=c.bulk_id[pos],
+                         action=c.action[pos], index_name=c.index_name[pos])
+
+
+def _lines_table(c: Candidates) -> tuple[pa.Table, list[int]]:
+    """The candidates' lines as an Arrow table for :data:`EVENT_SQL`; lines that are not UTF-8 are left out
+    (their positions returned: the exact path says why)."""
+    raw = pa.array(c.text, pa.binary())
+    try:
+        text = raw.cast(pa.string())
+        bad: list[int] = []
+    except pa.ArrowInvalid:
+        bad = []
+        good = []
+        for pos, t in enumerate(c.text):
+            try:
+                t.decode()
+                good.append(pos)
+            except UnicodeDecodeError:
+                bad.append(pos)
+        keep = pa.array(good, pa.int32())
+        text = raw.take(keep).cast(pa.string())
+        ids = pa.array(c.bulk_id, pa.string()).take(keep)
+        return pa.table({"_pos": keep, "_bid": ids, "line": text}), bad
+    return pa.table({"_pos": pa.array(np.arange(len(c), dtype=np.int32)), "_bid": pa.array(c.bulk_id, pa.string()),
+                     "line": text}), bad
+
+
+def fast_parser() -> duckdb.DuckDBPyConnection:
+    """The in-memory DuckDB connection the fast path parses with (one thread: CPU is the cost that counts)."""
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    return con
+
+
+def plain_events(con: duckdb.DuckDBPyConnection, c: Candidates, received_at: datetime) -> pa.Table:
+    """Stored rows of the plain events among ``c`` (with ``_pos`` and ``_doc_id``), in candidate order."""
+    _ubi_fast_lines, _ = _lines_table(c)  # noqa: F841 (read by name by DuckDB's replacement scan)
+    return con.sql(EVENT_SQL, params=[received_at]).to_arrow_table()
+
+
+# ---------------------------------------------------------------- one chunk, one transaction
+
+
+@dataclass
+class _Origin:
+    """Where the rows of one table in a chunk's write came from, to name conflicts."""
+
+    index: list[int]  # item index per row
+    fast: list[bool]
+    ids: list[tuple[str | None, str | None]]  # (event_id sent in the document, _bulk _id) or (query_id, response id)
+
+
+def write_chunk(
+    store: Store, con: duckdb.DuckDBPyConnection, chunk: Chunk, *, source: str, received_at: datetime
+) -> tuple[IngestResult, dict[int, int | None]]:
+    """Validate and write one chunk in ONE committed transaction; the result and the line of each item that
+    was rejected (by index). Outcomes are those of the exact path for every record (see the module doc)."""
+    ev = chunk.events
+    fast_events = plain_events(con, ev, received_at) if len(ev) else None
+    deferred: list[RawItem] = []
+    if fast_events is not None:
+        taken = np.zeros(len(ev), dtype=bool)
+        taken[fast_events.column("_pos").to_numpy()] = True
+        deferred.extend(chunk.item("event", int(p)) for p in np.flatnonzero(~taken))
+    q = chunk.queries
+    fast_q: list[tuple[Any, ...]] = []
+    fast_q_pos: list[int] = []
+    for pos, text in enumerate(q.text):
+        row = plain_query_row(text, received_at)
+        if row is None:
+            deferred.append(chunk.item("query", pos))
+        else:
+            fast_q.append(row)
+            fast_q_pos.append(pos)
+    exact = sorted([*chunk.exact, *deferred], key=lambda it: it.index)
+    validated = validate_items(exact) if exact else Validated()
+    prepared = prepare(validated, source=source, received_at=received_at)
+
+    # Events: the fast rows and the exact path's, in file order (the first occurrence of a key wins).
+    e_index: list[int] = []
+    e_parts: list[pa.Table] = []
+    e_fast: list[bool] = []
+    if fast_events is not None and fast_events.num_rows:
+        idx = np.asarray(ev.index, dtype=np.int64)[fast_events.column("_pos").to_numpy()]
+        e_parts.append(fast_events.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))
+        e_index.extend(idx.tolist())
+        e_fast.extend([True] * len(idx))
+    if prepared.event_rows:
+        e_parts.append(rows_table(prepared.event_rows, EVENT_SCHEMA))
+        e_index.extend(i for i, _, _ in prepared.validated.events)
+        e_fast.extend([False] * len(prepared.event_rows))
+    events_tbl, e_order = _in_file_order(e_parts, e_index)
+
+    q_index = [q.index[p] for p in fast_q_pos] + [i for i, _ in prepared.validated.queries]
+    q_rows = fast_q + prepared.query_rows
+    queries_tbl, q_order = _in_file_order([rows_table(q_rows, QUERY_SCHEMA)] if q_rows else [], q_index)
+    q_fast = [True] * len(fast_q) + [False] * len(prepared.query_rows)
+
+    models_e = {i: (e, b) for i, e, b in prepared.validated.events}
+    raws = prepared.validated.raws
+    conflict_errors: list[ItemError] = []
+    conflict_lines: dict[int, int] = {}
+
+    def text_of(kind: str, index: int, fast: bool) -> bytes:
+        if not fast:
+            return raws.get(index, b"")
+        c = ev if kind == "event" else q
+        return c.text[bisect.bisect_left(c.index, index)]
+
+    def event_conflicts(positions: Sequence[int]) -> pa.Table:
+        start = len(conflict_errors)
+        for pos in positions:
+            src = e_order[pos]
+            index, fast = e_index[src], e_fast[src]
+            if fast:
+                c_pos = bisect.bisect_left(ev.index, index)
+                doc_id = events_tbl.column("event_id")[pos].as_py() if _doc_id(fast_events, c_pos) else None
+                bulk = ev.bulk_id[c_pos]
+                conflict_lines[index] = ev.number[c_pos]
+            else:
+                model, bulk = models_e[index]
+                doc_id = model.event_id
+            sent = f"event_id {doc_id!r}" if doc_id else f"_bulk _id {bulk!r}"
+            message = (f"{sent} is already stored for an event with different content; first write wins, this "
+                       "event is kept as a conflict (give each event its own id)")
+            conflict_errors.append(ItemError(index, "event_id", message, "conflict", text_of("event", index, fast)))
+        return _conflict_rows(conflict_errors[start:], source, received_at)
+
+    def query_conflicts(positions: Sequence[int]) -> pa.Table:
+        start = len(conflict_errors)
+        for pos in positions:
+            src = q_order[pos]
+            index = q_index[src]
+            row = q_rows[src]
+            if q_fast[src]:
+                conflict_lines[index] = q.number[bisect.bisect_left(q.index, index)]
+            message = (f"query_id {row[1]!r} (query_response_id {row[8]!r}) is already stored with different "
+                       "content; first write wins, this record is kept as a conflict")
+            conflict_errors.append(ItemError(index, "query_id", message, "conflict",
+                                             text_of("query", index, q_fast[src])))
+        return _conflict_rows(conflict_errors[start:], source, received_at)
+
+    outcome = store.write_rows(
+        queries_tbl,
+        events_tbl,
+        failed_table(prepared.failed_rows) if prepared.failed_rows else None,
+        conflicts=query_conflicts,
+        event_conflicts=event_conflicts,
+    )
+    errors = sorted([*prepared.validated.errors, *conflict_errors], key=lambda e: e.index)
+    counts = Counts.of(outcome.query_status, outcome.event_status, failed=len(prepared.validated.errors))
+    lines: dict[int, int | None] = {it.index: it.line for it in exact}
+    lines.update(conflict_lines)
+    return IngestResult(counts=counts, rejected=len(errors), errors=tuple(errors)), lines
+
+
+def _doc_id(fast_events: pa.Table | None, c_pos: int) -> bool:
+    """Whether the fast event at candidate position ``c_pos`` carried its own event_id."""
+    if fast_events is None:
+        return False
+    positions = fast_events.column("_pos").to_numpy()
+    row = int(np.searchsorted(positions, c_pos))
+    return bool(fast_events.column("_doc_id")[row].as_py())
+
+
+def _conflict_rows(errors: Sequence[ItemError], source: str, received_at: datetime) -> pa.Table:
+    return failed_table([
+        failed_row(source=source, kind="conflict", reason=e.message, raw=e.raw, item_index=e.index, field=e.field,
+                   received_at=received_at)
+        for e in errors
+    ])
+
+
+def _in_file_order(parts: list[pa.Table], index: list[int]) -> tuple[pa.Table | None, list[int]]:
+    """The parts as one table sorted by item index, and for each of its rows the row it was in ``parts``."""
+    if not parts:
+        return None, []
+    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    order = np.argsort(np.asarray(index, dtype=np.int64), kind="stable")
+    if len(parts) > 1 or not bool(np.all(order[1:] > order[:-1])):
+        table = table.take(pa.array(order))
+        return table, order.tolist()
+    return table, list(range(len(index)))

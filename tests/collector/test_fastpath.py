@@ -1,0 +1,383 @@
+"""The fast path of ``ubi import`` changes speed, never outcomes: compared with the exact path record by record.
+
+Every comparison imports the same file twice into fresh stores, once with the fast path (``fast=True``, the
+default) and once with the exact path for every record (``fast=False``: pydantic, as through a collector),
+and asserts that the per-file reports (counts, rejected, every error with index, line, field and message)
+and the stored tables (``ubi_queries``, ``ubi_events``, ``failed_records`` without the server's ids and
+arrival times) are identical. Inputs: hypothesis-generated events and query records built from pieces
+that sit on every edge of the plain shape (lengths 100/101, int32 bounds, timestamps that do not exist,
+repeated keys, trailing commas, escapes, legacy shapes, extra keys, ids that collide), the shared samples,
+and generated logs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from collector import fastpath
+from collector.formats import _PLAIN_ACTION, bulk_items, bulk_records, json_item
+from collector.importer import import_files
+from processors.simulation.bulk_log import write_files
+from schemas.errors import InputFileError
+from schemas.ubi import UbiEvent, UbiQuery
+from tests.conftest import SAMPLE_LOG, shared_path
+
+_TABLES = {
+    "ubi_queries": "* EXCLUDE (received_at)",
+    "ubi_events": "* EXCLUDE (received_at)",
+    "failed_records": "* EXCLUDE (failed_id, received_at)",
+}
+
+
+def _stored(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: sorted(con.execute(f"SELECT {cols} FROM {t}").fetchall(), key=repr) for t, cols in _TABLES.items()}
+    finally:
+        con.close()
+
+
+def _both(tmp: Path, files: list[Path], **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(fast, exact) outcomes of importing ``files``: reports and stored rows, with the source path normalised."""
+    out = []
+    for name, fast in (("fast", True), ("exact", False)):
+        db = tmp / f"{name}.duckdb"
+        try:
+            reports, mode = import_files(files, db, fast=fast, max_errors=10_000, **kw)
+        except InputFileError as exc:  # a file that is not NDJSON after all (a first line that is not JSON)
+            out.append({"reports": str(exc), "stored": _stored(db)})
+            continue
+        assert mode == "direct"
+        out.append({"reports": [r.public() for r in reports], "stored": _stored(db)})
+    return out[0], out[1]
+
+
+def _assert_same(tmp: Path, files: list[Path], **kw: Any) -> dict[str, Any]:
+    fast, exact = _both(tmp, files, **kw)
+    assert fast["reports"] == exact["reports"]
+    for table in _TABLES:
+        assert fast["stored"][table] == exact["stored"][table], table
+    return fast
+
+
+# ---------------------------------------------------------------- generated records on the edges
+
+_S100, _S101 = "a" * 100, "b" * 101
+_STRINGS = ["x", "", "with: colon", "with \"quote\"", "back\\\\slash", "caf\u00e9 \u00fc", "\U0001f600", _S100, _S101,
+            "tab\\tsep", "line\\nbreak", "slash/ok", "<b>&amp;</b>"]
+_JSON_VALUES = ['"x"', "null", '"a\\u003ab"', "1", "-1", "0", "1.5", "true", "[]", "{}", '["a"]', "NaN", '"\\u0041"',
+                '"' + _S100 + '"', '"' + _S101 + '"', '"' + "c" * 257 + '"', '"' + "d" * 1024 + '"',
+                '"' + "e" * 1025 + '"']
+_TIMESTAMPS = ['"2024-05-16T12:34:56.789Z"', '"2024-02-29T00:00:00.000Z"', '"2023-02-29T00:00:00.000Z"',
+               '"2024-02-30T00:00:00.000Z"', '"0000-01-01T00:00:00.000Z"', '"0001-01-01T00:00:00.000Z"',
+               '"9999-12-31T23:59:59.999Z"', '"2024-01-01T24:00:00.000Z"', '"2024-01-01T23:59:60.000Z"',
+               '"2024-01-01T00:00:00Z"', '"2024-01-01T00:00:00.000+0000"', '"2024-01-01 00:00:00"',
+               "1715862896789", "1.5", "null", '"2024-13-01T00:00:00.000Z"', '"2024-1-01T00:00:00.000Z"',
+               '"2024-05-16t12:34:56.789z"', '" 2024-05-16T12:34:56.789Z"', '"\u0662024-05-16T12:34:56.789Z"']
+_ORDINALS = ["0", "3", "-1", "2147483647", "2147483648", "-2147483648", "-2147483649", "1.0", "1e2", '"3"',
+             "true", "null", '{"index": 4}', '{"idx": 4}', "-0", "18446744073709551615", "99999999999999999999999"]
+_IDS = ['"e1"', '"e2"', '"e3"', '""', "7", "null", '"' + "i" * 100 + '"', '"' + "j" * 101 + '"', '"id: with colon"',
+        '"caf\u00e9"']
+
+
+_VALID_STRINGS = st.sampled_from(['"x"', '"shop"', "null", '"with: colon"', '"caf\u00e9 \U0001f600"', '""',
+                                  '"' + _S100 + '"', '"a/b"', '"<b>&amp;</b>"'])
+_EDGE_STRINGS = st.one_of(st.sampled_from(_STRINGS).map(lambda s: f'"{s}"'), st.sampled_from(_JSON_VALUES),
+                          st.text(max_size=12).map(lambda s: json.dumps(s, ensure_ascii=False)))
+# Mostly values the fast path takes, so that many records test its rows; one in ten on an edge.
+_STRING = st.one_of(*[_VALID_STRINGS] * 9, _EDGE_STRINGS)
+
+
+def _obj(pairs: list[tuple[str, str]], sep: str = ",", trailing: bool = False) -> str:
+    body = sep.join(f'"{k}":{v}' if sep == "," else f'"{k}": {v}' for k, v in pairs)
+    return "{" + body + ("," if trailing and pairs else "") + "}"
+
+
+@st.composite
+def _pairs(draw: Any, fields: dict[str, st.SearchStrategy[str]], required: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """Some of ``fields`` (the required ones usually), now and then a key twice or an extra key, in some order."""
+    names = [n for n in fields if n in required or draw(st.booleans())]
+    if required and draw(st.integers(0, 9)) == 0:  # sometimes drop a required field
+        names = [n for n in names if n != required[0]]
+    pairs = [(n, draw(fields[n])) for n in names]
+    if pairs and draw(st.integers(0, 14)) == 0:  # a repeated key
+        k, _ = pairs[draw(st.integers(0, len(pairs) - 1))]
+        pairs.append((k, draw(fields[k])))
+    if draw(st.integers(0, 14)) == 0:  # an extra key
+        pairs.append(("extra_key", draw(st.sampled_from(['"v"', "1", '{"a": 1}', "null"]))))
+    if len(pairs) > 1 and draw(st.booleans()):
+        pairs.reverse()
+    return pairs
+
+
+_PLAIN_STR = st.one_of(st.sampled_from(['"sku-1"', '"sku-2"', '"doc/7"', '"\u00fcber"', '"über"', '"a\\"b"']),
+                       _STRING)
+_OBJECT = _pairs({"object_id": _PLAIN_STR, "object_id_field": _STRING, "object_id_type": _STRING,
+                  "internal_id": _PLAIN_STR}).map(_obj)
+_POSITION = st.one_of(
+    _pairs({"ordinal": st.one_of(st.sampled_from(_ORDINALS[:3]), st.sampled_from(_ORDINALS))}).map(_obj),
+    _pairs({"ordinal": st.one_of(st.sampled_from(_ORDINALS[:3]), st.sampled_from(_ORDINALS))}).map(_obj),
+    _pairs({"ordinal": st.sampled_from(_ORDINALS), "x": st.sampled_from(["1", "2.5", '"3"']),
+            "y": st.sampled_from(["1", "2.5"]), "xy": st.sampled_from(['{"x": 1, "y": 2}', "null", "3"])}).map(_obj),
+)
+_ATTRS = st.one_of(
+    _pairs({"object": st.one_of(_OBJECT, st.sampled_from(["null", '"o"', "{}"])),
+            "position": st.one_of(_POSITION, st.sampled_from(["null", "{}", "[]"]))}).map(_obj),
+    _pairs({"object": _OBJECT, "position": _POSITION}, ("object", "position")).map(_obj),
+    st.sampled_from(["null", "{}", '"attrs"', "[]"]),
+)
+_EVENT_FIELDS: dict[str, st.SearchStrategy[str]] = {
+    "action_name": st.one_of(st.sampled_from(['"click"', '"impression"', '""', '"' + _S100 + '"']), _STRING),
+    "timestamp": st.one_of(*[st.sampled_from(_TIMESTAMPS[:2])] * 3, st.sampled_from(_TIMESTAMPS)),
+    "event_id": st.one_of(*[st.sampled_from(_IDS[:3])] * 3, st.sampled_from(_IDS)),
+    "query_id": _STRING,
+    "session_id": _STRING,
+    "client_id": _STRING,
+    "user_id": _STRING,
+    "application": _STRING,
+    "message_type": _STRING,
+    "message": _STRING,
+    "user_query": _STRING,
+    "event_attributes": _ATTRS,
+}
+_HITS = st.lists(st.one_of(st.sampled_from(['"h1"', '"h2"', "3", '"' + "h" * 257 + '"', "null"]), _STRING),
+                 max_size=4).map(lambda xs: "[" + ",".join(xs) + "]")
+_QUERY_FIELDS: dict[str, st.SearchStrategy[str]] = {
+    "user_query": _STRING,
+    "query_id": st.sampled_from(['"q1"', '"q2"', '""', "5", "null", '"' + "q" * 101 + '"']),
+    "client_id": _STRING,
+    "application": _STRING,
+    "timestamp": st.one_of(st.sampled_from(_TIMESTAMPS[:2]), st.sampled_from(_TIMESTAMPS)),
+    "query_attributes": st.sampled_from(['{}', '{"ranker": "a"}', '{"a": null, "b": {"c": 1.50}}', '"x"', "null",
+                                         '{"a": 1, "a": 2}', '{"n": [1, {"d": true}]}', '{"u": "é"}']),
+    "object_id_field": _STRING,
+    "query_response_id": st.sampled_from(['"r1"', '""', "null", "1"]),
+    "query_response_hit_ids": st.one_of(_HITS, st.sampled_from(["null", '"h"', "[]"])),
+}
+
+
+def _render(pairs: list[tuple[str, str]], style: tuple[str, bool]) -> str:
+    return _obj(pairs, *style)
+
+
+_STYLE = st.tuples(st.sampled_from([",", ", "]), st.integers(0, 19).map(lambda n: n == 0))  # separator, trailing ','
+event_line = st.builds(_render, _pairs(_EVENT_FIELDS, ("action_name", "timestamp", "event_id")), _STYLE)
+query_line = st.builds(_render, _pairs(_QUERY_FIELDS, ("user_query",)), _STYLE)
+
+
+_LINES = st.lists(st.one_of(event_line, event_line, query_line,
+                            st.sampled_from(["{bad", "[]", "3", '{"a":1}', "not json", '"s"'])),
+                  min_size=1, max_size=30)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=_LINES, kind=st.sampled_from([None, None, "event", "query"]))
+def test_ndjson_fast_and_exact_paths_agree(tmp_path_factory: pytest.TempPathFactory, lines: list[str],
+                                           kind: str | None) -> None:
+    tmp = tmp_path_factory.mktemp("nd")
+    path = tmp / "in.ndjson"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _assert_same(tmp, [path], kind=kind)
+
+
+_ACTIONS = ['{"index":{"_index":"ubi_events","_id":"e1"}}', '{"index": {"_index": "ubi_events", "_id": "e2"}}',
+            '{"create":{"_index":"ubi_events"}}', '{"index":{"_index":"ubi_queries","_id":"q1"}}',
+            '{"index":{"_id":"e3","_index":"ubi_events"}}', '{"index":{"_index":"ubi_events","_id":7}}',
+            '{"index":{"_index":"ubi_events","_id":""}}', '{"index":{"_index":"nope"}}', '{"delete":{"_id":"x"}}',
+            '{"update":{"_index":"ubi_events"}}', '{"index":{"_index":"ubi_events","_index":"ubi_events"}}',
+            '{"index":{"_index":"ubi_events","_id":"' + "k" * 101 + '"}}', "{bad"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pairs=st.lists(st.tuples(st.sampled_from(_ACTIONS), st.one_of(event_line, query_line)), min_size=1,
+                      max_size=20),
+       tail=st.sampled_from(["", '{"index":{"_index":"ubi_events"}}']))
+def test_bulk_fast_and_exact_paths_agree(tmp_path_factory: pytest.TempPathFactory, pairs: list[tuple[str, str]],
+                                         tail: str) -> None:
+    tmp = tmp_path_factory.mktemp("bulk")
+    path = tmp / "in.bulk.ndjson"
+    lines = ['{"index":{"_index":"ubi_events","_id":"first"}}', '{"action_name":"click","timestamp":1}']
+    for action, doc in pairs:
+        lines.append(action)
+        if '"delete"' not in action:
+            lines.append(doc)
+    path.write_text("\n".join([*lines, tail]) + "\n", encoding="utf-8")
+    _assert_same(tmp, [path])
+
+
+def test_plain_action_lines_mean_what_the_general_path_finds() -> None:
+    """A line the regex takes gives the same item as the general path (same kind, _id, verb, index)."""
+    doc = b'{"action_name":"click","timestamp":"2024-05-16T12:34:56.789Z"}'
+    for action in _ACTIONS:
+        line = action.encode()
+        general = list(bulk_items([(1, line), (2, doc)]))
+        fast = list(bulk_records([(1, line), (2, doc)], plain=True))
+        if _PLAIN_ACTION.fullmatch(line):
+            assert type(fast[0]) is tuple and json_item(*fast[0][:4], event_id=fast[0][4], action=fast[0][5],
+                                                        index_name=fast[0][6]) == general[0]
+        else:
+            assert fast == general
+    assert _PLAIN_ACTION.fullmatch(b'{"index":{"_index":"ubi_events","_id":"e1"}}')
+    assert not _PLAIN_ACTION.fullmatch(b'{"index":{"_index":"ubi_events","_id":"a\\"b"}}')
+
+
+# ---------------------------------------------------------------- samples and generated logs
+
+
+def test_the_esci_sample_imports_alike_and_mostly_fast(tmp_path: Path) -> None:
+    path = shared_path(SAMPLE_LOG)
+    fast = _assert_same(tmp_path, [path])
+    (report,) = fast["reports"]
+    assert report["accepted"] > 0
+
+
+def test_fixed_edge_records_agree(tmp_path: Path) -> None:
+    """Hand-picked records on the edges (each line commented with what it tests), both directions of dedup."""
+    lines = [
+        '{"event_id":"a","action_name":"click","timestamp":"2024-05-16T12:34:56.789Z"}',  # plain
+        '{"event_id":"a","action_name":"click","timestamp":"2024-05-16T12:34:56.789Z"}',  # duplicate
+        '{"event_id":"a","action_name":"view","timestamp":"2024-05-16T12:34:56.789Z"}',  # conflict
+        '{"action_name":"click","timestamp":"2024-05-16T12:34:56.789Z"}',  # no id: hash key (exact path)
+        '{"event_id":"b","action_name":"click","timestamp":"2024-05-16T12:34:56.789Z","event_attributes":'
+        '{"object":{"object_id":"\u00fcber-1","object_id_field":"sku"},"position":{"ordinal":-0}}}',  # non-ASCII, -0
+        '{"event_id":"c","action_name":"click","timestamp":"2024-05-16T12:34:56.789Z","event_attributes":{}}',
+        '{"event_id":"d","action_name":"click","timestamp":"2024-05-16T12:34:56.789Z","event_attributes":'
+        '{"object":null,"position":{}}}',
+        '{"event_id":"e","action_name":"click","timestamp":"2024-05-16T12:34:56.789Z","event_attributes":'
+        '{"object":{},"position":{"ordinal":null}}}',
+        '{"event_id":"f","action_name":"click","timestamp":"2024-05-16T12:34:56.789Z","user_query":"a: b"}',
+        '{"event_id":"g","action_name":"click","timestamp":"2024-05-16T12:34:56.789Z","message":"' + "m" * 1024 + '"}',
+        '{"query_id":"q","user_query":"shoes","timestamp":"2024-05-16T12:34:56.000Z","query_attributes":{"a":null}}',
+        '{"query_id":"q","user_query":"shoes","timestamp":"2024-05-16T12:34:56.000Z","query_attributes":{"a":null}}',
+        '{"query_id":"q","user_query":"boots"}',  # query conflict
+        '{"query_id":"","user_query":"no id","query_response_id":""}',
+    ]
+    path = tmp_path / "edge.ndjson"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    fast = _assert_same(tmp_path, [path])
+    (report,) = fast["reports"]
+    # 14 lines: 1 event duplicate and 1 query duplicate, 1 event and 1 query conflict (hand count)
+    assert (report["duplicates"], report["rejected"], report["accepted"]) == (2, 2, 10)
+    # a second import of the same file: every record a duplicate or a conflict, on both paths
+    again = tmp_path / "again"
+    again.mkdir()
+    _assert_same(again, [path, path])
+
+
+@pytest.mark.parametrize("fmt", ["ndjson", "bulk"])
+def test_generated_logs_agree_and_take_the_fast_path(tmp_path: Path, fmt: str) -> None:
+    files = write_files(tmp_path / "in", 3_000, fmt=fmt, seed=2)
+    fast = _assert_same(tmp_path, files)
+    # every generated record is plain: the fast path stores all of them without pydantic
+    chunk_events = []
+    original = fastpath.validate_items
+
+    def spy(items: Any) -> Any:
+        chunk_events.extend(items)
+        return original(items)
+
+    fastpath.validate_items = spy  # type: ignore[assignment]
+    try:
+        import_files(files, tmp_path / "spy.duckdb")
+    finally:
+        fastpath.validate_items = original  # type: ignore[assignment]
+    assert chunk_events == []
+    assert sum(r["accepted"] for r in fast["reports"]) > 3_000
+
+
+def test_the_fast_path_limits_are_the_models() -> None:
+    """EVENT_STRINGS, OBJECT_STRINGS and the query limits repeat the models' maxLength (their JSON Schema)."""
+    def max_length(schema: dict[str, Any]) -> int | None:
+        for option in schema.get("anyOf", [schema]):
+            if option.get("type") == "string":
+                return option.get("maxLength")
+        return None
+
+    event = UbiEvent.model_json_schema()
+    for name, limit in fastpath.EVENT_STRINGS:
+        if name != "timestamp":
+            assert max_length(event["properties"][name]) == limit, name
+    obj = event["$defs"]["EventObject"]["properties"]
+    for name, limit in fastpath.OBJECT_STRINGS:
+        assert max_length(obj[name]) == limit, name
+    query = UbiQuery.model_json_schema()["properties"]
+    for name, limit in fastpath.QUERY_LIMITS.items():
+        assert max_length(query[name]) == limit, name
+    assert set(fastpath.EVENT_KEYS) == set(UbiEvent.model_fields)
+
+
+# ---------------------------------------------------------------- many mostly plain records, seeded
+
+def _mostly_plain_lines(n: int, seed: int) -> list[str]:
+    """``n`` records (events, about one query record in eight), each a plain one with, one time in three, one
+    piece swapped for an edge piece of the pools above: the fast path takes most of them, so their stored
+    rows are compared, and the rest test that it hands on exactly what it must."""
+    import random
+
+    rnd = random.Random(seed)
+    out = []
+    for i in range(n):
+        if i % 8 == 7:
+            fields = {"query_id": f'"q{rnd.randrange(n // 4 + 1)}"', "user_query": rnd.choice(['"shoes"', '"red: shoes"']),
+                      "client_id": '"c1"', "timestamp": '"2024-05-16T12:34:56.000Z"',
+                      "query_attributes": rnd.choice(['{}', '{"ranker": "a", "page": 1.50}', '{"a": null}']),
+                      "query_response_hit_ids": rnd.choice(['["d1", "d2"]', "[]", '["' + "h" * 256 + '"]'])}
+            pools: dict[str, list[str]] = {"query_id": ['"q"', '""', "5", "null"], "user_query": _JSON_VALUES,
+                                           "timestamp": _TIMESTAMPS, "query_attributes": ['"x"', '{"a": 1, "a": 2}'],
+                                           "query_response_hit_ids": ['[3]', '"h"', '["' + "h" * 257 + '"]']}
+        else:
+            fields = {"event_id": f'"e{rnd.randrange(n)}"', "action_name": rnd.choice(['"click"', '"impression"']),
+                      "query_id": '"q1"', "session_id": '"s1"', "client_id": rnd.choice(['"c1"', '"c\u00e9"']),
+                      "timestamp": rnd.choice(_TIMESTAMPS[:2]), "message_type": '"INFO"',
+                      "event_attributes": f'{{"object": {{"object_id": "sku-{rnd.randrange(50)}", '
+                                          f'"object_id_field": "sku"}}, "position": {{"ordinal": {rnd.randrange(20)}}}}}'}
+            pools = {"event_id": _IDS, "action_name": _JSON_VALUES, "timestamp": _TIMESTAMPS, "query_id": _JSON_VALUES,
+                     "user_query": _JSON_VALUES, "message": _JSON_VALUES,
+                     "event_attributes": ['{"object": {"object_id": 12}}',
+                                          f'{{"position": {{"ordinal": {rnd.choice(_ORDINALS)}}}}}',
+                                          '{"position": {"x": 1, "y": 2}}', '"a"', "null",
+                                          '{"object": {"object_id": "a", "object_id": "b"}}', '{"extra": 1}']}
+        if rnd.random() < 1 / 3:
+            key = rnd.choice(list(pools))
+            fields[key] = rnd.choice(pools[key])
+        pairs = list(fields.items())
+        if rnd.random() < 0.03:
+            pairs.append(("extra_key", '"v"'))
+        if rnd.random() < 0.03:
+            pairs.append(pairs[0])
+        rnd.shuffle(pairs)
+        out.append(_obj(pairs, rnd.choice([",", ", "]), rnd.random() < 0.02))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_mostly_plain_records_agree_and_most_take_the_fast_path(tmp_path: Path, seed: int) -> None:
+    lines = _mostly_plain_lines(3_000, seed)
+    path = tmp_path / "in.ndjson"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    exact_items: list[Any] = []
+    original = fastpath.validate_items
+
+    def spy(items: Any) -> Any:
+        items = list(items)
+        exact_items.extend(items)
+        return original(items)
+
+    fastpath.validate_items = spy  # type: ignore[assignment]
+    try:
+        fast = _assert_same(tmp_path, [path])
+    finally:
+        fastpath.validate_items = original  # type: ignore[assignment]
+    # with about one record in three altered, a clear majority is plain (the fast path's share is printed)
+    share = 1 - len(exact_items) / len(lines)
+    print(f"fast path took {share:.0%} of {len(lines)} records")
+    assert 0.5 < share < 1
+    (report,) = fast["reports"]
+    assert report["rejected"] > 0 and report["duplicates"] > 0
