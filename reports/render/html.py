@@ -90,7 +90,8 @@ def propensity_interval_label(propensity: dict) -> str:
     level = propensity.get("level")
     parts = [f"{level * 100:.0f}% interval"] if (isinstance(level, float | int) and not isinstance(level, bool)
                                                  and math.isfinite(level)) else []
-    scheme = str((propensity.get("bootstrap") or {}).get("scheme", ""))
+    boot = propensity.get("bootstrap")
+    scheme = str(boot.get("scheme", "")) if isinstance(boot, dict) else ""  # a hand-written file may lack it
     unit = "queries" if "queries" in scheme else "sessions" if "sessions" in scheme else None
     if parts and unit:
         parts.append(f"{unit} resampled")

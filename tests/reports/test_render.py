@@ -126,3 +126,4 @@ def test_propensity_title_names_level_and_bootstrap_unit():
     assert propensity_interval_label({**PROPENSITY, "bootstrap": {"replicates": 200, "scheme": SCHEME}}) == (
         " (95% interval, sessions resampled)")
     assert propensity_interval_label({"bootstrap": {"scheme": SCHEME}}) == ""
+    assert propensity_interval_label({**PROPENSITY, "bootstrap": "200 replicates"}) == " (95% interval)"
