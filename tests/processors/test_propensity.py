@@ -134,7 +134,8 @@ def test_pair_fixed_effects_is_not_biased_by_sparse_confounded_pairs() -> None:
     pair = np.repeat(np.arange(n_pairs), 3)
     rank = np.tile(np.arange(1, 4), n_pairs)
     clicks = rng.binomial(imps, theta[rank - 1] * alpha[pair])
-    c = cells(np.column_stack([pair, rank, imps, clicks]).tolist(), n_pairs, 3)
+    base = cells([(0, 1, 1, 0)], n_pairs, 3)  # the pair index of n_pairs pairs; the cells are set directly
+    c = ClickCells(base.pairs, pair, rank, imps.astype(np.int64), clicks.astype(np.int64), 3)
     fe, em = pair_fixed_effects(c), em_ratios(c)
     assert np.all(np.abs(fe / theta - 1) < 0.04)
     assert em[2] / theta[2] - 1 < -0.025
