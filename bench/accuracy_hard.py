@@ -19,8 +19,10 @@ searches) it prints:
   it beats raw CTR in every bucket, by at least 0.05 overall.
 * **θ** (pbm generator): mean relative error of θ̂_k/θ̂_1 over ranks 2..10 for the estimators ``ubi
   propensity`` ships (EM and harvesting, no bootstrap), and with ``--coverage-seeds N`` the share of ranks
-  2..10 whose 95% bootstrap interval holds the truth over N logs of ``--coverage-sessions`` searches
-  (target: error <= 2% at 50,000 searches, coverage 93-97%).
+  2..10 whose 95% bootstrap interval holds the truth over N logs of ``--coverage-sessions`` searches from
+  ``--coverage-first-seed`` (target: error <= 2% at 50,000 searches, coverage 93-97%); harvesting's interval
+  with the query-cluster bootstrap it ships and with a session bootstrap, and with ``--coverage-methods
+  harvest allpairs`` the AllPairs estimator it replaced.
 
 Every figure is printed with the CPU time and peak RSS of the run: timings on a shared machine vary.
 
@@ -176,33 +178,63 @@ def _choose(fitted: dict[str, Any], ident: Any, n_train: int, n_test: int) -> Se
     return Selection(None, n_train, n_test, HOLDOUT, scores, best, excluded, ident.verdict)
 
 
+def _allpairs_estimate(patterns: Any, replicates: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The estimator ``ubi propensity --method harvest`` shipped before: AllPairs with a session bootstrap."""
+    from processors.propensity.bootstrap import CellMap, bootstrap
+    from processors.propensity.harvest import allpairs_from_stats, harvest_stats
+
+    cmap = CellMap(patterns)
+    ratio = allpairs_from_stats(harvest_stats(cmap.cells()))
+    if not replicates:
+        nan = np.full_like(ratio, np.nan)
+        return ratio, nan, nan
+    boot = bootstrap(patterns.weight, lambda w: allpairs_from_stats(harvest_stats(cmap.cells(w))),
+                     replicates=replicates, seed=seed)
+    return ratio, boot.low, boot.high
+
+
 def coverage(seeds: int, sessions: int, replicates: int, first_seed: int, bootstrapped: list[str]) -> dict[str, Any]:
-    """θ error over ``seeds`` logs for EM and harvesting; interval coverage for the ``bootstrapped`` methods."""
+    """θ error over ``seeds`` logs; interval coverage for the ``bootstrapped`` methods.
+
+    Rows: ``harvest`` (what ``ubi propensity`` ships: pair fixed effects, query-cluster bootstrap), the same
+    estimate with a session bootstrap (``harvest/session``), ``em`` and, when asked for, ``allpairs`` (the
+    estimator shipped before, with its session bootstrap).
+    """
     out: dict[str, Any] = {"seeds": seeds, "first_seed": first_seed, "sessions": sessions, "replicates": replicates}
-    for method in ("harvest", "em"):
-        hit = total = 0
-        errs = []
-        per_seed: list[dict[str, Any]] = []
-        t0 = time.perf_counter()
-        reps = replicates if method in bootstrapped else 0
-        for s in range(first_seed, first_seed + seeds):
-            traffic = simulate(scenario("hard", sessions=sessions, model="pbm", seed=s))
-            truth = traffic.truth.theta / traffic.truth.theta[0]
-            est = estimate_from_patterns(traffic.patterns(), method, replicates=reps, seed=s)
-            t = truth[1:]
-            lo, hi = est.ci_low[1:], est.ci_high[1:]
-            seed_hit = int(((lo <= t) & (t <= hi)).sum())
-            hit += seed_hit
-            total += len(t)
-            errs.append(est.relative_error(truth))
-            per_seed.append({"seed": s, "covered": seed_hit if reps else None, "cases": len(t),
-                             "relative_error": float(errs[-1])})
-            print(f"  coverage {method} seed {s}: {hit}/{total} so far, error {errs[-1]:.2%} "
-                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-        out[method] = {"covered": hit if reps else None, "cases": total,
-                       "coverage": hit / total if total and reps else None,
-                       "mean_relative_error": float(np.mean(errs)), "seconds": round(time.perf_counter() - t0, 1),
-                       "per_seed": per_seed}
+    rows = ["harvest", "harvest/session", "em"] + (["allpairs"] if "allpairs" in bootstrapped else [])
+    acc = {m: {"hit": 0, "total": 0, "errs": [], "per_seed": [], "seconds": 0.0} for m in rows}
+    for s in range(first_seed, first_seed + seeds):
+        traffic = simulate(scenario("hard", sessions=sessions, model="pbm", seed=s))
+        truth = traffic.truth.theta / traffic.truth.theta[0]
+        patterns = traffic.patterns()
+        t = truth[1:]
+        for m in rows:
+            t0 = time.perf_counter()
+            reps = replicates if m.split("/")[0] in bootstrapped else 0
+            if m == "allpairs":
+                ratio, lo, hi = _allpairs_estimate(patterns, reps, s)
+                err = float(np.nanmean(np.abs(ratio[1:] - t) / t))
+            else:
+                method, _, unit = m.partition("/")
+                est = estimate_from_patterns(patterns, method, replicates=reps, seed=s, unit=unit or None)
+                ratio, lo, hi, err = est.ratio, est.ci_low, est.ci_high, est.relative_error(truth)
+            a = acc[m]
+            seed_hit = int(((lo[1:] <= t) & (t <= hi[1:])).sum())
+            a["hit"] += seed_hit
+            a["total"] += len(t)
+            a["errs"].append(err)
+            a["seconds"] += time.perf_counter() - t0
+            a["per_seed"].append({"seed": s, "covered": seed_hit if reps else None, "cases": len(t),
+                                  "relative_error": err, "signed_error": (ratio[1:] / t - 1).round(5).tolist()})
+            print(f"  coverage {m} seed {s}: {a['hit']}/{a['total']} so far, error {err:.2%} "
+                  f"({a['seconds']:.0f} s)", file=sys.stderr, flush=True)
+    for m in rows:
+        a = acc[m]
+        reps = replicates if m.split("/")[0] in bootstrapped else 0
+        out[m] = {"covered": a["hit"] if reps else None, "cases": a["total"],
+                  "coverage": a["hit"] / a["total"] if a["total"] and reps else None,
+                  "mean_relative_error": float(np.mean(a["errs"])), "seconds": round(a["seconds"], 1),
+                  "per_seed": a["per_seed"]}
     return out
 
 
@@ -248,11 +280,11 @@ def print_tables(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> N
     if cov:
         print(f"\n## θ interval coverage: {cov['seeds']} logs x {cov['sessions']:,} searches (hard, pbm), "
               f"{cov['replicates']} bootstrap replicates")
-        for m in ("em", "harvest"):
+        for m in [r for r in ("harvest", "harvest/session", "allpairs", "em") if r in cov]:
             c = cov[m]
             covered = (f"covered {c['covered']}/{c['cases']} ({c['coverage']:.1%})" if c["coverage"] is not None
                        else "coverage not measured (no bootstrap asked for)")
-            print(f"{m:<8} {covered}, mean relative error {c['mean_relative_error']:.2%} ({c['seconds']} s)")
+            print(f"{m:<16} {covered}, mean relative error {c['mean_relative_error']:.2%} ({c['seconds']} s)")
 
 
 def markdown(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> str:
@@ -309,11 +341,26 @@ def markdown(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> str:
         if r and "theta" in r:
             lines.append(f"| {n:,} | {r['theta']['em']:.2%} | {r['theta']['harvest']:.2%} |")
     if cov:
-        lines += ["", f"Over {cov['seeds']} logs of {cov['sessions']:,} searches (seeds {cov.get('first_seed', '')}): "
-                  + "; ".join(f"{m} error {cov[m]['mean_relative_error']:.2%}"
-                              + (f", 95% interval covers {cov[m]['covered']}/{cov[m]['cases']} ({cov[m]['coverage']:.0%})"
-                                 if cov[m]["coverage"] is not None else ", coverage not measured")
-                              for m in ("em", "harvest"))]
+        names = [m for m in ("harvest", "harvest/session", "allpairs", "em") if m in cov]
+        lines += ["", f"θ at {cov['sessions']:,} searches, {cov['replicates']}-replicate bootstrap, 95% intervals "
+                  "(error: mean relative error over ranks 2..10; covers: ranks 2..10 whose interval holds the truth):", "",
+                  "| seed | " + " | ".join(f"{m} error | covers" if cov[m]["coverage"] is not None else f"{m} error"
+                                         for m in names) + " |",
+                  "|---" * (1 + sum(2 if cov[m]["coverage"] is not None else 1 for m in names)) + "|"]
+        for i, row in enumerate(cov[names[0]]["per_seed"]):
+            cells = []
+            for m in names:
+                ps = cov[m]["per_seed"][i]
+                cells.append(f"{ps['relative_error']:.2%}")
+                if cov[m]["coverage"] is not None:
+                    cells.append(f"{ps['covered']}/{ps['cases']}")
+            lines.append(f"| {row['seed']} | " + " | ".join(cells) + " |")
+        pooled = []
+        for m in names:
+            pooled.append(f"**{cov[m]['mean_relative_error']:.2%}**")
+            if cov[m]["coverage"] is not None:
+                pooled.append(f"**{cov[m]['covered']}/{cov[m]['cases']} = {cov[m]['coverage']:.0%}**")
+        lines.append("| pooled | " + " | ".join(pooled) + " |")
     return "\n".join(lines)
 
 
@@ -327,8 +374,9 @@ def main() -> int:
     ap.add_argument("--coverage-sessions", type=int, default=50_000)
     ap.add_argument("--replicates", type=int, default=100)
     ap.add_argument("--coverage-methods", nargs="*", default=["harvest"],
-                    help="estimators whose intervals are bootstrapped for coverage (default harvest; EM's bootstrap "
-                         "refits EM per replicate and takes minutes per log)")
+                    help="estimators whose intervals are bootstrapped for coverage (default harvest, with both the "
+                         "query and the session bootstrap; allpairs = the harvesting estimator shipped before; EM's "
+                         "bootstrap refits EM per replicate and takes minutes per log)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", nargs="+", metavar="RESULT.json",
                     help="print the README tables of --json outputs (one or more files) instead of running")

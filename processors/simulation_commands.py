@@ -94,12 +94,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "sessions in the store. Methods: em = PBM fitted by EM (Wang et al. 2018; no intervention needed); "
             "marginal = PBM with each pair's attractiveness integrated out under the rank-informed empirical "
             "prior (no per-pair parameters, so no incidental-parameter bias); "
-            "harvest = intervention harvesting, AllPairs (Agarwal et al. 2019; the same (query, doc) shown at "
-            "different ranks by different rankers or at different times); randomized = searches of a swap "
+            "harvest = intervention harvesting (Agarwal et al. 2019; the same (query, doc) shown at "
+            "different ranks by different rankers or at different times), fitted by the pair fixed-effects "
+            "(Poisson conditional) likelihood; randomized = searches of a swap "
             "experiment marked in query_attributes.randomized (Joachims et al. 2017); all = every method the "
             "data allow. em and harvest refuse a log in which no (query, doc) was shown at two different ranks "
             "(nothing separates position from relevance there) and name ranks linked by few such pairs. "
-            "Intervals: bootstrap resampling whole sessions; percentile intervals, except for em, whose "
+            "Intervals: bootstrap resampling whole queries for harvest (a query's searches share its pairs and "
+            "rankings) and whole sessions otherwise (--resample changes it); percentile intervals, except for em, whose "
             "estimate runs a few percent high on small logs: its interval is the basic bootstrap interval of "
             "log θ, reflected around the estimate, and the notes say how large the bias looks. Writes a PNG "
             "of the curve."
@@ -112,6 +114,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="bootstrap replicates for the intervals (default 200; 0 = none)")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals (default 0.95)")
     p.add_argument("--seed", type=int, help="bootstrap seed (default: $UBI_SEED or 0)")
+    p.add_argument("--resample", choices=("query", "session"),
+                   help="what the bootstrap resamples: query = clusters, each drawn query with all its searches "
+                        "(default for harvest), session = single searches (default for em and marginal)")
     p.add_argument("--plot", type=Path, metavar="FILE.png",
                    help="where to write the plot (default: beside the database, <db>.propensity-<method>.png)")
     p.add_argument("--no-plot", action="store_true", help="do not write a plot")
@@ -271,7 +276,8 @@ def cmd_propensity(args: argparse.Namespace) -> int:
                     data = read_patterns(settings.db, settings, k)
                 with _progress(err, f"bootstrap ({method})", args.bootstrap, show) as tick:
                     est = estimate_from_patterns(data.patterns, method, max_rank=k, replicates=args.bootstrap,
-                                                 seed=settings.seed, level=args.level, progress=tick)
+                                                 seed=settings.seed, level=args.level, progress=tick,
+                                                 unit=args.resample)
         except PropensityError as exc:
             if args.method != "all":
                 raise
@@ -334,7 +340,7 @@ def _num(x: float) -> float | None:
 
 _SUPPORT_HEADERS = {"impressions": "impr.", "clicks": "clicks", "pairs_at_other_ranks": "pairs also at k'≠k",
                     "arm_searches": "searches in arm (1,k)", "arm_clicks_at_rank": "clicks at k in arm"}
-_TITLES = {"em": "PBM EM", "marginal": "PBM by marginal likelihood (attractiveness integrated out)", "harvest": "Intervention harvesting (AllPairs)", "randomized": "Randomised swaps"}
+_TITLES = {"em": "PBM EM", "marginal": "PBM by marginal likelihood (attractiveness integrated out)", "harvest": "Intervention harvesting (pair fixed effects)", "randomized": "Randomised swaps"}
 
 
 def _print_estimate(console: Console, est: Any, truth: np.ndarray | None) -> None:
@@ -348,7 +354,8 @@ def _print_estimate(console: Console, est: Any, truth: np.ndarray | None) -> Non
         basis = (f"{est.sessions:,} sessions, {est.rank_pairs} rank pairs linked by "
                  f"{est.details['pairs_at_several_ranks']:,} (query, doc) pairs shown at several ranks "
                  f"(identifiability: {verdict})")
-    boot = f"{est.replicates} bootstrap replicates" if est.replicates else "no bootstrap"
+    unit = "queries" if "queries" in est.scheme else "searches" if "sessions" in est.scheme else "units"
+    boot = f"{est.replicates} bootstrap replicates resampling {unit}" if est.replicates else "no bootstrap"
     table = Table(title=f"{_TITLES.get(est.method, est.method)}: θ̂_k/θ̂_1", caption=f"{basis}; {boot}")
     table.add_column("rank", justify="right")
     table.add_column("θ̂_k/θ̂_1", justify="right")

@@ -1,7 +1,8 @@
 """Position bias (propensity) estimation: θ_k/θ_1 per rank with bootstrap intervals.
 
-Three estimators (``docs/position-bias.md``): PBM EM (``em``), intervention harvesting over rankers
-(``harvest``, AllPairs) and randomised swaps (``randomized``); ``bootstrap`` resamples sessions, ``plot``
+Estimators (``docs/position-bias.md``): PBM EM (``em``), PBM by marginal likelihood (``marginal``),
+intervention harvesting over rankers (``harvest``: the pair fixed-effects likelihood, with AllPairs beside
+it) and randomised swaps (``randomized``); ``bootstrap`` resamples sessions or whole queries, ``plot``
 draws the curve, ``estimate`` ties them together. The estimators load lazily (scipy, matplotlib and the
 click models are only imported when used).
 """

@@ -4,6 +4,15 @@ Resampling N sessions with replacement from a log whose distinct patterns have c
 multinomial draw: w* ~ Multinomial(N, w/N) (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993).
 This is the exact session bootstrap, done in O(patterns) per replicate instead of O(sessions).
 
+Sessions of one query are not independent evidence about θ: they share the query's (query, doc) pairs,
+their attractiveness and the rankings that placed them, and the interventions harvesting learns from are
+whole queries shown differently by different rankers. Resampling sessions treats every search as a new draw
+and so understates the spread when queries differ (and collapses it when a query's searches repeat). The
+*cluster* bootstrap resamples queries instead: G queries drawn with replacement from the G observed, each
+drawn query bringing all its sessions (Davison & Hinkley, *Bootstrap Methods and their Application*, 1997,
+§3.8; Cameron, Gelbach & Miller, Review of Economics and Statistics, 2008). With pattern counts w and
+m ~ Multinomial(G, 1/G) per query, a replicate's counts are w_s·m_{q(s)}: again O(patterns).
+
 Intervals: :func:`bootstrap` gives the percentile interval [q_{a/2}, q_{1−a/2}] of the replicates. For an
 estimator that is biased at the log's size the replicates carry the bias again (they centre near θ̂ + b,
 not θ̂), so the percentile interval sits near θ + 2b and can even exclude θ̂ itself. :func:`basic_log_interval`
@@ -28,6 +37,9 @@ from processors.propensity.common import PropensityError
 from processors.stats import ClickCells, SessionPatterns
 
 SCHEME = "multinomial resampling of sessions (counts of distinct session patterns)"
+QUERY_SCHEME = "multinomial resampling of queries (clusters: each drawn query brings all its sessions)"
+#: what ``bootstrap(unit=...)`` resamples, and the scheme name each records
+UNITS = {"session": SCHEME, "query": QUERY_SCHEME}
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,22 @@ def resample_weights(weights: NDArray[np.int64], rng: np.random.Generator) -> ND
     return rng.multinomial(total, w / w.sum()).astype(np.int64)
 
 
+def resample_clusters(weights: NDArray[np.int64], cluster: NDArray[np.int64], rng: np.random.Generator
+                      ) -> NDArray[np.int64]:
+    """One cluster-bootstrap replicate: G clusters drawn with replacement, w_s·m_{cluster(s)} per pattern.
+
+    ``cluster`` numbers each pattern's cluster (its query); clusters with no sessions are not drawn.
+    """
+    w = np.asarray(weights, dtype=np.int64)
+    if int(w.sum()) <= 0:
+        raise PropensityError("cannot bootstrap an empty log (no sessions)")
+    present, idx = np.unique(np.asarray(cluster)[w > 0], return_inverse=True)
+    draws = rng.multinomial(len(present), np.full(len(present), 1.0 / len(present)))
+    m = np.zeros(len(w), dtype=np.int64)
+    m[w > 0] = draws[idx]
+    return w * m
+
+
 def bootstrap(
     weights: NDArray[np.int64],
     statistic: Callable[[NDArray[np.int64]], NDArray[np.float64]],
@@ -62,21 +90,27 @@ def bootstrap(
     seed: int = 0,
     level: float = 0.95,
     progress: Callable[[int], None] | None = None,
+    clusters: NDArray[np.int64] | None = None,
 ) -> BootstrapResult:
-    """Percentile bootstrap of a per-rank ``statistic(pattern_weights)`` over sessions.
+    """Percentile bootstrap of a per-rank ``statistic(pattern_weights)`` over sessions, or over ``clusters``.
 
     ``statistic`` gets resampled pattern counts and returns one number per rank (NaN where undefined); a
-    replicate on which it raises :class:`PropensityError` is counted as failed and left out.
+    replicate on which it raises :class:`PropensityError` is counted as failed and left out. With
+    ``clusters`` (one cluster number per pattern, e.g. its query) whole clusters are resampled
+    (:func:`resample_clusters`) instead of sessions.
     """
     if replicates < 1:
         raise PropensityError(f"bootstrap replicates must be at least 1, got {replicates}")
     if not 0.0 < level < 1.0:
         raise PropensityError(f"confidence level must lie in (0, 1), got {level}")
+    if clusters is not None and len(clusters) != len(weights):
+        raise PropensityError(f"cluster bootstrap needs one cluster per pattern: {len(clusters)} clusters for "
+                              f"{len(weights)} patterns")
     rng = np.random.default_rng([seed, 0xB007])
     samples: NDArray[np.float64] | None = None
     failed = 0
     for b in range(replicates):
-        w = resample_weights(weights, rng)
+        w = resample_weights(weights, rng) if clusters is None else resample_clusters(weights, clusters, rng)
         try:
             est = np.asarray(statistic(w), dtype=np.float64)
         except PropensityError:

@@ -10,6 +10,13 @@ none (one fixed ranking per query) every rank's click rate is explained by relev
 fits equally well, so both refuse; ranks no such pair links to rank 1 are NaN, and ranks resting on fewer
 than :data:`FEW_LINKING_PAIRS` linking pairs are named in the notes.
 
+Harvesting (``--method harvest``) is the pair fixed-effects estimator of ``harvest.pair_fixed_effects``
+(PBM's per-pair attractiveness conditioned away), and its bootstrap resamples *queries* (clusters), not
+sessions: a query's sessions share its pairs and rankings. On 30 simulated hard logs of 50,000 searches
+(seeds 200-229, 200 replicates) its 95% percentile intervals covered the truth at 254 of 270 (rank, log)
+cases (94%); on the held-out seeds 100-104 (100 replicates) 38 of 45 (84%), where AllPairs with the session
+bootstrap it replaced covered 37 (82%). The README has the per-seed figures.
+
 Intervals: percentile bootstrap for harvesting and swaps, which are close to unbiased; for EM the basic
 bootstrap interval of log θ (``bootstrap.basic_log_interval``). PBM EM fits one attractiveness per pair, and
 with a few dozen impressions per pair (and attractiveness near its bound of 1 under the simulation
@@ -33,10 +40,10 @@ from numpy.typing import NDArray
 
 from processors.identifiability import UNIDENTIFIED as _NONE
 from processors.identifiability import assess
-from processors.propensity.bootstrap import SCHEME, CellMap, basic_log_interval, bias_and_se, bootstrap
+from processors.propensity.bootstrap import SCHEME, UNITS, CellMap, basic_log_interval, bias_and_se, bootstrap
 from processors.propensity.common import METHODS, PropensityError, PropensityEstimate
 from processors.propensity.em import em_ratios
-from processors.propensity.harvest import allpairs_from_stats, harvest_stats
+from processors.propensity.harvest import harvest_stats, pair_fixed_effects
 from processors.propensity.marginal import marginal_ratios
 from processors.propensity.randomized import SwapSessions, arm_counts, swap_ratios
 from processors.stats import ClickCells, SessionPatterns
@@ -47,6 +54,8 @@ Progress = Callable[[int], None]
 FEW_LINKING_PAIRS = 20
 #: bootstrap bias below this share of the standard error is not worth a note (Efron & Tibshirani 1993, §10.3)
 BIAS_NOTE_SHARE = 0.25
+#: what the bootstrap resamples by default (``estimate_from_patterns(unit=...)``, ``ubi propensity --resample``)
+DEFAULT_UNIT = {"em": "session", "marginal": "session", "harvest": "query"}
 INTERVALS = {"em": "basic bootstrap interval of log θ (reflected around the estimate: corrects a bias the "
                    "replicates share)", "marginal": "percentile", "harvest": "percentile",
              "randomized": "percentile"}
@@ -87,15 +96,24 @@ def estimate_from_patterns(
     seed: int = 0,
     level: float = 0.95,
     progress: Progress | None = None,
+    unit: str | None = None,
 ) -> PropensityEstimate:
-    """θ̂_k/θ̂_1 by ``method`` (``em`` or ``harvest``) with a percentile bootstrap over sessions.
+    """θ̂_k/θ̂_1 by ``method`` (``em``, ``marginal`` or ``harvest``) with a bootstrap interval.
 
-    ``replicates = 0`` skips the bootstrap (intervals are NaN). The interval resamples whole sessions
-    (multinomial counts over the distinct patterns), so it carries the dependence between ranks of a session.
+    ``replicates = 0`` skips the bootstrap (intervals are NaN). ``unit`` is what the bootstrap resamples:
+    ``query`` (clusters: each drawn query brings all its sessions; the default for harvest) or ``session``
+    (whole sessions, so the dependence between ranks of a session is kept; the default for em and marginal,
+    whose coverage was measured that way). See :data:`DEFAULT_UNIT`.
     """
     if method not in ("em", "marginal", "harvest"):
         raise PropensityError(f"method {method!r} works on swap experiments or is unknown; "
                               f"from session patterns choose em, marginal or harvest (all: {', '.join(METHODS)})")
+    unit = DEFAULT_UNIT[method] if unit is None else unit
+    if unit not in UNITS:
+        raise PropensityError(f"bootstrap unit {unit!r} is unknown; choose one of {', '.join(UNITS)}")
+    if method == "marginal" and unit == "query":
+        raise PropensityError("--resample query is not available for --method marginal: a query drawn twice "
+                              "would put its pairs' doubled counts under one draw of the prior; use session")
     k = sessions.max_rank if max_rank is None else int(max_rank)
     if k < 2:
         raise PropensityError(f"max rank must be at least 2 to compare ranks, got {k}")
@@ -119,7 +137,7 @@ def estimate_from_patterns(
             return np.where(reached, em_ratios(cells_b), np.nan)
         if method == "marginal":
             return np.where(reached, marginal_ratios(cells_b), np.nan)
-        return allpairs_from_stats(harvest_stats(cells_b))
+        return pair_fixed_effects(cells_b)
 
     ratio = stat(cells)
     support = _rank_support(cells, k)
@@ -137,7 +155,7 @@ def estimate_from_patterns(
     details: dict[str, object] = {}
     if replicates > 0:
         boot = bootstrap(sessions.weight, lambda w: stat(cmap.cells(w)), replicates=replicates, seed=seed,
-                         level=level, progress=progress)
+                         level=level, progress=progress, clusters=sessions.query if unit == "query" else None)
         low, high, done = boot.low, boot.high, boot.replicates
         if method == "em":
             low, high = basic_log_interval(ratio, boot)
@@ -162,8 +180,9 @@ def estimate_from_patterns(
     elif method == "marginal":
         details["model"] = "pbm, attractiveness integrated out under the rank-informed empirical prior"
     else:
-        details["weighting"] = "harmonic mean of the pair's impressions at the two ranks"
-    return PropensityEstimate(method, ratio, low, high, level, done, SCHEME if replicates else "none",
+        details["model"] = ("pbm with one attractiveness per (query, doc) conditioned away: Poisson conditional "
+                            "(pair fixed-effects) likelihood over the pairs shown at two or more ranks")
+    return PropensityEstimate(method, ratio, low, high, level, done, UNITS[unit] if replicates else "none",
                               sessions.n_sessions, linked, support, details, tuple(notes))
 
 

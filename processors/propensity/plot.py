@@ -10,7 +10,7 @@ from numpy.typing import NDArray
 
 from processors.propensity.common import PropensityError, PropensityEstimate
 
-_LABELS = {"em": "PBM EM", "marginal": "PBM, marginal likelihood", "harvest": "intervention harvesting (AllPairs)", "randomized": "randomised swaps"}
+_LABELS = {"em": "PBM EM", "marginal": "PBM, marginal likelihood", "harvest": "intervention harvesting (pair fixed effects)", "randomized": "randomised swaps"}
 
 
 def plot_curve(
@@ -35,7 +35,8 @@ def plot_curve(
         offsets = np.linspace(-0.12, 0.12, len(items)) if len(items) > 1 else [0.0]
         for est, dx in zip(items, offsets, strict=True):
             ranks = np.arange(1, est.max_rank + 1)
-            label = f"{_LABELS.get(est.method, est.method)} ({est.sessions:,} sessions)"
+            unit = "; intervals resample queries" if "queries" in est.scheme else ""
+            label = f"{_LABELS.get(est.method, est.method)} ({est.sessions:,} sessions{unit})"
             line = ax.plot(ranks + dx, est.ratio, marker="o", ms=4, lw=1.6, label=label)[0]
             if est.replicates:
                 lo, hi = est.ratio - est.ci_low, est.ci_high - est.ratio

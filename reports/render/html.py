@@ -85,6 +85,19 @@ def ctr_by_rank_svg(report: Report) -> str | None:
         return _svg(fig)
 
 
+def propensity_interval_label(propensity: dict) -> str:
+    """" (95% interval, queries resampled)": the level and the bootstrap unit of a ``ubi propensity`` JSON."""
+    level = propensity.get("level")
+    parts = [f"{level * 100:.0f}% interval"] if (isinstance(level, float | int) and not isinstance(level, bool)
+                                                 and math.isfinite(level)) else []
+    boot = propensity.get("bootstrap")
+    scheme = str(boot.get("scheme", "")) if isinstance(boot, dict) else ""  # a hand-written file may lack it
+    unit = "queries" if "queries" in scheme else "sessions" if "sessions" in scheme else None
+    if parts and unit:
+        parts.append(f"{unit} resampled")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def propensity_svg(propensity: dict | None) -> str | None:
     """θ_k/θ_1 per rank with its interval (the shape of ``PropensityEstimate.to_json()``)."""
     if not propensity or not propensity.get("ranks"):
@@ -115,9 +128,7 @@ def propensity_svg(propensity: dict | None) -> str | None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("rank k")
         ax.set_ylabel("θₖ / θ₁")
-        level = propensity.get("level")
-        label = (f" ({level * 100:.0f}% interval)" if isinstance(level, float | int) and not isinstance(level, bool)
-                 and math.isfinite(level) else "")
+        label = propensity_interval_label(propensity)
         ax.set_title(f"Position bias, method {html.escape(str(propensity.get('method', '?')))}{label}")
         if np.nanmin(np.where(bounded, np.minimum(lo, hi), ratio)[ok]) >= 0:
             ax.set_ylim(bottom=0)

@@ -114,3 +114,16 @@ def test_html_renders_in_headless_chromium(report):
     assert "Online metrics" in headings and "Agreement of implicit labels with human grades" in headings
     assert failed == "1 gate(s) failed"
     assert shot.stat().st_size > 50_000
+
+
+def test_propensity_title_names_level_and_bootstrap_unit():
+    from processors.propensity.bootstrap import QUERY_SCHEME, SCHEME
+    from reports.render.html import propensity_interval_label
+
+    assert propensity_interval_label(PROPENSITY) == " (95% interval)"
+    assert propensity_interval_label({**PROPENSITY, "bootstrap": {"replicates": 200, "scheme": QUERY_SCHEME}}) == (
+        " (95% interval, queries resampled)")
+    assert propensity_interval_label({**PROPENSITY, "bootstrap": {"replicates": 200, "scheme": SCHEME}}) == (
+        " (95% interval, sessions resampled)")
+    assert propensity_interval_label({"bootstrap": {"scheme": SCHEME}}) == ""
+    assert propensity_interval_label({**PROPENSITY, "bootstrap": "200 replicates"}) == " (95% interval)"
