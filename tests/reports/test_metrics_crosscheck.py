@@ -13,6 +13,7 @@ ties arbitrarily); the tie convention is checked against trec_eval on a TREC fil
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import ir_measures
@@ -23,6 +24,10 @@ from ir_measures import AP, RR, Judged, P, R, nDCG
 from reports.metrics import compute
 from reports.runs import load_trec_run
 
+# ranx's metrics are numba functions; compiling them took 60-80 s of every clean-clone `make test` for 250
+# queries. With the JIT off numba runs the same Python source (ranx's definitions are unchanged), in well
+# under a second per metric here. Set before numba is first imported; no other test module imports it.
+os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
 ranx = pytest.importorskip("ranx")
 pytestmark = pytest.mark.filterwarnings("ignore::Warning")  # numba type-safety chatter inside ranx
 
