@@ -271,6 +271,9 @@ def markdown(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> str:
         cells = []
         for g in gens:
             for n in sizes:
+                if (g, n) not in at:  # a generator run at fewer sizes than another
+                    cells.append("-")
+                    continue
                 row = at[(g, n)]["perplexity"][name]
                 o, p = row["ours"], row.get("pseudocount")
                 if p is None:
@@ -288,6 +291,8 @@ def markdown(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> str:
               "|---|---|---|---|---|---|---|---|"]
     for g in gens:
         for n in sizes:
+            if (g, n) not in at:
+                continue
             r = at[(g, n)]
             rec = r["recommended"]
             for b, _, _ in BUCKETS:

@@ -41,6 +41,8 @@ from processors.click_models.common import (
 )
 from processors.click_models.priors import (
     DEFAULT_PRIOR,
+    FEATURES,
+    RANKING_FEATURES,
     BetaPrior,
     check_prior,
     fit_prior,
@@ -48,8 +50,10 @@ from processors.click_models.priors import (
     posterior_interval,
     query_searches,
     rank_features,
+    ranking_features,
     same_prior,
     unseen_features,
+    unseen_ranking_features,
 )
 from processors.stats import ClickCells, PairIndex, SessionPatterns, cells_from_sessions
 
@@ -214,6 +218,8 @@ class ExaminationEM(FittedModel):
     that examination is reported. ``prior`` (``processors.click_models.priors``) chooses the prior on α:
     ``empirical`` alternates EM at a fixed prior with an empirical-Bayes refit of the rank-informed prior on
     (clicks, expected examinations), with a per-pair strength (``priors.fit_prior(varying_strength=True)``),
+    on the pairs' features over the query's distinct rankings when fitted on session patterns
+    (``priors.ranking_features``; on the cells' impression features with ``fit_cells``),
     until the prior's hyperparameters settle (at most
     :data:`MAX_PRIOR_ROUNDS` rounds; each round's EM starts where the last one stopped).
     """
@@ -237,7 +243,11 @@ class ExaminationEM(FittedModel):
         clk: NDArray[np.float64],
         exam0: NDArray[np.float64],
     ) -> EmResult:
-        """Run EM from ``exam0`` and set α (NaN for pairs never shown), the prior α and the pair support."""
+        """Run EM from ``exam0`` and set α (NaN for pairs never shown), the prior α and the pair support.
+
+        The empirical prior's features are those :meth:`_use_sessions` set from the session patterns
+        (:func:`priors.ranking_features`), else the cells' own (:func:`priors.rank_features`).
+        """
         self.pairs = pairs
         n_pairs = len(pairs)
         alpha0 = initial_alpha(pair, exam_id, imps, clk, exam0, n_pairs)
@@ -251,8 +261,13 @@ class ExaminationEM(FittedModel):
             self.prior_rounds = 0
             iterations, converged = res.iterations, res.converged
         else:
-            feats = rank_features(pair, rank, imps, pairs.query_index, n_pairs)
             self._searches = query_searches(pair, rank, imps, pairs.query_index, n_pairs)
+            ranked = getattr(self, "_session_features", None)
+            if ranked is not None and len(ranked[0]) == n_pairs:
+                feats, self._rankings, names = ranked[0], ranked[1], RANKING_FEATURES
+            else:
+                feats, self._rankings = rank_features(pair, rank, imps, pairs.query_index, n_pairs), None
+                names = FEATURES
             exam, alpha = exam0.astype(np.float64), alpha0
             prior: BetaPrior | None = None
             iterations, settled, rounds = 0, False, 0
@@ -263,7 +278,7 @@ class ExaminationEM(FittedModel):
                     if top > 0:
                         exam, alpha = exam / top, np.minimum(alpha * top, 1.0)
                 examined = expected_examined(pair, exam_id, imps, clk, exam, alpha, n_pairs)
-                new = fit_prior(pair_clk, examined, feats, start=prior, varying_strength=True)
+                new = fit_prior(pair_clk, examined, feats, start=prior, varying_strength=True, feature_names=names)
                 settled = prior is not None and same_prior(prior, new)
                 prior = new
                 # rounds before the prior settles only need to get close; the last one converges fully
@@ -331,8 +346,16 @@ class ExaminationEM(FittedModel):
         if unseen.any():
             ranks = np.broadcast_to(np.arange(1, d.shape[1] + 1), d.shape)[unseen]
             queries = np.broadcast_to(sessions.query[:, None], d.shape)[unseen]
-            alpha[unseen] = self.alpha_prior.mean_at(unseen_features(ranks, queries, self._searches))
+            unseen_feats = (unseen_features(ranks, queries, self._searches) if self._rankings is None
+                            else unseen_ranking_features(ranks, queries, self._rankings))
+            alpha[unseen] = self.alpha_prior.mean_at(unseen_feats)
         return alpha
+
+    def _use_sessions(self, sessions: SessionPatterns | None) -> None:
+        """Fit the next empirical prior on :func:`priors.ranking_features` of ``sessions`` (None: on the cells')."""
+        self._session_features = (None if sessions is None or self.prior != "empirical" else
+                                  ranking_features(sessions.query, sessions.docs, sessions.pairs.query_index,
+                                                   len(sessions.pairs)))
 
     def _prior_parameters(self, first: float) -> dict[str, Any]:
         """The prior's record; the prior mean coefficients are on α's raw scale (times ``first`` for the score)."""
@@ -351,12 +374,21 @@ class PBM(ExaminationEM):
     def fit(self, sessions: SessionPatterns) -> Self:
         """Aggregate the patterns to (pair, rank) cells, then run EM on them (see :meth:`fit_cells`)."""
         check_sessions(sessions)
-        self.fit_cells(cells_from_sessions(sessions))
+        self._use_sessions(sessions)
+        self._fit_cells(cells_from_sessions(sessions))
         self.impressions, self.clicks, self.sessions = pair_support(sessions)
         return self
 
     def fit_cells(self, cells: ClickCells) -> Self:
-        """EM over cells aggregated elsewhere (e.g. in DuckDB); ``sessions`` per pair = impressions then."""
+        """EM over cells aggregated elsewhere (e.g. in DuckDB); ``sessions`` per pair = impressions then.
+
+        The empirical prior then uses the cells' features (:func:`priors.rank_features`): cells do not say
+        which searches shared a ranking.
+        """
+        self._use_sessions(None)
+        return self._fit_cells(cells)
+
+    def _fit_cells(self, cells: ClickCells) -> Self:
         check_cells(cells)
         k = self.max_rank = cells.max_rank
         imps = cells.impressions.astype(np.float64)

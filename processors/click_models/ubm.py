@@ -90,12 +90,20 @@ class UBM(ExaminationEM):
     def fit(self, sessions: SessionPatterns) -> Self:
         """Aggregate to (pair, rank, previous click) cells, then run EM on them (see :meth:`fit_cells`)."""
         check_sessions(sessions)
-        self.fit_cells(ubm_cells_from_sessions(sessions))
+        self._use_sessions(sessions)
+        self._fit_cells(ubm_cells_from_sessions(sessions))
         self.impressions, self.clicks, self.sessions = pair_support(sessions)
         return self
 
     def fit_cells(self, cells: UbmCells) -> Self:
-        """EM over cells aggregated elsewhere (e.g. in DuckDB); ``sessions`` per pair = impressions then."""
+        """EM over cells aggregated elsewhere (e.g. in DuckDB); ``sessions`` per pair = impressions then.
+
+        The empirical prior then uses the cells' features (:func:`priors.rank_features`).
+        """
+        self._use_sessions(None)
+        return self._fit_cells(cells)
+
+    def _fit_cells(self, cells: UbmCells) -> Self:
         _check_ubm_cells(cells)
         k = self.max_rank = cells.max_rank
         imps = cells.impressions.astype(np.float64)

@@ -15,14 +15,19 @@ from processors.click_models.common import ClickModelError
 from processors.click_models.dbn import _layout, dbn_em
 from processors.click_models.pbm import factorised_em
 from processors.click_models.priors import (
+    RANKING_FEATURES,
     BetaPrior,
     _beta_binomial_objective,
     fit_prior,
     fixed_prior,
     rank_features,
+    ranking_features,
+    unseen_ranking_features,
 )
+from processors.simulation import scenario
+from processors.simulation import simulate as simulate_traffic
 from processors.simulation.clicks import examination_curve
-from processors.stats import cells_from_sessions
+from processors.stats import PairIndex, SessionPatterns, cells_from_sessions
 
 
 @settings(max_examples=60, deadline=None)
@@ -170,7 +175,9 @@ def test_every_model_takes_the_prior_keyword_and_records_it(name: str, prior: st
     assert kinds == {prior}
     if prior == "empirical":
         first = recorded if "kind" in recorded else recorded["alpha"]
-        assert len(first["coef"]) == 3 and first["strength"] > 0
+        # an intercept and one coefficient per feature; PBM and UBM use the three ranking features
+        assert len(first["coef"]) == 1 + len(first["features"]) and first["strength"] > 0
+        assert len(first["features"]) == (3 if name in ("pbm", "ubm") else 2)
 
 
 def test_unknown_prior_is_refused() -> None:
@@ -183,3 +190,67 @@ def test_pseudocount_is_pyclicks_convention_on_ctr() -> None:
     m = get_model("dctr", prior="pseudocount").fit(LOG)
     shown = m.impressions > 0
     assert np.allclose(m.pair_ctr[shown], (m.clicks[shown] + 1) / (m.impressions[shown] + 2))
+
+
+def _two_query_log() -> SessionPatterns:
+    # query 0: ranking A = (d0, d1, d2) in two patterns (clicks differ) of 5 and 1 searches, ranking B = (d1, d3)
+    # in 2 searches; query 1: one ranking (d4, d5, d6); d7 (query 1) never shown
+    pairs = PairIndex(np.array(["q0"] * 4 + ["q1"] * 4, dtype=object),
+                      np.array([f"d{i}" for i in range(8)], dtype=object), np.array([0] * 4 + [1] * 4))
+    docs = np.array([[0, 1, 2], [0, 1, 2], [1, 3, -1], [4, 5, 6]])
+    clicks = np.array([[1, 0, 0], [0, 0, 1], [0, 1, 0], [0, 0, 0]], dtype=bool)
+    return SessionPatterns(pairs, np.array([0, 0, 0, 1]), docs, clicks, np.array([5, 1, 2, 3]))
+
+
+def test_ranking_features_by_hand() -> None:
+    log = _two_query_log()
+    feats, per_query = ranking_features(log.query, log.docs, log.pairs.query_index, len(log.pairs))
+    assert per_query.tolist() == [2.0, 1.0]  # rankings per query, however many searches showed each
+    ln2, ln3 = np.log(2.0), np.log(3.0)
+    # z1: mean ln rank over the rankings showing the pair (d1: rank 2 in A, rank 1 in B)
+    assert np.allclose(feats[:7, 0], [0.0, ln2 / 2, ln3, ln2, 0.0, ln2, ln3])
+    # z2: ln(rankings showing it / rankings of its query)
+    assert np.allclose(feats[:7, 1], [-ln2, 0.0, -ln2, -ln2, 0.0, 0.0, 0.0])
+    # z3: consensus of A = mean over d0, d1, d2 of the share of the other ranking (B) showing it = (0 + 1 + 0)/3,
+    # of B = (1 + 0)/2; d1 is in both: (1/3 + 1/2)/2 = 5/12; query 1 has no other ranking: NaN
+    assert np.allclose(feats[:4, 2], [1 / 3, 5 / 12, 1 / 3, 1 / 2])
+    assert np.isnan(feats[4:, 2]).all()
+    assert np.isnan(feats[7]).all()  # never shown
+
+
+def test_unseen_ranking_features_by_hand() -> None:
+    f = unseen_ranking_features(np.array([1, 4]), np.array([0, 5]), np.array([2.0, 1.0]))
+    # rank 1 in query 0 (2 rankings): one ranking of 3 shows it; query 5 unknown: R = 0, one of 1
+    assert np.allclose(f[:, 0], [0.0, np.log(4.0)]) and np.allclose(f[:, 1], [-np.log(3.0), 0.0])
+    assert np.isnan(f[:, 2]).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_ranking_features_count_rankings_not_searches(seed: int) -> None:
+    # re-weighting the searches (how often each ranking was served) or their clicks changes no ranking feature
+    rng = np.random.default_rng(seed)
+    log = random_log(rng, int(rng.integers(2, 40)), 4, int(rng.integers(2, 12)))
+    a, ra = ranking_features(log.query, log.docs, log.pairs.query_index, len(log.pairs))
+    other = SessionPatterns(log.pairs, log.query, log.docs, rng.random(log.docs.shape) < 0.5,
+                            rng.integers(1, 100, size=len(log.weight)))
+    b, rb = ranking_features(other.query, other.docs, other.pairs.query_index, len(other.pairs))
+    assert np.allclose(a, b, equal_nan=True) and np.array_equal(ra, rb)
+    shown = ~np.isnan(a[:, 0])
+    assert (a[shown, 1] <= 1e-12).all()  # a share of rankings
+    z3 = a[:, 2][~np.isnan(a[:, 2])]
+    assert ((z3 >= 0) & (z3 <= 1)).all()
+
+
+def test_pbm_and_ubm_priors_use_ranking_features_on_sessions_and_cell_features_on_cells() -> None:
+    # hard scenario, PBM clicks: rankings that agree with the query's other rankings showed relevant pairs,
+    # so the fitted prior mean rises with the consensus (coefficient of z3 > 0)
+    traffic = simulate_traffic(scenario("hard", sessions=5_000, model="pbm", seed=11))
+    log = traffic.patterns()
+    for name in ("pbm", "ubm"):
+        m = get_model(name).fit(log)
+        rec = m.relevance().parameters["prior"]
+        assert tuple(rec["features"]) == RANKING_FEATURES
+        assert m.alpha_prior.coef[3] > 0
+    cells = get_model("pbm").fit_cells(cells_from_sessions(log))
+    assert tuple(cells.relevance().parameters["prior"]["features"]) == ("mean_log_rank", "log_display_share")
