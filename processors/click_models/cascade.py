@@ -86,11 +86,21 @@ def cascade_family_probs(
     return out
 
 
+def residual_rank_ctr(
+    clicks: NDArray[np.bool_], shown: NDArray[np.bool_], first: NDArray[np.int64], weight: NDArray[np.int64]
+) -> NDArray[np.float64]:
+    """q_k = clicks at rank k below the session's first click / results shown there (0 where none were)."""
+    k = shown.shape[1]
+    below = shown & (first[:, None] >= 0) & (np.arange(k)[None, :] > first[:, None])
+    w = np.asarray(weight, dtype=np.float64)[:, None]
+    return safe_div(((clicks & below) * w).sum(axis=0), (below * w).sum(axis=0), fill=0.0)
+
+
 class Cascade(FittedModel):
     """Cascade model: attractiveness per (query, doc), the user stops at the first click."""
 
     name = "cascade"
-    version = "1"
+    version = "2"
 
     def __init__(self, prior: str = DEFAULT_PRIOR) -> None:
         self.prior = check_prior(prior, self.name)
@@ -115,6 +125,7 @@ class Cascade(FittedModel):
         self.alpha = np.where(self.examinations > 0, post, np.nan)
         total = self.examinations.sum()
         self.prior_alpha = float(self.first_clicks.sum() / total) if total > 0 else 0.5
+        self.residual_ctr = residual_rank_ctr(sessions.clicks, shown, first, sessions.weight)
         n_clicks = (sessions.clicks & shown).sum(axis=1)
         self.multi_click_sessions = int(sessions.weight[n_clicks > 1].sum())
         self.n_sessions = sessions.n_sessions
@@ -125,17 +136,31 @@ class Cascade(FittedModel):
     def _alpha(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         return self.log_features.gather(self.alpha, sessions, self.alpha_prior, self.prior_alpha)
 
+    def _residual(self, sessions: SessionPatterns) -> NDArray[np.float64]:
+        k = sessions.max_rank
+        q = np.zeros(k)
+        q[: min(k, len(self.residual_ctr))] = self.residual_ctr[:k]
+        return np.broadcast_to(q[None, :], sessions.docs.shape)
+
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
-        """P(C_k = 1) = α_k Π_{j<k}(1 − α_j)."""
+        """P(C_k = 1) = ε_k α_k + (1 − ε_k) q_k, ε_k = Π_{j<k}(1 − α_j) (no click above)."""
         self._require_fit(sessions)
         a = self._alpha(sessions)
-        return cascade_family_probs(a, np.zeros_like(a), np.ones_like(a))
+        first = cascade_family_probs(a, np.zeros_like(a), np.ones_like(a))  # ε_k α_k
+        shown = ~np.isnan(a)
+        keep = np.where(shown, 1.0 - np.nan_to_num(a), 1.0)
+        eps = np.cumprod(np.column_stack([np.ones(len(a)), keep[:, :-1]]), axis=1)
+        return np.where(shown, first + (1.0 - eps) * self._residual(sessions), np.nan)
 
     def conditional_click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
-        """α_k while no click has happened above rank k, else 0."""
+        """α_k while no click has happened above rank k, else the residual rate q_k."""
         self._require_fit(sessions)
         a = self._alpha(sessions)
-        return cascade_family_probs(a, np.zeros_like(a), np.ones_like(a), sessions.clicks)
+        p = cascade_family_probs(a, np.zeros_like(a), np.ones_like(a), sessions.clicks)
+        shown = ~np.isnan(a)
+        first, _ = click_extent(sessions.clicks, shown)
+        below = (first[:, None] >= 0) & (np.arange(a.shape[1])[None, :] > first[:, None])
+        return np.where(shown & below, self._residual(sessions), p)
 
     def relevance(self) -> RelevanceEstimate:
         """Score = α_qd with its Wilson interval over (first clicks, examinations); observations = examinations."""
@@ -162,5 +187,6 @@ class Cascade(FittedModel):
             "prior": self.alpha_prior.parameters(),
             "multi_click_sessions": self.multi_click_sessions,
             "sessions": self.n_sessions,
-            "multi_click_handling": "truncated at the first click",
+            "multi_click_handling": "alpha fitted truncated at the first click; below it the residual rank CTR q_k",
+            "residual_ctr": [round(float(q), 6) for q in self.residual_ctr],
         }
