@@ -1,7 +1,11 @@
 """How each step's cost grows with the log: import, process per model, propensity, report, beside plain SQL.
 
 For each size (events) it generates a store in DuckDB SQL (``processors.simulation.bulk_log``: about 12
-events per search, UUID ids), then runs every step as its own ``ubi`` process and prints per step wall time,
+events per search, UUID ids). The store is built without validation, for the reader steps: the rows are made in
+the stored shape and inserted with ``INSERT ... SELECT`` straight into the store's tables, 500,000 searches at a
+time (the import path, which validates every record, runs at about 8,000 events/s here and is measured
+separately, ``--steps import`` and ``bench/import_speed.py``). Then it runs every step as its own ``ubi`` process
+and prints per step wall time,
 CPU time (user + system of that process and its threads), peak RSS and the disk the store takes. The
 baseline is plain DuckDB SQL computing the statistics process fits on (PBM cells, weighted click patterns,
 UBM cells; see ``BASELINE``) from the same store, run the same way, so ``process / baseline`` (CPU and wall)

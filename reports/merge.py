@@ -292,15 +292,61 @@ def labels_from_store(con: duckdb.DuckDBPyConnection) -> list[Label]:
             out.append(Label(query, doc, grade, source, origin="store" if origin is None else f"store:{origin}",
                              query_id=qid, assessor=assessor, judged_at=judged_at, rubric=rubric))
     if "judgments" in tables:
+        parse = _SharedParameters()
         for row in con.execute(
             "SELECT query, doc_id, grade, source, model_version, score, ci_low, ci_high, impressions, clicks, "
-            "sessions, parameters, created_at FROM judgments ORDER BY query, doc_id, source"
+            f"sessions, {_PARAMETER_PARTS}, created_at FROM judgments ORDER BY query, doc_id, source"
         ).fetchall():
-            query, doc, grade, source, version, score, lo, hi, imps, clicks, sessions, params, created = row
+            query, doc, grade, source, version, score, lo, hi, imps, clicks, sessions, *parts, created = row
             out.append(Label(query, doc, grade, source, origin="store", model_version=version, score=score,
                              ci_low=lo, ci_high=hi, impressions=imps, clicks=clicks, sessions=sessions,
-                             parameters=_json_obj(params), judged_at=created))
+                             parameters=parse(*parts), judged_at=created))
     return out
+
+
+#: The keys of a judgment's ``parameters`` that differ from row to row (``processors.judgments.build_judgments``);
+#: the rest of the document (model, grade mapping, identifiability, ...) is the same for every row of a run.
+_PER_ROW_KEYS = ("observations", "calibration_split")
+# parameters split in SQL: an object without its per-row keys (one text per run), and each per-row key's JSON
+# value (NULL when absent); anything but an object comes whole (the shared part then NULL)
+_PARAMETER_PARTS = ", ".join([
+    "CASE WHEN json_type(parameters) = 'OBJECT' THEN json_merge_patch(parameters, '{"
+    + ", ".join(f'"{k}": null' for k in _PER_ROW_KEYS) + "}') END",
+    "CASE WHEN json_type(parameters) = 'OBJECT' THEN NULL ELSE parameters END",
+    *(f"CASE WHEN json_type(parameters) = 'OBJECT' THEN json_extract(parameters, '$.{k}') END"
+      for k in _PER_ROW_KEYS),
+])
+
+
+class _SharedParameters:
+    """Each row's ``parameters`` dict, with the part every row of a run shares parsed once and shared.
+
+    At 20M events a run stores about 400,000 judgments with 1.3 KB of parameters each; parsed row by row,
+    their dicts and lists took more memory than everything else ``ubi report`` reads. The nested objects are
+    shared between the rows' dicts: read them, do not change them.
+    """
+
+    def __init__(self) -> None:
+        self.shared: dict[str, dict[str, Any]] = {}
+        self.values: dict[str, Any] = {}
+
+    def __call__(self, shared: str | None, whole: str | None, *per_row: str | None) -> dict[str, Any] | None:
+        if shared is None:
+            return _json_obj(whole)
+        base = self.shared.get(shared)
+        if base is None:
+            base = self.shared[shared] = json.loads(shared)
+        out = dict(base)
+        for key, value in zip(_PER_ROW_KEYS, per_row, strict=True):
+            if value is not None:
+                parsed = self.values.get(value, _MISSING)
+                if parsed is _MISSING:
+                    parsed = self.values[value] = json.loads(value)
+                out[key] = parsed
+        return out
+
+
+_MISSING = object()
 
 
 # ------------------------------------------------------------------------------------------ coverage

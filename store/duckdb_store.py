@@ -443,19 +443,29 @@ class Store:
     def load_table(self, name: str, data: pa.Table, *, replace_source: str | None = None) -> int:
         """Insert or replace rows of a derived table (``judgments``, ``human_judgments``) in one transaction.
 
-        With ``replace_source``, every stored row of that ``source`` is deleted first, in the same
-        transaction, so a new run of a model leaves no stale rows of pairs it no longer sees.
+        With ``replace_source``, every stored row of that ``source`` that ``data`` does not replace is deleted,
+        in the same transaction, so a new run of a model leaves no stale rows of pairs it no longer sees.
+
+        The rows are inserted or replaced first and only the stale ones deleted after: the same end state as
+        deleting the whole source first, but DuckDB (2.0) deletes rows from a checkpointed primary-key index in
+        time that grows faster than the rows (27,079 judgments: 1.4 s of CPU to delete, 0.03 s to replace;
+        2,000: 0.01 s), and a re-run of a model replaces nearly every row and leaves few stale.
         """
         if name not in LOADABLE_TABLES:
             raise StoreError(f"table {name!r} cannot be loaded; expected one of {', '.join(LOADABLE_TABLES)}")
         cols = checked_columns(name, data.column_names)
         table = quote_ident(name)
+        missing = [k for k in tables.TABLES[name].key if k not in data.column_names]
+        if missing:
+            raise StoreError(f"rows for {name} lack its key column(s) {', '.join(missing)}")
+        key = [quote_ident(k) for k in tables.TABLES[name].key]
         with self.transaction() as cur:
+            insert_arrow(cur, f"INSERT OR REPLACE INTO {table} ({cols})", cols, data)
             if replace_source is not None:
-                cur.execute(f"DELETE FROM {table} WHERE source = ?", [replace_source])
-            cur.register("_load", data)
-            cur.execute(f"INSERT OR REPLACE INTO {table} ({cols}) SELECT {cols} FROM _load")
-            cur.unregister("_load")
+                same = " AND ".join(f"n.{k} = t.{k}" for k in key)
+                _ubi_arrow_rows = data  # noqa: F841 (read by name by DuckDB's replacement scan)
+                cur.execute(f"DELETE FROM {table} t WHERE t.source = ? AND NOT EXISTS "
+                            f"(SELECT 1 FROM _ubi_arrow_rows n WHERE {same})", [replace_source])
         return int(data.num_rows)
 
     def read(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:

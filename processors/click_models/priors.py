@@ -85,9 +85,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import minimize
-from scipy.special import digamma, expit, gammaln
-from scipy.stats import beta as beta_dist
-from scipy.stats import gamma as gamma_dist
+from scipy.special import betaincinv, digamma, expit, gammaincinv, gammaln
 
 from processors.click_models.common import CONFIDENCE, AnyArray, ClickModelError, weighted_count
 from processors.stats import SessionPatterns, cells_from_sessions
@@ -508,8 +506,8 @@ def posterior_interval(
     tail = (1.0 - confidence) / 2.0
     cc = np.where(ok, c, 1.0)
     with np.errstate(invalid="ignore"):
-        lo = beta_dist.ppf(tail, m * cc, (1.0 - m) * cc)
-        hi = beta_dist.ppf(1.0 - tail, m * cc, (1.0 - m) * cc)
+        lo = betaincinv(m * cc, (1.0 - m) * cc, tail)
+        hi = betaincinv(m * cc, (1.0 - m) * cc, 1.0 - tail)
     lo, hi = np.fmin(lo, m), np.fmax(hi, m)
     return np.where(ok, lo, np.nan), np.where(ok, hi, np.nan)
 
@@ -523,8 +521,8 @@ def gamma_posterior_interval(
     ok = (a > 0) & (r > 0)
     tail = (1.0 - confidence) / 2.0
     aa, rr = np.where(ok, a, 1.0), np.where(ok, r, 1.0)
-    lo = gamma_dist.ppf(tail, aa) / rr
-    hi = gamma_dist.ppf(1.0 - tail, aa) / rr
+    lo = gammaincinv(aa, tail) / rr  # gamma.ppf; scipy.special, because scipy.stats is slow to import
+    hi = gammaincinv(aa, 1.0 - tail) / rr
     return np.where(ok, lo, np.nan), np.where(ok, hi, np.nan)
 
 

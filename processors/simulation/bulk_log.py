@@ -38,9 +38,15 @@ def _uuid(expr: str) -> str:
             f"substr({h}, 18, 3) || '-' || substr({h}, 21, 12)")
 
 
-def build_rows(con: duckdb.DuckDBPyConnection, events: int, *, seed: int = 0, queries: int | None = None) -> None:
-    """Temp tables ``gen_queries`` and ``gen_events`` on ``con`` in the stored shape, about ``events`` events."""
+def build_rows(con: duckdb.DuckDBPyConnection, events: int, *, seed: int = 0, queries: int | None = None,
+               part: tuple[int, int] | None = None) -> None:
+    """Temp tables ``gen_queries`` and ``gen_events`` on ``con`` in the stored shape, about ``events`` events.
+
+    ``part`` ``(first, stop)``: only searches ``first <= i < stop`` of the log (and their events), for writing a
+    large log in pieces; the pieces of a log together are exactly its rows (every draw is a hash of ``i``).
+    """
     s, seed = searches_for(events), int(seed)  # only integers reach the SQL below
+    first, stop = (0, s) if part is None else (int(part[0]), int(part[1]))
     nq = int(queries or max(200, s // 40))
     clients = max(1, s // 5)
     con.execute("SET enable_progress_bar = false")
@@ -56,7 +62,7 @@ def build_rows(con: duckdb.DuckDBPyConnection, events: int, *, seed: int = 0, qu
                list_transform(range(20), lambda j: 'sku-' || (((i * 7919) % {nq}) * 20
                               + (CASE WHEN i % 2 = 0 THEN j ELSE (j * 7) % 20 END))) AS query_response_hit_ids,
                i
-        FROM range({s}) t(i)""")
+        FROM range({first}, {stop}) t(i)""")
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE gen_events AS
         WITH imp AS (
@@ -81,19 +87,39 @@ def build_rows(con: duckdb.DuckDBPyConnection, events: int, *, seed: int = 0, qu
         FROM ev""")
 
 
-def write_store(db: Path, events: int, *, seed: int = 0) -> tuple[int, int]:
-    """A DuckDB store at ``db`` holding the generated rows; returns (query records, events)."""
+#: searches generated and inserted at a time by ``write_store`` (about 6M events: a few GB of DuckDB memory)
+STORE_CHUNK_SEARCHES = 500_000
+
+
+def write_store(db: Path, events: int, *, seed: int = 0, chunk: int = STORE_CHUNK_SEARCHES) -> tuple[int, int]:
+    """A DuckDB store at ``db`` holding the generated rows; returns (query records, events).
+
+    The rows go straight into the store's tables with ``INSERT ... SELECT``, without the collector's validation
+    (they are made in the stored shape), ``chunk`` searches at a time so that generating 50M events does not
+    hold them all in memory at once.
+    """
     con = duckdb.connect(str(db))
     try:
         for ddl in tables.ALL_TABLES:
             con.execute(ddl)
-        build_rows(con, events, seed=seed)
-        con.execute("""
+        total = searches_for(events)
+        for first in range(0, total, max(1, int(chunk))):
+            _insert_part(con, events, seed, (first, min(total, first + max(1, int(chunk)))))
+        ((nq, ne),) = con.execute(
+            "SELECT (SELECT count(*) FROM ubi_queries), (SELECT count(*) FROM ubi_events)").fetchall()
+    finally:
+        con.close()
+    return int(nq), int(ne)
+
+
+def _insert_part(con: duckdb.DuckDBPyConnection, events: int, seed: int, part: tuple[int, int]) -> None:
+    build_rows(con, events, seed=seed, part=part)
+    con.execute("""
             INSERT INTO ubi_queries
             SELECT query_id || chr(31), query_id, user_query, client_id, application, timestamp, query_attributes,
                    object_id_field, NULL, query_response_hit_ids, NULL, md5(query_id), timestamp
             FROM gen_queries""")
-        con.execute("""
+    con.execute("""
             INSERT INTO ubi_events (event_key, event_id, action_name, query_id, session_id, client_id, application,
                                     timestamp, object_id, object_id_field, position_ordinal, event_attributes,
                                     received_at)
@@ -101,11 +127,8 @@ def write_store(db: Path, events: int, *, seed: int = 0) -> tuple[int, int]:
                    object_id, object_id_field, position_ordinal,
                    '{"position": {"ordinal": ' || position_ordinal || '}}', timestamp
             FROM gen_events""")
-        ((nq, ne),) = con.execute(
-            "SELECT (SELECT count(*) FROM ubi_queries), (SELECT count(*) FROM ubi_events)").fetchall()
-    finally:
-        con.close()
-    return int(nq), int(ne)
+    con.execute("DROP TABLE gen_queries")
+    con.execute("DROP TABLE gen_events")
 
 
 _TS = "strftime({}, '%Y-%m-%dT%H:%M:%S.%gZ')"

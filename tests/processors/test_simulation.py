@@ -386,3 +386,19 @@ def test_cli_scenario_hard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
                  "--out", str(out), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert len(s["rankers"]) == 2 and s["crawler_searches"] == 0
+
+
+def test_store_written_in_pieces_holds_exactly_the_rows_of_one_piece(tmp_path: Path) -> None:
+    """write_store inserts ``chunk`` searches at a time (bounded memory at 50M events): same rows as one piece."""
+    import duckdb
+
+    from processors.simulation.bulk_log import write_store
+
+    whole, parts = tmp_path / "whole.duckdb", tmp_path / "parts.duckdb"
+    counts = write_store(whole, 24_000, seed=5, chunk=10_000_000)
+    assert write_store(parts, 24_000, seed=5, chunk=333) == counts  # 2,000 searches in 7 pieces (6 of 333, 1 of 2)
+    assert counts[0] == 2_000  # 24,000 / 12 searches, one query record each
+    digest = ("SELECT count(*), sum(hash(COLUMNS(*))) FROM {}")
+    with duckdb.connect(str(whole), read_only=True) as a, duckdb.connect(str(parts), read_only=True) as b:
+        for table in ("ubi_queries", "ubi_events"):
+            assert a.sql(digest.format(table)).fetchall() == b.sql(digest.format(table)).fetchall()

@@ -162,3 +162,38 @@ def test_merging_never_loses_a_label_and_always_picks_an_existing_one(rows):
         kinds = {lab.kind for lab in labels.by_pair[pair]}
         # the chosen kind is the highest one present under human > reviewed > implicit
         assert m.source.split(":")[0] == next(k for k in ("human", "reviewed", "implicit") if k in kinds)
+
+
+def test_stored_parameters_read_back_as_stored_with_the_run_wide_part_shared(tmp_path):
+    """labels_from_store parses the part of ``parameters`` shared by a run once (memory at 400k judgments)."""
+    import json
+
+    import duckdb
+
+    from schemas import tables
+
+    db = tmp_path / "p.duckdb"
+    shared = {"model": {"model": "pbm", "theta_ratio": [1.0, 0.5]}, "grade_mapping": {"thresholds": [0.2, 0.4]}}
+    texts = [
+        json.dumps({**shared, "observations": 41}),
+        json.dumps({**shared, "calibration_split": "holdout", "observations": 12.5}),
+        json.dumps({**shared, "observations": None}),  # a non-finite support is written as null
+        json.dumps(shared),
+        json.dumps([1, 2]),  # not an object: read whole
+        None,
+    ]
+    with duckdb.connect(str(db)) as con:
+        con.execute(tables.JUDGMENTS)
+        for i, text in enumerate(texts):
+            con.execute("INSERT INTO judgments (query, doc_id, source, parameters, created_at) "
+                        "VALUES ('q', ?, 'implicit:pbm', ?, now())", [f"d{i}", text])
+    con = open_reader(db)
+    try:
+        got = {lab.doc_id: lab.parameters for lab in labels_from_store(con)}
+    finally:
+        con.close()
+    expected = [json.loads(t) if t is not None else None for t in texts]
+    expected[4] = {"value": [1, 2]}  # the reader's rule for a JSON value that is not an object
+    assert [got[f"d{i}"] for i in range(len(texts))] == expected
+    # the run-wide part is one object shared by the rows, not a copy per row
+    assert got["d0"]["model"] is got["d1"]["model"] is got["d3"]["model"]
