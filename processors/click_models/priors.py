@@ -243,6 +243,28 @@ def unseen_features(ranks: AnyArray, queries: AnyArray, searches: NDArray[np.flo
     return np.column_stack([np.log(r), -np.log1p(s)])
 
 
+def unique_rows(a: NDArray[np.int64], multipliers: NDArray[np.uint64] | None = None) -> NDArray[np.int64]:
+    """The distinct rows of an integer matrix (in no particular order), exactly as ``np.unique(a, axis=0)``
+    finds them, about ten times faster: rows are grouped by a 64-bit multiplicative hash and one row kept
+    per group; if any group holds two different rows (a hash collision, never seen here) the answer comes
+    from ``np.unique`` instead, so the result never depends on the hash (``multipliers``, one per column,
+    exist for the test of that fallback)."""
+    if len(a) < 2:
+        return a.copy()
+    # fixed random odd multipliers: two different rows of small integers collide only if Σ_j Δ_j·m_j ≡ 0
+    # (mod 2^64), which random m_j make a 2^-64 event (multipliers in arithmetic progression would not)
+    mult = (np.random.default_rng(0x5EED).integers(0, 2**63, size=a.shape[1], dtype=np.uint64) * np.uint64(2)
+            + np.uint64(1)) if multipliers is None else np.asarray(multipliers, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = (a.astype(np.uint64) * mult).sum(axis=1, dtype=np.uint64)  # arithmetic modulo 2^64
+    order = np.argsort(h, kind="stable")
+    hs, rows = h[order], a[order]
+    same_hash = hs[1:] == hs[:-1]
+    if np.any(same_hash & np.any(rows[1:] != rows[:-1], axis=1)):
+        return np.unique(a, axis=0)
+    return rows[np.concatenate([[True], ~same_hash])]
+
+
 def ranking_features(
     query: AnyArray, docs: AnyArray, query_of_pair: AnyArray, n_pairs: int
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -268,7 +290,7 @@ def ranking_features(
     n_q = int(q_pair.max()) + 1 if len(q_pair) else 0
     if not len(d) or not n_q:
         return np.full((n_pairs, 3), np.nan), np.zeros(n_q)
-    rankings = np.unique(np.column_stack([q_pat, d]), axis=0)
+    rankings = unique_rows(np.column_stack([q_pat, d]))
     r_query, r_docs = rankings[:, 0], rankings[:, 1:]
     shown = r_docs >= 0
     slot_rank = np.broadcast_to(np.arange(1, r_docs.shape[1] + 1), r_docs.shape)[shown]

@@ -24,6 +24,7 @@ from processors.click_models.priors import (
     fixed_prior,
     rank_features,
     ranking_features,
+    unique_rows,
     unseen_ranking_features,
 )
 from processors.simulation import scenario
@@ -142,6 +143,22 @@ def test_a_warm_start_from_the_last_inverse_hessian_reaches_the_same_prior() -> 
     np.testing.assert_allclose(warm.strength_coef, again.strength_coef, atol=1e-4)
     bad = dataclasses.replace(cold, hess_inv=-np.eye(6))
     assert fit_prior(x, n, feats, varying_strength=True, start=bad).coef == pytest.approx(cold.coef, abs=1e-4)
+
+
+@settings(max_examples=60)
+@given(st.integers(1, 300), st.integers(1, 6), st.integers(0, 10**6))
+def test_unique_rows_finds_what_numpy_unique_finds(n: int, width: int, seed: int) -> None:
+    # small values make repeated rows common; the reference is np.unique(axis=0) (order aside)
+    a = np.random.default_rng(seed).integers(-1, 3, size=(n, width))
+    np.testing.assert_array_equal(np.unique(unique_rows(a), axis=0), np.unique(a, axis=0))
+    assert len(unique_rows(a)) == len(np.unique(a, axis=0))
+
+
+def test_unique_rows_falls_back_to_numpy_on_a_hash_collision() -> None:
+    # with every multiplier 1 the hash is the row sum: [1, 2] and [2, 1] collide, and must stay two rows
+    a = np.array([[1, 2], [2, 1], [1, 2], [0, 3]])
+    got = unique_rows(a, multipliers=np.ones(2, dtype=np.uint64))
+    np.testing.assert_array_equal(got, np.unique(a, axis=0))
 
 
 def test_rank_informed_mean_follows_display_ranks() -> None:
