@@ -86,6 +86,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "say it in their action lines)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument(
+        "--progress-every",
+        type=_non_negative_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="when stderr is not a terminal, seconds between plain progress lines (default 5; 0: a line "
+        "after every committed chunk); a terminal gets a live bar instead",
+    )
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser(
@@ -176,6 +184,17 @@ def _held_store_message(db: Path) -> str:
 # ---------------------------------------------------------------- import
 
 
+def _non_negative_seconds(text: str) -> float:
+    """argparse type of ``--progress-every``: a number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from collector.app import extension_filters
     from collector.import_hints import likely_command
@@ -209,7 +228,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             tasks[path] = progress.add_task(Path(path).name, total=total, records=0)
         progress.update(tasks[path], completed=done, total=total, records=records)
         now = time.monotonic()
-        if plain and (now - last[0] >= 5 or done >= total):  # not a terminal: a plain line now and then
+        if plain and (now - last[0] >= args.progress_every or done >= total):  # not a terminal: now and then
             last[0] = now
             console.print(f"{path}: {done:,} of {total:,} bytes, {records:,} records", highlight=False)
 

@@ -451,7 +451,7 @@ def write_chunk(
         for pos in positions:
             src = e_order[pos]
             index, fast = e_index[src], e_fast[src]
-            if fast:
+            if fast and events_tbl is not None:  # a fast row is in the table by construction
                 c_pos = bisect.bisect_left(ev.index, index)
                 doc_id = events_tbl.column("event_id")[pos].as_py() if _doc_id(fast_events, c_pos) else None
                 bulk = ev.bulk_id[c_pos]

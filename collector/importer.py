@@ -12,6 +12,7 @@ import dataclasses
 import io
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -157,11 +158,7 @@ def iter_items(path: Path, kind: Kind | None = None, cursor: FileCursor | None =
     parsers are the HTTP routes' own (:mod:`collector.formats`). A JSON array that stops being JSON half-way
     raises :class:`InputFileError` naming the line and column, after the items before it.
     """
-    fh = _open(path)
-    if cursor is not None:
-        cursor.attach(fh)
-    with fh:
-        fmt = _format(fh, path)
+    with _opened(path, cursor) as (fh, fmt):
         try:
             if fmt == "bulk":
                 yield from bulk_items(stream_lines(fh))
@@ -172,6 +169,16 @@ def iter_items(path: Path, kind: Kind | None = None, cursor: FileCursor | None =
                 yield from _with_kinds(stream_lines(fh), kind, lambda ln: orjson.loads(ln[1]), ndjson_items)
         except BodyError as exc:
             raise _file_error(path, exc) from exc
+
+
+@contextmanager
+def _opened(path: Path, cursor: FileCursor | None) -> Iterator[tuple[io.BufferedReader, str | None]]:
+    """The file open (gzip undone), attached to ``cursor`` for progress, and its format (:func:`_format`)."""
+    fh = _open(path)
+    if cursor is not None:
+        cursor.attach(fh)
+    with fh:
+        yield fh, _format(fh, path)
 
 
 def _file_error(path: Path, exc: BodyError) -> InputFileError:
@@ -210,11 +217,7 @@ def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None 
     """The records of a file in chunks for :func:`collector.fastpath.write_chunk`: NDJSON lines and plain
     ``_bulk`` documents as fast-path candidates, everything else (and every JSON array item) as the items
     :func:`iter_items` yields for it, with the same indexes, lines and kinds."""
-    fh = _open(path)
-    if cursor is not None:
-        cursor.attach(fh)
-    with fh:
-        fmt = _format(fh, path)
+    with _opened(path, cursor) as (fh, fmt):
         try:
             if fmt == "bulk":
                 yield from _bulk_chunks(stream_lines(fh), size)

@@ -92,9 +92,9 @@ from processors.stats import SessionPatterns, cells_from_sessions
 
 PRIORS = ("empirical", "pseudocount", "none")
 DEFAULT_PRIOR = "empirical"
-FEATURES = ("mean_log_rank", "log_display_share")
+FEATURES: tuple[str, ...] = ("mean_log_rank", "log_display_share")
 #: the features of :func:`ranking_features` (PBM and UBM fitted on session patterns)
-RANKING_FEATURES = ("mean_log_rank_over_rankings", "log_ranking_share", "ranking_consensus")
+RANKING_FEATURES: tuple[str, ...] = ("mean_log_rank_over_rankings", "log_ranking_share", "ranking_consensus")
 #: strength s is kept inside [e^-4, e^14]: beyond, the likelihood is flat and BFGS would wander
 _LOG_S_RANGE = (-4.0, 14.0)
 _M_EPS = 1e-6

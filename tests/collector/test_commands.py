@@ -183,3 +183,19 @@ def test_schema_output_accepts_every_sample_record_and_rejects_malformed_ones(ca
     ):
         assert not validators["ubi_events"].is_valid(bad), bad
     assert not validators["ubi_queries"].is_valid({"query_id": "q"})  # no user_query
+
+
+def test_import_progress_every_takes_non_negative_seconds(db, tmp_path, make_event, capsys):
+    f = tmp_path / "e.ndjson"
+    f.write_bytes(orjson.dumps(make_event()) + b"\n")
+    for bad, why in (("-1", "expected seconds >= 0, got '-1'"), ("soon", "expected a number of seconds, got 'soon'"),
+                     ("nan", "expected seconds >= 0, got 'nan'")):
+        try:
+            run_ubi(["import", str(f), "--db", str(db), "--progress-every", bad])
+        except SystemExit as exc:  # argparse's usage error
+            assert exc.code == 2
+        else:
+            raise AssertionError(f"--progress-every {bad} was accepted")
+        assert why in capsys.readouterr().err
+    # what 0 does (a line after every chunk) is what test_import_stream's killed-import test relies on
+    assert run_ubi(["import", str(f), "--db", str(db), "--progress-every", "0"]) == 0

@@ -9,6 +9,7 @@ import pytest
 from click_logs import random_log, simulate
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.typing import NDArray
 from scipy.optimize import check_grad
 from scipy.special import betaln
 
@@ -102,16 +103,21 @@ def test_varying_strength_gradient_is_exact() -> None:
     assert g(point[:4])[0] == pytest.approx(f(np.array([-0.8, 0.3, -0.2, 2.0, 0.0, 0.0]))[0])
 
 
-def test_varying_strength_recovers_two_known_strengths() -> None:
-    # 6,000 pairs in two halves told apart by one feature: α ~ Beta(mean 0.3, strength 5) and
-    # Beta(mean 0.3, strength 60), 20 trials each. The heteroscedastic fit finds both strengths (within 35%,
-    # a few standard errors at 3,000 pairs each); a single strength lands in between.
+def _two_strength_log() -> tuple[np.random.Generator, NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """6,000 pairs in two halves told apart by one feature: α ~ Beta(mean 0.3, strength 5) and Beta(mean 0.3,
+    strength 60), 20 trials each; returns the generator (for more draws), the group, trials and successes."""
     rng = np.random.default_rng(8)
     group = np.repeat([0.0, 1.0], 3000)
     s_true = np.where(group == 0, 5.0, 60.0)
     alpha = rng.beta(0.3 * s_true, 0.7 * s_true)
-    n = np.full(6000, 20.0)
-    x = rng.binomial(20, alpha).astype(float)
+    return rng, group, np.full(6000, 20.0), rng.binomial(20, alpha).astype(float)
+
+
+def test_varying_strength_recovers_two_known_strengths() -> None:
+    # 6,000 pairs in two halves told apart by one feature: α ~ Beta(mean 0.3, strength 5) and
+    # Beta(mean 0.3, strength 60), 20 trials each. The heteroscedastic fit finds both strengths (within 35%,
+    # a few standard errors at 3,000 pairs each); a single strength lands in between.
+    rng, group, n, x = _two_strength_log()
     feats = np.column_stack([group, np.full(6000, np.nan)])
     p = fit_prior(x, n, feats, varying_strength=True)
     s_fit = p.a + p.b
@@ -128,12 +134,7 @@ def test_a_warm_start_from_the_last_inverse_hessian_reaches_the_same_prior() -> 
     # identity) must land on the same maximum of the marginal likelihood (BFGS gtol 1e-7 on the scaled
     # objective leaves ~1e-5 in the coefficients); a start whose matrix is not positive
     # definite is ignored, not an error. Data: the two-strength log of the test above.
-    rng = np.random.default_rng(8)
-    group = np.repeat([0.0, 1.0], 3000)
-    s_true = np.where(group == 0, 5.0, 60.0)
-    alpha = rng.beta(0.3 * s_true, 0.7 * s_true)
-    n = np.full(6000, 20.0)
-    x = rng.binomial(20, alpha).astype(float)
+    rng, group, n, x = _two_strength_log()
     feats = np.column_stack([group, rng.normal(size=6000)])
     cold = fit_prior(x, n, feats, varying_strength=True)
     assert cold.hess_inv is not None and cold.hess_inv.shape == (6, 6)
