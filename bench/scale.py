@@ -141,6 +141,7 @@ def main() -> None:
     sizes = args.sizes + ([50_000_000] if args.big else [])
     root = Path(__file__).resolve().parents[1]
     work = args.dir or Path(tempfile.mkdtemp(prefix="ubi-scale-"))
+    work.mkdir(parents=True, exist_ok=True)  # a --dir that does not exist yet is made, not an error
     load = os.getloadavg()
     print(f"{os.cpu_count()} cores, load average {load[0]:.1f} at start; memory_limit of readers: 1GB (default)")
     print(f"{'events':>11} {'step':<30} {'wall s':>8} {'CPU s':>8} {'RSS MB':>8} {'disk MB':>9}  "
