@@ -36,7 +36,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from collector.formats import RawItem, _dropped_keys, json_item
+from collector.formats import RawItem, dropped_keys, json_item
 from collector.ingest import (
     IngestResult,
     ItemError,
@@ -44,7 +44,7 @@ from collector.ingest import (
     prepare,
     validate_items,
 )
-from schemas.ubi import _COMMON_TIMESTAMP_RE, CANONICAL_OPTIONS
+from schemas.ubi import CANONICAL_OPTIONS, COMMON_TIMESTAMP_RE
 from store.duckdb_store import Store
 from store.rows import EVENT_SCHEMA, QUERY_SCHEMA, Counts, failed_row, failed_table, rows_table
 
@@ -248,7 +248,7 @@ def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | Non
     ts = value.get("timestamp")
     when: datetime | None = None
     if ts is not None:
-        if type(ts) is not str or not _COMMON_TIMESTAMP_RE.match(ts) or not ts.isascii():
+        if type(ts) is not str or not COMMON_TIMESTAMP_RE.match(ts) or not ts.isascii():
             return None
         try:
             when = datetime.fromisoformat(ts)  # as schemas.ubi.parse_timestamp reads this spelling
@@ -262,7 +262,7 @@ def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | Non
         type(hits) is not list or not all(type(h) is str and len(h) <= HIT_ID_LIMIT for h in hits)
     ):
         return None
-    if _dropped_keys(text, value):  # a repeated key: the exact path names it
+    if dropped_keys(text, value):  # a repeated key: the exact path names it
         return None
     dump = {k: v for k, v in value.items() if v is not None}
     if when is not None:

@@ -196,7 +196,7 @@ def json_item(
                        error=f"line {number}, column {exc.colno}: malformed JSON: {exc.msg}")
     if kind_of is not None:
         kind = kind_of(value)
-    repeat = duplicate_keys(text)[0] if _dropped_keys(text, value) else None
+    repeat = duplicate_keys(text)[0] if dropped_keys(text, value) else None
     if repeat is not None:
         return RawItem(index, kind, None, text, field=repeat, line=number, **meta,
                        error=f"line {number}: {_repeat_error(repeat)}")
@@ -236,7 +236,7 @@ def parse_items(body: bytes, kind: Kind, *, ndjson: bool = False) -> list[RawIte
             if b"\n" in text and parses(first):
                 return list(ndjson_items(body_lines(body), kind))
             raise BodyError(f"malformed JSON: {exc.msg}", line=exc.lineno, column=exc.colno) from exc
-        repeats = _repeats(body) if _dropped_keys(body, value) else []
+        repeats = _repeats(body) if dropped_keys(body, value) else []
         if isinstance(value, list):
             items = [RawItem(i, kind, v, None, body=text) for i, v in enumerate(value)]
             for i, (path, sent) in enumerate(repeats):
@@ -493,7 +493,7 @@ def _bulk_action(
     except orjson.JSONDecodeError as exc:
         error = f"line {number}, column {exc.colno}: malformed action line: {exc.msg}"
         return RawItem(index, None, None, line, error=error, line=number), False
-    repeat = duplicate_keys(line)[0] if _dropped_keys(line, action) else None
+    repeat = duplicate_keys(line)[0] if dropped_keys(line, action) else None
     if not isinstance(action, dict) or len(action) != 1 or repeat is not None:
         error = f"line {number}: " + (
             _repeat_error(repeat) if repeat is not None
@@ -554,7 +554,7 @@ def parse_bulk(
 
 # ---------------------------------------------------------------- duplicate keys
 
-def _dropped_keys(raw: bytes, value: Any) -> bool:
+def dropped_keys(raw: bytes, value: Any) -> bool:
     """Whether parsing ``raw`` into ``value`` dropped a repeated key (orjson keeps the last value silently).
 
     Exact, and about as cheap as serialising ``value`` once (C code throughout), so it runs on every body.
@@ -620,7 +620,7 @@ def _object(pairs: list[tuple[str, Any]]) -> _Object:
 
 def duplicate_keys(raw: bytes) -> list[str | None]:
     """The first repeated key (dotted path) of each item of ``raw``: one entry for an object, one per element
-    for an array; ``[]`` when ``raw`` does not parse. The exact, slower check behind :func:`_dropped_keys`."""
+    for an array; ``[]`` when ``raw`` does not parse. The exact, slower check behind :func:`dropped_keys`."""
     return [path for path, _ in _repeats(raw)]
 
 

@@ -49,7 +49,7 @@ TIMESTAMP_PATTERN = (
 )
 _TIMESTAMP_RE = re.compile(TIMESTAMP_PATTERN)
 #: One spelling inside TIMESTAMP_PATTERN (UTC, milliseconds), taken by a shorter path in parse_timestamp.
-_COMMON_TIMESTAMP_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
+COMMON_TIMESTAMP_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
 
 
 def _to_utc(parsed: datetime, shown: object) -> datetime:
@@ -73,7 +73,7 @@ def parse_timestamp(value: Any) -> datetime:
     as UTC) and integers as epoch milliseconds (the ``ubi-demo`` producer). Booleans, floats, anything
     unparseable and instants outside years 1..9999 in UTC raise ``ValueError`` (never ``OverflowError``).
     """
-    if type(value) is str and _COMMON_TIMESTAMP_RE.match(value):
+    if type(value) is str and COMMON_TIMESTAMP_RE.match(value):
         # The shape most producers send (2024-05-16T12:34:56.789Z) first: TIMESTAMP_PATTERN matches it, so
         # only the date's existence is left to check, by fromisoformat as below (it reads Z as UTC).
         try:

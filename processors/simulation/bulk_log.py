@@ -102,9 +102,9 @@ def write_store(db: Path, events: int, *, seed: int = 0, chunk: int = STORE_CHUN
     try:
         for ddl in tables.ALL_TABLES:
             con.execute(ddl)
-        total = searches_for(events)
-        for first in range(0, total, max(1, int(chunk))):
-            _insert_part(con, events, seed, (first, min(total, first + max(1, int(chunk)))))
+        total, step = searches_for(events), max(1, int(chunk))
+        for first in range(0, total, step):
+            _insert_part(con, events, seed, (first, min(total, first + step)))
         ((nq, ne),) = con.execute(
             "SELECT (SELECT count(*) FROM ubi_queries), (SELECT count(*) FROM ubi_events)").fetchall()
     finally:

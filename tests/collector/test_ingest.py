@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from collector.ingest import (
     BodyError,
-    _dropped_keys,
+    dropped_keys,
     ingest,
     ingest_many,
     parse_bulk,
@@ -223,7 +223,7 @@ def test_the_fast_duplicate_key_check_agrees_with_an_exact_parse(data):
         return dict(items)
 
     json.loads(raw, object_pairs_hook=pairs)
-    assert _dropped_keys(raw, orjson.loads(raw)) == repeated, text
+    assert dropped_keys(raw, orjson.loads(raw)) == repeated, text
 
 
 def test_item_status_is_the_row_status_of_each_written_item(tmp_path, make_event, make_query):
