@@ -11,12 +11,17 @@ p50/p99/max while the phase ran, and the disk used by the store and its sealed s
 * ``sealed, 2 readers at once``: two readers together (no per-reader copy: disk does not grow per reader);
 * ``in-collector query``: design (a) of issue 14 item 3, prototyped here only: the same read query run
   by the collector itself in one read transaction on its own cursor, the (small) Arrow result sent back;
+* ``no reader again``: POSTs only, after the reads, so the baseline is taken twice in the same run;
 * ``plain scan, file free``: the same query on the DuckDB file opened read-only, the collector stopped.
 
 Every reader runs the same aggregation, the shape of the processors' statistics: events and clicks per
 (query text, position), 50,000 rows out of the whole events table.
 
     .venv/bin/python bench/read_live.py [--events 3000000] [--connections 4] [--json]
+    .venv/bin/python bench/read_live.py --store COPY.duckdb   # an existing store (e.g. bench/scale.py's), in place
+
+With ``--store`` the file is used as it is and written to (the bench's POSTs, its sealed segments beside it):
+pass a copy. It is not removed afterwards.
 
 Bounded: each phase has a ``--timeout``; the POST load stops when the phases are done. Figures depend on the
 machine's load: CPU time is printed beside wall time.
@@ -229,15 +234,32 @@ def _start(args: list[str], cwd: Path, stderr: object = subprocess.PIPE) -> subp
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def run(n_events: int, connections: int, timeout: float) -> dict:
+def count_events(db: Path) -> int:
+    """Rows of ``ubi_events`` in a store nobody holds (read-only)."""
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        return int(con.execute("SELECT count(*) FROM ubi_events").fetchall()[0][0])
+
+
+def run(n_events: int, connections: int, timeout: float, store: Path | None = None) -> dict:
+    """The phases on a store built here of ``n_events`` events, or on ``store`` (an existing file, used in place).
+
+    ``store`` is written to (the POSTs land in it, its sealed segments are made beside it): pass a copy.
+    """
     work = Path(tempfile.mkdtemp(prefix="ubi-bench-read-live-"))
     reader_cwd = work / "reader-cwd"
     reader_cwd.mkdir()
-    db = work / "ubi.duckdb"
-    sealed_dir = Path(str(db) + ".sealed")
+    load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
-    build_store(db, n_events)
+    if store is None:
+        db = work / "ubi.duckdb"
+        build_store(db, n_events)
+    else:
+        db = store.resolve()
+        n_events = count_events(db)
     built = time.perf_counter() - t0
+    sealed_dir = Path(str(db) + ".sealed")
     store_mb = disk_mb(db)
     log = open(work / "collector.log", "w")  # noqa: SIM115 (open for the collector's life)
     server = _start(["--serve", str(db)], ROOT, stderr=log)
@@ -296,6 +318,7 @@ def run(n_events: int, connections: int, timeout: float) -> dict:
             phase("sealed, next read", "sealed")
             phase("sealed, 2 readers at once", "sealed", readers=2)
             phase("in-collector query (design a)", "in-collector")
+            phase("no reader again (baseline)", "", readers=0)
         finally:
             stop.set()
 
@@ -333,17 +356,20 @@ def run(n_events: int, connections: int, timeout: float) -> dict:
                    "seconds": round(o["wall_s"], 2), "post": {"requests": 0}, "sealed_mb": round(disk_mb(sealed_dir), 1),
                    "reader_files_left": len(list(reader_cwd.iterdir()))})
     result = {
+        "load_average_start": round(load_start, 1), "load_average_end": round(os.getloadavg()[0], 1),
         "events_stored": n_events, "store_mb": round(store_mb, 1), "build_s": round(built, 1),
         "connections": connections, "posts": before, "collector_peak_rss_mb": round(collector_hwm),
         "store_mb_after": round(disk_mb(db), 1), "phases": phases,
     }
-    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)  # a --store is left where it is, with its sealed segments
     return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=3_000_000, help="events in the store (default 3,000,000)")
+    parser.add_argument("--store", type=Path, metavar="DB",
+                        help="use this existing store instead of building one (it is written to: pass a copy)")
     parser.add_argument("--connections", type=int, default=4, help="keep-alive connections sending POSTs")
     parser.add_argument("--timeout", type=float, default=900.0, help="longest a phase's reader may take (s)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -354,11 +380,13 @@ def main() -> int:
         return serve(args.serve)
     if args.read:
         return read(Path(args.read[0]), args.read[1], args.read[2])
-    row = run(args.events, args.connections, args.timeout)
+    row = run(args.events, args.connections, args.timeout, args.store)
     if args.json:
         print(json.dumps(row, indent=2))
         return 0
-    print(f"store: {row['events_stored']:,} events, {row['store_mb']} MB (built in {row['build_s']} s), "
+    print(f"load average {row['load_average_start']} at the start, {row['load_average_end']} at the end ({os.cpu_count()} "
+          "cores, shared machine: latencies include CPU contention)")
+    print(f"store: {row['events_stored']:,} events, {row['store_mb']} MB (built or counted in {row['build_s']} s), "
           f"{row['store_mb_after']} MB after the run; {row['connections']} connections, {row['posts']:,} POSTs; "
           f"collector peak RSS {row['collector_peak_rss_mb']} MB")
     base = next(p for p in row["phases"] if p["readers"] == 0)
