@@ -84,7 +84,9 @@ def request_seal(db: Path) -> Sealed:
     """Ask the collector holding ``db`` to seal what it stored since the last seal; return every segment."""
     url = collector_url(db)
     try:
-        resp = httpx.post(url + "/v1/admin/seal", timeout=600)
+        # no read timeout: the first seal of a large store copies all of it (about 20 min for a 20M-event store on
+        # a loaded 2-core machine) and is made once for every later reader; a collector that dies closes the socket
+        resp = httpx.post(url + "/v1/admin/seal", timeout=httpx.Timeout(60.0, read=None))
         resp.raise_for_status()
     except httpx.HTTPError as exc:
         raise StoreLocked(f"{db} is held by the collector at {url}, which did not seal it: {exc}") from exc
