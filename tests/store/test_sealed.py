@@ -127,9 +127,45 @@ def test_the_answer_round_trips_and_a_cut_one_is_refused(tmp_path: Path) -> None
     body = b"".join(encode_seal(sealed))
     back = decode_seal(body)
     assert back.files == sealed.files and back.new_rows == sealed.new_rows
-    assert back.inline["judgments"].equals(sealed.inline["judgments"])
+    assert len(back.files["judgments"]) == 1 and back.files["human_judgments"] == []  # a snapshot; no rows
     with pytest.raises(SealFailed, match="cut short"):
         decode_seal(body[:-5])
+    # rows sent inline (the answer's other form) round-trip too
+    sealed.inline = {"judgments": judgments(3)}
+    assert decode_seal(b"".join(encode_seal(sealed))).inline["judgments"].equals(judgments(3))
+
+
+def _snapshot_rows(sealed) -> list[tuple]:
+    con = open_sealed(sealed)
+    try:
+        return con.execute("SELECT query, doc_id, source, score FROM judgments ORDER BY query").fetchall()
+    finally:
+        con.close()
+
+
+def test_derived_tables_are_one_snapshot_file_rewritten_only_when_their_rows_change(tmp_path: Path) -> None:
+    """Judgments are not sent with every answer: a Parquet snapshot, kept while its rows stay the same."""
+    db = tmp_path / "s.duckdb"
+    with Store(db) as store:
+        add_events(store, 0, 10)
+        store.load_table("judgments", judgments(3))
+        first = store.seal()
+        (snap,) = first.files["judgments"]
+        stamp = snap.stat().st_mtime_ns
+        assert first.inline == {}
+        assert _snapshot_rows(first) == [(f"q{i}", "d1", "implicit:ctr", i / 3) for i in range(3)]
+        add_events(store, 10, 5)  # new events, same judgments: the same file, not written again
+        again = store.seal()
+        assert again.files["judgments"] == [snap] and snap.stat().st_mtime_ns == stamp
+        store.load_table("judgments", judgments(4), replace_source="implicit:ctr")  # replaced rows: a new file
+        third = store.seal()
+        (new,) = third.files["judgments"]
+        assert new != snap and snap.exists()  # the old one stays for readers still scanning it
+        assert _snapshot_rows(third) == [(f"q{i}", "d1", "implicit:ctr", i / 4) for i in range(4)]
+        assert _snapshot_rows(first)[0] == ("q0", "d1", "implicit:ctr", 0.0)  # an earlier reader's file still reads
+    with Store(db) as store:  # the writer's next start removes snapshots the manifest no longer names
+        assert not snap.exists() and new.exists()
+        assert store.seal().files["judgments"] == [new]
 
 
 def test_a_store_that_no_longer_matches_its_manifest_is_sealed_again_from_scratch(tmp_path: Path) -> None:
