@@ -11,6 +11,8 @@ p50/p99/max while the phase ran, and the disk used by the store and its sealed s
 * ``sealed, 2 readers at once``: two readers together (no per-reader copy: disk does not grow per reader);
 * ``in-collector query``: design (a) of issue 14 item 3, prototyped here only: the same read query run
   by the collector itself in one read transaction on its own cursor, the (small) Arrow result sent back;
+* ``control: a busy process, no read``: a process that only burns CPU (one thread, ``BURN_SECONDS``), touching
+  neither the store nor the collector: what CPU contention alone does to POST latency on this machine;
 * ``no reader again``: POSTs only, after the reads, so the baseline is taken twice in the same run;
 * ``plain scan, file free``: the same query on the DuckDB file opened read-only, the collector stopped.
 
@@ -50,6 +52,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from ingest import _request, make_events  # noqa: E402  (bench/ingest.py, same folder)
+
+#: wall seconds of the control phase's busy process (about a reader's wall time at 20M events here)
+BURN_SECONDS = 8.0
 
 SCAN_SQL = """
 SELECT user_query, position_ordinal, count(*) AS events, count(*) FILTER (WHERE action_name = 'click') AS clicks
@@ -146,6 +151,12 @@ def read(db: Path, mode: str, url: str) -> int:
 
     t0, c0 = time.perf_counter(), time.process_time()
     sealing = 0.0
+    if mode == "burn":  # the control: a process as busy as a reader for as long, touching neither store nor collector
+        while time.perf_counter() - t0 < BURN_SECONDS:
+            sum(range(10_000))
+        print(json.dumps({"wall_s": time.perf_counter() - t0, "open_s": 0.0, "seal_s": 0.0,
+                          "cpu_s": time.process_time() - c0, "rss_mb": 0.0, "rows": 0}), flush=True)
+        return 0
     if mode == "sealed" or mode == "file":
         from store.client import open_reader, request_seal
         from store.sealed import open_sealed
@@ -318,6 +329,7 @@ def run(n_events: int, connections: int, timeout: float, store: Path | None = No
             phase("sealed, next read", "sealed")
             phase("sealed, 2 readers at once", "sealed", readers=2)
             phase("in-collector query (design a)", "in-collector")
+            phase("control: a busy process, no read", "burn")
             phase("no reader again (baseline)", "", readers=0)
         finally:
             stop.set()
