@@ -320,6 +320,89 @@ def ranking_features(
     return np.column_stack([z1, z2, z3]), per_query
 
 
+#: at most this many systems get a feature of their own (the ones that showed the most rankings); a log of more
+#: systems keeps the rest out of the prior's features (they still count in every other feature)
+MAX_SYSTEMS = 8
+#: the column names of :func:`system_features` are this prefix and the system's name
+SYSTEM_FEATURE_PREFIX = "shown_by:"
+
+
+@dataclass(frozen=True)
+class SystemRankings:
+    """The distinct rankings of a log with the system that showed each: a small aggregate beside the patterns.
+
+    A *system* is what ``reports.systems`` calls one (the application, split by the ``ranker`` and
+    ``experiment`` keys of ``query_attributes``); ``names[j]`` is system j. Row r is one distinct
+    (query, system, list of docs) of the log: ``query[r]`` in the numbering of ``PairIndex.query_index``,
+    ``docs[r, k-1]`` the pair shown at rank k (-1 where none). The session patterns do not carry the system
+    (two systems showing the same list with the same clicks are one pattern), so it travels apart from them.
+    """
+
+    names: tuple[str, ...]
+    query: NDArray[np.int64]
+    system: NDArray[np.int64]
+    docs: NDArray[np.int64]
+
+    def check(self, n_pairs: int) -> None:
+        """Raise ``ClickModelError`` naming the first inconsistent field."""
+        if self.docs.ndim != 2 or len(self.query) != len(self.docs) or len(self.system) != len(self.docs):
+            raise ClickModelError(f"SystemRankings: query {self.query.shape}, system {self.system.shape} and docs "
+                                  f"{self.docs.shape} must have one row per ranking")
+        if len(self.system) and (self.system.min() < 0 or self.system.max() >= len(self.names)):
+            bad = int(np.flatnonzero((self.system < 0) | (self.system >= len(self.names)))[0])
+            raise ClickModelError(f"SystemRankings.system[{bad}] = {int(self.system[bad])}: expected a system "
+                                  f"number in 0..{len(self.names) - 1}")
+        if self.docs.size and self.docs.max() >= n_pairs:
+            bad = int(np.flatnonzero((self.docs >= n_pairs).any(axis=1))[0])
+            raise ClickModelError(f"SystemRankings.docs[{bad}] names a pair beyond the {n_pairs} pairs fitted")
+
+
+def system_features(systems: SystemRankings, query_of_pair: AnyArray, n_pairs: int
+                    ) -> tuple[NDArray[np.float64], tuple[str, ...]]:
+    """[n_pairs, S] *votes* of the systems for each pair, and the column names (S = 0 with fewer than 2 systems).
+
+    With R_qs the distinct rankings system s showed for query q, and ρ_is those of them that show pair i:
+
+        v_is = |ρ_is| / |R_qs|     (NaN where s never served the pair's query)
+
+    the share of system s's rankings of the query that chose the pair: 1 when s always showed it, 0 when s
+    served the query and never showed it. Rankers of differing quality disagree most on the docs only some of
+    them show, and which system showed a pair is then evidence of its relevance that neither its display ranks
+    nor its clicks carry (the relevance model of regression EM takes any feature of the pair: Wang et al.,
+    WSDM 2018). A log of one system has no such column (the prior is then the ranking-feature prior alone);
+    with more than :data:`MAX_SYSTEMS`, the systems that showed the most rankings get one. A system's
+    ranking counts once however many of its searches showed it (as in :func:`ranking_features`).
+    """
+    n_sys = len(systems.names)
+    q_pair = np.asarray(query_of_pair, dtype=np.int64)
+    if n_sys < 2 or not len(systems.docs):
+        return np.zeros((n_pairs, 0)), ()
+    rows = unique_rows(np.column_stack([systems.query, systems.system, systems.docs]).astype(np.int64))
+    r_query, r_sys, r_docs = rows[:, 0], rows[:, 1], rows[:, 2:]
+    per_sys = np.bincount(r_sys, minlength=n_sys)
+    keep = np.sort(np.argsort(-per_sys, kind="stable")[:MAX_SYSTEMS])
+    keep = keep[per_sys[keep] > 0]
+    if len(keep) < 2:
+        return np.zeros((n_pairs, 0)), ()
+    col_of = np.full(n_sys, -1, dtype=np.int64)
+    col_of[keep] = np.arange(len(keep))
+    n_q = int(max(q_pair.max() if len(q_pair) else -1, r_query.max())) + 1
+    served = np.zeros((n_q, len(keep)))  # |R_qs|
+    c = col_of[r_sys]
+    ok = c >= 0
+    np.add.at(served, (r_query[ok], c[ok]), 1.0)
+    votes = np.zeros((n_pairs, len(keep)))  # |ρ_is|, a ranking showing a doc twice counting once
+    shown = (r_docs >= 0) & ok[:, None]
+    slot_row = np.broadcast_to(np.arange(len(rows))[:, None], r_docs.shape)[shown]
+    once = np.unique(slot_row * np.int64(n_pairs) + r_docs[shown])
+    row, pair = once // n_pairs, once % n_pairs
+    np.add.at(votes, (pair, c[row]), 1.0)
+    denom = served[q_pair] if len(q_pair) else np.zeros((0, len(keep)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(denom > 0, votes / np.where(denom > 0, denom, 1.0), np.nan)
+    return out, tuple(SYSTEM_FEATURE_PREFIX + systems.names[j] for j in keep)
+
+
 def unseen_ranking_features(ranks: AnyArray, queries: AnyArray, rankings: NDArray[np.float64]) -> NDArray[np.float64]:
     """:func:`ranking_features` of a pair no training ranking showed, displayed at ``ranks``: z₁ = ln rank,
     z₂ = ln 1/(R_q + 1) (one ranking of R_q + 1 shows it), z₃ NaN (its ranking is not known: the prior takes
