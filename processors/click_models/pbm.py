@@ -43,6 +43,7 @@ from processors.click_models.priors import (
     DEFAULT_PRIOR,
     FEATURES,
     RANKING_FEATURES,
+    SYSTEM_FEATURE_PREFIX,
     BetaPrior,
     SystemRankings,
     check_prior,
@@ -280,7 +281,8 @@ class ExaminationEM(FittedModel):
                     if top > 0:
                         exam, alpha = exam / top, np.minimum(alpha * top, 1.0)
                 examined = expected_examined(pair, exam_id, imps, clk, exam, alpha, n_pairs)
-                new = fit_prior(pair_clk, examined, feats, start=prior, varying_strength=True, feature_names=names)
+                new = fit_prior(pair_clk, examined, feats, start=prior, varying_strength=True, feature_names=names,
+                                strength_features=sum(not n.startswith(SYSTEM_FEATURE_PREFIX) for n in names))
                 settled = prior is not None and same_prior(prior, new)
                 prior = new
                 # rounds before the prior settles only need to get close; the last one converges fully

@@ -38,13 +38,14 @@ def _rankings(rows: list[tuple[int, int, list[int]]], names: tuple[str, ...], k:
 def test_votes_hand_worked() -> None:
     # query 0 has pairs 0-3, query 1 pair 4. System A (0) showed query 0 as [0, 1] and [0, 2] (the first twice:
     # one ranking however often shown) and query 1 as [4]; system B (1) showed query 0 as [1, 3, 3] (pair 3 twice
-    # in one list: one vote). v_is = rankings of s showing i / rankings of s for the query:
-    #   pair 0: A 2/2 = 1,   B 0/1 = 0      pair 1: A 1/2, B 1/1      pair 2: A 1/2, B 0
-    #   pair 3: A 0/2 = 0,   B 1/1 = 1      pair 4: A 1/1, B never served query 1: NaN
+    # in one list: it votes at its first rank, 2). v_is = mean over s's rankings of the query of 1/rank (0 absent):
+    #   pair 0: A (1/1 + 1/1)/2 = 1,   B 0/1 = 0      pair 1: A (1/2 + 0)/2 = 0.25, B 1/1 = 1
+    #   pair 2: A (0 + 1/2)/2 = 0.25,  B 0            pair 3: A 0, B (1/2)/1 = 0.5
+    #   pair 4: A 1/1 = 1,             B never served query 1: NaN
     sr = _rankings([(0, 0, [0, 1]), (0, 0, [0, 1]), (0, 0, [0, 2]), (1, 0, [4]), (0, 1, [1, 3, 3])], ("A", "B"))
     votes, names = system_features(sr, np.array([0, 0, 0, 0, 1]), 5)
     assert names == (SYSTEM_FEATURE_PREFIX + "A", SYSTEM_FEATURE_PREFIX + "B")
-    expected = np.array([[1.0, 0.0], [0.5, 1.0], [0.5, 0.0], [0.0, 1.0], [1.0, np.nan]])
+    expected = np.array([[1.0, 0.0], [0.25, 1.0], [0.25, 0.0], [0.0, 0.5], [1.0, np.nan]])
     np.testing.assert_array_equal(votes, expected)
 
 
@@ -65,8 +66,8 @@ def test_one_system_has_no_vote_and_keeps_the_prior() -> None:
 
 def test_systems_past_the_cap_get_no_column() -> None:
     n = MAX_SYSTEMS + 2
-    # system j showed query 0's list [j] (j + 1) times in distinct lists? each distinct list once: give system j
-    # j + 1 distinct rankings, so the systems with the fewest rankings (0 and 1) are the ones left out
+    # system j shows j + 1 distinct lists of query 0, each with pair j first: the systems with the fewest
+    # rankings (0 and 1) are the ones left out
     rows = [(0, j, [j, 20 + r]) for j in range(n) for r in range(j + 1)]
     sr = _rankings(rows, tuple(f"s{j}" for j in range(n)))
     votes, names = system_features(sr, np.zeros(40, dtype=np.int64), 40)
