@@ -6,14 +6,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.special import betaln
 
 from collector.ingest import ingest, parse_bulk, validate_items
 from processors.click_models.common import ClickModelError
 from processors.click_models.pbm import PBM
 from processors.click_models.priors import (
     MAX_SYSTEMS,
+    STRENGTH_SLOPE_SD,
     SYSTEM_FEATURE_PREFIX,
     SystemRankings,
+    _beta_binomial_objective,
     system_features,
     unique_rows,
 )
@@ -129,3 +132,20 @@ def test_unique_rows_keeps_system_and_query_apart() -> None:
     # the same list shown by two systems is two rankings (the votes' dedupe is per (query, system, list))
     a = np.array([[0, 0, 1, 2], [0, 1, 1, 2], [0, 0, 1, 2]])
     assert len(unique_rows(a)) == 2
+
+
+def test_strength_slopes_carry_a_gaussian_hyperprior() -> None:
+    """The varying-strength objective is −(1/N)(Σ ln BetaBin − Σ_j λ_j²/2σ²), σ = STRENGTH_SLOPE_SD = 1; the
+    Beta-binomial terms by hand from betaln (the binomial coefficient cancels between objectives, so it is
+    left out, as the objective leaves it out)."""
+    rng = np.random.default_rng(4)
+    n = rng.integers(1, 30, size=50).astype(np.float64)
+    x = np.floor(n * rng.uniform(size=50))
+    design = np.column_stack([np.ones(50), rng.normal(size=50)])
+    beta, lam = np.array([-0.5, 0.2]), np.array([1.5, 0.7])
+    f = _beta_binomial_objective(x, n, design, (-4.0, 14.0), design)
+    m = 1.0 / (1.0 + np.exp(-(design @ beta)))
+    s = np.exp(design @ lam)
+    ll = betaln(x + m * s, n - x + (1 - m) * s) - betaln(m * s, (1 - m) * s)
+    assert STRENGTH_SLOPE_SD == 1.0
+    assert f(np.append(beta, lam))[0] == pytest.approx(-(ll.sum() - 0.5 * 0.7**2) / 50, rel=1e-12)
