@@ -57,6 +57,13 @@ share of the pairs with 1-9 impressions is mostly that noise, and the prior mean
 perplexity a little lower at every size. Cells aggregated elsewhere
 (``fit_cells``) do not say which searches shared a ranking: there the impression features above are used.
 
+When the log says which *system* showed each ranking (:class:`SystemRankings`, beside the patterns), PBM and
+UBM add each system's vote to the prior mean (:func:`system_features`: v_is, the mean reciprocal rank system s
+gave pair i over its rankings of the query), one coefficient per system, so the fit learns how far each
+ranker's choices predict relevance; the votes enter the mean, not the per-pair strength, and a log of one
+system has none. The per-pair strength's slopes λ_j (j >= 1) carry a N(0, 1) hyperprior
+(:data:`STRENGTH_SLOPE_SD`), which keeps BFGS off flat ridges where the clipped strength has no gradient.
+
 Given the prior, the estimate is the posterior mean (a_i + x_i)/(a_i + b_i + n_i): with little support it is
 the rankers' prior m_i, with much it is the clicks' MLE x_i/n_i. Inside EM the M-step uses this on the
 complete-data counts; it is the exact maximiser of ℓ + Σ_i a_i ln φ_i + b_i ln(1 − φ_i), so EM never lowers
