@@ -490,7 +490,7 @@ def migrate_keys(con: duckdb.DuckDBPyConnection) -> list[str]:
         (n,) = con.execute(
             "SELECT count(*) FROM duckdb_constraints() WHERE schema_name = 'main' AND table_name = ? "
             "AND constraint_type = 'PRIMARY KEY'", [table.name]
-        ).fetchone() or (0,)
+        ).fetchall()[0]
         if not n:
             continue
         name, staging = quote_ident(table.name), quote_ident(table.name + "__migrating")

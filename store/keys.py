@@ -127,7 +127,7 @@ class KeyIndex:
         """A new filter sized for the stored keys (twice their number), filled from the key table."""
         (count,) = _one(con, f"SELECT count(*) FROM {self.keys}")
         fresh = KeyFilter(2 * int(count))
-        reader = con.execute(f"SELECT key_hash FROM {self.keys}").to_arrow_reader(1 << 20)
+        reader = con.sql(f"SELECT key_hash FROM {self.keys}").to_arrow_reader(1 << 20)
         for batch in reader:
             fresh.add(batch.column(0).to_numpy())
         self.filter = fresh
@@ -135,7 +135,7 @@ class KeyIndex:
     def hashes(self, cur: duckdb.DuckDBPyConnection, keys: pa.Array) -> np.ndarray:
         """``md5_number_lower`` of each key, as DuckDB computes it (the key table's hashes are DuckDB's too)."""
         _ubi_keys = pa.table({"k": keys})  # noqa: F841 (read by name by DuckDB's replacement scan)
-        out = cur.execute("SELECT md5_number_lower(k) FROM _ubi_keys").to_arrow_table()
+        out = cur.sql("SELECT md5_number_lower(k) FROM _ubi_keys").to_arrow_table()
         return out.column(0).to_numpy()
 
     def lookup(
@@ -181,7 +181,7 @@ class KeyIndex:
 
 
 def _one(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
-    row = con.execute(sql).fetchone()
-    if row is None:
-        raise StoreError(f"no row from: {sql}")
-    return tuple(row)
+    rows = con.execute(sql).fetchall()  # all of it: DuckDB refuses other work while a result is unfinished
+    if len(rows) != 1:
+        raise StoreError(f"expected one row, got {len(rows)}, from: {sql}")
+    return tuple(rows[0])
