@@ -367,6 +367,7 @@ class Store:
         already, and the positions inserted.
         """
         index = self.keys[table.name]
+        index.sync(cur)
         first = [keys[p] for p in keep]
         hashes = index.hashes(cur, pa.array(first, pa.string()))
         stored = index.lookup(cur, first, hashes, fetch)

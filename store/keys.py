@@ -17,10 +17,10 @@ A write looks its keys up in two steps:
    never drops a record.
 
 The rows a transaction appends get ``rowid`` s from the count of rows before it (the table is append-only,
-rows are only added through the one writer, and DuckDB numbers appended rows in insertion order and gives a
-rolled-back append's numbers to the next one; tests/store/test_keys.py). On open, :meth:`KeyIndex.open`
-adds key rows for rows another writer appended without them (``bulk_log`` writes tables directly) and
-checks the last key rows against their stored rows; if they do not match it rebuilds the key table.
+and DuckDB numbers appended rows in insertion order and gives a rolled-back append's numbers to the next
+one; tests/store/test_keys.py). Rows appended without key rows (``bulk_log`` and tests write tables
+directly) get them on open (:meth:`KeyIndex.open`) or at the next write (:meth:`KeyIndex.sync`); on open the
+last key rows are also checked against their stored rows, and the key table is rebuilt if they differ.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ class KeyIndex:
         self.table = quote_ident(table.name)
         self.key = quote_ident(table.key[0])
         self.keys = quote_ident(table.key_table)
-        self.rows = 0  # rows committed in the table: the rowid of the next row appended
+        self.rows = 0  # rows committed in the table that have key rows: the rowid of the next row appended
+        self._base = 0  # the rowid of this write's first row (set by sync)
         self.filter = KeyFilter(0)
 
     def open(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -161,20 +162,30 @@ class KeyIndex:
         # The exact key decides: a hash hit whose stored key differs is another key (a collision), not stored.
         return {int(p): stored[keys[p]] for p in maybe if keys[p] in stored}
 
-    def append(self, cur: duckdb.DuckDBPyConnection, hashes: np.ndarray) -> int:
-        """Key rows for ``len(hashes)`` rows just appended in this transaction, in order; returns the rowid of
-        the first. Call :meth:`committed` once the transaction committed."""
-        first = self.rows
+    def sync(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """At the start of a write: key rows (and filter bits) for rows committed around this index (a raw
+        ``INSERT`` through :meth:`Store.transaction`), so that they are found; call before :meth:`lookup`."""
+        (count,) = _one(cur, f"SELECT count(*) FROM {self.table}")
+        if count > self.rows:
+            added = cur.execute(
+                f"INSERT INTO {self.keys} SELECT md5_number_lower({self.key}), rowid FROM {self.table} "
+                f"WHERE rowid >= {int(self.rows)} RETURNING key_hash").fetchall()
+            # Before the commit: if it fails, the filter says "maybe" for keys it need not, never the reverse.
+            self.filter.add(np.array([h for (h,) in added], dtype=np.uint64))
+        self._base = int(count)
+
+    def append(self, cur: duckdb.DuckDBPyConnection, hashes: np.ndarray) -> None:
+        """Key rows for ``len(hashes)`` rows just appended in this transaction, in order (after :meth:`sync`).
+        Call :meth:`committed` once the transaction committed."""
         _ubi_new_keys = pa.table({  # noqa: F841 (read by name by DuckDB's replacement scan)
             "key_hash": pa.array(hashes, pa.uint64()),
-            "row_id": pa.array(np.arange(first, first + len(hashes), dtype=np.int64)),
+            "row_id": pa.array(np.arange(self._base, self._base + len(hashes), dtype=np.int64)),
         })
         cur.execute(f"INSERT INTO {self.keys} SELECT key_hash, row_id FROM _ubi_new_keys")
-        return first
 
     def committed(self, con: duckdb.DuckDBPyConnection, hashes: np.ndarray) -> None:
         """The rows of :meth:`append` are committed: count them and add their hashes to the filter."""
-        self.rows += len(hashes)
+        self.rows = self._base + len(hashes)
         self.filter.add(hashes)
         if self.filter.full:
             self.refill(con)

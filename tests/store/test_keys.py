@@ -176,3 +176,17 @@ def test_the_filter_stops_growing_at_its_cap(monkeypatch) -> None:
     assert len(f.words) * 8 == 1 << 17 and not f.full
     f.add(np.arange(200_000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
     assert not f.full  # past its capacity, but it may not grow: it only says "maybe" more often
+
+
+def test_rows_inserted_through_the_open_stores_transaction_are_found(tmp_path, make_event):
+    """A raw INSERT through ``Store.transaction`` (as tests and benches do) gets its key rows at the next write."""
+    a, b = make_event(event_id="a"), make_event(event_id="b")
+    path = tmp_path / "s.duckdb"
+    with Store(path) as store:
+        store.write_rows(events=events(a))
+        with store.transaction() as cur:
+            _direct = events(b)  # noqa: F841 (read by DuckDB by name)
+            cur.execute("INSERT INTO ubi_events SELECT * FROM _direct")
+        out = store.write_rows(events=events(b, a, make_event(event_id="c")))
+        assert out.event_status == (DUPLICATE, DUPLICATE, INSERTED)
+    assert _mismatched_key_rows(path) == (3, 3, 0)
