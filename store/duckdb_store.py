@@ -369,7 +369,7 @@ class Store:
         index = self.keys[table.name]
         index.sync(cur)
         first = [keys[p] for p in keep]
-        hashes = index.hashes(cur, pa.array(first, pa.string()))
+        hashes = index.hashes(first)
         stored = index.lookup(cur, first, hashes, fetch)
         new = [j for j in range(len(keep)) if j not in stored]
         if new:

@@ -25,6 +25,7 @@ last key rows are also checked against their stored rows, and the key table is r
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -133,11 +134,9 @@ class KeyIndex:
             fresh.add(batch.column(0).to_numpy())
         self.filter = fresh
 
-    def hashes(self, cur: duckdb.DuckDBPyConnection, keys: pa.Array) -> np.ndarray:
-        """``md5_number_lower`` of each key, as DuckDB computes it (the key table's hashes are DuckDB's too)."""
-        _ubi_keys = pa.table({"k": keys})  # noqa: F841 (read by name by DuckDB's replacement scan)
-        out = cur.sql("SELECT md5_number_lower(k) FROM _ubi_keys").to_arrow_table()
-        return out.column(0).to_numpy()
+    def hashes(self, keys: Sequence[str]) -> np.ndarray:
+        """:func:`key_hashes` of ``keys``."""
+        return key_hashes(keys)
 
     def lookup(
         self, cur: duckdb.DuckDBPyConnection, keys: Sequence[str], hashes: np.ndarray, columns: Sequence[str]
@@ -189,6 +188,14 @@ class KeyIndex:
         self.filter.add(hashes)
         if self.filter.full:
             self.refill(con)
+
+
+def key_hashes(keys: Sequence[str]) -> np.ndarray:
+    """DuckDB's ``md5_number_lower`` of each key (bytes 8-15 of its UTF-8 MD5, little-endian), computed here:
+    a statement less per write than asking DuckDB (whose SQL fills the key table on open and in
+    :meth:`KeyIndex.sync`; tests/store/test_keys.py checks the two agree)."""
+    digests = b"".join(hashlib.md5(k.encode()).digest()[8:] for k in keys)
+    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
 
 
 def _one(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:

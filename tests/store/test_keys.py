@@ -14,7 +14,7 @@ from schemas import tables
 from schemas.ubi import UbiEvent
 from store import keys as store_keys
 from store.duckdb_store import Store
-from store.keys import KeyFilter, KeyIndex
+from store.keys import KeyFilter, KeyIndex, key_hashes
 from store.rows import EVENT_SCHEMA, RowStatus, event_row, failed_row, failed_table, utcnow
 
 INSERTED, DUPLICATE, CONFLICT = RowStatus.INSERTED, RowStatus.DUPLICATE, RowStatus.CONFLICT
@@ -68,7 +68,7 @@ def test_key_rows_point_at_their_rows_after_a_rolled_back_write(tmp_path, make_e
 def test_keys_that_share_a_hash_are_all_stored(tmp_path, make_event, monkeypatch):
     """Every key hashed to the same 64 bits (a collision on every write): the exact key decides, so each
     distinct event is stored once, a retry is a duplicate and another event under a taken id a conflict."""
-    monkeypatch.setattr(KeyIndex, "hashes", lambda self, cur, keys: np.full(len(keys), 42, dtype=np.uint64))
+    monkeypatch.setattr(KeyIndex, "hashes", lambda self, keys: np.full(len(keys), 42, dtype=np.uint64))
     a, b, c = make_event(event_id="a"), make_event(event_id="b"), make_event()  # c: key from its content
     with Store(tmp_path / "s.duckdb") as store:
         assert store.write_rows(events=events(a)).event_status == (INSERTED,)
@@ -190,3 +190,13 @@ def test_rows_inserted_through_the_open_stores_transaction_are_found(tmp_path, m
         out = store.write_rows(events=events(b, a, make_event(event_id="c")))
         assert out.event_status == (DUPLICATE, DUPLICATE, INSERTED)
     assert _mismatched_key_rows(path) == (3, 3, 0)
+
+
+def test_the_writers_key_hashes_are_duckdbs_md5_number_lower() -> None:
+    """The writer hashes keys in Python, the key table is filled by DuckDB's SQL on open: they must agree
+    (ASCII, accents, astral characters, the empty string, the key shapes of schemas.ubi)."""
+    keys = ["abc", "", "id:é€😀", "h:" + "f" * 32, "q1\x1fr1", "id:" + "x" * 100]
+    con = duckdb.connect()
+    expected = [h for (h,) in con.execute("SELECT md5_number_lower(k) FROM unnest(?) t(k)", [keys]).fetchall()]
+    assert key_hashes(keys).tolist() == expected
+    assert expected[0] == 8250560606382298838  # md5_number_lower('abc') as DuckDB 2.0.1 prints it
