@@ -9,9 +9,9 @@ have no index. Beside each is a key table (``schemas.tables.EVENT_KEY_TABLE``): 
 
 A write looks its keys up in two steps:
 
-1. a Bloom filter of every stored key hash, in this process (:class:`KeyFilter`, 2 bytes per stored row, at
+1. a Bloom filter of every stored key hash, in this process (:class:`KeyFilter`, 2-4 bytes per stored row, at
    most :data:`MAX_FILTER_BYTES`), says which keys are surely new: those need no lookup at all;
-2. the others (retries, re-run imports, conflicts, and about 0.2 % false positives) are joined with the key
+2. the others (retries, re-run imports, conflicts, and 0.2-0.4 % false positives) are joined with the key
    table (a scan of its hash column: 8 bytes a stored row), and every hash hit is checked against the stored
    row's key string (fetched by ``rowid``), so two keys that share a hash are both stored: a hash collision
    never drops a record.
@@ -49,8 +49,9 @@ _CHECK_ON_OPEN = 1000
 
 
 class KeyFilter:
-    """A blocked Bloom filter of 64-bit hashes: no false negatives, about 0.2 % false positives at
-    :data:`BITS_PER_KEY` (Putze, Sanders, Singler, "Cache-, hash- and space-efficient Bloom filters", 2007).
+    """A blocked Bloom filter of 64-bit hashes: no false negatives, 0.4 % false positives at
+    :data:`BITS_PER_KEY` bits a key (measured, tests/store/test_keys.py; Putze, Sanders, Singler, "Cache-,
+    hash- and space-efficient Bloom filters", 2007).
 
     Each hash picks one 64-bit word by its low bits and sets :data:`BITS_SET` bits in it chosen by bits 24-59,
     so ``words`` is at most 2^23 long and the two never overlap.
