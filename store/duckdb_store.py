@@ -481,8 +481,8 @@ def migrate_keys(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Drop the PRIMARY KEY of ``ubi_events`` / ``ubi_queries`` in a store made before the key tables
     (:mod:`store.keys`); returns the tables migrated.
 
-    DuckDB cannot drop a constraint, so the table is copied into one made by today's DDL, in rowid order
-    (no row is ever deleted, so every ``rowid`` and the sealed segments' watermarks stay), in
+    DuckDB cannot drop a constraint, so the table is copied into one made by today's DDL, in its order (no
+    row is ever deleted, so every ``rowid`` and the sealed segments' watermarks stay), in
     one transaction: a migration cut short leaves the old table as it was. The key table is filled after,
     by :meth:`store.keys.KeyIndex.open`.
     """
@@ -500,7 +500,18 @@ def migrate_keys(con: duckdb.DuckDBPyConnection) -> list[str]:
         try:
             con.execute(f"DROP TABLE IF EXISTS {staging}")
             con.execute(table.ddl(table.name + "__migrating"))
-            con.execute(f"INSERT INTO {staging} ({cols}) SELECT {cols} FROM {name} ORDER BY rowid")
+            # No ORDER BY: DuckDB keeps a table's order in a plain scan (preserve_insertion_order, on by default,
+            # checked below), and sorting a large store would cost a spilled sort for nothing.
+            con.execute("SET preserve_insertion_order = true")
+            con.execute(f"INSERT INTO {staging} ({cols}) SELECT {cols} FROM {name}")
+            # The copy's rows take their rowids in its scan order at commit: that order must be the table's.
+            key = quote_ident(table.key[0])
+            (moved,) = con.execute(
+                f"SELECT count(*) FROM (SELECT {key} AS a FROM {name}) POSITIONAL JOIN "
+                f"(SELECT {key} AS b FROM {staging}) WHERE a IS DISTINCT FROM b").fetchall()[0]
+            if moved:
+                raise StoreError(f"{table.name}: migrating to a key table would renumber {moved} of its rows; "
+                                 "the store is left as it was")
             con.execute(f"DROP TABLE {name}")
             con.execute(f"ALTER TABLE {staging} RENAME TO {name}")
             con.execute(f"DELETE FROM {quote_ident(table.key_table or '')}")
