@@ -104,7 +104,7 @@ class KeyIndex:
         self.keys = quote_ident(table.key_table)
         self.rows = 0  # rows committed in the table that have key rows: the rowid of the next row appended
         self._base = 0  # the rowid of this write's first row (set by sync)
-        self.filter = KeyFilter(0)
+        self.filter: KeyFilter | None = None  # filled from the key table at the first write
 
     def open(self, con: duckdb.DuckDBPyConnection) -> None:
         """Bring the key table up to the stored rows (or rebuild it), then fill the filter."""
@@ -117,7 +117,9 @@ class KeyIndex:
             con.execute(f"INSERT INTO {self.keys} SELECT md5_number_lower({self.key}), rowid FROM {self.table} "
                         f"WHERE rowid >= {int(keyed)}")
         self.rows = int(rows)
-        self.refill(con)
+        # The filter is filled at the first write (:meth:`sync`), not here: opening stays a few statements, so
+        # a collector or loader advertises itself as soon as it holds the file (readers look for it then).
+        self.filter = None
 
     def _tail_matches(self, con: duckdb.DuckDBPyConnection) -> bool:
         (bad,) = _one(con, f"""
@@ -143,7 +145,7 @@ class KeyIndex:
         self, cur: duckdb.DuckDBPyConnection, keys: Sequence[str], hashes: np.ndarray, columns: Sequence[str]
     ) -> dict[int, tuple[Any, ...]]:
         """For each position of ``keys`` stored already: the stored row's ``columns`` (declared names)."""
-        maybe = np.flatnonzero(self.filter.might_contain(hashes))
+        maybe = np.flatnonzero(self._filter().might_contain(hashes))
         if not len(maybe):
             return {}
         _ubi_probe = pa.table({"h": pa.array(hashes[maybe], pa.uint64())})  # noqa: F841 (replacement scan)
@@ -165,13 +167,15 @@ class KeyIndex:
     def sync(self, cur: duckdb.DuckDBPyConnection) -> None:
         """At the start of a write: key rows (and filter bits) for rows committed around this index (a raw
         ``INSERT`` through :meth:`Store.transaction`), so that they are found; call before :meth:`lookup`."""
+        if self.filter is None:
+            self.refill(cur)
         (count,) = _one(cur, f"SELECT count(*) FROM {self.table}")
         if count > self.rows:
             added = cur.execute(
                 f"INSERT INTO {self.keys} SELECT md5_number_lower({self.key}), rowid FROM {self.table} "
                 f"WHERE rowid >= {int(self.rows)} RETURNING key_hash").fetchall()
             # Before the commit: if it fails, the filter says "maybe" for keys it need not, never the reverse.
-            self.filter.add(np.array([h for (h,) in added], dtype=np.uint64))
+            self._filter().add(np.array([h for (h,) in added], dtype=np.uint64))
         self._base = int(count)
 
     def append(self, cur: duckdb.DuckDBPyConnection, hashes: np.ndarray) -> None:
@@ -186,9 +190,14 @@ class KeyIndex:
     def committed(self, con: duckdb.DuckDBPyConnection, hashes: np.ndarray) -> None:
         """The rows of :meth:`append` are committed: count them and add their hashes to the filter."""
         self.rows = self._base + len(hashes)
-        self.filter.add(hashes)
-        if self.filter.full:
+        self._filter().add(hashes)
+        if self._filter().full:
             self.refill(con)
+
+    def _filter(self) -> KeyFilter:
+        if self.filter is None:
+            raise StoreError(f"the key filter of {self.table} is used before KeyIndex.sync filled it")
+        return self.filter
 
 
 def key_hashes(keys: Sequence[str]) -> np.ndarray:
