@@ -239,6 +239,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             kind=args.kind,
             filters=extension_filters(settings),
             on_progress=on_progress,
+            memory_limit=settings.writer_memory_limit,
         )
     sums = Counts()
     for r in reports:

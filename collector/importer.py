@@ -416,6 +416,7 @@ def import_files(
     max_errors: int = 20,
     on_progress: Callable[[str, int, int, int], None] | None = None,
     fast: bool = True,
+    memory_limit: str | None = "256MB",
 ) -> tuple[list[FileReport], str]:
     """Import every file; returns a report per file and how the store was reached (``direct`` or a URL).
 
@@ -427,13 +428,14 @@ def import_files(
     interrupted can simply be run again: the dedup keys (``event_id`` or the canonical hash, ``query_id`` +
     ``query_response_id``) make every record already stored a duplicate, so each is stored once.
     ``on_progress(path, bytes_done, bytes_total, records_done)`` is called after each chunk (bytes of the
-    file on disk, compressed when it is gzip).
+    file on disk, compressed when it is gzip). ``memory_limit``: DuckDB's on the store
+    (``Settings.writer_memory_limit``); nothing of the store needs to stay in memory (:mod:`store.keys`).
     """
     store: Store | None = None
     remote: CollectorWriter | None = None
     parser: duckdb.DuckDBPyConnection | None = None
     try:
-        store = Store(db)
+        store = Store(db, memory_limit=memory_limit)
         write: Callable[[list[RawItem], str], IngestResult] = DirectWriter(store, filters)
         mode = "direct"
     except StoreLocked:

@@ -117,6 +117,12 @@ class Settings(BaseSettings):
     temp_directory: Path | None = Field(
         None, description="where DuckDB spills above memory_limit (default: DuckDB's, <db>.tmp beside the store)"
     )
+    writer_memory_limit: str | None = Field(
+        "256MB",
+        description="DuckDB memory limit of the process writing the store (`ubi serve`, `ubi import`, `ubi consume "
+        "--db`): table blocks above it are evicted (the dedup keys hold no index in memory, store.keys); empty: "
+        "DuckDB's default (80% of RAM)",
+    )
     seed: int = 0
 
     # --- reports (reports/joint.py, `ubi report`) ---

@@ -35,6 +35,7 @@ import pyarrow as pa
 from schemas import tables
 from schemas.errors import StoreError, StoreHeldByReader, StoreLocked
 from schemas.settings import Settings
+from store.keys import KeyIndex
 from store.rows import EVENT_CONTENT_COLUMNS, Counts, RowStatus, event_content_digest
 from store.sealed import Sealed, Sealer
 from store.sql import quote_ident
@@ -135,11 +136,15 @@ class Store:
         threads: int | None = 1,
         seal_dir: Path | None = None,
         wait_for_readers: float = 0.0,
+        memory_limit: str | None = "256MB",
     ) -> None:
         """Open ``path`` for writing.
 
         ``seal_dir``: where :meth:`seal` writes its segments (default: ``<db>.sealed`` beside the database).
         ``wait_for_readers``: seconds to wait, retrying, while read-only readers hold the file.
+        ``memory_limit``: DuckDB's buffer pool of the writer (``Settings.writer_memory_limit``; None: DuckDB's
+        default, 80 % of RAM). Without it the pool keeps every table block written, about 70 MB per million
+        events; the keys are no index in memory (:mod:`store.keys`), so everything in it can be evicted.
         """
         self.path = Path(path)
         if not create and not self.path.exists():
@@ -156,7 +161,13 @@ class Store:
             # 2.9 ms of CPU, 500-event batches 14 -> 9 us per event), and the collector's event loop needs the
             # other core. None keeps DuckDB's default (one thread per core).
             self.con.execute(f"SET threads = {int(threads)}")
+        if memory_limit:
+            self.con.execute("SET memory_limit = ?", [memory_limit])
         ensure_tables(self.con)
+        migrate_keys(self.con)
+        self.keys = {t.name: KeyIndex(t) for t in (tables.QUERY_TABLE, tables.EVENT_TABLE)}
+        for index in self.keys.values():
+            index.open(self.con)
         self.sealer = Sealer(self, seal_dir)
         if str(self.path) != ":memory:":
             self.sealer.clean()  # staging left by a seal cut short; files no manifest names
@@ -200,6 +211,7 @@ class Store:
             path if path is not None else settings.db,
             seal_dir=settings.seal_dir,
             wait_for_readers=settings.store_wait_seconds,
+            memory_limit=settings.writer_memory_limit,
         )
 
     def close(self) -> None:
@@ -241,8 +253,11 @@ class Store:
         self.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """One write transaction under the store lock; rolled back on any error."""
+    def transaction(
+        self, after_commit: list[Callable[[duckdb.DuckDBPyConnection], None]] | None = None
+    ) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One write transaction under the store lock; rolled back on any error. ``after_commit`` callbacks
+        (filled in by the body) run once it committed, still under the lock."""
         with self.lock:
             cur = self.con.cursor()
             cur.execute("BEGIN TRANSACTION")
@@ -258,6 +273,8 @@ class Store:
                     with contextlib.suppress(duckdb.Error):
                         cur.execute("ROLLBACK")  # a failed COMMIT may leave the transaction open
                     raise
+                for done in after_commit or ():
+                    done(cur)
             finally:
                 cur.close()
 
@@ -292,36 +309,18 @@ class Store:
         everything else. Within a batch the first occurrence of a key wins; later ones are duplicates (or
         conflicts).
         """
-        # Fast path first: plain INSERTs, which cost half of INSERT OR IGNORE ... RETURNING (measured in
-        # bench/ingest.py). Any key already stored makes DuckDB raise a constraint error; then the whole
-        # transaction is rolled back and written again the careful way, row by row outcome.
-        try:
-            return self._write_once(queries, events, failed, conflicts, event_conflicts, careful=False)
-        except duckdb.ConstraintException:
-            return self._write_once(queries, events, failed, conflicts, event_conflicts, careful=True)
-
-    def _write_once(
-        self,
-        queries: pa.Table | None,
-        events: pa.Table | None,
-        failed: pa.Table | None,
-        conflicts: Callable[[Sequence[int]], pa.Table | None] | None,
-        event_conflicts: Callable[[Sequence[int]], pa.Table | None] | None,
-        *,
-        careful: bool,
-    ) -> RowOutcome:
         q_status: list[RowStatus] = []
         e_status: list[RowStatus] = []
         f_ins = 0
-        with self.transaction() as cur:
+        after: list[Callable[[duckdb.DuckDBPyConnection], None]] = []
+        with self.transaction(after) as cur:
             if queries is not None and queries.num_rows:
-                q_status = self._insert_queries(cur, queries, careful=careful)
+                q_status = self._insert_queries(cur, queries, after)
             if events is not None and events.num_rows:
-                e_status = self._insert_events(cur, events, careful=careful)
+                e_status = self._insert_events(cur, events, after)
             if failed is not None and failed.num_rows:
                 self._insert_failed(cur, failed)
                 f_ins += failed.num_rows
-            # Last: a constraint error above makes write_rows try again, and the callbacks must run once.
             f_ins += self._keep_conflicts(cur, q_status, conflicts)
             f_ins += self._keep_conflicts(cur, e_status, event_conflicts)
         return RowOutcome(tuple(q_status), tuple(e_status), f_ins)
@@ -352,88 +351,82 @@ class Store:
                 keep.append(pos)
         return keep
 
-    @staticmethod
     def _insert_new(
+        self,
         cur: duckdb.DuckDBPyConnection,
-        table: str,
-        key: str,
-        columns: Sequence[str],
+        table: tables.Table,
         rows: pa.Table,
         keys: list[str],
         keep: list[int],
-        careful: bool,
-    ) -> set[str]:
-        """Insert the rows at ``keep`` (first occurrences); return the keys that were new.
+        fetch: Sequence[str],
+        after: list[Callable[[duckdb.DuckDBPyConnection], None]],
+    ) -> tuple[dict[int, tuple[Any, ...]], set[int]]:
+        """Insert the rows at ``keep`` (first occurrences) whose key is not stored (:mod:`store.keys`).
 
-        Careful: INSERT OR IGNORE probes the primary-key index (a join against the table would scan all of
-        it) and RETURNING tells which rows were new. Fast: a plain INSERT, all new or a constraint error.
+        Returns, by batch position, the ``fetch`` columns of the stored row of each key that was stored
+        already, and the positions inserted.
         """
-        batch = rows if len(keep) == len(keys) else rows.take(pa.array(keep, pa.int64()))
-        cols = ", ".join(columns)
-        if not careful:
-            insert_arrow(cur, f"INSERT INTO {table}", cols, batch)
-            return set(keys)
-        inserted = insert_arrow(cur, f"INSERT OR IGNORE INTO {table}", cols, batch, f"RETURNING {key}")
-        return {k for (k,) in inserted}
+        index = self.keys[table.name]
+        index.sync(cur)
+        first = [keys[p] for p in keep]
+        hashes = index.hashes(first)
+        stored = index.lookup(cur, first, hashes, fetch)
+        new = [j for j in range(len(keep)) if j not in stored]
+        if new:
+            batch = rows if len(new) == len(keys) else rows.take(pa.array([keep[j] for j in new], pa.int64()))
+            insert_arrow(cur, f"INSERT INTO {quote_ident(table.name)}", ", ".join(table.names), batch)
+            added = hashes[new] if len(new) < len(hashes) else hashes
+            index.append(cur, added)
+            after.append(lambda c: index.committed(c, added))
+        return {keep[j]: row for j, row in stored.items()}, {keep[j] for j in new}
 
     def _insert_events(
-        self, cur: duckdb.DuckDBPyConnection, events: pa.Table, *, careful: bool
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        events: pa.Table,
+        after: list[Callable[[duckdb.DuckDBPyConnection], None]],
     ) -> list[RowStatus]:
         keys = events.column("event_key").to_pylist()
         keep = self._first_occurrences(keys)
-        new = self._insert_new(cur, "ubi_events", "event_key", tables.EVENT_COLUMNS, events, keys, keep, careful)
-        status = [RowStatus.DUPLICATE] * len(keys)
-        for pos in keep:
-            if keys[pos] in new:
-                status[pos] = RowStatus.INSERTED
+        stored, new = self._insert_new(cur, tables.EVENT_TABLE, events, keys, keep, EVENT_CONTENT_COLUMNS, after)
+        status = [RowStatus.INSERTED if pos in new else RowStatus.DUPLICATE for pos in range(len(keys))]
         # A taken key is a retry only if the content is the same. Hash keys ("h:") are the content already;
-        # client event_ids ("id:") are compared with the row stored under them (this batch's first occurrence
-        # included: the transaction sees it). Only taken keys pay for this, so the fast path stays fast.
+        # client event_ids ("id:") are compared with the row stored under them, or with this batch's first
+        # occurrence. Only taken keys pay for this, so the common write stays fast.
         suspects = [pos for pos, st in enumerate(status) if st == RowStatus.DUPLICATE and keys[pos].startswith("id:")]
         if suspects:
-            stored = {
-                row[0]: row[1:]
-                for row in cur.execute(
-                    f"SELECT event_key, {', '.join(EVENT_CONTENT_COLUMNS)} FROM ubi_events "
-                    "WHERE event_key IN (SELECT unnest(?))",
-                    [sorted({keys[p] for p in suspects})],
-                ).fetchall()
-            }
-            taken = events.select(list(EVENT_CONTENT_COLUMNS)).take(pa.array(suspects, pa.int64())).to_pydict()
+            first_pos = {k: p for p, k in ((p, keys[p]) for p in reversed(keep))}
+            batch_refs = sorted({first_pos[keys[p]] for p in suspects if first_pos[keys[p]] in new})
+            content = events.select(list(EVENT_CONTENT_COLUMNS))
+            reference = dict(stored)
+            if batch_refs:
+                ref_rows = content.take(pa.array(batch_refs, pa.int64())).to_pydict()
+                reference.update(zip(batch_refs, zip(*ref_rows.values(), strict=True), strict=True))
+            taken = content.take(pa.array(suspects, pa.int64())).to_pydict()
             for pos, row in zip(suspects, zip(*taken.values(), strict=True), strict=True):
-                old = stored.get(keys[pos])
+                old = reference.get(first_pos[keys[pos]])
                 # Equal values (a replay of the same bytes) need no hashing; else compare JSON key-order free.
                 if old is None or (old != row and event_content_digest(old) != event_content_digest(row)):
                     status[pos] = RowStatus.CONFLICT
         return status
 
     def _insert_queries(
-        self, cur: duckdb.DuckDBPyConnection, queries: pa.Table, *, careful: bool
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        queries: pa.Table,
+        after: list[Callable[[duckdb.DuckDBPyConnection], None]],
     ) -> list[RowStatus]:
         keys = queries.column("query_key").to_pylist()
         hashes = queries.column("content_hash").to_pylist()
         keep = self._first_occurrences(keys)
-        new = self._insert_new(cur, "ubi_queries", "query_key", tables.QUERY_COLUMNS, queries, keys, keep, careful)
-        # Keys not inserted were stored before (or earlier in this batch): compare content hashes.
-        old_keys = sorted({k for k in keys if k not in new})
-        stored: dict[str, str] = {}
-        if old_keys:
-            stored = dict(
-                cur.execute(
-                    "SELECT query_key, content_hash FROM ubi_queries WHERE query_key IN (SELECT unnest(?))",
-                    [old_keys],
-                ).fetchall()
-            )
-        first_hash: dict[str, str] = {}
-        status: list[RowStatus] = []
-        for key, h in zip(keys, hashes, strict=True):
-            if key in new and key not in first_hash:
-                first_hash[key] = h
-                status.append(RowStatus.INSERTED)
-                continue
-            reference = first_hash.get(key, stored.get(key))
-            status.append(RowStatus.DUPLICATE if reference == h else RowStatus.CONFLICT)
-        return status
+        stored, new = self._insert_new(cur, tables.QUERY_TABLE, queries, keys, keep, ("content_hash",), after)
+        # The content hash of each key's first record: stored before, or inserted by this batch.
+        reference = {keys[p]: (row[0] if p in stored else hashes[p]) for p in keep for row in [stored.get(p, ())]}
+        return [
+            RowStatus.INSERTED if pos in new
+            else RowStatus.DUPLICATE if reference[key] == h else RowStatus.CONFLICT
+            for pos, (key, h) in enumerate(zip(keys, hashes, strict=True))
+        ]
 
     @staticmethod
     def _insert_failed(cur: duckdb.DuckDBPyConnection, failed: pa.Table, *, or_ignore: bool = False) -> None:
@@ -482,5 +475,53 @@ def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
     """Create every table of ``schemas.tables`` that does not exist yet."""
     for ddl in tables.ALL_TABLES:
         con.execute(ddl)
+
+
+def migrate_keys(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Drop the PRIMARY KEY of ``ubi_events`` / ``ubi_queries`` in a store made before the key tables
+    (:mod:`store.keys`); returns the tables migrated.
+
+    DuckDB cannot drop a constraint, so the table is copied into one made by today's DDL, in its order (no
+    row is ever deleted, so every ``rowid`` and the sealed segments' watermarks stay), in
+    one transaction: a migration cut short leaves the old table as it was. The key table is filled after,
+    by :meth:`store.keys.KeyIndex.open`.
+    """
+    done = []
+    for table in (tables.QUERY_TABLE, tables.EVENT_TABLE):
+        (n,) = con.execute(
+            "SELECT count(*) FROM duckdb_constraints() WHERE schema_name = 'main' AND table_name = ? "
+            "AND constraint_type = 'PRIMARY KEY'", [table.name]
+        ).fetchall()[0]
+        if not n:
+            continue
+        name, staging = quote_ident(table.name), quote_ident(table.name + "__migrating")
+        cols = ", ".join(quote_ident(c) for c in table.names)
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(f"DROP TABLE IF EXISTS {staging}")
+            con.execute(table.ddl(table.name + "__migrating"))
+            # No ORDER BY: DuckDB keeps a table's order in a plain scan (preserve_insertion_order, on by default,
+            # checked below), and sorting a large store would cost a spilled sort for nothing.
+            con.execute("SET preserve_insertion_order = true")
+            con.execute(f"INSERT INTO {staging} ({cols}) SELECT {cols} FROM {name}")
+            # The copy's rows take their rowids in its scan order at commit: that order must be the table's.
+            key = quote_ident(table.key[0])
+            (moved,) = con.execute(
+                f"SELECT count(*) FROM (SELECT {key} AS a FROM {name}) POSITIONAL JOIN "
+                f"(SELECT {key} AS b FROM {staging}) WHERE a IS DISTINCT FROM b").fetchall()[0]
+            if moved:
+                raise StoreError(f"{table.name}: migrating to a key table would renumber {moved} of its rows; "
+                                 "the store is left as it was")
+            con.execute(f"DROP TABLE {name}")
+            con.execute(f"ALTER TABLE {staging} RENAME TO {name}")
+            con.execute(f"DELETE FROM {quote_ident(table.key_table or '')}")
+            con.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            raise
+        log.info("%s: dropped the in-memory primary-key index; keys are kept in %s", table.name, table.key_table)
+        done.append(table.name)
+    return done
 
 

@@ -94,6 +94,7 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "TIMESTAMP": pa.timestamp("us"),
     "INTEGER": pa.int32(),
     "BIGINT": pa.int64(),
+    "UBIGINT": pa.uint64(),
     "DOUBLE": pa.float64(),
     "BLOB": pa.binary(),
 }

@@ -152,3 +152,35 @@ def test_a_killed_import_run_again_stores_every_record_once(tmp_path: Path) -> N
     assert _counts(db) == (10_000, 121_347)
     assert summary["duplicates"] == 10_000 + partial[1]  # what the first run had stored counts as duplicates
     assert summary["events"] == 121_347 - partial[1] and summary["rejected"] == 0
+
+
+def test_an_import_whose_keys_outgrow_the_writer_memory_limit(tmp_path: Path) -> None:
+    """150,000 events imported with the writer's DuckDB held to 20 MB (``UBI_WRITER_MEMORY_LIMIT``): their keys
+    would not fit that limit as the PRIMARY KEY index the store had (checked below on the same keys: DuckDB
+    then fails to commit, as a 5M import did at 256 MB), and the import stores every record once."""
+    files = write_files(tmp_path / "in", 150_000, fmt="ndjson", seed=3)
+    db = tmp_path / "ubi.duckdb"
+    env = {**os.environ, "UBI_WRITER_MEMORY_LIMIT": "20MB"}
+    out = subprocess.run([*UBI, "import", *map(str, files), "--db", str(db), "--json"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # every line of bulk_log's files is one distinct record: 12,500 query records, 151,863 events (seed 3)
+    lines = [sum(1 for _ in open(p, "rb")) for p in files]
+    assert sorted(lines) == [12_500, 151_863]
+    assert _counts(db) == (12_500, 151_863)
+    again = json.loads(subprocess.run([*UBI, "import", *map(str, files), "--db", str(db), "--json"], cwd=ROOT,
+                                      env=env, capture_output=True, text=True, timeout=600, check=True).stdout)
+    assert (again["duplicates"], again["events"], again["queries"]) == (164_363, 0, 0)
+    assert _counts(db) == (12_500, 151_863)
+
+    # The control: the same keys under the same limit, kept unique by a PRIMARY KEY (an ART index in memory).
+    control = duckdb.connect(str(tmp_path / "control.duckdb"))
+    control.execute("SET memory_limit = '20MB'")
+    control.execute("SET threads = 1")
+    control.execute(f"ATTACH '{db}' AS store (READ_ONLY)")
+    control.execute("CREATE TABLE k (event_key VARCHAR PRIMARY KEY)")
+    with pytest.raises(duckdb.Error, match="could not allocate|memory"):
+        for start in range(0, 151_863, 50_000):  # the importer's chunks, one transaction each
+            control.execute(f"INSERT INTO k SELECT event_key FROM store.ubi_events WHERE rowid >= {start} "
+                            f"AND rowid < {start + 50_000}")
+    control.close()

@@ -33,7 +33,8 @@ def test_the_not_null_columns_duckdb_creates_are_the_declared_required_ones() ->
         assert not_null == table.required, name
         (key,) = con.execute("SELECT constraint_column_names FROM duckdb_constraints() "
                              "WHERE table_name = ? AND constraint_type = 'PRIMARY KEY'", [name]).fetchone() or (None,)
-        assert tuple(key) == table.key, name
+        # A key kept by a key table (store.keys) has no PRIMARY KEY: DuckDB would hold its index in memory.
+        assert tuple(key or ()) == (() if table.key_table else table.key), name
 
 
 def test_store_arrow_schemas_are_the_types_duckdb_reads_back() -> None:

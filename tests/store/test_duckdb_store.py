@@ -92,12 +92,11 @@ def test_an_event_id_reused_for_other_content_is_a_conflict_kept_once(tmp_path, 
         )
 
     with Store(tmp_path / "s.duckdb") as store:
-        # fast path: all keys new; in-batch repeats are compared with the batch's first occurrence
+        # all keys new; in-batch repeats are compared with the batch's first occurrence
         out = store.write_rows(events=events(a, a_again, other, b), event_conflicts=keep)
         assert out.event_status == (INSERTED, DUPLICATE, CONFLICT, INSERTED)
         assert kept == [[2]]
-        # careful path (stored keys make the plain INSERT fail, the write is tried again): the callback runs
-        # once, for the attempt that commits
+        # stored keys (found through the key table, store/keys.py): the callback runs once per write
         out = store.write_rows(events=events(make_event(), other, a_again), event_conflicts=keep)
         assert out.event_status == (INSERTED, CONFLICT, DUPLICATE)
         assert kept == [[2], [1]]
@@ -130,8 +129,8 @@ def test_reader_opens_a_free_file_and_explains_a_missing_collector(tmp_path):
 
 
 def test_conflict_callbacks_run_once_when_the_fast_path_is_retried(tmp_path, make_query, make_event):
-    """An in-batch query conflict is found on the fast path; a stored event key then fails the plain INSERT
-    and the write is done again the careful way. The conflict must be kept once, not once per attempt."""
+    """An in-batch query conflict beside a stored event key (the write used to be tried twice then, and the
+    conflict had to be kept once, not once per attempt; now there is one attempt): kept once."""
     q, e = make_query(query_id="q"), make_event(event_id="e")
     calls: list[list[int]] = []
 

@@ -36,10 +36,11 @@ def add_events(store: Store, first: int, n: int, day: str = "2024-05-01") -> Non
             f"TIMESTAMP '{day}' + INTERVAL (i % 7200) SECOND FROM range({first}, {first + n}) r(i)"
         )
         cur.execute(
-            "INSERT OR IGNORE INTO ubi_queries (query_key, query_id, user_query, query_response_hit_ids, "
+            "INSERT INTO ubi_queries (query_key, query_id, user_query, query_response_hit_ids, "
             "content_hash, received_at) "
             f"SELECT 'q' || (i // 10), 'q' || (i // 10), 'shoes', ['d1', 'd2'], 'h', TIMESTAMP '{day}' "
-            f"FROM range({first}, {first + n}) r(i) WHERE i % 10 = 0"
+            f"FROM range({first}, {first + n}) r(i) WHERE i % 10 = 0 "
+            "AND 'q' || (i // 10) NOT IN (SELECT query_key FROM ubi_queries)"
         )
         cur.execute(
             "INSERT INTO failed_records (failed_id, received_at, source, kind, reason, raw) "

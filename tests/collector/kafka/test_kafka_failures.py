@@ -32,6 +32,7 @@ from kafka_support import (
 
 from collector.ingest import parse_bulk, parse_items, validate_items
 from collector.sinks.kafka import KafkaSink, encode
+from schemas.errors import StoreLocked
 from schemas.settings import Settings
 from store.client import open_reader
 from store.parquet_store import open_parquet_reader
@@ -43,9 +44,18 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 SAMPLE_QUERIES, SAMPLE_EVENTS = 473, 3448
 
 
-def _store_has(db: Path, tag: str, acked_queries: int, acked_events: int) -> bool:
-    """Whether the store (read through the segments the running loader seals) holds as many rows as acked."""
-    n_queries, n_events = _store_counts(db, tag)
+def _store_has(db: Path, tag: str, acked_queries: int, acked_events: int, *, starting: bool = False) -> bool:
+    """Whether the store (read through the segments the running loader seals) holds as many rows as acked.
+
+    ``starting``: a loader was just started; while it holds the file and has not yet (fully) written its
+    sidecar, a reader is refused with StoreLocked ("run this command again once it has finished"): not yet.
+    """
+    try:
+        n_queries, n_events = _store_counts(db, tag)
+    except StoreLocked:
+        if not starting:
+            raise
+        return False
     return n_queries >= acked_queries and n_events >= acked_events
 
 
@@ -108,7 +118,8 @@ def test_collector_sigkill_keeps_every_acknowledged_record(own_broker, prefix, t
         wait_for(lambda: load.acked.n_events >= at + 150, 60, "load after the replay")
         acked = load.stop()
         wait_for(serve.spool_drained, 60, "spool drained")
-        wait_for(lambda: _store_has(db, tag, len(acked.queries), acked.n_events), 90, "the store to catch up",
+        wait_for(lambda: _store_has(db, tag, len(acked.queries), acked.n_events, starting=True), 90,
+                 "the store to catch up",
                  every=1.0, state=lambda: _state(db, tag, load, consume, serve))
     finally:
         load.stop()
@@ -169,7 +180,8 @@ def test_broker_stopped_during_load_records_spooled_and_replayed_in_order(own_br
         wait_for(lambda: load.acked.n_events >= at + 100, 60, "load after the restart")
         acked = load.stop()
         wait_for(serve.spool_drained, 60, "spool drained")
-        wait_for(lambda: _store_has(db, tag, len(acked.queries), acked.n_events), 90, "the store to catch up",
+        wait_for(lambda: _store_has(db, tag, len(acked.queries), acked.n_events, starting=True), 90,
+                 "the store to catch up",
                  every=1.0, state=lambda: _state(db, tag, load, consume, serve))
         after_restart = read_topic(own_broker.bootstrap, topic)
     finally:

@@ -1,0 +1,215 @@
+"""Unique ``event_key`` / ``query_key`` without an index in memory: key tables of 64-bit hashes on disk.
+
+A DuckDB PRIMARY KEY keeps its ART index in memory whole and cannot evict it: about 125 bytes per stored
+event for the ``event_key`` strings (40 for a UBIGINT key), so a writer's memory grew with the store and a
+``memory_limit`` made a long import fail ("failed to pin block"). Here ``ubi_events`` and ``ubi_queries``
+have no index. Beside each is a key table (``schemas.tables.EVENT_KEY_TABLE``): one row per stored row,
+``md5_number_lower(key)`` and the stored row's ``rowid``. It lives in DuckDB's buffer pool like any table, so
+``memory_limit`` bounds it and it is written, committed and recovered in the same transaction as the rows.
+
+A write looks its keys up in two steps:
+
+1. a Bloom filter of every stored key hash, in this process (:class:`KeyFilter`, 2-4 bytes per stored row, at
+   most :data:`MAX_FILTER_BYTES`), says which keys are surely new: those need no lookup at all;
+2. the others (retries, re-run imports, conflicts, and 0.2-0.4 % false positives) are joined with the key
+   table (a scan of its hash column: 8 bytes a stored row), and every hash hit is checked against the stored
+   row's key string (fetched by ``rowid``), so two keys that share a hash are both stored: a hash collision
+   never drops a record.
+
+The rows a transaction appends get ``rowid`` s from the count of rows before it (the table is append-only,
+and DuckDB numbers appended rows in insertion order and gives a rolled-back append's numbers to the next
+one; tests/store/test_keys.py). Rows appended without key rows (``bulk_log`` and tests write tables
+directly) get them on open (:meth:`KeyIndex.open`) or at the next write (:meth:`KeyIndex.sync`); on open the
+last key rows are also checked against their stored rows, and the key table is rebuilt if they differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from schemas import tables
+from schemas.errors import StoreError
+from store.sql import quote_ident
+
+#: Bits of filter per stored key and bits set per key (one 64-bit word per key: a blocked Bloom filter).
+BITS_PER_KEY = 16
+BITS_SET = 6
+#: The filter stops growing here (64 MB: 33M keys at 16 bits); past it, it holds more keys per bit and says
+#: "maybe" more often, which costs lookups, never correctness.
+MAX_FILTER_BYTES = 64 * 1024 * 1024
+_MIN_WORDS = 1 << 14
+#: Key rows checked against their stored rows on open (the last ones written).
+_CHECK_ON_OPEN = 1000
+
+
+class KeyFilter:
+    """A blocked Bloom filter of 64-bit hashes: no false negatives, 0.4 % false positives at
+    :data:`BITS_PER_KEY` bits a key (measured, tests/store/test_keys.py; Putze, Sanders, Singler, "Cache-,
+    hash- and space-efficient Bloom filters", 2007).
+
+    Each hash picks one 64-bit word by its low bits and sets :data:`BITS_SET` bits in it chosen by bits 24-59,
+    so ``words`` is at most 2^23 long and the two never overlap.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        want = max(_MIN_WORDS, capacity * BITS_PER_KEY // 64)
+        words = 1 << int(np.ceil(np.log2(want)))
+        self.words = np.zeros(min(words, MAX_FILTER_BYTES // 8), dtype=np.uint64)
+        self.count = 0
+
+    @property
+    def capacity(self) -> int:
+        """Keys it holds at :data:`BITS_PER_KEY` (it takes more, with more false positives)."""
+        return len(self.words) * 64 // BITS_PER_KEY
+
+    @property
+    def full(self) -> bool:
+        """Past its capacity while it could still grow."""
+        return self.count > self.capacity and len(self.words) * 8 < MAX_FILTER_BYTES
+
+    def _locate(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        h = hashes.astype(np.uint64, copy=False)
+        idx = (h & np.uint64(len(self.words) - 1)).astype(np.intp)
+        mask = np.zeros(len(h), dtype=np.uint64)
+        for i in range(BITS_SET):
+            mask |= np.uint64(1) << ((h >> np.uint64(24 + 6 * i)) & np.uint64(63))
+        return idx, mask
+
+    def add(self, hashes: np.ndarray) -> None:
+        idx, mask = self._locate(hashes)
+        np.bitwise_or.at(self.words, idx, mask)
+        self.count += len(hashes)
+
+    def might_contain(self, hashes: np.ndarray) -> np.ndarray:
+        """Per hash: False when it was surely never added, True when it may have been."""
+        idx, mask = self._locate(hashes)
+        return np.asarray((self.words[idx] & mask) == mask)
+
+
+class KeyIndex:
+    """The key table of one keyed table (``ubi_events`` or ``ubi_queries``) and its filter; used by
+    :class:`store.duckdb_store.Store` under its write lock."""
+
+    def __init__(self, table: tables.Table) -> None:
+        if table.key_table is None or len(table.key) != 1:
+            raise StoreError(f"table {table.name} is not kept unique by a key table")
+        self.table = quote_ident(table.name)
+        self.key = quote_ident(table.key[0])
+        self.keys = quote_ident(table.key_table)
+        self.rows = 0  # rows committed in the table that have key rows: the rowid of the next row appended
+        self._base = 0  # the rowid of this write's first row (set by sync)
+        self.filter: KeyFilter | None = None  # filled from the key table at the first write
+
+    def open(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Bring the key table up to the stored rows (or rebuild it), then fill the filter."""
+        (rows,) = _one(con, f"SELECT count(*) FROM {self.table}")
+        (keyed, top) = _one(con, f"SELECT count(*), coalesce(max(row_id), -1) FROM {self.keys}")
+        if keyed != top + 1 or keyed > rows or not self._tail_matches(con):
+            con.execute(f"DELETE FROM {self.keys}")
+            keyed = 0
+        if keyed < rows:
+            con.execute(f"INSERT INTO {self.keys} SELECT md5_number_lower({self.key}), rowid FROM {self.table} "
+                        f"WHERE rowid >= {int(keyed)}")
+        self.rows = int(rows)
+        # The filter is filled at the first write (:meth:`sync`), not here: opening stays a few statements, so
+        # a collector or loader advertises itself as soon as it holds the file (readers look for it then).
+        self.filter = None
+
+    def _tail_matches(self, con: duckdb.DuckDBPyConnection) -> bool:
+        (bad,) = _one(con, f"""
+            SELECT count(*) FROM (SELECT * FROM {self.keys} ORDER BY row_id DESC LIMIT {_CHECK_ON_OPEN}) k
+            LEFT JOIN {self.table} t ON t.rowid = k.row_id
+            WHERE t.{self.key} IS NULL OR md5_number_lower(t.{self.key}) <> k.key_hash""")
+        return int(bad) == 0
+
+    def refill(self, con: duckdb.DuckDBPyConnection) -> None:
+        """A new filter sized for the stored keys (twice their number), filled from the key table."""
+        (count,) = _one(con, f"SELECT count(*) FROM {self.keys}")
+        fresh = KeyFilter(2 * int(count))
+        reader = con.sql(f"SELECT key_hash FROM {self.keys}").to_arrow_reader(1 << 20)
+        for batch in reader:
+            fresh.add(batch.column(0).to_numpy())
+        self.filter = fresh
+
+    def hashes(self, keys: Sequence[str]) -> np.ndarray:
+        """:func:`key_hashes` of ``keys``."""
+        return key_hashes(keys)
+
+    def lookup(
+        self, cur: duckdb.DuckDBPyConnection, keys: Sequence[str], hashes: np.ndarray, columns: Sequence[str]
+    ) -> dict[int, tuple[Any, ...]]:
+        """For each position of ``keys`` stored already: the stored row's ``columns`` (declared names)."""
+        maybe = np.flatnonzero(self._filter().might_contain(hashes))
+        if not len(maybe):
+            return {}
+        _ubi_probe = pa.table({"h": pa.array(hashes[maybe], pa.uint64())})  # noqa: F841 (replacement scan)
+        hits = cur.execute(f"SELECT DISTINCT k.row_id FROM {self.keys} k SEMI JOIN _ubi_probe p "
+                           "ON k.key_hash = p.h").fetchall()
+        if not hits:
+            return {}
+        cols = ", ".join(quote_ident(c) for c in columns)
+        stored = {
+            row[0]: row[1:]
+            for row in cur.execute(
+                f"SELECT {self.key}, {cols} FROM {self.table} WHERE rowid IN (SELECT unnest(?))",
+                [[r for (r,) in hits]],
+            ).fetchall()
+        }
+        # The exact key decides: a hash hit whose stored key differs is another key (a collision), not stored.
+        return {int(p): stored[keys[p]] for p in maybe if keys[p] in stored}
+
+    def sync(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """At the start of a write: key rows (and filter bits) for rows committed around this index (a raw
+        ``INSERT`` through :meth:`Store.transaction`), so that they are found; call before :meth:`lookup`."""
+        if self.filter is None:
+            self.refill(cur)
+        (count,) = _one(cur, f"SELECT count(*) FROM {self.table}")
+        if count > self.rows:
+            added = cur.execute(
+                f"INSERT INTO {self.keys} SELECT md5_number_lower({self.key}), rowid FROM {self.table} "
+                f"WHERE rowid >= {int(self.rows)} RETURNING key_hash").fetchall()
+            # Before the commit: if it fails, the filter says "maybe" for keys it need not, never the reverse.
+            self._filter().add(np.array([h for (h,) in added], dtype=np.uint64))
+        self._base = int(count)
+
+    def append(self, cur: duckdb.DuckDBPyConnection, hashes: np.ndarray) -> None:
+        """Key rows for ``len(hashes)`` rows just appended in this transaction, in order (after :meth:`sync`).
+        Call :meth:`committed` once the transaction committed."""
+        _ubi_new_keys = pa.table({  # noqa: F841 (read by name by DuckDB's replacement scan)
+            "key_hash": pa.array(hashes, pa.uint64()),
+            "row_id": pa.array(np.arange(self._base, self._base + len(hashes), dtype=np.int64)),
+        })
+        cur.execute(f"INSERT INTO {self.keys} SELECT key_hash, row_id FROM _ubi_new_keys")
+
+    def committed(self, con: duckdb.DuckDBPyConnection, hashes: np.ndarray) -> None:
+        """The rows of :meth:`append` are committed: count them and add their hashes to the filter."""
+        self.rows = self._base + len(hashes)
+        self._filter().add(hashes)
+        if self._filter().full:
+            self.refill(con)
+
+    def _filter(self) -> KeyFilter:
+        if self.filter is None:
+            raise StoreError(f"the key filter of {self.table} is used before KeyIndex.sync filled it")
+        return self.filter
+
+
+def key_hashes(keys: Sequence[str]) -> np.ndarray:
+    """DuckDB's ``md5_number_lower`` of each key (bytes 8-15 of its UTF-8 MD5, little-endian), computed here:
+    a statement less per write than asking DuckDB (whose SQL fills the key table on open and in
+    :meth:`KeyIndex.sync`; tests/store/test_keys.py checks the two agree)."""
+    digests = b"".join(hashlib.md5(k.encode()).digest()[8:] for k in keys)
+    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
+
+
+def _one(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
+    rows = con.execute(sql).fetchall()  # all of it: DuckDB refuses other work while a result is unfinished
+    if len(rows) != 1:
+        raise StoreError(f"expected one row, got {len(rows)}, from: {sql}")
+    return tuple(rows[0])
