@@ -162,7 +162,7 @@ class KeyIndex:
             ).fetchall()
         }
         # The exact key decides: a hash hit whose stored key differs is another key (a collision), not stored.
-        return {int(p): stored[keys[p]] for p in maybe if keys[p] in stored}
+        return {int(p): stored[keys[int(p)]] for p in maybe if keys[int(p)] in stored}
 
     def sync(self, cur: duckdb.DuckDBPyConnection) -> None:
         """At the start of a write: key rows (and filter bits) for rows committed around this index (a raw

@@ -344,12 +344,12 @@ class Sealer:
             if not count:
                 continue
             for seg in sorted((staging / table).glob("*/*.parquet")):
-                rel = seg.relative_to(staging)
-                dest = self.root / rel
+                seg_rel = seg.relative_to(staging)
+                dest = self.root / seg_rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(seg, dest)
                 fsync_dir(dest.parent)
-                mark.files.append(str(rel))
+                mark.files.append(str(seg_rel))
             mark.upto_rowid, mark.rows, mark.last_key = top, mark.rows + count, last
         manifest.seals = seal_no
         tmp = self.root / f".{MANIFEST}.tmp"
