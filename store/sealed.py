@@ -5,7 +5,7 @@ asks the writer to *seal*: in one read transaction (DuckDB's MVCC: the state of 
 committing meanwhile) the writer copies only the rows stored since the last seal into new Parquet files,
 and answers with the list of every sealed file plus the small mutable tables. The reader opens an in-memory
 DuckDB whose ``ubi_queries``, ``ubi_events`` and ``failed_records`` are views over those files, and whose
-``judgments`` and ``human_judgments`` hold the rows it was sent, so every reader's SQL runs unchanged.
+``judgments``, ``judgment_runs`` and ``human_judgments`` hold the rows it was sent, so every reader's SQL runs unchanged.
 
 Layout, beside the database (``Settings.seal_dir`` moves it)::
 
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 #: Append-only tables sealed into segments, with the key that names a row.
 SEALED_TABLES: dict[str, str] = {"ubi_queries": "query_key", "ubi_events": "event_key", "failed_records": "failed_id"}
 #: Small tables rows are replaced in (``Store.load_table``): sent whole with every seal, never written to disk.
-INLINE_TABLES = ("judgments", "human_judgments")
+INLINE_TABLES = ("judgments", "judgment_runs", "human_judgments")
 DDL = {name: table.ddl() for name, table in tables.TABLES.items()}
 MANIFEST = "manifest.json"
 #: Rows copied by one COPY statement: bounds the writer's memory while it seals a large backlog (DuckDB keeps
