@@ -20,7 +20,8 @@ model.
 
 Grades come from :func:`processors.grades.default_mapping`, or, with human grades, from thresholds fitted on
 the pairs of the calibration split (:func:`processors.grades.in_calibration_split`) and measured on the
-others. Each row's ``parameters`` JSON records the mapping and, for pairs that have a human grade, which split
+others. Each row's ``parameters`` (as read back: ``store.judgment_params`` merges the run-wide part, stored once
+in ``judgment_runs``, with the row's own keys) records the mapping and, for pairs that have a human grade, which split
 the pair fell in (``"calibration_split": "fit"`` or ``"holdout"``): reports measuring agreement must use
 only the ``holdout`` pairs (or pairs absent from the qrels used).
 

@@ -482,9 +482,9 @@ class Store:
             orphan = cur.execute(
                 "SELECT n.source, n.run_id FROM _ubi_arrow_rows n WHERE n.run_id IS NOT NULL AND NOT EXISTS "
                 "(SELECT 1 FROM judgment_runs r WHERE r.source = n.source AND r.run_id = n.run_id) LIMIT 1"
-            ).fetchone()
-            if orphan is not None:
-                raise StoreError(f"judgments of source {orphan[0]!r} refer to run {orphan[1]!r}, which judgment_runs "
+            ).fetchall()
+            if orphan:
+                raise StoreError(f"judgments of source {orphan[0][0]!r} refer to run {orphan[0][1]!r}, which judgment_runs "
                                  "does not hold; load the run's row into judgment_runs first")
         if replace_source is not None:
             same = " AND ".join(f"n.{k} = t.{k}" for k in key)
