@@ -60,8 +60,14 @@ def _limit_address_space(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-#: The address-space cap of the big-file tests: Python with the importer's modules loaded maps about 430 MB.
-CAP = 560 * 1024 * 1024
+#: The address-space cap of the big-file tests. Python with the importer's modules loaded maps about 330 MB
+#: in the child below (435 MB with glibc's default of a malloc arena per thread and OpenBLAS' thread pool,
+#: which :data:`_CHILD_ENV` turns down: neither changes what the reader does, and they let cap and file be
+#: 110 MB smaller); reading either big file stays under 360 MB, so the cap leaves ~100 MB of headroom.
+CAP = 450 * 1024 * 1024
+#: The big files' (uncompressed) size: larger than the cap, so a reader that held the file could not pass.
+BIG_FILE = 470 * 1024 * 1024
+_CHILD_ENV = {**os.environ, "MALLOC_ARENA_MAX": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
 def _records_read_under_cap(path: Path, whole_read: str) -> int:
@@ -71,19 +77,21 @@ def _records_read_under_cap(path: Path, whole_read: str) -> int:
     code = ("import sys; from pathlib import Path; from collector.importer import iter_items, chunks; "
             "print(sum(len(c) for c in chunks(iter_items(Path(sys.argv[1]), 'event'))))")
     out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=900, preexec_fn=lambda: _limit_address_space(CAP))
+                         timeout=900, env=_CHILD_ENV, preexec_fn=lambda: _limit_address_space(CAP))
     assert out.returncode == 0, out.stderr[-2000:]
-    whole = subprocess.run([sys.executable, "-c", whole_read, str(path)],
-                           capture_output=True, timeout=300, preexec_fn=lambda: _limit_address_space(CAP))
+    whole = subprocess.run([sys.executable, "-c", whole_read, str(path)], capture_output=True, timeout=300,
+                           env=_CHILD_ENV, preexec_fn=lambda: _limit_address_space(CAP))
     assert whole.returncode != 0 and b"MemoryError" in whole.stderr
     return int(out.stdout)
 
 
 def test_reading_a_file_larger_than_the_memory_cap(tmp_path: Path) -> None:
-    """A 600 MB NDJSON file read under a 560 MB address-space cap: the reader holds a line at a time.
+    """A 470 MB NDJSON file read under a 450 MB address-space cap: the reader holds a line at a time.
 
-    (Python with the importer's modules loaded already maps about 430 MB here; the old reader, which read
-    the whole file and kept every record, needed the file's size several times over.)
+    (Python with the importer's modules loaded already maps about 330 MB here; the old reader, which read
+    the whole file and kept every record, needed the file's size several times over. The records are as
+    short as before the cap was lowered, ~1.25 million of them: a reader keeping ~75 bytes per record
+    would run out too.)
     """
     path = tmp_path / "big.ndjson"
     line = ('{"action_name": "impression", "query_id": "q%09d", "timestamp": "2025-01-01T00:00:00Z", '
@@ -91,7 +99,7 @@ def test_reading_a_file_larger_than_the_memory_cap(tmp_path: Path) -> None:
             '"message": "' + "x" * 200 + '"}\n')
     with open(path, "w") as f:
         n = 0
-        while f.tell() < 600 * 1024 * 1024:
+        while f.tell() < BIG_FILE:
             f.writelines(line % (n + i, i) for i in range(10_000))
             n += 10_000
     assert path.stat().st_size > CAP
@@ -99,7 +107,7 @@ def test_reading_a_file_larger_than_the_memory_cap(tmp_path: Path) -> None:
 
 
 def test_reading_a_json_array_larger_than_the_memory_cap(tmp_path: Path) -> None:
-    """A JSON array of 600 MB (gzip-compressed on disk) read under the same 560 MB cap: split into its
+    """A JSON array of 470 MB (gzip-compressed on disk) read under the same 450 MB cap: split into its
     elements a block at a time (the old reader parsed an array whole, and decompressing it whole fails here)."""
     path = tmp_path / "big.json.gz"
     element = ('{"action_name": "impression", "query_id": "q%09d", "timestamp": "2025-01-01T00:00:00Z", '
@@ -108,12 +116,13 @@ def test_reading_a_json_array_larger_than_the_memory_cap(tmp_path: Path) -> None
     size = n = 0
     with gzip.open(path, "wt", compresslevel=1) as f:
         f.write("[\n")
-        while size < 600 * 1024 * 1024:
+        while size < BIG_FILE:
             part = ",\n".join(element % (n + i, i) for i in range(5_000))
             f.write(("" if n == 0 else ",\n") + part)
             size += len(part) + 2
             n += 5_000
         f.write("\n]\n")
+    assert size > CAP
     assert _records_read_under_cap(path, "import gzip, sys; gzip.open(sys.argv[1]).read()") == n
 
 
