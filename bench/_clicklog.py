@@ -36,7 +36,7 @@ def simulate_log(
     rng = np.random.default_rng(seed)
     n_pairs = n_queries * docs_per_query
     grades = rng.choice(MAX_GRADE + 1, size=n_pairs, p=GRADE_SHARES).astype(np.float64)
-    pairs, query, _, docs = synthetic_rankings(
+    pairs, query, ranker, docs = synthetic_rankings(
         rng,
         n_sessions,
         n_queries=n_queries,
@@ -51,5 +51,7 @@ def simulate_log(
     clicks = simulate_clicks(
         rng, docs, model=model, attractiveness=alpha, theta=theta, satisfaction=sigma, gamma=0.9
     )
-    truth = {"grades": grades, "alpha": alpha, "sigma": sigma, "theta": theta}
+    truth = {"grades": grades, "alpha": alpha, "sigma": sigma, "theta": theta,
+             # the distinct (query, ranker, list) shown: which system showed which ranking (priors.SystemRankings)
+             "rankings": np.unique(np.column_stack([query, ranker, docs]), axis=0)}
     return dedupe_patterns(pairs, query, docs, clicks), truth

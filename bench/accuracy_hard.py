@@ -77,6 +77,14 @@ def make_model(name: str, prior: str | None) -> Any:
     return cls(prior=prior)
 
 
+def fit_model(model: Any, patterns: Any, systems: Any) -> Any:
+    """``model.fit(patterns)``, with ``systems`` (which system showed which ranking) for the models that take
+    them (PBM and UBM: the systems' votes in their empirical prior), as ``ubi process`` fits them."""
+    if systems is not None and "systems" in inspect.signature(model.fit).parameters:
+        return model.fit(patterns, systems)
+    return model.fit(patterns)
+
+
 def tau_by_bucket(score: np.ndarray, grade: np.ndarray, query: np.ndarray, impressions: np.ndarray
                   ) -> dict[str, dict[str, float]]:
     """Mean per-query Kendall τ-b of score vs grade within each support bucket (see the module docstring)."""
@@ -105,18 +113,20 @@ def tau_by_bucket(score: np.ndarray, grade: np.ndarray, query: np.ndarray, impre
     return out
 
 
-def run(n: int, generator: str, seed: int) -> dict[str, Any]:
+def run(n: int, generator: str, seed: int, use_systems: bool = True) -> dict[str, Any]:
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     traffic = simulate(scenario("hard", sessions=n, model=generator, seed=seed))
     held = holdout_flags(traffic.query_ids(), HOLDOUT)
     everything = traffic.patterns()
     train = traffic.patterns(searches=~held)
     test = traffic.patterns(searches=held)
+    train_systems = traffic.system_rankings(searches=~held) if use_systems else None
+    all_systems = traffic.system_rankings() if use_systems else None
     grades, _ = traffic.truth.pair_lookup(everything.pairs)
     ident = assess(cells_from_sessions(everything))
-    out: dict[str, Any] = {"sessions": n, "generator": generator, "crawler_searches": traffic.n_crawler_searches,
+    out: dict[str, Any] = {"sessions": n, "generator": generator, "seed": seed, "crawler_searches": traffic.n_crawler_searches,
                            "train_sessions": train.n_sessions, "test_sessions": test.n_sessions,
-                           "pairs": len(everything.pairs), "identifiability": ident.verdict, "perplexity": {},
+                           "pairs": len(everything.pairs), "identifiability": ident.verdict, "systems": use_systems, "perplexity": {},
                            "relevance": {}}
     # held-out perplexity, ours (default prior) beside the pseudo-count baseline
     fitted: dict[str, Any] = {}
@@ -128,7 +138,7 @@ def run(n: int, generator: str, seed: int) -> dict[str, Any]:
                 row[label] = None
                 continue
             t0 = time.perf_counter()
-            model.fit(train)
+            fit_model(model, train, train_systems)
             ev = evaluate(model, test)
             row[label] = {"conditional": ev.conditional_perplexity_mean, "full": ev.perplexity_mean,
                           "ll_per_session": ev.log_likelihood_per_session, "fit_s": round(time.perf_counter() - t0, 2)}
@@ -149,7 +159,7 @@ def run(n: int, generator: str, seed: int) -> dict[str, Any]:
     raw = np.where(imps > 0, clicks_i / np.maximum(imps, 1), np.nan)
     out["relevance"]["raw CTR"] = tau_by_bucket(raw, grades.astype(np.float64), everything.pairs.query_index, imps)
     for name in SOURCES:
-        model = make_model(name, None).fit(everything)
+        model = fit_model(make_model(name, None), everything, all_systems)
         rel = model.relevance()
         out["relevance"][source_name(name)] = tau_by_bucket(np.asarray(rel.score, dtype=np.float64),
                                                             grades.astype(np.float64),
@@ -377,6 +387,9 @@ def main() -> int:
                     help="estimators whose intervals are bootstrapped for coverage (default harvest, with both the "
                          "query and the session bootstrap; allpairs = the harvesting estimator shipped before; EM's "
                          "bootstrap refits EM per replicate and takes minutes per log)")
+    ap.add_argument("--no-systems", action="store_true",
+                    help="fit PBM and UBM without the systems that showed each ranking (their prior before the "
+                         "systems' votes), for comparison")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", nargs="+", metavar="RESULT.json",
                     help="print the README tables of --json outputs (one or more files) instead of running")
@@ -390,11 +403,12 @@ def main() -> int:
         print(markdown(results, cov))
         return 0
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    results = [run(n, g, args.seed) for g in args.generators for n in args.sizes]
+    results = [run(n, g, args.seed, not args.no_systems) for g in args.generators for n in args.sizes]
     cov = coverage(args.coverage_seeds, args.coverage_sessions, args.replicates, args.coverage_first_seed,
                    args.coverage_methods) if args.coverage_seeds else None
     if args.json:
-        print(json.dumps({"results": results, "coverage": cov}, indent=2))
+        print(json.dumps({"command": " ".join(["bench/accuracy_hard.py", *sys.argv[1:]]), "seed": args.seed,
+                          "results": results, "coverage": cov}, indent=2))
     else:
         print_tables(results, cov)
     print(f"\ntotal {time.perf_counter() - t_wall:.0f} s wall, {time.process_time() - t_cpu:.0f} s CPU, peak RSS "

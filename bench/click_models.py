@@ -48,8 +48,13 @@ def peak_mb():
     return float("nan")
 before = peak_mb()
 model = get_model({name!r})
+systems = None
+if {systems!r} and "systems" in __import__("inspect").signature(model.fit).parameters:
+    from processors.click_models.priors import SystemRankings
+    r = z["rankings"]
+    systems = SystemRankings(tuple(f"ranker-{{j}}" for j in range(int(r[:, 1].max()) + 1)), r[:, 0], r[:, 1], r[:, 2:])
 t0, c0 = time.perf_counter(), time.process_time()
-model.fit(s)
+model.fit(s) if systems is None else model.fit(s, systems)
 fit_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
 rel = model.relevance()
 print(json.dumps({{"fit_s": fit_s, "cpu_s": cpu_s, "rss_before_mb": before,
@@ -72,13 +77,16 @@ def main() -> int:
     )
     ap.add_argument("--models", nargs="*", default=list(MODEL_NAMES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--systems", action="store_true",
+                    help="give PBM and UBM the rankers that showed each ranking (their prior's systems' votes, as "
+                         "`ubi process` does); the time includes the votes")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = ap.parse_args()
 
     import numpy as np
 
     t0 = time.perf_counter()
-    s, _ = simulate_log(args.sessions, model=args.traffic, seed=args.seed)
+    s, truth = simulate_log(args.sessions, model=args.traffic, seed=args.seed)
     sim_s = time.perf_counter() - t0
     print(
         f"simulated + deduplicated {s.n_sessions:,} sessions x {s.max_rank} ranks ({args.traffic} clicks) "
@@ -96,9 +104,10 @@ def main() -> int:
             weight=s.weight,
             pair_query=s.pairs.query_index,
             n_pairs=np.array(len(s.pairs)),
+            rankings=truth["rankings"],
         )
         for name in args.models:
-            code = CHILD.format(root=str(ROOT), path=path, name=name)
+            code = CHILD.format(root=str(ROOT), path=path, name=name, systems=bool(args.systems))
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 print(f"{name}: failed\n{out.stderr}", file=sys.stderr)
@@ -109,7 +118,8 @@ def main() -> int:
     if args.json:
         print(
             json.dumps(
-                {"sessions": s.n_sessions, "patterns": len(s.weight), "traffic": args.traffic, "rows": rows},
+                {"sessions": s.n_sessions, "patterns": len(s.weight), "traffic": args.traffic,
+                 "systems": bool(args.systems), "rows": rows},
                 indent=2,
             )
         )

@@ -2,6 +2,12 @@
 
 Usage: .venv/bin/python bench/perplexity.py [--sessions 500000] [--queries 1000] [--json]
        .venv/bin/python bench/perplexity.py --sessions 2000 20000 --priors   (prior comparison)
+       .venv/bin/python bench/perplexity.py --sessions 50000 --relevance    (relevance by support, per prior)
+
+With ``--relevance`` (PBM traffic) the table is relevance recovery instead: mean per-query Kendall τ-b against
+the true grades by the pair's impressions (``bench/accuracy_hard.py``'s buckets), for raw CTR, PBM under each
+prior (the empirical one without and with the rankers that showed each ranking, ``priors.system_features``)
+and COEC, every source fitted on the whole log.
 
 With ``--priors`` every model is fitted three times, with ``prior="empirical"`` (ours, the default),
 ``prior="pseudocount"`` (PyClick's +1/+2 convention) and ``prior="none"`` (the MLE), and the table shows the
@@ -45,10 +51,13 @@ def main() -> int:
     ap.add_argument("--priors", action="store_true", help="compare the priors of every model (see above)")
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--relevance", action="store_true", help="relevance recovery by support per prior (see above)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     args = ap.parse_args()
     if args.priors:
         return compare_priors(args)
+    if args.relevance:
+        return relevance_by_support(args)
     args.sessions = args.sessions[0]
 
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -105,6 +114,56 @@ def main() -> int:
 
 
 PRIORS = ("empirical", "pseudocount", "none")
+
+
+def relevance_by_support(args: argparse.Namespace) -> int:
+    """τ-b per query against the true grades, by support bucket, of raw CTR and PBM / COEC under each prior."""
+    import numpy as np
+    from _clicklog import simulate_log
+    from accuracy_hard import BUCKETS, tau_by_bucket
+
+    from processors.click_models import get_model
+    from processors.click_models.common import pair_support
+    from processors.click_models.priors import SystemRankings
+
+    out = []
+    for n in args.sessions:
+        t0, c0 = time.perf_counter(), time.process_time()
+        s, truth = simulate_log(n, model="pbm", seed=args.seed, n_queries=args.queries)
+        r = truth["rankings"]
+        systems = SystemRankings(tuple(f"ranker-{j}" for j in range(int(r[:, 1].max()) + 1)), r[:, 0], r[:, 1],
+                                 r[:, 2:])
+        imps_i, clicks_i, _ = pair_support(s)
+        imps = imps_i.astype(np.float64)
+        grades, query = truth["grades"], s.pairs.query_index
+        shown = imps > 0
+        rows = {"raw CTR (`ctr --prior none`)": np.where(shown, clicks_i / np.maximum(imps, 1), np.nan)}
+        for prior, label in (("none", "PBM, MLE"), ("pseudocount", "PBM, pseudo-count"),
+                             ("empirical", "PBM, empirical prior without the systems")):
+            rows[label] = get_model("pbm", prior=prior).fit(s).relevance().score
+        rows["PBM, empirical prior (default: with the systems)"] = get_model("pbm").fit(s, systems).relevance().score
+        rows["COEC, empirical prior"] = get_model("coec").fit(s).relevance().score
+        taus = {k: tau_by_bucket(np.asarray(v, dtype=np.float64)[shown], grades[shown], query[shown], imps[shown])
+                for k, v in rows.items()}
+        pairs = {b: int(((imps >= lo) & (imps <= hi)).sum()) for b, lo, hi in BUCKETS}
+        out.append({"sessions": n, "pairs": pairs, "tau": taus, "wall_s": round(time.perf_counter() - t0, 1),
+                    "cpu_s": round(time.process_time() - c0, 1)})
+    if args.json:
+        print(json.dumps({"queries": args.queries, "seed": args.seed, "rows": out}, indent=2))
+        return 0
+    for o in out:
+        print(f"\n{o['sessions']:,} PBM sessions, {args.queries:,} queries x 20 docs, 3 rankers, seed {args.seed} "
+              f"({o['wall_s']} s wall, {o['cpu_s']} s CPU on a shared machine); mean per-query Kendall tau-b:\n")
+        names = [b for b, _, _ in BUCKETS]
+        order = ["all", *[b for b in names if b != "all"]]
+        print("| source | " + " | ".join(f"{b} ({o['pairs'][b]:,})" for b in order) + " |")
+        print("|---" * (1 + len(order)) + "|")
+        best = {b: max(t[b]["tau"] for t in o["tau"].values()) for b in order}
+        for k, t in o["tau"].items():
+            cells = [f"{t[b]['tau']:.3f}".replace("0.", ".", 1) for b in order]
+            cells = [f"**{c}**" if t[b]["tau"] == best[b] else c for c, b in zip(cells, order, strict=True)]
+            print(f"| {k} | " + " | ".join(cells) + " |")
+    return 0
 
 
 def compare_priors(args: argparse.Namespace) -> int:

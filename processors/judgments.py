@@ -50,6 +50,7 @@ from pydantic import ValidationError
 
 from processors.cli_names import AUTO, JUDGMENT_MODELS
 from processors.click_models.base import ClickModel, RelevanceEstimate
+from processors.click_models.priors import SystemRankings
 from processors.grades import (
     Agreement,
     GradeMapping,
@@ -62,9 +63,10 @@ from processors.grades import (
 )
 from processors.identifiability import IDENTIFIED, Identifiability, assess, is_position_debiased
 from processors.qrels import load_qrels
-from processors.selection import CHOOSABLE, DEFAULT_HOLDOUT, Selection, select
+from processors.selection import CHOOSABLE, DEFAULT_HOLDOUT, Selection, fit_with_systems, select
 from processors.sessions import SessionData, applications, read_sessions
 from processors.stats import ClickCells, SessionPatterns, cells_from_sessions
+from processors.system_rankings import read_system_rankings
 from schemas.errors import InputFileError, UbiError
 from schemas.judgments import Judgment, Qrel
 from schemas.settings import Settings
@@ -86,6 +88,10 @@ class JudgmentError(UbiError):
 
 
 # ----------------------------------------------------------------------------- models
+
+
+#: the models whose empirical prior takes the systems that showed each ranking (``priors.system_features``)
+_SYSTEM_MODELS = ("pbm", "ubm", "implicit:pbm", "implicit:ubm")
 
 
 def resolve_model(name: str, prior: str | None = None) -> tuple[str, ClickModel]:
@@ -347,19 +353,21 @@ def make_judgments(data: SessionData | SessionPatterns, model_name: str, setting
                    human: Mapping[tuple[str, str], int] | None = None, qrels_name: str = "",
                    min_support: int | None = None, max_ci_width: float | None = None,
                    created_at: datetime | None = None, source: str | None = None,
-                   extra_parameters: dict[str, Any] | None = None, prior: str | None = None) -> JudgmentRun:
+                   extra_parameters: dict[str, Any] | None = None, prior: str | None = None,
+                   systems: SystemRankings | None = None) -> JudgmentRun:
     """Fit ``model_name`` on the sessions, grade its relevance estimates, and calibrate when ``human`` is given.
 
     ``source`` overrides the stored source (default ``implicit:<model>``); ``extra_parameters`` are added to
     every row's parameters (``--model auto`` records its selection there); ``prior`` chooses the click model's
-    prior (default: the model's own, the empirical one).
+    prior (default: the model's own, the empirical one); ``systems`` (which system showed which ranking,
+    ``processors.system_rankings``) goes to the models whose prior takes it (PBM, UBM).
     """
     settings = settings or Settings()
     patterns = data.patterns if isinstance(data, SessionData) else data
     support, width = check_limits(settings.min_support if min_support is None else min_support,
                                   settings.max_ci_width if max_ci_width is None else max_ci_width)
     source_name, model = resolve_model(model_name, prior)
-    model.fit(patterns)
+    fit_with_systems(model, patterns, systems)
     estimate = model.relevance()
     kind = score_kind(source_name, model)
     ok = eligible(estimate, min_support=support, max_ci_width=width, kind=kind, grade_max=settings.grade_max)
@@ -479,9 +487,13 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
                                                max_rank=max_rank, progress=say, prior=prior)
     else:
         data = sessions() if sessions is not None else read_sessions(db, settings, max_rank=max_rank)
+        # the systems that showed each ranking, for the PBM/UBM prior; sessions built elsewhere (Spark) come
+        # without them and the prior says so in its parameters ("system_features": "not given ...")
+        systems = (read_system_rankings(str(db), data.patterns.pairs, data.patterns.max_rank)
+                   if sessions is None and model_name.strip().lower() in _SYSTEM_MODELS else None)
         say(f"fitting {model_name} on {data.filters.sessions:,} sessions ({data.patterns.docs.shape[0]:,} patterns)")
         run = make_judgments(data, model_name, settings, human=human, qrels_name=str(calibrate_with or ""),
-                             min_support=min_support, max_ci_width=max_ci_width, prior=prior)
+                             min_support=min_support, max_ci_width=max_ci_width, prior=prior, systems=systems)
     stored = replaced = None
     if store:
         say(f"storing {run.table.num_rows:,} judgments")
@@ -530,8 +542,11 @@ def auto_judgments(db: Path | str, settings: Settings, *, human: Mapping[tuple[s
         train, test = data.split()
         ident = assess(data.cells)
         options = {m: {"prior": prior} for m in CHOOSABLE} if prior is not None else None
+        where: dict[str, Any] = {} if len(apps) <= 1 else {"application": app}
+        train_systems = read_system_rankings(str(db), data.patterns.pairs, data.patterns.max_rank,
+                                             holdout=fraction, **where)
         sel = select(train, test, models=CHOOSABLE, identifiability=ident, holdout=fraction, application=app,
-                     progress=say, model_options=options)
+                     progress=say, model_options=options, systems=train_systems)
         if sel.best is None:
             raise JudgmentError(f"--model auto: no model could be fitted on application {app!r}: "
                                 + "; ".join(f"{s.model}: {s.error}" for s in sel.scores if s.error))
@@ -539,7 +554,9 @@ def auto_judgments(db: Path | str, settings: Settings, *, human: Mapping[tuple[s
         say(f"{app or 'log'}: {sel.why()}; fitting {sel.best} on all {data.patterns.n_sessions:,} searches")
         runs.append(make_judgments(data, sel.best, settings, human=human, qrels_name=qrels_name,
                                    min_support=min_support, max_ci_width=max_ci_width, source=SOURCE_PREFIX + AUTO,
-                                   extra_parameters={"selection": sel.parameters()}, prior=prior))
+                                   extra_parameters={"selection": sel.parameters()}, prior=prior,
+                                   systems=read_system_rankings(str(db), data.patterns.pairs, data.patterns.max_rank,
+                                                                **where)))
     if not runs:
         raise JudgmentError("--model auto: no application has sessions to fit on")
     first = runs[0]

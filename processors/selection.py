@@ -15,6 +15,7 @@ CTR are scored as baselines but never chosen. When the log cannot separate posit
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -129,14 +130,24 @@ class Selection:
         }
 
 
+def fit_with_systems(model: Any, sessions: SessionPatterns, systems: Any) -> Any:
+    """``model.fit(sessions)``, with ``systems`` (which system showed which ranking) for a model whose ``fit``
+    takes them (PBM and UBM: the systems' votes in the empirical prior, ``priors.system_features``)."""
+    if systems is not None and "systems" in inspect.signature(model.fit).parameters:
+        return model.fit(sessions, systems)
+    return model.fit(sessions)
+
+
 def select(train: SessionPatterns, test: SessionPatterns, *, models: Sequence[str] = SELECT_MODELS,
            identifiability: Identifiability | None = None, holdout: float = DEFAULT_HOLDOUT,
            application: str | None = None, progress: Callable[[str], None] | None = None,
-           model_options: dict[str, dict[str, Any]] | None = None) -> Selection:
+           model_options: dict[str, dict[str, Any]] | None = None, systems: Any = None) -> Selection:
     """Fit each of ``models`` on ``train``, evaluate on ``test`` and choose (see the module docstring).
 
     ``train`` and ``test`` must share one :class:`~processors.stats.PairIndex` (pairs of the held-out searches
     that training never saw get each model's prior). ``model_options`` maps a model to constructor options.
+    ``systems`` (``priors.SystemRankings`` of the training searches) goes to the models that take it
+    (:func:`fit_with_systems`).
     """
     if train.n_sessions == 0:
         raise SelectionError("no training searches: every search fell in the held-out split; lower --holdout")
@@ -150,7 +161,7 @@ def select(train: SessionPatterns, test: SessionPatterns, *, models: Sequence[st
         say(f"fitting {name} on {train.n_sessions:,} searches")
         t0 = time.perf_counter()
         try:
-            model = get_model(name, **(model_options or {}).get(name, {})).fit(train)
+            model = fit_with_systems(get_model(name, **(model_options or {}).get(name, {})), train, systems)
             fitted = time.perf_counter() - t0
             ev = evaluate(model, test)
         except (ClickModelError, FloatingPointError, ValueError) as exc:

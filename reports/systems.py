@@ -68,6 +68,41 @@ def _sql_list(values: Sequence[str]) -> str:
     return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
 
 
+def system_name(application: str | None, attributes: Mapping[str, object] | None,
+                split_keys: Sequence[str] = DEFAULT_SPLIT_KEYS) -> str:
+    """The system of one query record, by the rule of :func:`load_searches` (module docstring), in Python:
+    the application (``(no application)`` without one), then ``/key=value`` for each split key present.
+
+    The click models' rank-informed prior takes the systems of a simulated log from here and those of a store
+    from :func:`system_sql`, so both name a system alike (``tests/reports/test_systems.py`` checks the two).
+    """
+    out = application if application is not None else NO_APPLICATION
+    for key in split_keys:
+        _json_path(key, "split key")
+        value = (attributes or {}).get(key)
+        if value is not None:
+            out += f"/{key}={value if isinstance(value, str) else _json_text(value)}"
+    return out
+
+
+def _json_text(value: object) -> str:
+    """How DuckDB's json_extract_string writes a non-string JSON value (numbers, booleans, objects)."""
+    import orjson
+
+    return orjson.dumps(value).decode()
+
+
+def system_sql(split_keys: Sequence[str] = DEFAULT_SPLIT_KEYS) -> tuple[str, list[str]]:
+    """The SQL expression of a query record's system over ``application`` and ``query_attributes`` (one
+    place for :func:`load_searches` and ``processors.system_rankings``), and its parameters."""
+    parts = ["coalesce(application, '" + NO_APPLICATION + "')"]
+    params: list[str] = []
+    for key in split_keys:
+        parts.append(f"coalesce('/{key}=' || json_extract_string(query_attributes, ?), '')")
+        params.append(_json_path(key, "split key"))
+    return " || ".join(parts), params
+
+
 def _register_query_texts(con: duckdb.DuckDBPyConnection) -> None:
     """Normalise each distinct logged query text once in Python (NFKC is not a SQL function) and join back."""
     raw = [r[0] for r in con.execute("SELECT DISTINCT user_query FROM ubi_queries").fetchall()]
@@ -109,12 +144,7 @@ def prepare_searches(
     columns the online metrics read: ``action_name``, ``object_id``, ``timestamp``, ``position_ordinal``,
     ``session_id``, so a report of tens of millions of events does not copy their JSON columns).
     """
-    parts = ["coalesce(application, '" + NO_APPLICATION + "')"]
-    params: list[str] = []
-    for key in split_keys:
-        parts.append(f"coalesce('/{key}=' || json_extract_string(query_attributes, ?), '')")
-        params.append(_json_path(key, "split key"))
-    system_expr = " || ".join(parts)
+    system_expr, params = system_sql(split_keys)
     class_expr = "NULL::VARCHAR"
     if class_key:
         class_expr = "json_extract_string(query_attributes, ?)"

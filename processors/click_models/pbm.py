@@ -43,7 +43,9 @@ from processors.click_models.priors import (
     DEFAULT_PRIOR,
     FEATURES,
     RANKING_FEATURES,
+    SYSTEM_FEATURE_PREFIX,
     BetaPrior,
+    SystemRankings,
     check_prior,
     fit_prior,
     fixed_prior,
@@ -52,6 +54,7 @@ from processors.click_models.priors import (
     rank_features,
     ranking_features,
     same_prior,
+    system_features,
     unseen_features,
     unseen_ranking_features,
 )
@@ -264,7 +267,7 @@ class ExaminationEM(FittedModel):
             self._searches = query_searches(pair, rank, imps, pairs.query_index, n_pairs)
             ranked = getattr(self, "_session_features", None)
             if ranked is not None and len(ranked[0]) == n_pairs:
-                feats, self._rankings, names = ranked[0], ranked[1], RANKING_FEATURES
+                feats, self._rankings, names = ranked
             else:
                 feats, self._rankings = rank_features(pair, rank, imps, pairs.query_index, n_pairs), None
                 names = FEATURES
@@ -278,7 +281,8 @@ class ExaminationEM(FittedModel):
                     if top > 0:
                         exam, alpha = exam / top, np.minimum(alpha * top, 1.0)
                 examined = expected_examined(pair, exam_id, imps, clk, exam, alpha, n_pairs)
-                new = fit_prior(pair_clk, examined, feats, start=prior, varying_strength=True, feature_names=names)
+                new = fit_prior(pair_clk, examined, feats, start=prior, varying_strength=True, feature_names=names,
+                                strength_features=sum(not n.startswith(SYSTEM_FEATURE_PREFIX) for n in names))
                 settled = prior is not None and same_prior(prior, new)
                 prior = new
                 # rounds before the prior settles only need to get close; the last one converges fully
@@ -348,18 +352,42 @@ class ExaminationEM(FittedModel):
             queries = np.broadcast_to(sessions.query[:, None], d.shape)[unseen]
             unseen_feats = (unseen_features(ranks, queries, self._searches) if self._rankings is None
                             else unseen_ranking_features(ranks, queries, self._rankings))
+            extra = len(self.alpha_prior.feature_mean) - unseen_feats.shape[1]
+            if extra > 0:  # the systems' votes of a pair no training ranking showed: unknown (the prior's mean)
+                unseen_feats = np.column_stack([unseen_feats, np.full((len(ranks), extra), np.nan)])
             alpha[unseen] = self.alpha_prior.mean_at(unseen_feats)
         return alpha
 
-    def _use_sessions(self, sessions: SessionPatterns | None) -> None:
-        """Fit the next empirical prior on :func:`priors.ranking_features` of ``sessions`` (None: on the cells')."""
-        self._session_features = (None if sessions is None or self.prior != "empirical" else
-                                  ranking_features(sessions.query, sessions.docs, sessions.pairs.query_index,
-                                                   len(sessions.pairs)))
+    def _use_sessions(self, sessions: SessionPatterns | None, systems: SystemRankings | None = None) -> None:
+        """Fit the next empirical prior on :func:`priors.ranking_features` of ``sessions`` (None: on the cells'),
+        followed by the systems' votes (:func:`priors.system_features`) when ``systems`` says which system
+        showed which ranking (none with fewer than two systems). Records in ``_systems_note`` what was used."""
+        self._system_names: tuple[str, ...] = ()
+        if sessions is None or self.prior != "empirical":
+            self._session_features = None
+            self._systems_note = "not used: cells carry no rankings" if sessions is None else "not used"
+            return
+        n_pairs = len(sessions.pairs)
+        feats, rankings = ranking_features(sessions.query, sessions.docs, sessions.pairs.query_index, n_pairs)
+        names = RANKING_FEATURES
+        if systems is None:
+            self._systems_note = "not given: the sessions came without the systems that showed them"
+        else:
+            systems.check(n_pairs)
+            votes, vote_names = system_features(systems, sessions.pairs.query_index, n_pairs)
+            self._systems_note = (f"{len(vote_names)} systems" if vote_names else
+                                  f"{len(systems.names)} system{'s' if len(systems.names) != 1 else ''}: no vote")
+            if vote_names:
+                feats, names = np.column_stack([feats, votes]), names + vote_names
+                self._system_names = vote_names
+        self._session_features = (feats, rankings, names)
 
     def _prior_parameters(self, first: float) -> dict[str, Any]:
         """The prior's record; the prior mean coefficients are on α's raw scale (times ``first`` for the score)."""
-        return {**self.alpha_prior.parameters(), "rounds": self.prior_rounds, "score_scale": round(first, 6)}
+        out = {**self.alpha_prior.parameters(), "rounds": self.prior_rounds, "score_scale": round(first, 6)}
+        if self.prior == "empirical":
+            out["system_features"] = getattr(self, "_systems_note", "not used")
+        return out
 
     def parameters(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -371,10 +399,13 @@ class PBM(ExaminationEM):
     name = "pbm"
     version = "1"
 
-    def fit(self, sessions: SessionPatterns) -> Self:
-        """Aggregate the patterns to (pair, rank) cells, then run EM on them (see :meth:`fit_cells`)."""
+    def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:
+        """Aggregate the patterns to (pair, rank) cells, then run EM on them (see :meth:`fit_cells`).
+
+        ``systems`` (which system showed which ranking) adds the systems' votes to the empirical prior's
+        features (:func:`priors.system_features`)."""
         check_sessions(sessions)
-        self._use_sessions(sessions)
+        self._use_sessions(sessions, systems)
         self._fit_cells(cells_from_sessions(sessions))
         self.impressions, self.clicks, self.sessions = pair_support(sessions)
         return self

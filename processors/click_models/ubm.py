@@ -31,6 +31,7 @@ from processors.click_models.common import (
     weighted_count,
 )
 from processors.click_models.pbm import ExaminationEM, initial_exam
+from processors.click_models.priors import SystemRankings
 from processors.stats import SessionPatterns, UbmCells, ubm_cells_from_sessions
 
 
@@ -87,10 +88,11 @@ class UBM(ExaminationEM):
     name = "ubm"
     version = "1"
 
-    def fit(self, sessions: SessionPatterns) -> Self:
-        """Aggregate to (pair, rank, previous click) cells, then run EM on them (see :meth:`fit_cells`)."""
+    def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:
+        """Aggregate to (pair, rank, previous click) cells, then run EM on them (see :meth:`fit_cells`);
+        ``systems`` as for :meth:`PBM.fit`."""
         check_sessions(sessions)
-        self._use_sessions(sessions)
+        self._use_sessions(sessions, systems)
         self._fit_cells(ubm_cells_from_sessions(sessions))
         self.impressions, self.clicks, self.sessions = pair_support(sessions)
         return self

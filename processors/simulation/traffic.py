@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from collector.interleaving import Interleaved, team_draft
 from processors.cli_names import TRAFFIC_MODELS
+from processors.click_models.priors import SystemRankings
 from processors.propensity.randomized import SwapSessions
 from processors.simulation.catalog import Catalog, SimulationError, build_catalog
 from processors.simulation.clicks import (
@@ -350,6 +351,30 @@ class SimulatedTraffic:
                 keep = keep & ~self.crawler
             self._cache[key] = dedupe_patterns(pairs, self.query[keep], compact[keep], self.clicks[keep])
         return self._cache[key]
+
+    def system_rankings(self, *, crawlers: bool = False, searches: NDArray[np.bool_] | None = None) -> SystemRankings:
+        """Which system showed which ranking, over the searches :meth:`patterns` keeps (same masks, same pairs).
+
+        A system is named as ``reports.systems`` names it from the records :meth:`iter_searches` writes
+        (``<application>/ranker=<name>``; an interleaved search is ranker ``interleaved``). One row per
+        distinct (query, system, ranking).
+        """
+        from reports.systems import system_name
+
+        self.patterns(crawlers=crawlers, searches=searches)  # builds the pair index
+        compact = self._cache["pairs"][1]
+        keep = np.ones(self.n_sessions, dtype=bool) if searches is None else np.asarray(searches, dtype=bool)
+        if self.crawler is not None and not crawlers:
+            keep = keep & ~self.crawler
+        app = self.config.application
+        names = [system_name(app, {"ranker": n}) for n in self.truth.ranker_names]
+        ranker = self.ranker[keep]
+        system = np.where(ranker >= 0, ranker, len(names))
+        if (ranker < 0).any():
+            names.append(system_name(app, {"ranker": INTERLEAVED_RANKER}))
+        rows = np.unique(np.column_stack([self.query[keep], system, compact[keep]]), axis=0)
+        return SystemRankings(tuple(names), rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64),
+                              rows[:, 2:].astype(np.int64))
 
     def swap_sessions(self) -> SwapSessions:
         """The searches of the swap experiment, by arm (control = rank 1 swapped with itself)."""

@@ -1,0 +1,151 @@
+"""The systems' votes in the PBM/UBM prior: a hand-worked case, the one-system degeneration, the store path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.special import betaln
+
+from collector.ingest import ingest, parse_bulk, validate_items
+from processors.click_models.common import ClickModelError
+from processors.click_models.pbm import PBM
+from processors.click_models.priors import (
+    MAX_SYSTEMS,
+    STRENGTH_SLOPE_SD,
+    SYSTEM_FEATURE_PREFIX,
+    SystemRankings,
+    _beta_binomial_objective,
+    system_features,
+    unique_rows,
+)
+from processors.click_models.ubm import UBM
+from processors.sessions import holdout_flags, read_sessions
+from processors.simulation import scenario, simulate
+from processors.system_rankings import read_system_rankings
+from reports.systems import load_searches, system_name
+from schemas.settings import Settings
+from store.client import reading
+from store.duckdb_store import Store
+
+
+def _rankings(rows: list[tuple[int, int, list[int]]], names: tuple[str, ...], k: int = 3) -> SystemRankings:
+    docs = np.full((len(rows), k), -1, dtype=np.int64)
+    for i, (_, _, d) in enumerate(rows):
+        docs[i, : len(d)] = d
+    return SystemRankings(names, np.array([q for q, _, _ in rows], dtype=np.int64),
+                          np.array([s for _, s, _ in rows], dtype=np.int64), docs)
+
+
+def test_votes_hand_worked() -> None:
+    # query 0 has pairs 0-3, query 1 pair 4. System A (0) showed query 0 as [0, 1] and [0, 2] (the first twice:
+    # one ranking however often shown) and query 1 as [4]; system B (1) showed query 0 as [1, 3, 3] (pair 3 twice
+    # in one list: it votes at its first rank, 2). v_is = mean over s's rankings of the query of 1/rank (0 absent):
+    #   pair 0: A (1/1 + 1/1)/2 = 1,   B 0/1 = 0      pair 1: A (1/2 + 0)/2 = 0.25, B 1/1 = 1
+    #   pair 2: A (0 + 1/2)/2 = 0.25,  B 0            pair 3: A 0, B (1/2)/1 = 0.5
+    #   pair 4: A 1/1 = 1,             B never served query 1: NaN
+    sr = _rankings([(0, 0, [0, 1]), (0, 0, [0, 1]), (0, 0, [0, 2]), (1, 0, [4]), (0, 1, [1, 3, 3])], ("A", "B"))
+    votes, names = system_features(sr, np.array([0, 0, 0, 0, 1]), 5)
+    assert names == (SYSTEM_FEATURE_PREFIX + "A", SYSTEM_FEATURE_PREFIX + "B")
+    expected = np.array([[1.0, 0.0], [0.25, 1.0], [0.25, 0.0], [0.0, 0.5], [1.0, np.nan]])
+    np.testing.assert_array_equal(votes, expected)
+
+
+def test_one_system_has_no_vote_and_keeps_the_prior() -> None:
+    traffic = simulate(scenario("hard", sessions=1500, seed=2, model="pbm", rankers=1, ranker_noise=(0.5,)))
+    patterns = traffic.patterns()
+    sr = traffic.system_rankings()
+    assert len(sr.names) == 1
+    votes, names = system_features(sr, patterns.pairs.query_index, len(patterns.pairs))
+    assert votes.shape == (len(patterns.pairs), 0) and names == ()
+    for cls in (PBM, UBM):
+        plain, given = cls().fit(patterns), cls().fit(patterns, sr)
+        np.testing.assert_array_equal(plain.alpha, given.alpha)  # the same prior, the same EM: identical
+        assert plain.alpha_prior.coef == given.alpha_prior.coef
+        assert given.parameters()["prior"]["system_features"] == "1 system: no vote"
+        assert plain.parameters()["prior"]["system_features"].startswith("not given")
+
+
+def test_systems_past_the_cap_get_no_column() -> None:
+    n = MAX_SYSTEMS + 2
+    # system j shows j + 1 distinct lists of query 0, each with pair j first: the systems with the fewest
+    # rankings (0 and 1) are the ones left out
+    rows = [(0, j, [j, 20 + r]) for j in range(n) for r in range(j + 1)]
+    sr = _rankings(rows, tuple(f"s{j}" for j in range(n)))
+    votes, names = system_features(sr, np.zeros(40, dtype=np.int64), 40)
+    assert names == tuple(SYSTEM_FEATURE_PREFIX + f"s{j}" for j in range(2, n))
+    assert votes.shape == (40, MAX_SYSTEMS)
+    assert votes[5, 3] == 1.0  # pair 5 is in every ranking of s5 (column 3)
+
+
+def test_bad_system_rankings_are_named() -> None:
+    sr = _rankings([(0, 2, [0])], ("A", "B"))
+    with pytest.raises(ClickModelError, match=r"system\[0\] = 2"):
+        sr.check(3)
+    with pytest.raises(ClickModelError, match="beyond the 1 pairs"):
+        _rankings([(0, 0, [0, 1])], ("A",)).check(1)
+
+
+def test_votes_raise_the_prior_mean_of_the_good_rankers_choices() -> None:
+    """On the hard scenario the best ranker's vote gets a larger coefficient than the worst ranker's, and the
+    fit records the systems used."""
+    traffic = simulate(scenario("hard", sessions=4000, seed=3, model="pbm"))
+    model = PBM().fit(traffic.patterns(), traffic.system_rankings())
+    prior = model.parameters()["prior"]
+    names = prior["features"]
+    coef = dict(zip(names, prior["coef"][1:], strict=True))
+    best = SYSTEM_FEATURE_PREFIX + system_name("ubi-sim", {"ranker": "ranker-a"})
+    worst = SYSTEM_FEATURE_PREFIX + system_name("ubi-sim", {"ranker": "ranker-d"})
+    assert coef[best] > coef[worst]
+    assert prior["system_features"] == "4 systems"
+
+
+def test_store_path_gives_the_simulators_rankings(tmp_path: Path) -> None:
+    """Records -> ingest -> processors.system_rankings gives the distinct (query, system, ranking) of the arrays,
+    with the system named as reports.systems names it."""
+    traffic = simulate(scenario("hard", sessions=800, seed=5, model="pbm", crawler_share=0.0))
+    db, path = tmp_path / "sim.duckdb", tmp_path / "sim.ndjson"
+    traffic.write_bulk(path)
+    with Store(db) as store:
+        ingest(store, validate_items(parse_bulk(path.read_bytes())), source="test")
+    data = read_sessions(db, Settings(db=db), max_rank=10)
+
+    def keyed(sr: SystemRankings, pairs: object) -> set[tuple[str, str, tuple[str, ...]]]:
+        q_text = {int(qi): str(t) for qi, t in zip(pairs.query_index, pairs.queries, strict=True)}
+        return {(q_text[int(q)], sr.names[int(s)], tuple(str(pairs.doc_ids[d]) for d in row if d >= 0))
+                for q, s, row in zip(sr.query, sr.system, sr.docs, strict=True)}
+
+    stored = read_system_rankings(str(db), data.patterns.pairs, 10)
+    simulated = traffic.system_rankings()
+    assert keyed(stored, data.patterns.pairs) == keyed(simulated, traffic.patterns().pairs)
+    with reading(db) as con:
+        searched = set(load_searches(con).column("system").to_pylist())
+    assert set(stored.names) == searched
+    # the training fold: only the rankings of the searches holdout_flags keeps for training
+    held = holdout_flags(traffic.query_ids(), 0.25)
+    train = read_system_rankings(str(db), data.patterns.pairs, 10, holdout=0.25)
+    assert keyed(train, data.patterns.pairs) == keyed(traffic.system_rankings(searches=~held), traffic.patterns().pairs)
+
+
+def test_unique_rows_keeps_system_and_query_apart() -> None:
+    # the same list shown by two systems is two rankings (the votes' dedupe is per (query, system, list))
+    a = np.array([[0, 0, 1, 2], [0, 1, 1, 2], [0, 0, 1, 2]])
+    assert len(unique_rows(a)) == 2
+
+
+def test_strength_slopes_carry_a_gaussian_hyperprior() -> None:
+    """The varying-strength objective is −(1/N)(Σ ln BetaBin − Σ_j λ_j²/2σ²), σ = STRENGTH_SLOPE_SD = 1; the
+    Beta-binomial terms by hand from betaln (the binomial coefficient cancels between objectives, so it is
+    left out, as the objective leaves it out)."""
+    rng = np.random.default_rng(4)
+    n = rng.integers(1, 30, size=50).astype(np.float64)
+    x = np.floor(n * rng.uniform(size=50))
+    design = np.column_stack([np.ones(50), rng.normal(size=50)])
+    beta, lam = np.array([-0.5, 0.2]), np.array([1.5, 0.7])
+    f = _beta_binomial_objective(x, n, design, (-4.0, 14.0), design)
+    m = 1.0 / (1.0 + np.exp(-(design @ beta)))
+    s = np.exp(design @ lam)
+    ll = betaln(x + m * s, n - x + (1 - m) * s) - betaln(m * s, (1 - m) * s)
+    assert STRENGTH_SLOPE_SD == 1.0
+    assert f(np.append(beta, lam))[0] == pytest.approx(-(ll.sum() - 0.5 * 0.7**2) / 50, rel=1e-12)
