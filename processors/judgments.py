@@ -20,7 +20,8 @@ model.
 
 Grades come from :func:`processors.grades.default_mapping`, or, with human grades, from thresholds fitted on
 the pairs of the calibration split (:func:`processors.grades.in_calibration_split`) and measured on the
-others. Each row's ``parameters`` JSON records the mapping and, for pairs that have a human grade, which split
+others. Each row's ``parameters`` (as read back: ``store.judgment_params`` merges the run-wide part, stored once
+in ``judgment_runs``, with the row's own keys) records the mapping and, for pairs that have a human grade, which split
 the pair fell in (``"calibration_split": "fit"`` or ``"holdout"``): reports measuring agreement must use
 only the ``holdout`` pairs (or pairs absent from the qrels used).
 
@@ -38,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 import numpy as np
@@ -70,8 +71,9 @@ from schemas.errors import InputFileError, UbiError
 from schemas.judgments import Judgment, Qrel
 from schemas.settings import Settings
 from schemas.text import normalize_query
-from store.client import load_derived, reading
-from store.rows import JUDGMENT_SCHEMA, utcnow
+from store.client import load_derived_tables, reading
+from store.judgment_params import merged_from_arrow, run_id
+from store.rows import JUDGMENT_RUN_SCHEMA, JUDGMENT_SCHEMA, utcnow
 
 SOURCE_PREFIX = "implicit:"
 #: registry names shown to users under another name (the registry's ``dctr`` is "the CTR of a result")
@@ -248,23 +250,36 @@ def _nan_to_null(a: np.ndarray) -> pa.Array:
     return pa.array(a, pa.float64(), mask=~np.isfinite(a))
 
 
+class JudgmentRows(NamedTuple):
+    """What one estimate stores: its ``judgments`` rows and the ``judgment_runs`` row they refer to."""
+
+    rows: pa.Table  # schema JUDGMENT_SCHEMA, one per pair, sorted by pair
+    runs: pa.Table  # schema JUDGMENT_RUN_SCHEMA, one row
+
+
 def build_judgments(estimate: RelevanceEstimate, *, source: str, model_version: str | None, mapping: GradeMapping,
                     ok: np.ndarray, parameters: dict[str, Any] | None = None, split: np.ndarray | None = None,
-                    created_at: datetime | None = None) -> pa.Table:
-    """The ``judgments`` rows (schema :data:`JUDGMENT_SCHEMA`) of one estimate, one per pair, sorted by pair."""
+                    created_at: datetime | None = None) -> JudgmentRows:
+    """The ``judgments`` rows of one estimate, one per pair, sorted by pair, and the run row they share.
+
+    The run-wide parameters (the model's, the grade mapping, ``parameters``) are one ``judgment_runs`` row;
+    each pair's own row keeps ``calibration_split`` (when it has one) and ``observations`` in its ``parameters``
+    and the run's ``run_id`` (``store.judgment_params``: read back, a row's dict is the run's keys then its own).
+    """
     n = len(estimate.pairs)
     score = np.asarray(estimate.score, dtype=np.float64)
     grade = mapping.grade(score)
     graded = ok & (grade >= 0)
     base = {"model": estimate.parameters, "grade_mapping": mapping.as_dict(), **(parameters or {})}
+    run_text = orjson.dumps(base, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
+    rid = run_id(run_text)
     if split is None:
         split = np.full(n, "", dtype=object)
-    # three distinct documents but for the per-row support: serialise each once, splice the number in (in Arrow:
-    # each distinct support value is formatted once, so no Python loop runs over the rows)
+    # three distinct heads but for the per-row support: splice the number in (in Arrow: each distinct support value
+    # is formatted once, so no Python loop runs over the rows)
     splits = ("", "fit", "holdout")
-    heads = pa.array([orjson.dumps({**base, "calibration_split": s} if s else base, option=orjson.OPT_SERIALIZE_NUMPY
-                                   | orjson.OPT_NON_STR_KEYS).decode()[:-1] + ',"observations":' for s in splits],
-                     pa.string())
+    heads = pa.array(['{"observations":', '{"calibration_split":"fit","observations":',
+                      '{"calibration_split":"holdout","observations":'], pa.string())
     split_code = np.zeros(n, dtype=np.int64)
     for code, s in enumerate(splits[1:], start=1):
         split_code[np.asarray(split, dtype=object) == s] = code
@@ -274,7 +289,7 @@ def build_judgments(estimate: RelevanceEstimate, *, source: str, model_version: 
     params = pc.binary_join_element_wise(heads.take(pa.array(split_code)), numbers.take(pa.array(which.ravel())),
                                          "}", "")
     now = created_at or utcnow()
-    return pa.table({
+    rows = pa.table({
         "query": pa.array(estimate.pairs.queries, pa.string()),
         "doc_id": pa.array(estimate.pairs.doc_ids, pa.string()),
         "source": pa.array([source] * n, pa.string()),
@@ -288,7 +303,11 @@ def build_judgments(estimate: RelevanceEstimate, *, source: str, model_version: 
         "sessions": pa.array(np.asarray(estimate.sessions, dtype=np.int64)),
         "grade": pa.array(grade.astype(np.int32), pa.int32(), mask=~graded),
         "created_at": pa.array([now] * n, pa.timestamp("us")),
+        "run_id": pa.array([rid] * n, pa.string()),
     }, schema=JUDGMENT_SCHEMA)
+    runs = pa.table({"source": [source], "run_id": [rid], "parameters": [run_text],
+                     "created_at": pa.array([now], pa.timestamp("us"))}, schema=JUDGMENT_RUN_SCHEMA)
+    return JudgmentRows(rows, runs)
 
 
 @dataclass(frozen=True)
@@ -298,7 +317,8 @@ class JudgmentRun:
     source: str  # implicit:<model>
     model: str
     kind: str
-    table: pa.Table
+    table: pa.Table  # judgments rows (schema JUDGMENT_SCHEMA): each pair's own parameters and its run_id
+    runs: pa.Table  # the judgment_runs rows they refer to (schema JUDGMENT_RUN_SCHEMA): the run-wide parameters
     mapping: GradeMapping
     min_support: int
     max_ci_width: float | None
@@ -312,8 +332,8 @@ class JudgmentRun:
         return int(self.table.column("grade").is_valid().to_numpy(zero_copy_only=False).sum())
 
     def judgments(self) -> Iterator[Judgment]:
-        """The rows as :class:`Judgment` records."""
-        yield from iter_judgments(self.table)
+        """The rows as :class:`Judgment` records (parameters merged: the run's, then the pair's own)."""
+        yield from iter_judgments(self.table, self.runs)
 
     def summary(self) -> dict[str, Any]:
         grades = self.table.column("grade").drop_null().to_numpy()
@@ -363,9 +383,10 @@ def make_judgments(data: SessionData | SessionPatterns, model_name: str, setting
     params = {"min_support": support, "max_ci_width": width, "max_rank": patterns.max_rank,
               "identifiability": identifiability_parameters(ident, source_name), **(extra_parameters or {})}
     source = source or SOURCE_PREFIX + source_name
-    table = build_judgments(estimate, source=source, model_version=str(getattr(model, "version", "")) or None,
+    built = build_judgments(estimate, source=source, model_version=str(getattr(model, "version", "")) or None,
                             mapping=mapping, ok=ok, parameters=params, split=split, created_at=created_at)
-    return JudgmentRun(source, source_name, kind, table, mapping, support, width, report, params, ident, withheld)
+    return JudgmentRun(source, source_name, kind, built.rows, built.runs, mapping, support, width, report, params,
+                       ident, withheld)
 
 
 def identifiable_only(source_name: str, cells: ClickCells, ok: np.ndarray) -> tuple[Identifiability, np.ndarray, int]:
@@ -397,13 +418,16 @@ def identifiability_parameters(ident: Identifiability, source_name: str) -> dict
 # ----------------------------------------------------------------------------- storage
 
 
-def store_judgments(db: Path | str, table: pa.Table, source: str) -> tuple[int, bool]:
-    """Replace the stored rows of ``source`` with ``table``; returns (rows written, stale rows removed).
+def store_judgments(db: Path | str, table: pa.Table, source: str, *, runs: pa.Table) -> tuple[int, bool]:
+    """Replace the stored rows of ``source`` with ``table`` and the ``runs`` they refer to; returns (rows written,
+    stale rows removed).
 
-    One transaction, directly when the file is free or through the running collector that holds it
-    (``store.client.load_derived`` with ``replace_source``): rows of pairs absent from this run go.
+    One transaction when the file is free, else through the running collector that holds it, runs first
+    (``store.client.load_derived_tables``): rows of pairs absent from this run go, and so do runs of the source
+    no row refers to any more.
     """
-    return load_derived(db, "judgments", table, replace_source=source), True
+    counts = load_derived_tables(db, [("judgment_runs", runs, None), ("judgments", table, source)])
+    return counts[1], True
 
 
 @dataclass(frozen=True)
@@ -473,14 +497,14 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
     stored = replaced = None
     if store:
         say(f"storing {run.table.num_rows:,} judgments")
-        stored, replaced = store_judgments(db, run.table, run.source)
+        stored, replaced = store_judgments(db, run.table, run.source, runs=run.runs)
     fmt = written = None
     if out is not None:
         say(f"writing {out}")
         fmt = out_format or ("trec" if Path(out).suffix.lower() in (".trec", ".qrels", ".txt") else "jsonl")
         if fmt not in ("jsonl", "trec"):
             raise JudgmentError(f"unknown output format {fmt!r}; expected jsonl or trec")
-        written = write_trec(run.table, out) if fmt == "trec" else write_jsonl(run.table, out)
+        written = write_trec(run.table, out) if fmt == "trec" else write_jsonl(run.table, out, run.runs)
     return ProcessResult(data, run, stored, replaced, Path(out) if out else None, fmt, written, tuple(selections))
 
 
@@ -537,12 +561,26 @@ def auto_judgments(db: Path | str, settings: Settings, *, human: Mapping[tuple[s
         raise JudgmentError("--model auto: no application has sessions to fit on")
     first = runs[0]
     table = _one_row_per_pair(pa.concat_tables([r.table for r in runs])) if len(runs) > 1 else first.table
-    run = JudgmentRun(SOURCE_PREFIX + AUTO, AUTO, first.kind, table, first.mapping, first.min_support,
+    run = JudgmentRun(SOURCE_PREFIX + AUTO, AUTO, first.kind, table, _runs_used(table, [r.runs for r in runs]),
+                      first.mapping, first.min_support,
                       first.max_ci_width, first.calibration if len(runs) == 1 else None,
                       {**first.parameters, "selections": [s.as_dict() for s in selections]},
                       first.identifiability if len(runs) == 1 else None,
                       sum(r.withheld_unidentified for r in runs))
     return whole, run, selections
+
+
+def _runs_used(table: pa.Table, runs: list[pa.Table]) -> pa.Table:
+    """The run rows ``table``'s rows refer to, each once (two applications' runs may be the same document)."""
+    used = set(table.column("run_id").unique().to_pylist())
+    every = pa.concat_tables(runs)
+    seen: set[str] = set()
+    keep = []
+    for i, rid in enumerate(every.column("run_id").to_pylist()):
+        if rid in used and rid not in seen:
+            seen.add(rid)
+            keep.append(i)
+    return every.take(pa.array(keep, pa.int64()))
 
 
 def _one_row_per_pair(table: pa.Table) -> pa.Table:
@@ -575,22 +613,21 @@ def query_from_trec_id(query_id: str) -> str:
     return unquote(query_id, errors="strict")
 
 
-def iter_judgments(table: pa.Table) -> Iterator[Judgment]:
-    cache: dict[str, dict[str, Any]] = {}
-    for batch in table.to_batches(10_000):
+def iter_judgments(table: pa.Table, runs: pa.Table | None = None) -> Iterator[Judgment]:
+    """The rows of an in-memory ``judgments`` table as :class:`Judgment` records, parameters merged with
+    ``runs`` (``store.judgment_params``; rows without a ``run_id`` carry their whole parameters)."""
+    params = merged_from_arrow(table, runs)
+    for batch in table.drop_columns(["run_id"] if "run_id" in table.column_names else []).to_batches(10_000):
         for row in batch.to_pylist():
-            p = row["parameters"]
-            if p is not None and p not in cache:
-                cache[p] = orjson.loads(p)
-            row["parameters"] = cache[p] if p is not None else {}
+            row["parameters"] = next(params) or {}
             yield Judgment(**row)
 
 
-def write_jsonl(table: pa.Table, path: Path | str) -> int:
-    """One :class:`Judgment` per line, in table order; returns the number of lines."""
+def write_jsonl(table: pa.Table, path: Path | str, runs: pa.Table | None = None) -> int:
+    """One :class:`Judgment` per line, in table order (parameters merged with ``runs``); returns the number of lines."""
     n = 0
     with open(path, "wb") as f:
-        for j in iter_judgments(table):
+        for j in iter_judgments(table, runs):
             f.write(j.model_dump_json().encode() + b"\n")
             n += 1
     return n

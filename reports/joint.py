@@ -81,10 +81,13 @@ from reports.systems import (
     DEFAULT_IMPRESSION_ACTIONS,
     DEFAULT_SPLIT_KEYS,
     RankingMode,
+    SearchCounts,
     SystemRun,
+    classes_by_text,
     file_run,
-    load_searches,
-    logged_runs,
+    logged_runs_in,
+    prepare_searches,
+    search_counts,
 )
 from schemas.errors import InputFileError, UbiError
 
@@ -348,18 +351,17 @@ def _per_text(result: OfflineResult, metric: str) -> tuple[list[str], np.ndarray
     return texts.tolist(), means
 
 
-def _summaries(searches: Any, runs: Mapping[str, SystemRun]) -> list[SystemSummary]:
-    cols = searches.select(["system", "ranking_source", "zero_result", "several_rankings", "duplicate_hits"]).to_pydict()
+def _summaries(counts: Mapping[str, SearchCounts], runs: Mapping[str, SystemRun]) -> list[SystemSummary]:
     out = []
     for name, run in sorted(runs.items()):
-        idx = [i for i, s in enumerate(cols["system"]) if s == name]
+        c = counts.get(name, SearchCounts(0, 0, 0, 0))
         shares = list(run.modal_share.values())
         out.append(SystemSummary(
-            name=name, searches=len(idx), queries=len({run.query_of[q] for q in run.run}),
+            name=name, searches=c.searches, queries=len({run.query_of[q] for q in run.run}),
             unranked_searches=run.unranked_searches,
-            zero_result_searches=sum(1 for i in idx if cols["zero_result"][i]),
-            searches_with_several_rankings=sum(1 for i in idx if cols["several_rankings"][i]),
-            duplicate_hits=sum(int(cols["duplicate_hits"][i] or 0) for i in idx),
+            zero_result_searches=c.zero_result,
+            searches_with_several_rankings=c.several_rankings,
+            duplicate_hits=c.duplicate_hits,
             unstable_queries=sum(1 for v in run.distinct_rankings.values() if v > 1),
             mean_modal_share=float(np.mean(shares)) if shares else math.nan,
         ))
@@ -388,18 +390,6 @@ def query_id_texts(labels: LabelSet) -> dict[str, set[str]]:
             if lab.query_id is not None and lab.kind == "human":
                 (from_file if lab.from_file else from_store)[lab.query_id].add(lab.query)
     return {**from_store, **from_file}
-
-
-def _classes_by_text(searches: Any) -> dict[str, str | None]:
-    """The class the logs give each query text most often (ties: the smallest), for run systems."""
-    if searches.num_rows == 0:
-        return {}
-    cols = searches.select(["query", "query_class"]).to_pydict()
-    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for text, cls in zip(cols["query"], cols["query_class"], strict=True):
-        if cls is not None:
-            counts[text][cls] += 1
-    return {text: min(c, key=lambda k: (-c[k], k)) for text, c in counts.items()}
 
 
 def _file_systems(
@@ -643,13 +633,16 @@ def build_report(
         if withheld:
             labels = LabelSet().add(kept)
     step("systems and logged rankings")
-    searches = load_searches(con, split_keys=cfg.split_keys, class_key=cfg.class_key,
-                             impression_actions=cfg.impression_actions)
-    if searches.num_rows == 0 and not file_runs:
+    # the searches stay in DuckDB (at 20M events 1.7M rows of 20-doc rankings, ~1.5 GB as Arrow): runs, counts
+    # and classes are computed there, under the connection's memory limit
+    n_searches = prepare_searches(con, split_keys=cfg.split_keys, class_key=cfg.class_key,
+                                  impression_actions=cfg.impression_actions)
+    if n_searches == 0 and not file_runs:
         raise ReportError("the store holds no query records, so no system to report on; ingest UBI queries first "
                           "(or give run files with --run)")
-    logged = logged_runs(searches, cfg.mode)
-    from_files = _file_systems(file_runs, logged, labels, _classes_by_text(searches))
+    logged = logged_runs_in(con, cfg.mode)
+    counts = search_counts(con)
+    from_files = _file_systems(file_runs, logged, labels, classes_by_text(con) if n_searches else {})
     # logged systems sorted by name, then run files in the order given: every table keeps this order
     runs = {**dict(sorted(logged.items())), **from_files}
     step("merged view of the labels")
@@ -723,7 +716,7 @@ def build_report(
     id_notes = identifiability_notes(ident, sources, withheld) if ident is not None else []
     report = Report(
         created_at=datetime.now(UTC).replace(microsecond=0), config=cfg,
-        systems=_summaries(searches, logged) + _run_summaries(from_files),
+        systems=_summaries(counts, logged) + _run_summaries(from_files),
         sources=sources, label_counts=_label_counts(labels), offline=offline, coverage=cov, online=online,
         agreement=agree, comparisons=comparisons, orderings=orderings, propensity=propensity,
         label_pairs=label_pairs, merge=merge,

@@ -14,7 +14,6 @@ judged, then the source name, so the choice is deterministic.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import duckdb
 from reports.cli_names import DEFAULT_PRECEDENCE
 from schemas.errors import UbiError
 from schemas.judgments import HumanJudgment
+from store.judgment_params import read_judgments
 
 KINDS = ("human", "reviewed", "implicit")
 
@@ -268,20 +268,14 @@ def labels_from_human(records: Iterable[HumanJudgment]) -> list[Label]:
     ]
 
 
-def _json_obj(value: Any) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        return value
-    try:
-        parsed = json.loads(value)
-    except (TypeError, ValueError):
-        return {"raw": str(value)}
-    return parsed if isinstance(parsed, dict) else {"value": parsed}
-
-
 def labels_from_store(con: duckdb.DuckDBPyConnection) -> list[Label]:
-    """Every row of ``human_judgments`` and ``judgments`` as labels (tables missing: none)."""
+    """Every row of ``human_judgments`` and ``judgments`` as labels (tables missing: none).
+
+    A judgment's ``parameters`` is the merged dict of ``store.judgment_params`` (its run's keys, then its own),
+    with the run-wide part parsed once per run and shared between the rows' dicts: read it, do not change it.
+    At 20M events a run has about 400,000 judgments, and 1.3 KB of run-wide parameters parsed row by row took
+    more memory than everything else ``ubi report`` reads.
+    """
     tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     out: list[Label] = []
     if "human_judgments" in tables:
@@ -291,62 +285,16 @@ def labels_from_store(con: duckdb.DuckDBPyConnection) -> list[Label]:
         ).fetchall():
             out.append(Label(query, doc, grade, source, origin="store" if origin is None else f"store:{origin}",
                              query_id=qid, assessor=assessor, judged_at=judged_at, rubric=rubric))
-    if "judgments" in tables:
-        parse = _SharedParameters()
-        for row in con.execute(
-            "SELECT query, doc_id, grade, source, model_version, score, ci_low, ci_high, impressions, clicks, "
-            f"sessions, {_PARAMETER_PARTS}, created_at FROM judgments ORDER BY query, doc_id, source"
-        ).fetchall():
-            query, doc, grade, source, version, score, lo, hi, imps, clicks, sessions, *parts, created = row
-            out.append(Label(query, doc, grade, source, origin="store", model_version=version, score=score,
-                             ci_low=lo, ci_high=hi, impressions=imps, clicks=clicks, sessions=sessions,
-                             parameters=parse(*parts), judged_at=created))
+    for (query, doc, grade, source, version, score, lo, hi, imps, clicks, sessions, created,
+         parameters) in read_judgments(con, _LABEL_COLUMNS):
+        out.append(Label(query, doc, grade, source, origin="store", model_version=version, score=score,
+                         ci_low=lo, ci_high=hi, impressions=imps, clicks=clicks, sessions=sessions,
+                         parameters=parameters, judged_at=created))
     return out
 
 
-#: The keys of a judgment's ``parameters`` that differ from row to row (``processors.judgments.build_judgments``);
-#: the rest of the document (model, grade mapping, identifiability, ...) is the same for every row of a run.
-_PER_ROW_KEYS = ("observations", "calibration_split")
-# parameters split in SQL: an object without its per-row keys (one text per run), and each per-row key's JSON
-# value (NULL when absent); anything but an object comes whole (the shared part then NULL)
-_PARAMETER_PARTS = ", ".join([
-    "CASE WHEN json_type(parameters) = 'OBJECT' THEN json_merge_patch(parameters, '{"
-    + ", ".join(f'"{k}": null' for k in _PER_ROW_KEYS) + "}') END",
-    "CASE WHEN json_type(parameters) = 'OBJECT' THEN NULL ELSE parameters END",
-    *(f"CASE WHEN json_type(parameters) = 'OBJECT' THEN json_extract(parameters, '$.{k}') END"
-      for k in _PER_ROW_KEYS),
-])
-
-
-class _SharedParameters:
-    """Each row's ``parameters`` dict, with the part every row of a run shares parsed once and shared.
-
-    At 20M events a run stores about 400,000 judgments with 1.3 KB of parameters each; parsed row by row,
-    their dicts and lists took more memory than everything else ``ubi report`` reads. The nested objects are
-    shared between the rows' dicts: read them, do not change them.
-    """
-
-    def __init__(self) -> None:
-        self.shared: dict[str, dict[str, Any]] = {}
-        self.values: dict[str, Any] = {}
-
-    def __call__(self, shared: str | None, whole: str | None, *per_row: str | None) -> dict[str, Any] | None:
-        if shared is None:
-            return _json_obj(whole)
-        base = self.shared.get(shared)
-        if base is None:
-            base = self.shared[shared] = json.loads(shared)
-        out = dict(base)
-        for key, value in zip(_PER_ROW_KEYS, per_row, strict=True):
-            if value is not None:
-                parsed = self.values.get(value, _MISSING)
-                if parsed is _MISSING:
-                    parsed = self.values[value] = json.loads(value)
-                out[key] = parsed
-        return out
-
-
-_MISSING = object()
+_LABEL_COLUMNS = ("query", "doc_id", "grade", "source", "model_version", "score", "ci_low", "ci_high", "impressions",
+                  "clicks", "sessions", "created_at")
 
 
 # ------------------------------------------------------------------------------------------ coverage

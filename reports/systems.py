@@ -116,7 +116,24 @@ def load_searches(
     class_key: str | None = None,
     impression_actions: Sequence[str] = DEFAULT_IMPRESSION_ACTIONS,
 ) -> pa.Table:
-    """One row per search instance, and temp tables ``_ubi_searches`` / ``_ubi_search_events`` on ``con``.
+    """One row per search instance (the temp table of :func:`prepare_searches`, fetched as Arrow, by instance).
+
+    At 20M events that is 1.7M rows with a 20-doc ranking each (about 1.5 GB as Arrow): the report reads the
+    temp table in SQL instead (:func:`logged_runs_in`, :func:`search_counts`, :func:`classes_by_text`).
+    """
+    prepare_searches(con, split_keys=split_keys, class_key=class_key, impression_actions=impression_actions)
+    return con.sql("SELECT * FROM _ubi_searches ORDER BY instance").to_arrow_table()
+
+
+def prepare_searches(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    split_keys: Sequence[str] = DEFAULT_SPLIT_KEYS,
+    class_key: str | None = None,
+    impression_actions: Sequence[str] = DEFAULT_IMPRESSION_ACTIONS,
+) -> int:
+    """Temp tables ``_ubi_searches`` (one row per search instance) and ``_ubi_search_events`` on ``con``; returns
+    the number of search instances.
 
     Columns: ``instance`` (int, ordered by time), ``system``, ``application``, ``query_id``, ``query``
     (normalised), ``user_query``, ``ts`` (naive UTC, may be NULL), ``client_id``, ``session`` (the
@@ -205,7 +222,7 @@ def load_searches(
         FROM ranked ORDER BY instance
         """
     )
-    return con.sql("SELECT * FROM _ubi_searches ORDER BY instance").to_arrow_table()
+    return int(con.execute("SELECT count(*) FROM _ubi_searches").fetchall()[0][0])
 
 
 @dataclass
@@ -234,54 +251,61 @@ class SystemRun:
 
 
 def logged_runs(searches: pa.Table, mode: RankingMode = "modal") -> dict[str, SystemRun]:
-    """Group search instances into one run per system (see the module docstring for the two modes)."""
-    if mode not in ("modal", "each"):
-        raise SystemsError(f"ranking mode {mode!r}: expected 'modal' or 'each'")
+    """Group search instances (rows of :func:`load_searches`) into one run per system; see :func:`logged_runs_in`."""
     con = duckdb.connect()
     try:
-        con.register("s", searches)
-        systems = [r[0] for r in con.execute("SELECT DISTINCT system FROM s ORDER BY system").fetchall()]
-        out = {name: SystemRun(name, mode) for name in systems}
-        for name, n in con.execute(
-            "SELECT system, count(*) FROM s WHERE ranking_source = 'none' GROUP BY system"
-        ).fetchall():
-            out[name].unranked_searches = int(n)
-        if mode == "each":
-            rows = con.execute(
-                "SELECT system, instance, query, ranking, query_class FROM s WHERE ranking_source <> 'none' "
-                "ORDER BY instance"
-            ).fetchall()
-            for system, instance, query, ranking, cls in rows:
-                qid = f"{query} #{instance}"
-                sr = out[system]
-                sr.run[qid] = list(ranking)
-                sr.query_of[qid] = query
-                sr.searches[qid] = 1
-                sr.distinct_rankings[qid] = 1
-                sr.modal_share[qid] = 1.0
-                sr.query_class[qid] = cls
-            return out
-        rows = con.execute(
-            """
-            WITH g AS (
-                SELECT system, query, ranking, count(*) AS n, max(instance) AS last,
-                       array_to_string(ranking, chr(31)) AS key
-                FROM s WHERE ranking_source <> 'none' GROUP BY system, query, ranking
-            ), c AS (
-                SELECT system, query, mode(query_class) AS cls FROM s
-                WHERE ranking_source <> 'none' GROUP BY system, query
-            ), r AS (
-                SELECT *, row_number() OVER (PARTITION BY system, query ORDER BY n DESC, last DESC, key) AS rn,
-                       sum(n) OVER (PARTITION BY system, query) AS total,
-                       count(*) OVER (PARTITION BY system, query) AS distinct_rankings
-                FROM g
-            )
-            SELECT r.system, r.query, r.ranking, r.n, r.total, r.distinct_rankings, c.cls
-            FROM r JOIN c USING (system, query) WHERE rn = 1 ORDER BY r.system, r.query
-            """
-        ).fetchall()
+        con.register("_ubi_searches", searches)
+        return logged_runs_in(con, mode)
     finally:
         con.close()
+
+
+def logged_runs_in(con: duckdb.DuckDBPyConnection, mode: RankingMode = "modal") -> dict[str, SystemRun]:
+    """Group the search instances of ``_ubi_searches`` on ``con`` (:func:`prepare_searches`) into one run per
+    system (see the module docstring for the two modes), in SQL on ``con``, under its memory limit; Python
+    receives one ranking per (system, query) in mode ``modal``."""
+    if mode not in ("modal", "each"):
+        raise SystemsError(f"ranking mode {mode!r}: expected 'modal' or 'each'")
+    systems = [r[0] for r in con.execute("SELECT DISTINCT system FROM _ubi_searches ORDER BY system").fetchall()]
+    out = {name: SystemRun(name, mode) for name in systems}
+    for name, n in con.execute(
+        "SELECT system, count(*) FROM _ubi_searches WHERE ranking_source = 'none' GROUP BY system"
+    ).fetchall():
+        out[name].unranked_searches = int(n)
+    if mode == "each":
+        rows = con.execute(
+            "SELECT system, instance, query, ranking, query_class FROM _ubi_searches WHERE ranking_source <> 'none' "
+            "ORDER BY instance"
+        ).fetchall()
+        for system, instance, query, ranking, cls in rows:
+            qid = f"{query} #{instance}"
+            sr = out[system]
+            sr.run[qid] = list(ranking)
+            sr.query_of[qid] = query
+            sr.searches[qid] = 1
+            sr.distinct_rankings[qid] = 1
+            sr.modal_share[qid] = 1.0
+            sr.query_class[qid] = cls
+        return out
+    rows = con.execute(
+        """
+        WITH g AS (
+            SELECT system, query, ranking, count(*) AS n, max(instance) AS last,
+                   array_to_string(ranking, chr(31)) AS key
+            FROM _ubi_searches WHERE ranking_source <> 'none' GROUP BY system, query, ranking
+        ), c AS (
+            SELECT system, query, mode(query_class) AS cls FROM _ubi_searches
+            WHERE ranking_source <> 'none' GROUP BY system, query
+        ), r AS (
+            SELECT *, row_number() OVER (PARTITION BY system, query ORDER BY n DESC, last DESC, key) AS rn,
+                   sum(n) OVER (PARTITION BY system, query) AS total,
+                   count(*) OVER (PARTITION BY system, query) AS distinct_rankings
+            FROM g
+        )
+        SELECT r.system, r.query, r.ranking, r.n, r.total, r.distinct_rankings, c.cls
+        FROM r JOIN c USING (system, query) WHERE rn = 1 ORDER BY r.system, r.query
+        """
+    ).fetchall()
     for system, query, ranking, n, total, distinct, cls in rows:
         sr = out[system]
         sr.run[query] = list(ranking)
@@ -291,6 +315,40 @@ def logged_runs(searches: pa.Table, mode: RankingMode = "modal") -> dict[str, Sy
         sr.modal_share[query] = n / total
         sr.query_class[query] = cls
     return out
+
+
+@dataclass(frozen=True)
+class SearchCounts:
+    """Per logged system: its search instances, zero-result ones, ones with several rankings, duplicate hits."""
+
+    searches: int
+    zero_result: int
+    several_rankings: int
+    duplicate_hits: int
+
+
+def search_counts(con: duckdb.DuckDBPyConnection) -> dict[str, SearchCounts]:
+    """:class:`SearchCounts` of every system of ``_ubi_searches`` on ``con``, counted in SQL."""
+    return {
+        system: SearchCounts(int(n), int(zero), int(several), int(dup))
+        for system, n, zero, several, dup in con.execute(
+            "SELECT system, count(*), count(*) FILTER (WHERE zero_result), count(*) FILTER (WHERE several_rankings), "
+            "coalesce(sum(duplicate_hits), 0) FROM _ubi_searches GROUP BY system"
+        ).fetchall()
+    }
+
+
+def classes_by_text(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """The class the logs give each query text most often (ties: the smallest), from ``_ubi_searches`` on ``con``;
+    texts whose searches have no class are left out."""
+    return dict(con.execute(
+        """
+        SELECT query, arg_min(query_class, (-n, query_class)) FROM (
+            SELECT query, query_class, count(*) AS n FROM _ubi_searches WHERE query_class IS NOT NULL
+            GROUP BY query, query_class
+        ) GROUP BY query
+        """
+    ).fetchall())
 
 
 def run_system_name(run: Run, name: str | None = None) -> str:

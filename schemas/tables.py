@@ -125,6 +125,10 @@ FAILED_TABLE = Table("failed_records", (
 ), key=("failed_id",))
 
 #: Candidate (implicit) judgments from a processor. Never mixed with human ones: ``source`` says which model.
+#: ``parameters`` holds what is the pair's own (``observations``, ``calibration_split``); what every row of a run
+#: shares (the model's fit, grade mapping, limits, identifiability, selection) is stored once, in
+#: ``judgment_runs``, under ``run_id``. Rows written before that split have ``run_id`` NULL and their whole
+#: document in ``parameters``; ``store.judgment_params`` reads both shapes into the same dict.
 JUDGMENT_TABLE = Table("judgments", (
     _c("query", not_null=True, note="normalised query text (NFKC, case-folded, whitespace collapsed)"),
     _c("doc_id", not_null=True),
@@ -140,7 +144,18 @@ JUDGMENT_TABLE = Table("judgments", (
     _c("grade", "INTEGER",
        note="on the human scale, or NULL (too little support / too wide an interval)"),
     _c("created_at", "TIMESTAMP", not_null=True),
+    # last: stores made before it get it by ALTER TABLE ... ADD COLUMN, which appends (store.duckdb_store)
+    _c("run_id", note="the judgment_runs row (same source) with the run-wide parameters; NULL: parameters is whole"),
 ), key=("query", "doc_id", "source"))
+
+#: The run-wide part of the judgments' parameters, once per (source, run). ``run_id`` is a digest of the
+#: document (``store.judgment_params.run_id``), so writing the same run twice stores one row.
+JUDGMENT_RUN_TABLE = Table("judgment_runs", (
+    _c("source", not_null=True, note="implicit:<model>, as the rows of the run"),
+    _c("run_id", not_null=True),
+    _c("parameters", "JSON", not_null=True, note="model fit, grade mapping, limits, identifiability, selection"),
+    _c("created_at", "TIMESTAMP", not_null=True),
+), key=("source", "run_id"))
 
 #: Human judgments (and reviewed implicit ones) imported from qrels files or the review round trip.
 HUMAN_JUDGMENT_TABLE = Table("human_judgments", (
@@ -170,14 +185,15 @@ EVENT_KEY_TABLE = _key_table(EVENT_TABLE)
 
 #: Every stored table, by name.
 TABLES: dict[str, Table] = {
-    t.name: t for t in (QUERY_TABLE, EVENT_TABLE, FAILED_TABLE, JUDGMENT_TABLE, HUMAN_JUDGMENT_TABLE,
-                        QUERY_KEY_TABLE, EVENT_KEY_TABLE)
+    t.name: t for t in (QUERY_TABLE, EVENT_TABLE, FAILED_TABLE, JUDGMENT_TABLE, JUDGMENT_RUN_TABLE,
+                        HUMAN_JUDGMENT_TABLE, QUERY_KEY_TABLE, EVENT_KEY_TABLE)
 }
 
 UBI_QUERIES = QUERY_TABLE.ddl()
 UBI_EVENTS = EVENT_TABLE.ddl()
 FAILED_RECORDS = FAILED_TABLE.ddl()
 JUDGMENTS = JUDGMENT_TABLE.ddl()
+JUDGMENT_RUNS = JUDGMENT_RUN_TABLE.ddl()
 HUMAN_JUDGMENTS = HUMAN_JUDGMENT_TABLE.ddl()
 ALL_TABLES = tuple(t.ddl() for t in TABLES.values())
 
@@ -185,6 +201,7 @@ QUERY_COLUMNS = QUERY_TABLE.names
 EVENT_COLUMNS = EVENT_TABLE.names
 FAILED_COLUMNS = FAILED_TABLE.names
 JUDGMENT_COLUMNS = JUDGMENT_TABLE.names
+JUDGMENT_RUN_COLUMNS = JUDGMENT_RUN_TABLE.names
 HUMAN_JUDGMENT_COLUMNS = HUMAN_JUDGMENT_TABLE.names
 
 #: The declared columns of every table, by table name: the one list SQL identifiers are checked against.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -98,13 +98,28 @@ def load_derived(db: Path | str, name: str, data: pa.Table, *, replace_source: s
 
     ``replace_source`` replaces every stored row of that source (see :meth:`Store.load_table`).
     """
+    return load_derived_tables(db, [(name, data, replace_source)])[0]
+
+
+def load_derived_tables(db: Path | str, loads: Sequence[tuple[str, pa.Table, str | None]]) -> list[int]:
+    """Write derived tables, ``(table, rows, replace_source)`` in order: one transaction when the file is free
+    (:meth:`Store.load_tables`), else one request to the collector per table, in the same order.
+
+    Through the collector each table commits on its own; the order keeps every state a reader can see
+    consistent (``judgment_runs`` before the ``judgments`` rows that refer to them, and the runs no row refers to
+    any more deleted with the rows' replacement).
+    """
     path = Path(db)
     try:
         with Store(path) as store:
-            return store.load_table(name, data, replace_source=replace_source)
+            return store.load_tables(loads)
     except StoreLocked:
         pass
     url = collector_url(path)
+    return [_load_through(url, name, data, replace_source) for name, data, replace_source in loads]
+
+
+def _load_through(url: str, name: str, data: pa.Table, replace_source: str | None) -> int:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, data.schema) as writer:
         writer.write_table(data)

@@ -41,7 +41,7 @@ from store.sealed import Sealed, Sealer
 from store.sql import quote_ident
 
 #: Derived tables other processes may load through a running collector.
-LOADABLE_TABLES = ("judgments", "human_judgments")
+LOADABLE_TABLES = ("judgments", "judgment_runs", "human_judgments")
 
 log = logging.getLogger("ubi.store")
 
@@ -434,32 +434,59 @@ class Store:
         insert_arrow(cur, f"{verb} INTO failed_records", ", ".join(tables.FAILED_COLUMNS), failed)
 
     def load_table(self, name: str, data: pa.Table, *, replace_source: str | None = None) -> int:
-        """Insert or replace rows of a derived table (``judgments``, ``human_judgments``) in one transaction.
+        """Insert or replace rows of a derived table (``judgments``, ``judgment_runs``, ``human_judgments``) in one
+        transaction; see :meth:`load_tables`."""
+        return self.load_tables([(name, data, replace_source)])[0]
 
-        With ``replace_source``, every stored row of that ``source`` that ``data`` does not replace is deleted,
-        in the same transaction, so a new run of a model leaves no stale rows of pairs it no longer sees.
+    def load_tables(self, loads: Sequence[tuple[str, pa.Table, str | None]]) -> list[int]:
+        """Insert or replace rows of derived tables, ``(table, rows, replace_source)`` in order, in one transaction.
+
+        With ``replace_source``, every stored row of that ``source`` that the rows do not replace is deleted,
+        in the same transaction, so a new run of a model leaves no stale rows of pairs it no longer sees; for
+        ``judgments`` that also deletes the source's ``judgment_runs`` no row refers to any more. Judgment rows
+        that refer to a run (``run_id``) ``judgment_runs`` does not hold are refused (:class:`StoreError`): load
+        the run first (``processors.judgments.store_judgments`` loads both, runs first).
 
         The rows are inserted or replaced first and only the stale ones deleted after: the same end state as
         deleting the whole source first, but DuckDB (2.0) deletes rows from a checkpointed primary-key index in
         time that grows faster than the rows (27,079 judgments: 1.4 s of CPU to delete, 0.03 s to replace;
         2,000: 0.01 s), and a re-run of a model replaces nearly every row and leaves few stale.
         """
-        if name not in LOADABLE_TABLES:
-            raise StoreError(f"table {name!r} cannot be loaded; expected one of {', '.join(LOADABLE_TABLES)}")
+        for name, data, _ in loads:
+            if name not in LOADABLE_TABLES:
+                raise StoreError(f"table {name!r} cannot be loaded; expected one of {', '.join(LOADABLE_TABLES)}")
+            checked_columns(name, data.column_names)
+            missing = [k for k in tables.TABLES[name].key if k not in data.column_names]
+            if missing:
+                raise StoreError(f"rows for {name} lack its key column(s) {', '.join(missing)}")
+        with self.transaction() as cur:
+            for name, data, replace_source in loads:
+                self._load(cur, name, data, replace_source)
+        return [int(data.num_rows) for _, data, _ in loads]
+
+    @staticmethod
+    def _load(cur: duckdb.DuckDBPyConnection, name: str, data: pa.Table, replace_source: str | None) -> None:
         cols = checked_columns(name, data.column_names)
         table = quote_ident(name)
-        missing = [k for k in tables.TABLES[name].key if k not in data.column_names]
-        if missing:
-            raise StoreError(f"rows for {name} lack its key column(s) {', '.join(missing)}")
         key = [quote_ident(k) for k in tables.TABLES[name].key]
-        with self.transaction() as cur:
-            insert_arrow(cur, f"INSERT OR REPLACE INTO {table} ({cols})", cols, data)
-            if replace_source is not None:
-                same = " AND ".join(f"n.{k} = t.{k}" for k in key)
-                _ubi_arrow_rows = data  # noqa: F841 (read by name by DuckDB's replacement scan)
-                cur.execute(f"DELETE FROM {table} t WHERE t.source = ? AND NOT EXISTS "
-                            f"(SELECT 1 FROM _ubi_arrow_rows n WHERE {same})", [replace_source])
-        return int(data.num_rows)
+        insert_arrow(cur, f"INSERT OR REPLACE INTO {table} ({cols})", cols, data)
+        _ubi_arrow_rows = data  # noqa: F841 (read by name by DuckDB's replacement scan)
+        if name == "judgments" and "run_id" in data.column_names:
+            orphan = cur.execute(
+                "SELECT n.source, n.run_id FROM _ubi_arrow_rows n WHERE n.run_id IS NOT NULL AND NOT EXISTS "
+                "(SELECT 1 FROM judgment_runs r WHERE r.source = n.source AND r.run_id = n.run_id) LIMIT 1"
+            ).fetchall()
+            if orphan:
+                raise StoreError(f"judgments of source {orphan[0][0]!r} refer to run {orphan[0][1]!r}, which judgment_runs "
+                                 "does not hold; load the run's row into judgment_runs first")
+        if replace_source is not None:
+            same = " AND ".join(f"n.{k} = t.{k}" for k in key)
+            cur.execute(f"DELETE FROM {table} t WHERE t.source = ? AND NOT EXISTS "
+                        f"(SELECT 1 FROM _ubi_arrow_rows n WHERE {same})", [replace_source])
+            if name == "judgments":
+                cur.execute("DELETE FROM judgment_runs r WHERE r.source = ? AND NOT EXISTS "
+                            "(SELECT 1 FROM judgments j WHERE j.source = r.source AND j.run_id = r.run_id)",
+                            [replace_source])
 
     def read(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a read query on the writer connection (for the collector's own routes)."""
@@ -472,9 +499,25 @@ class Store:
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
-    """Create every table of ``schemas.tables`` that does not exist yet."""
+    """Create every table of ``schemas.tables`` that does not exist yet, and bring older tables up to date.
+
+    The one migration so far: ``judgments.run_id`` (the run-wide parameters moved to ``judgment_runs``). A store
+    made before it gets the column, NULL in every row it holds; those rows keep their whole parameters and are
+    read as they are (``store.judgment_params``). Adding a nullable column rewrites nothing (0.03 s with 400,000
+    rows), and running it again finds the column and does nothing.
+    """
     for ddl in tables.ALL_TABLES:
         con.execute(ddl)
+    have = {r[0] for r in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_catalog = current_database() "
+        "AND table_schema = 'main' AND table_name = 'judgments'"
+    ).fetchall()}
+    for column in tables.JUDGMENT_TABLE.columns:
+        if column.name not in have:
+            if column.not_null or column.name in tables.JUDGMENT_TABLE.key:
+                raise StoreError(f"judgments lacks column {column.name}, which cannot be added to stored rows "
+                                 "(it may not be NULL); this store was made by an incompatible version")
+            con.execute(f"ALTER TABLE judgments ADD COLUMN {quote_ident(column.name)} {column.sql}")
 
 
 def migrate_keys(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -82,7 +82,7 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection whose ``ubi_queries``, ``ubi_events`` and ``failed_records`` read the folder.
 
     The views deduplicate as the DuckDB store does (see the module docstring); tables with no file yet are
-    empty. ``judgments`` and ``human_judgments`` exist empty (derived tables live in a DuckDB store).
+    empty. ``judgments``, ``judgment_runs`` and ``human_judgments`` exist empty (derived tables live in a DuckDB store).
     """
     path = Path(root)
     if not (path / "ubi_events").is_dir() and not (path / "ubi_queries").is_dir():
@@ -90,7 +90,7 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
                          "`ubi consume --parquet DIR`")
     con = duckdb.connect()
     q_glob, e_glob, f_glob = (_glob(path, d) for d in TABLE_DIRS)
-    for ddl in (tables.JUDGMENTS, tables.HUMAN_JUDGMENTS):
+    for ddl in (tables.JUDGMENTS, tables.JUDGMENT_RUNS, tables.HUMAN_JUDGMENTS):
         con.execute(ddl)
     read = "read_parquet('{}', union_by_name = true)"
     if e_glob is None:

@@ -109,6 +109,7 @@ QUERY_SCHEMA = arrow_schema(tables.QUERY_TABLE)
 EVENT_SCHEMA = arrow_schema(tables.EVENT_TABLE)
 FAILED_SCHEMA = arrow_schema(tables.FAILED_TABLE)
 JUDGMENT_SCHEMA = arrow_schema(tables.JUDGMENT_TABLE)
+JUDGMENT_RUN_SCHEMA = arrow_schema(tables.JUDGMENT_RUN_TABLE)
 HUMAN_JUDGMENT_SCHEMA = arrow_schema(tables.HUMAN_JUDGMENT_TABLE)
 
 

@@ -5,7 +5,7 @@ asks the writer to *seal*: in one read transaction (DuckDB's MVCC: the state of 
 committing meanwhile) the writer copies only the rows stored since the last seal into new Parquet files,
 and answers with the list of every sealed file plus the small mutable tables. The reader opens an in-memory
 DuckDB whose ``ubi_queries``, ``ubi_events`` and ``failed_records`` are views over those files, and whose
-``judgments`` and ``human_judgments`` hold the rows it was sent, so every reader's SQL runs unchanged.
+``judgments``, ``judgment_runs`` and ``human_judgments`` hold the rows it was sent, so every reader's SQL runs unchanged.
 
 Layout, beside the database (``Settings.seal_dir`` moves it)::
 
@@ -66,7 +66,7 @@ SEALED_TABLES: dict[str, str] = {"ubi_queries": "query_key", "ubi_events": "even
 #: Tables rows are replaced in (``Store.load_table``): each sealed as one Parquet snapshot named by a fingerprint
 #: of its rows, written again only when the rows changed. (They were sent whole with every seal answer: at 20M
 #: events, 416,660 judgments and 545 MB of parameters per reader, serialised in the collector's event loop.)
-INLINE_TABLES = ("judgments", "human_judgments")
+INLINE_TABLES = ("judgments", "judgment_runs", "human_judgments")
 DDL = {name: table.ddl() for name, table in tables.TABLES.items()}
 MANIFEST = "manifest.json"
 #: Rows copied by one COPY statement: bounds the writer's memory while it seals a large backlog (DuckDB keeps

@@ -22,6 +22,7 @@ from processors.simulation import SimConfig, simulate
 from processors.stats import ClickCells, PairIndex
 from schemas.sessions import Session
 from schemas.settings import Settings
+from store.judgment_params import merged_from_arrow, read_judgments
 from tests.conftest import SAMPLE_LOG, shared_path
 from ubi.cli import main
 
@@ -97,8 +98,8 @@ def test_position_debiased_sources_do_not_grade_an_unidentified_log(model: str) 
     rows = run.table.to_pylist()
     assert len(rows) == 2 and all(r["grade"] is None for r in rows)
     assert run.withheld_unidentified == 2  # both would have been graded under these loose limits
-    for r in rows:
-        ident = orjson.loads(r["parameters"])["identifiability"]
+    for params in merged_from_arrow(run.table, run.runs):
+        ident = params["identifiability"]
         assert ident["verdict"] == "unidentified" and ident["position_debiased"] is True
         assert "cannot be separated" in ident["note"]
 
@@ -106,7 +107,7 @@ def test_position_debiased_sources_do_not_grade_an_unidentified_log(model: str) 
 def test_raw_ctr_still_grades_an_unidentified_log() -> None:
     run = make_judgments(patterns_from_sessions(fixed_ranking_log()), "ctr", Settings(min_support=1, max_ci_width=100.0))
     assert run.graded == 2 and run.withheld_unidentified == 0
-    assert orjson.loads(run.table.column("parameters")[0].as_py())["identifiability"]["position_debiased"] is False
+    assert next(merged_from_arrow(run.table, run.runs))["identifiability"]["position_debiased"] is False
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -142,8 +143,7 @@ def test_esci_sample_verdict_is_the_same_in_process_propensity_and_report(
     assert ctr["identifiability"]["verdict"] == "unidentified" and ctr["graded"] > 0
     assert ctr["withheld_unidentified"] == 0
     with duckdb.connect(str(esci), read_only=True) as con:
-        params = [orjson.loads(p) for (p,) in con.execute(
-            "SELECT parameters FROM judgments WHERE source = 'implicit:pbm'").fetchall()]
+        params = [p for (p,) in read_judgments(con, (), where="source = 'implicit:pbm'")]
         graded = con.execute("SELECT count(grade) FROM judgments WHERE source = 'implicit:pbm'").fetchone()
     assert graded == (0,) and {p["identifiability"]["verdict"] for p in params} == {"unidentified"}
 

@@ -44,6 +44,7 @@ from schemas.errors import InputFileError
 from schemas.judgments import Qrel
 from schemas.sessions import Session
 from schemas.settings import Settings
+from store.judgment_params import merged_from_arrow
 
 LOOSE = Settings(min_support=1, max_ci_width=100.0)
 
@@ -63,7 +64,9 @@ def two_doc_log():
 
 
 def rows(run) -> dict[str, dict]:
-    return {r["doc_id"]: r for r in run.table.to_pylist()}
+    """The run's rows by doc, ``parameters`` merged as every reader sees them (store.judgment_params)."""
+    merged = merged_from_arrow(run.table, run.runs)
+    return {r["doc_id"]: {**r, "parameters": next(merged)} for r in run.table.to_pylist()}
 
 
 def test_ctr_by_hand() -> None:
@@ -90,7 +93,7 @@ def test_coec_by_hand() -> None:
     assert r["a"]["score"] == pytest.approx(0.8)
     assert r["b"]["score"] == pytest.approx(4 / 3)
     assert (r["a"]["grade"], r["b"]["grade"]) == (2, 2)
-    params = orjson.loads(r["a"]["parameters"])
+    params = r["a"]["parameters"]
     assert params["model"]["rank_ctr"][:2] == [0.75, 0.25]
     assert params["grade_mapping"]["kind"] == "ratio" and params["min_support"] == 1
 
@@ -297,8 +300,10 @@ def test_calibration_split_is_recorded_per_row() -> None:
     ok = eligible(est, min_support=10, max_ci_width=0.5)
     del human[("q", "d000")]  # one pair without a human grade
     mapping, report, split = calibrate(est, ok, human, kind="probability", grade_max=3, fraction=0.5)
-    table = build_judgments(est, source="implicit:test", model_version="1", mapping=mapping, ok=ok, split=split)
+    table, runs = build_judgments(est, source="implicit:test", model_version="1", mapping=mapping, ok=ok, split=split)
+    # the split is the row's own: on its row, not in the run-wide part
     marks = [orjson.loads(p).get("calibration_split") for p in table.column("parameters").to_pylist()]
+    assert "calibration_split" not in orjson.loads(runs.column("parameters")[0].as_py())
     assert marks[0] is None
     assert marks.count("fit") == report.fit.pairs and marks.count("holdout") == report.holdout.pairs == 39 - report.fit.pairs
 
@@ -324,7 +329,7 @@ def test_jsonl_and_trec_files_round_trip(tmp_path: Path) -> None:
          for i, q in enumerate(["red shoes"] * 6 + ["ünïcode  query"] * 6)]
     run = make_judgments(patterns_from_sessions(s), "ctr", LOOSE)
     assert run.graded == 4
-    n = write_jsonl(run.table, tmp_path / "j.jsonl")
+    n = write_jsonl(run.table, tmp_path / "j.jsonl", run.runs)
     back = read_jsonl(tmp_path / "j.jsonl")
     assert n == 4 and back == list(run.judgments())
     m = write_trec(run.table, tmp_path / "j.trec")
@@ -374,10 +379,10 @@ def test_store_replaces_the_rows_of_its_source_only(tmp_path: Path) -> None:
     db = build_store(tmp_path / "s.duckdb", [make_query("s1", "q", ["a"])], [make_event("click", "s1", "a", 0)])
     full = make_judgments(two_doc_log(), "ctr", LOOSE)
     other = make_judgments(two_doc_log(), "coec", LOOSE)
-    assert store_judgments(db, full.table, full.source) == (2, True)
-    assert store_judgments(db, other.table, other.source) == (2, True)
+    assert store_judgments(db, full.table, full.source, runs=full.runs) == (2, True)
+    assert store_judgments(db, other.table, other.source, runs=other.runs) == (2, True)
     only_a = full.table.filter(np.array([d == "a" for d in full.table.column("doc_id").to_pylist()]))
-    assert store_judgments(db, only_a, full.source) == (1, True)
+    assert store_judgments(db, only_a, full.source, runs=full.runs) == (1, True)
     con = duckdb.connect(str(db), read_only=True)
     got = con.execute("SELECT source, doc_id FROM judgments ORDER BY 1, 2").fetchall()
     con.close()

@@ -19,6 +19,7 @@ from processors.sessions import holdout_flags, read_sessions
 from processors.simulation import SimConfig, scenario, simulate
 from processors.stats import cells_from_sessions
 from schemas.settings import Settings
+from store.judgment_params import read_judgments
 from ubi.cli import main
 
 
@@ -133,11 +134,11 @@ def test_process_auto_records_the_choice_and_the_report_recommends_it(
     assert res["source"] == "implicit:auto"
     assert {s["application"]: s["best"] for s in res["selections"]} == chosen
     with duckdb.connect(str(db), read_only=True) as con:
-        rows = con.execute("SELECT query, parameters FROM judgments WHERE source = 'implicit:auto'").fetchall()
+        rows = list(read_judgments(con, ("query",), where="source = 'implicit:auto'"))
     assert len(rows) == res["pairs"]
     by_app = {}
     for _, p in rows:
-        sel = orjson.loads(p)["selection"]
+        sel = p["selection"]
         by_app.setdefault(sel["application"], sel)
     assert {a: s["chosen"] for a, s in by_app.items()} == chosen
     assert set(by_app["shop"]["held_out"]) == {"ctr", "coec", "pbm", "ubm", "cascade", "dcm", "sdbn", "dbn"}

@@ -7,7 +7,15 @@ import joint_fixtures
 import pytest
 from joint_fixtures import build_store, event, query
 
-from reports.systems import SystemsError, load_searches, logged_runs
+from reports.systems import (
+    SearchCounts,
+    SystemsError,
+    classes_by_text,
+    load_searches,
+    logged_runs,
+    logged_runs_in,
+    search_counts,
+)
 from store.client import open_reader
 
 esci_db, esci_con = joint_fixtures.esci_db, joint_fixtures.esci_con  # the sample store, as fixtures
@@ -137,3 +145,30 @@ def test_sample_rankings_match_the_raw_file(esci_con: duckdb.DuckDBPyConnection)
     # (ordinals 0..4); 273 Chorus query records under 84 distinct query_ids
     assert len(esci) == 200 and all(len(s["ranking"]) == 5 and s["ranking_source"] == "impressions" for s in esci)
     assert len(chorus) == 84
+
+
+def test_the_report_reads_runs_counts_and_classes_in_sql_as_from_the_fetched_rows(con):
+    """logged_runs_in, search_counts and classes_by_text read _ubi_searches on the report's connection (at 20M
+    events the fetched rows are ~1.5 GB); they agree with the rows load_searches fetches, counted here by hand."""
+    rows = load_searches(con, class_key="ranker").to_pylist()
+    for mode in ("modal", "each"):
+        assert logged_runs_in(con, mode) == logged_runs(load_searches(con, class_key="ranker"), mode)
+    counts = search_counts(con)
+    assert set(counts) == {r["system"] for r in rows}
+    for system, c in counts.items():
+        mine = [r for r in rows if r["system"] == system]
+        assert c == SearchCounts(len(mine), sum(bool(r["zero_result"]) for r in mine),
+                                 sum(bool(r["several_rankings"]) for r in mine),
+                                 sum(r["duplicate_hits"] or 0 for r in mine))
+    assert counts["shop/ranker=a"].searches == 5 and counts["shop/ranker=b"].searches == 4  # joint_fixtures
+    classes = classes_by_text(con)
+    # "red shoes" is searched by ranker a three times and by b once: class "a", the most frequent
+    assert classes["red shoes"] == "a"
+    assert set(classes) == {r["query"] for r in rows if r["query_class"] is not None}
+
+
+def test_classes_by_text_breaks_ties_by_the_smallest_class():
+    c = duckdb.connect()
+    c.execute("CREATE TEMP TABLE _ubi_searches AS SELECT * FROM (VALUES ('q', 'b'), ('q', 'a'), ('r', 'z'), "
+              "('r', 'z'), ('r', 'y'), ('s', NULL)) t(query, query_class)")
+    assert classes_by_text(c) == {"q": "a", "r": "z"}

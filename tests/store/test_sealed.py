@@ -22,7 +22,7 @@ from store.duckdb_store import Store
 from store.sealed import MANIFEST, SealFailed, decode_seal, default_root, encode_seal, open_sealed
 
 ROOT = Path(__file__).resolve().parents[2]
-TABLES = ("ubi_queries", "ubi_events", "failed_records", "judgments", "human_judgments")
+TABLES = ("ubi_queries", "ubi_events", "failed_records", "judgments", "judgment_runs", "human_judgments")
 
 
 def add_events(store: Store, first: int, n: int, day: str = "2024-05-01") -> None:
@@ -115,7 +115,7 @@ def test_an_empty_store_reads_as_empty_tables(tmp_path: Path) -> None:
     with Store(tmp_path / "s.duckdb") as store:
         con = open_sealed(store.seal())
         try:
-            assert [con.execute(f"SELECT count(*) FROM {t}").fetchone() for t in TABLES] == [(0,)] * 5
+            assert [con.execute(f"SELECT count(*) FROM {t}").fetchone() for t in TABLES] == [(0,)] * len(TABLES)
         finally:
             con.close()
 
