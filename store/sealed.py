@@ -168,21 +168,18 @@ class Sealer:
         for staging in self.root.glob(".staging-*"):
             shutil.rmtree(staging, ignore_errors=True)
             removed.append(staging)
-        for table in SEALED_TABLES:
-            for seg in sorted((self.root / table).glob("*/*.parquet")):
-                if str(seg.relative_to(self.root)) not in named:
+        # Segments sit in a folder per day, snapshots directly under their table's folder.
+        files = [(t, "*/*.parquet") for t in SEALED_TABLES] + [(t, "*.parquet") for t in INLINE_TABLES]
+        for table, pattern in files:
+            for f in sorted((self.root / table).glob(pattern)):
+                if str(f.relative_to(self.root)) not in named:
                     with contextlib.suppress(OSError):
-                        seg.unlink()
-                    removed.append(seg)
+                        f.unlink()
+                    removed.append(f)
+        for table in SEALED_TABLES:
             for day in (self.root / table).glob("*"):
                 with contextlib.suppress(OSError):
                     day.rmdir()  # only when empty
-        for table in INLINE_TABLES:
-            for snap in sorted((self.root / table).glob("*.parquet")):
-                if str(snap.relative_to(self.root)) not in named:
-                    with contextlib.suppress(OSError):
-                        snap.unlink()
-                    removed.append(snap)
         return removed
 
     def disk_bytes(self) -> int:
