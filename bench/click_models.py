@@ -136,7 +136,7 @@ def main() -> int:
         ok = r["peak_mb"] <= TARGET_MB and (target is None or r["fit_s"] <= target)
         it = "" if r["iterations"] is None else str(r["iterations"])
         conv = "" if r["converged"] is None else ("yes" if r["converged"] else "no")
-        tgt = "" if target is None else f"{target:.0f}"
+        tgt = "" if target is None else f"{target:g}"
         print(
             f"{r['model']:8s} {r['fit_s']:8.2f} {r['cpu_s']:8.2f} {tgt:>7s} {it:>6s} {conv:>5s} {r['peak_mb']:8.0f} {r['rss_before_mb']:8.0f}  "
             f"{'yes' if ok else 'NO'}"
