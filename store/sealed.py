@@ -218,19 +218,12 @@ class Sealer:
                     for table, key in SEALED_TABLES.items():
                         tops[table] = self._copy_new(cur, table, key, manifest.tables[table], staging,
                                                      f"seg-{manifest.generation}-{seal_no:06d}")
-                except (duckdb.IOException, OSError) as exc:
-                    shutil.rmtree(staging, ignore_errors=True)
-                    raise SealFailed(
-                        f"could not write sealed segments of {self.store.path} to {self.root}: {exc}. Free space "
-                        "there, or point UBI_SEAL_DIR at a disk with room for the store's Parquet copy."
-                    ) from exc
-                try:
                     snaps = {t: self._snapshot(cur, t, manifest.snapshots.get(t), staging) for t in INLINE_TABLES}
                 except (duckdb.IOException, OSError) as exc:
                     shutil.rmtree(staging, ignore_errors=True)
                     raise SealFailed(
-                        f"could not write a snapshot of {self.store.path} to {self.root}: {exc}. Free space there, "
-                        "or point UBI_SEAL_DIR at a disk with room for it."
+                        f"could not write sealed segments or snapshots of {self.store.path} to {self.root}: {exc}. "
+                        "Free space there, or point UBI_SEAL_DIR at a disk with room for the store's Parquet copy."
                     ) from exc
             finally:
                 with contextlib.suppress(duckdb.Error):
