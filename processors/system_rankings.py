@@ -58,13 +58,14 @@ def load_system_rankings(con: duckdb.DuckDBPyConnection, pairs: PairIndex, max_r
     expr, params = system_sql()
     every = application is ALL_APPLICATIONS
     fold = "true" if holdout is None else f"('0x' || left(md5(query_id), 8))::UBIGINT >= {holdout_cut(holdout)}"
-    sql = _RANKINGS.format(system=expr, all_apps="true" if every else "false", fold=fold, k=int(max_rank))
     k = int(max_rank)
+    sql = _RANKINGS.format(system=expr, all_apps="true" if every else "false", fold=fold, k=k)
     query_no = {q: int(qi) for q, qi in zip(pairs.queries.tolist(), pairs.query_index.tolist(), strict=True)}
     try:
         texts = [r[0] for r in con.execute("SELECT DISTINCT user_query FROM ubi_queries "
                                            "WHERE user_query IS NOT NULL").fetchall()]
-        known = [(t, query_no[normalize_query(t)]) for t in texts if normalize_query(t) in query_no]
+        normal = [(t, normalize_query(t)) for t in texts]
+        known = [(t, query_no[n]) for t, n in normal if n in query_no]
         con.register("_ubi_sr_q", pa.table({"user_query": pa.array([t for t, _ in known], pa.string()),
                                             "qi": pa.array([q for _, q in known], pa.int64())}))
         con.register("_ubi_sr_p", pa.table({"qi": pa.array(pairs.query_index, pa.int64()),
