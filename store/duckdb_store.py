@@ -35,6 +35,7 @@ import pyarrow as pa
 from schemas import tables
 from schemas.errors import StoreError, StoreHeldByReader, StoreLocked
 from schemas.settings import Settings
+from store.judgment_params import table_columns
 from store.keys import KeyIndex
 from store.rows import EVENT_CONTENT_COLUMNS, Counts, RowStatus, event_content_digest
 from store.sealed import Sealed, Sealer
@@ -508,10 +509,7 @@ def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
     """
     for ddl in tables.ALL_TABLES:
         con.execute(ddl)
-    have = {r[0] for r in con.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_catalog = current_database() "
-        "AND table_schema = 'main' AND table_name = 'judgments'"
-    ).fetchall()}
+    have = set(table_columns(con, "judgments"))
     for column in tables.JUDGMENT_TABLE.columns:
         if column.name not in have:
             if column.not_null or column.name in tables.JUDGMENT_TABLE.key:
