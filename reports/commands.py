@@ -252,6 +252,21 @@ def _write(path: Path | None, data: str | bytes) -> None:
         raise UbiError(f"{path}: cannot write: {exc.strerror or exc}") from exc
 
 
+def _write_json(path: Path | None, report: Any, *, label_pairs: bool) -> None:
+    """The JSON report written as it is encoded (:func:`reports.render.json_out.write_json`), to ``path`` or stdout."""
+    from reports.render.json_out import write_json
+
+    if path is None:
+        write_json(report, sys.stdout.buffer, label_pairs=label_pairs)
+        sys.stdout.flush()
+        return
+    try:
+        with path.open("wb") as fh:
+            write_json(report, fh, label_pairs=label_pairs)
+    except OSError as exc:
+        raise UbiError(f"{path}: cannot write: {exc.strerror or exc}") from exc
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -263,7 +278,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from reports.merge import LabelSet, labels_from_human, labels_from_store
     from reports.render.dashboard import render_dashboard
     from reports.render.html import render_html
-    from reports.render.json_out import render_json
     from reports.render.markdown import render_markdown
     from reports.render.text import print_report, render_text
     from reports.runs import load_run
@@ -347,7 +361,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         else:
             _write(args.out, render_text(report))
     elif fmt == "json":
-        _write(args.out, render_json(report, label_pairs=args.label_pairs))
+        # streamed: at 20M events the label pairs alone make a 1.59 GB document (reports.render.json_out)
+        _write_json(args.out, report, label_pairs=args.label_pairs)
     elif fmt == "md":
         _write(args.out, render_markdown(report))
     else:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import math
+import uuid
 from dataclasses import asdict, fields, is_dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
@@ -15,8 +17,25 @@ from reports.intervals import Interval, why_no_interval
 from reports.joint import Report
 
 
-def _clean(value: Any) -> Any:
-    """JSON-ready data: NaN/inf -> null, numpy scalars -> numbers, tuples -> lists, datetimes -> ISO text."""
+def _clean(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> Any:
+    """JSON-ready data: NaN/inf -> null, numpy scalars -> numbers, tuples -> lists, datetimes -> ISO text.
+
+    ``memo`` (id of a container -> (the container, its cleaned copy)) cleans a container that several values share
+    once: the label pairs' parameters share their run-wide part (``store.judgment_params``), 1.3 KB of nested
+    dicts per label. The memo holds each container it names, so no id is reused while it lives; the caller
+    keeps it for a batch and must not change the values meanwhile.
+    """
+    if memo is not None and isinstance(value, dict | list | tuple | np.ndarray):
+        hit = memo.get(id(value))
+        if hit is not None:
+            return hit[1]
+        out = _clean_one(value, memo)
+        memo[id(value)] = (value, out)
+        return out
+    return _clean_one(value, memo)
+
+
+def _clean_one(value: Any, memo: dict[int, tuple[Any, Any]] | None) -> Any:
     if isinstance(value, Interval):
         # bounds only where n allows an interval (reports.intervals.why_no_interval), else null and why
         why = why_no_interval(value)
@@ -29,17 +48,17 @@ def _clean(value: Any) -> Any:
     if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, np.ndarray):
-        return [_clean(v) for v in value.tolist()]
+        return [_clean(v, memo) for v in value.tolist()]
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): _clean(v, memo) for k, v in value.items()}
     if isinstance(value, list | tuple):
         if hasattr(value, "_asdict"):
-            return _clean(value._asdict())
-        return [_clean(v) for v in value]
+            return _clean(value._asdict(), memo)
+        return [_clean(v, memo) for v in value]
     if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _clean(getattr(value, f.name)) for f in fields(value)}
+        return {f.name: _clean(getattr(value, f.name), memo) for f in fields(value)}
     return value
 
 
@@ -165,7 +184,56 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
     }
 
 
+_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
+#: label pairs cleaned and encoded together; each batch's memo cleans the parameters they share once
+PAIR_BATCH = 5_000
+
+
 def render_json(report: Report, *, label_pairs: bool = True) -> bytes:
-    """The report as indented JSON bytes (see :func:`report_dict`)."""
-    return orjson.dumps(report_dict(report, label_pairs=label_pairs),
-                        option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+    """The report as indented JSON bytes (see :func:`report_dict`); :func:`write_json` into memory."""
+    buf = io.BytesIO()
+    write_json(report, buf, label_pairs=label_pairs)
+    return buf.getvalue()
+
+
+def write_json(report: Report, out: BinaryIO, *, label_pairs: bool = True, batch: int = PAIR_BATCH) -> int:
+    """Write the report's JSON to ``out``, the label pairs :data:`PAIR_BATCH` at a time; returns the bytes written.
+
+    The bytes are those of ``orjson.dumps(report_dict(report), option=OPT_INDENT_2 | OPT_SORT_KEYS) + b"\\n"``
+    (tests/reports/test_json_stream.py compares them), but the whole document is never held: at 20M events the
+    label pairs (416,660 labels, each with its merged parameters) made a 1.59 GB document that took 1.6 GB more
+    than the rest of ``ubi report`` to build as Python objects. The document is dumped with a placeholder in
+    ``labels.pairs`` and the pairs written in its place, each batch dumped as an array by orjson and shifted
+    to the placeholder's depth: with ``OPT_INDENT_2`` a value's text depends only on its depth, and no line
+    break can occur inside a JSON string.
+    """
+    doc = report_dict(report, label_pairs=False)
+    if not label_pairs:
+        text = orjson.dumps(doc, option=_OPTIONS) + b"\n"
+        out.write(text)
+        return len(text)
+    while True:  # a placeholder no string of the report happens to equal
+        marker = f"ubi-label-pairs-{uuid.uuid4().hex}"
+        doc["labels"]["pairs"], doc["labels"]["pairs_omitted"] = marker, False
+        text = orjson.dumps(doc, option=_OPTIONS) + b"\n"
+        quoted = orjson.dumps(marker)
+        if text.count(quoted) == 1:
+            break
+    at = text.index(quoted)
+    line_start = text.rindex(b"\n", 0, at) + 1
+    pad = b" " * (len(text[line_start:at]) - len(text[line_start:at].lstrip(b" ")))
+    written = out.write(text[:at]) or 0
+    pairs = report.label_pairs
+    if not pairs:
+        written += out.write(b"[]") or 0
+    else:
+        written += out.write(b"[\n") or 0
+        for start in range(0, len(pairs), batch):
+            memo: dict[int, tuple[Any, Any]] = {}
+            chunk = orjson.dumps([_clean(p.as_dict(), memo) for p in pairs[start:start + batch]], option=_OPTIONS)
+            # b"[\n  {...},\n  {...}\n]": the items at depth 1; in the document they sit len(pad) deeper
+            body = pad + chunk[2:-2].replace(b"\n", b"\n" + pad)
+            written += out.write(body if start == 0 else b",\n" + body) or 0
+        written += out.write(b"\n" + pad + b"]") or 0
+    written += out.write(text[at + len(quoted):]) or 0
+    return written
