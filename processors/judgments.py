@@ -66,7 +66,6 @@ from processors.qrels import load_qrels
 from processors.selection import CHOOSABLE, DEFAULT_HOLDOUT, Selection, fit_with_systems, select
 from processors.sessions import SessionData, applications, read_sessions
 from processors.stats import ClickCells, SessionPatterns, cells_from_sessions
-from processors.system_rankings import read_system_rankings
 from schemas.errors import InputFileError, UbiError
 from schemas.judgments import Judgment, Qrel
 from schemas.settings import Settings
@@ -486,11 +485,12 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
                                                min_support=min_support, max_ci_width=max_ci_width,
                                                max_rank=max_rank, progress=say, prior=prior)
     else:
-        data = sessions() if sessions is not None else read_sessions(db, settings, max_rank=max_rank)
-        # the systems that showed each ranking, for the PBM/UBM prior; sessions built elsewhere (Spark) come
-        # without them and the prior says so in its parameters ("system_features": "not given ...")
-        systems = (read_system_rankings(str(db), data.patterns.pairs, data.patterns.max_rank)
-                   if sessions is None and model_name.strip().lower() in _SYSTEM_MODELS else None)
+        # the systems that showed each ranking, for the PBM/UBM prior, from the same session build (one read of
+        # ubi_queries); sessions built elsewhere (Spark) come without them and the prior says so in its parameters
+        # ("system_features": "not given ...")
+        wants = model_name.strip().lower() in _SYSTEM_MODELS
+        data = sessions() if sessions is not None else read_sessions(db, settings, max_rank=max_rank, systems=wants)
+        systems = data.systems if sessions is None and wants else None
         say(f"fitting {model_name} on {data.filters.sessions:,} sessions ({data.patterns.docs.shape[0]:,} patterns)")
         run = make_judgments(data, model_name, settings, human=human, qrels_name=str(calibrate_with or ""),
                              min_support=min_support, max_ci_width=max_ci_width, prior=prior, systems=systems)
@@ -526,14 +526,15 @@ def auto_judgments(db: Path | str, settings: Settings, *, human: Mapping[tuple[s
     fraction = DEFAULT_HOLDOUT if holdout is None else holdout
     with reading(db) as con:
         apps = applications(con)
-    whole = read_sessions(db, settings, max_rank=max_rank, holdout=fraction)
+    # which system showed which ranking comes with each session build (processors.system_rankings)
+    whole = read_sessions(db, settings, max_rank=max_rank, holdout=fraction, systems=len(apps) <= 1)
     per_app: list[tuple[str | None, SessionData]] = []
     if len(apps) <= 1:
         per_app.append((apps[0] if apps else None, whole))
     else:
         for app in apps:
             say(f"building sessions of application {app or '(none)'}")
-            part = read_sessions(db, settings, max_rank=max_rank, holdout=fraction, application=app)
+            part = read_sessions(db, settings, max_rank=max_rank, holdout=fraction, application=app, systems=True)
             if part.patterns.n_sessions:
                 per_app.append((app, part))
     runs: list[JudgmentRun] = []
@@ -542,9 +543,7 @@ def auto_judgments(db: Path | str, settings: Settings, *, human: Mapping[tuple[s
         train, test = data.split()
         ident = assess(data.cells)
         options = {m: {"prior": prior} for m in CHOOSABLE} if prior is not None else None
-        where: dict[str, Any] = {} if len(apps) <= 1 else {"application": app}
-        train_systems = read_system_rankings(str(db), data.patterns.pairs, data.patterns.max_rank,
-                                             holdout=fraction, **where)
+        train_systems = data.train_systems
         sel = select(train, test, models=CHOOSABLE, identifiability=ident, holdout=fraction, application=app,
                      progress=say, model_options=options, systems=train_systems)
         if sel.best is None:
@@ -555,8 +554,7 @@ def auto_judgments(db: Path | str, settings: Settings, *, human: Mapping[tuple[s
         runs.append(make_judgments(data, sel.best, settings, human=human, qrels_name=qrels_name,
                                    min_support=min_support, max_ci_width=max_ci_width, source=SOURCE_PREFIX + AUTO,
                                    extra_parameters={"selection": sel.parameters()}, prior=prior,
-                                   systems=read_system_rankings(str(db), data.patterns.pairs, data.patterns.max_rank,
-                                                                **where)))
+                                   systems=data.systems))
     if not runs:
         raise JudgmentError("--model auto: no application has sessions to fit on")
     first = runs[0]

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
@@ -59,6 +59,9 @@ from schemas.sessions import Session
 from schemas.settings import Settings
 from schemas.text import normalize_query
 from store.client import reading
+
+if TYPE_CHECKING:  # the priors module imports scipy.optimize: only the models need it at run time
+    from processors.click_models.priors import SystemRankings
 
 #: ``load_sessions(application=...)`` default: every application
 ALL_APPLICATIONS = object()
@@ -151,6 +154,9 @@ class SessionData:
     max_rank: int
     held_out: np.ndarray | None = None  # per pattern: its searches are in the held-out split (``holdout``)
     application: str | None = None  # the one application these sessions were restricted to, if any
+    #: which system showed which ranking (``load_sessions(..., systems=True)``), and the training fold's
+    systems: SystemRankings | None = None
+    train_systems: SystemRankings | None = None
 
     def split(self) -> tuple[SessionPatterns, SessionPatterns]:
         """(training, held-out) patterns of a log read with ``holdout``; both keep the same pair index."""
@@ -180,7 +186,7 @@ WITH pick AS (
 )
 SELECT (row_number() OVER ())::BIGINT AS sid, q.query_id, q.user_query, q.client_id, q.application, q."timestamp" AS ts,
        CASE WHEN coalesce(len(q.query_response_hit_ids), 0) > 0 THEN q.query_response_hit_ids END AS hits,
-       p.n_records, p.n_rankings
+       p.n_records, p.n_rankings{extra}
 FROM ubi_queries q JOIN pick p USING (query_key);
 CREATE OR REPLACE TEMP TABLE _ubi_hits AS SELECT sid, hits FROM _ubi_search0 WHERE hits IS NOT NULL;
 CREATE OR REPLACE TEMP TABLE _ubi_search AS
@@ -394,7 +400,7 @@ FROM (SELECT pattern, weight, unnest(sig) AS code FROM _ubi_pat)
 
 _TEMP_TABLES = ("_ubi_search0", "_ubi_search", "_ubi_hits", "_ubi_ev", "_ubi_impdoc", "_ubi_shown0",
                 "_ubi_clk", "_ubi_placed", "_ubi_disp", "_ubi_sess", "_ubi_kept", "_ubi_pairs", "_ubi_kp",
-                "_ubi_pat", "_ubi_patrows", "_ubi_fold")
+                "_ubi_pat", "_ubi_patrows", "_ubi_fold", "_ubi_shown_by")
 
 
 # ----------------------------------------------------------------------------- building
@@ -432,7 +438,7 @@ def position_bases(con: duckdb.DuckDBPyConnection, settings: Settings | None = N
     """
     settings = settings or Settings()
     try:
-        con.execute(_SEARCH)
+        con.execute(_SEARCH.format(extra=""))
         return choose_bases(_evidence(con, _EVIDENCE_ONLY, {"imp": settings.impression_action,
                                                             "clicks": list(settings.click_actions)}), settings)
     except duckdb.Error as exc:
@@ -455,17 +461,24 @@ def _hashes_distinct(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(rows[0][0])
 
 
-def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings) -> dict[str, Any]:
+def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings,
+                     shown_by: tuple[int, float | None] | None = None) -> dict[str, Any]:
     """Every stage up to ``_ubi_disp`` (ranked searches, displayed docs, clicks) and ``_ubi_sess``.
 
     Returns the raw counts the quality summary is made of, gathered before each intermediate table is dropped.
+    ``shown_by`` (max rank, held-out fraction or None): also keep which system showed which ranking, from the
+    query record each search was given here (``processors.system_rankings.SHOWN_BY``), before that table goes.
     """
     for table in ("ubi_queries", "ubi_events"):
         # tables of a DuckDB store, or views over a Parquet folder (store.parquet_store)
         if not _ints(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table])[0]:
             raise SessionError(f"the store has no {table} table; ingest UBI records first (`ubi import`, `ubi serve`)")
     c: dict[str, Any] = {}
-    con.execute(_SEARCH)
+    con.execute(_SEARCH.format(extra=", q.query_attributes" if shown_by is not None else ""))
+    if shown_by is not None:
+        from processors.system_rankings import keep_shown_by
+
+        keep_shown_by(con, *shown_by)
     scan = {"imp": settings.impression_action, "clicks": list(settings.click_actions)}
     con.execute(_EVENTS_HASHED, scan)
     if not _hashes_distinct(con):  # two values share a 64-bit hash: ranks from the strings themselves
@@ -611,7 +624,7 @@ def _np(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
 
 def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, *,
                   max_rank: int | None = None, application: str | None | object = ALL_APPLICATIONS,
-                  holdout: float | None = None) -> SessionData:
+                  holdout: float | None = None, systems: bool = False) -> SessionData:
     """Build sessions from the UBI tables on ``con`` and aggregate them to PBM cells, UBM cells and patterns.
 
     ``con`` may be read-only (``store.client.open_reader``): only temporary tables are created, and
@@ -619,6 +632,9 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
     searches of one application (``None``: those without one; filters and counts still cover the whole log).
     ``holdout`` (a fraction in (0, 1)) marks each pattern as held out or not by its searches' ``query_id``
     (:func:`holdout_flags`), for model selection; ``SessionData.split`` then gives both halves.
+    ``systems``: also which system showed which ranking (``SessionData.systems``, and with ``holdout``
+    ``SessionData.train_systems``, the training fold's), for the PBM/UBM prior: taken from the search table
+    this build makes (:mod:`processors.system_rankings`), so ``ubi_queries`` is read once.
     """
     settings = settings or Settings()
     k = int(max_rank if max_rank is not None else settings.max_rank)
@@ -628,7 +644,7 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
         raise SessionError(f"the held-out fraction must lie strictly between 0 and 1, got {holdout}")
     every = application is ALL_APPLICATIONS
     try:
-        quality = _quality(_build_displayed(con, settings))
+        quality = _quality(_build_displayed(con, settings, (k, holdout) if systems else None))
         if holdout is not None:
             con.execute(_FOLD, {"cut": holdout_cut(holdout)})
         con.execute(_KEPT, {"k": k, "all_apps": every, "app": None if every else application})
@@ -654,6 +670,13 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
         wt = con.sql(f"SELECT qi, weight, {'fold' if holdout is not None else 'false AS fold'} FROM _ubi_pat "
                      "ORDER BY pattern").to_arrow_table()
         rows = con.sql("SELECT pattern, rank, pair, clicked FROM _ubi_patrows").to_arrow_table()
+        shown = train_shown = None
+        if systems:
+            from processors.system_rankings import shown_rankings
+
+            shown = shown_rankings(con, k, application=application)
+            if holdout is not None:
+                train_shown = shown_rankings(con, k, application=application, train_only=True)
     except duckdb.Error as exc:
         raise StoreError(f"building sessions failed in DuckDB: {exc}") from exc
     finally:
@@ -676,7 +699,7 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
         raise SessionError(f"session statistics are inconsistent (a bug): {exc}") from exc
     held = wt.column("fold").to_numpy(zero_copy_only=False).astype(bool) if holdout is not None else None
     return SessionData(pairs, cells, ubm, patterns, quality, filters, k, held,
-                       None if every else application)  # type: ignore[arg-type]
+                       None if every else application, shown, train_shown)  # type: ignore[arg-type]
 
 
 #: held-out flags use the first 32 bits of md5(query_id)

@@ -11,6 +11,14 @@ drop (a bot sees what the rankers show); searches ranked only by their impressio
 are not counted. One row per distinct (query, system, ranking): a small table beside the patterns, which the
 other models and Spark's sessions never see. With ``holdout`` the searches of the training fold only
 (``processors.sessions.holdout_flags``' md5 rule), so a model fitted on that fold sees no held-out ranking.
+
+Two ways in. ``load_sessions(..., systems=True)`` (what ``ubi process`` uses) keeps the distinct (query text,
+application, system, ranking) of the query record its search table picked per ``query_id`` (:func:`keep_shown_by`,
+before that table is dropped) and numbers them against the pairs it built (:func:`shown_rankings`): the store's
+``ubi_queries`` is read once, by the session build, where :func:`load_system_rankings` (for a caller without
+a session build) reads it again with the same earliest-record rule. The two agree but for one tie: records of
+one ``query_id`` with a hit list and the same earliest timestamp are told apart by the record key in the
+session build and by ``query_response_id`` here.
 """
 
 from __future__ import annotations
@@ -47,6 +55,54 @@ FROM slots s LEFT JOIN _ubi_sr_p p ON p.qi = s.qi AND p.doc_id = s.doc_id
 """
 
 
+# Kept from the session build's _ubi_search0 (hits NULL where the picked record has none), before it is dropped:
+# one row per distinct (text, application, system, ranking, fold); `train` only with a held-out split.
+_SHOWN_BY = """
+CREATE OR REPLACE TEMP TABLE _ubi_shown_by AS
+SELECT DISTINCT user_query, application, {system} AS system, hits[1:{k}] AS hits, {train} AS train
+FROM _ubi_search0 WHERE hits IS NOT NULL
+"""
+
+# Numbered against the session build's pairs: _ubi_qnorm (text -> qkey), _ubi_pairs (qkey, doc_id -> pair, qi).
+# DISTINCT over the raw text, as load_system_rankings: two spellings of one query that showed one list are two rows.
+_SHOWN = """
+WITH q AS (
+    SELECT DISTINCT n.user_query, p.qi FROM _ubi_qnorm n JOIN (SELECT DISTINCT qkey, qi FROM _ubi_pairs) p USING (qkey)
+), r AS (
+    SELECT (row_number() OVER (ORDER BY d.user_query, d.system, d.hits) - 1)::BIGINT AS ranking, q.qi, d.system,
+           d.hits
+    FROM (SELECT DISTINCT user_query, system, hits FROM _ubi_shown_by
+          WHERE ($all_apps OR application IS NOT DISTINCT FROM $app) AND ($all_folds OR train)) d
+    JOIN q USING (user_query)
+), slots AS (
+    SELECT ranking, qi, system, unnest(hits) AS doc_id, generate_subscripts(hits, 1)::BIGINT AS rank FROM r
+)
+SELECT s.ranking, s.qi, s.system, s.rank, p.pair
+FROM slots s LEFT JOIN _ubi_pairs p ON p.qi = s.qi AND p.doc_id = s.doc_id
+"""
+
+
+def keep_shown_by(con: duckdb.DuckDBPyConnection, max_rank: int, holdout: float | None) -> None:
+    """``_ubi_shown_by`` from the session build's search table (``processors.sessions._SEARCH`` with the query
+    records' ``query_attributes``); ``holdout`` marks the training fold (md5 rule of ``holdout_flags``)."""
+    expr, params = system_sql()
+    train = "true" if holdout is None else f"('0x' || left(md5(query_id), 8))::UBIGINT >= {holdout_cut(holdout)}"
+    con.execute(_SHOWN_BY.format(system=expr, k=int(max_rank), train=train), params)
+
+
+def shown_rankings(con: duckdb.DuckDBPyConnection, max_rank: int, *,
+                   application: str | None | object = ALL_APPLICATIONS, train_only: bool = False) -> SystemRankings:
+    """The SystemRankings of ``_ubi_shown_by`` over the session build's pairs, on the connection building them.
+
+    ``application`` as ``load_sessions``; ``train_only`` keeps the training fold (needs ``keep_shown_by`` with
+    a held-out fraction). Raises ``duckdb.Error`` as the session build's stages do (it wraps them).
+    """
+    every = application is ALL_APPLICATIONS
+    t = con.sql(_SHOWN, params={"all_apps": every, "app": None if every else application,
+                                "all_folds": not train_only}).to_arrow_table()
+    return _rankings(t, int(max_rank))
+
+
 def load_system_rankings(con: duckdb.DuckDBPyConnection, pairs: PairIndex, max_rank: int, *,
                          application: str | None | object = ALL_APPLICATIONS,
                          holdout: float | None = None) -> SystemRankings:
@@ -80,6 +136,11 @@ def load_system_rankings(con: duckdb.DuckDBPyConnection, pairs: PairIndex, max_r
                 con.unregister(view)
             except duckdb.Error:
                 pass
+    return _rankings(t, k)
+
+
+def _rankings(t: pa.Table, k: int) -> SystemRankings:
+    """SystemRankings from rows (ranking, qi, system, rank, pair): one row per slot of each distinct ranking."""
     if not t.num_rows:
         return SystemRankings((), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, k), np.int64))
     names, sys_no = np.unique(np.asarray(t.column("system").to_pylist(), dtype=object), return_inverse=True)
