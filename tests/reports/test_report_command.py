@@ -14,8 +14,8 @@ from tests.conftest import ESCI_JUDGMENTS, shared_path
 
 esci_db = joint_fixtures.esci_db  # the sample store, as a fixture
 #: The ESCI reports below check offline metrics, comparisons and orderings, none of which rests on the
-#: predicted online metrics; their bootstrap (50 refits per replicate set, ~5 of a report's ~7 s of CPU on the
-#: sample) is skipped here. The point predictions are still made, and test_report_honest.py runs the sample's
+#: predicted online metrics; their bootstrap (50 refits per replicate set, about half of a sample report's 3-4 s
+#: of CPU in a full run) is skipped here. The point predictions are still made, and test_report_honest.py runs the sample's
 #: report with the default replicates.
 NO_BOOTSTRAP = ("--predict-replicates", "0")
 

@@ -43,8 +43,8 @@ def _write_report(db: Path, out_dir: Path, fmt: str, *extra: str) -> str:
 def esci_report(esci: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
     """``esci_report(fmt, *extra)``: the text of ``ubi report`` on :func:`esci` in that format, written once per
     module for each (format, flags). The tests below read the same reports (11 before, 5 distinct): a report
-    on the sample costs ~7 s of CPU, most of it the predictions' bootstrap, and the same store, labels and
-    seed give the same report, so a shared copy checks exactly what a fresh one would."""
+    on the sample costs ~4 s of CPU in a full run, and the same store, labels and seed give the same report,
+    so a shared copy checks exactly what a fresh one would."""
     out_dir = tmp_path_factory.mktemp("esci-reports")
     made: dict[tuple[str, ...], str] = {}
 
