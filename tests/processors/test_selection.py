@@ -146,7 +146,7 @@ def test_process_auto_records_the_choice_and_the_report_recommends_it(
     # the two catalogs share their query texts, so a pair of both applications keeps one row (most impressions)
     assert len({q for q, _ in rows}) <= 40
     # --predict-replicates 0: the recommendation read here does not rest on the predicted online metrics, whose
-    # bootstrap (50 refits of PBM per system pair by default) was most of this test's time; their point
+    # bootstrap (50 refits of PBM per system pair by default) was half of this test's CPU; their point
     # estimates are still computed, and the replicates are tested in tests/reports/test_report_joint.py
     assert main(["report", "--db", str(db), "--json", "--predict-replicates", "0"]) == 0
     rec = orjson.loads(capsys.readouterr().out)["recommendation"]
