@@ -417,7 +417,8 @@ def identifiability_parameters(ident: Identifiability, source_name: str) -> dict
 # ----------------------------------------------------------------------------- storage
 
 
-def store_judgments(db: Path | str, table: pa.Table, source: str, *, runs: pa.Table) -> tuple[int, bool]:
+def store_judgments(db: Path | str, table: pa.Table, source: str, *, runs: pa.Table,
+                    settings: Settings | None = None) -> tuple[int, bool]:
     """Replace the stored rows of ``source`` with ``table`` and the ``runs`` they refer to; returns (rows written,
     stale rows removed).
 
@@ -425,7 +426,7 @@ def store_judgments(db: Path | str, table: pa.Table, source: str, *, runs: pa.Ta
     (``store.client.load_derived_tables``): rows of pairs absent from this run go, and so do runs of the source
     no row refers to any more.
     """
-    counts = load_derived_tables(db, [("judgment_runs", runs, None), ("judgments", table, source)])
+    counts = load_derived_tables(db, [("judgment_runs", runs, None), ("judgments", table, source)], settings)
     return counts[1], True
 
 
@@ -497,7 +498,7 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
     stored = replaced = None
     if store:
         say(f"storing {run.table.num_rows:,} judgments")
-        stored, replaced = store_judgments(db, run.table, run.source, runs=run.runs)
+        stored, replaced = store_judgments(db, run.table, run.source, runs=run.runs, settings=settings)
     fmt = written = None
     if out is not None:
         say(f"writing {out}")

@@ -19,6 +19,7 @@ import httpx
 import pyarrow as pa
 
 from schemas.errors import StoreError, StoreLocked
+from schemas.settings import Settings
 from store.duckdb_store import Store, is_lock_error
 from store.failed import failed_page
 from store.parquet_store import is_parquet_store, open_parquet_reader
@@ -101,9 +102,11 @@ def load_derived(db: Path | str, name: str, data: pa.Table, *, replace_source: s
     return load_derived_tables(db, [(name, data, replace_source)])[0]
 
 
-def load_derived_tables(db: Path | str, loads: Sequence[tuple[str, pa.Table, str | None]]) -> list[int]:
+def load_derived_tables(db: Path | str, loads: Sequence[tuple[str, pa.Table, str | None]],
+                        settings: Settings | None = None) -> list[int]:
     """Write derived tables, ``(table, rows, replace_source)`` in order: one transaction when the file is free
-    (:meth:`Store.load_tables`), else one request to the collector per table, in the same order.
+    (:meth:`Store.load_tables`, the writer opened with ``settings``: its memory limits, seal folder and wait),
+    else one request to the collector per table, in the same order.
 
     Through the collector each table commits on its own; the order keeps every state a reader can see
     consistent (``judgment_runs`` before the ``judgments`` rows that refer to them, and the runs no row refers to
@@ -111,7 +114,7 @@ def load_derived_tables(db: Path | str, loads: Sequence[tuple[str, pa.Table, str
     """
     path = Path(db)
     try:
-        with Store(path) as store:
+        with Store.from_settings(settings if settings is not None else Settings(), path) as store:
             return store.load_tables(loads)
     except StoreLocked:
         pass

@@ -138,6 +138,7 @@ class Store:
         seal_dir: Path | None = None,
         wait_for_readers: float = 0.0,
         memory_limit: str | None = "256MB",
+        load_memory_limit: str | None = None,
     ) -> None:
         """Open ``path`` for writing.
 
@@ -146,6 +147,9 @@ class Store:
         ``memory_limit``: DuckDB's buffer pool of the writer (``Settings.writer_memory_limit``; None: DuckDB's
         default, 80 % of RAM). Without it the pool keeps every table block written, about 70 MB per million
         events; the keys are no index in memory (:mod:`store.keys`), so everything in it can be evicted.
+        ``load_memory_limit``: the pool while :meth:`load_tables` writes derived tables (``Settings.memory_limit``,
+        the readers' limit; None: ``memory_limit``). ``judgments`` keeps a primary key, whose index DuckDB holds in
+        memory whole: replacing the 416,660 judgments of a 20M-event log does not fit in 256 MB.
         """
         self.path = Path(path)
         if not create and not self.path.exists():
@@ -162,6 +166,7 @@ class Store:
             # 2.9 ms of CPU, 500-event batches 14 -> 9 us per event), and the collector's event loop needs the
             # other core. None keeps DuckDB's default (one thread per core).
             self.con.execute(f"SET threads = {int(threads)}")
+        self.memory_limit, self.load_memory_limit = memory_limit, load_memory_limit
         if memory_limit:
             self.con.execute("SET memory_limit = ?", [memory_limit])
         ensure_tables(self.con)
@@ -213,6 +218,7 @@ class Store:
             seal_dir=settings.seal_dir,
             wait_for_readers=settings.store_wait_seconds,
             memory_limit=settings.writer_memory_limit,
+            load_memory_limit=settings.memory_limit,
         )
 
     def close(self) -> None:
@@ -460,10 +466,40 @@ class Store:
             missing = [k for k in tables.TABLES[name].key if k not in data.column_names]
             if missing:
                 raise StoreError(f"rows for {name} lack its key column(s) {', '.join(missing)}")
-        with self.transaction() as cur:
-            for name, data, replace_source in loads:
-                self._load(cur, name, data, replace_source)
+        try:
+            with self._pool(self.load_memory_limit), self.transaction() as cur:
+                for name, data, replace_source in loads:
+                    self._load(cur, name, data, replace_source)
+        except duckdb.OutOfMemoryException as exc:
+            raise StoreError(
+                f"{self.path}: loading {', '.join(f'{d.num_rows:,} rows of {n}' for n, d, _ in loads)} ran out of "
+                f"DuckDB memory ({self.load_memory_limit or self.memory_limit}); nothing was written. Raise "
+                "UBI_MEMORY_LIMIT (the limit of derived-table loads) and run again"
+            ) from exc
         return [int(data.num_rows) for _, data, _ in loads]
+
+    @contextmanager
+    def _pool(self, limit: str | None) -> Iterator[None]:
+        """DuckDB's memory limit set to ``limit`` for the block, then back to the writer's (nothing when None)."""
+        if not limit or limit == self.memory_limit:
+            yield
+            return
+        with self.lock:
+            self.con.execute("SET memory_limit = ?", [limit])
+        try:
+            yield
+        finally:
+            with self.lock:
+                try:
+                    if self.memory_limit:
+                        self.con.execute("SET memory_limit = ?", [self.memory_limit])
+                    else:
+                        self.con.execute("RESET memory_limit")
+                except duckdb.OutOfMemoryException:
+                    # what cannot be evicted (the judgments' primary-key index) outgrew the writer's pool: keep
+                    # the larger one rather than fail a load that committed
+                    log.warning("%s: DuckDB memory limit left at %s after a derived-table load: what it holds no "
+                                "longer fits in the writer's %s", self.path, limit, self.memory_limit)
 
     @staticmethod
     def _load(cur: duckdb.DuckDBPyConnection, name: str, data: pa.Table, replace_source: str | None) -> None:

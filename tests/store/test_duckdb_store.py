@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from schemas.errors import StoreLocked
+from schemas.errors import StoreError, StoreLocked
 from schemas.ubi import UbiEvent, UbiQuery
 from store.client import collector_url, open_reader
 from store.duckdb_store import Store
@@ -244,3 +244,28 @@ def test_a_store_held_only_by_a_reader_raises_the_reader_subclass(tmp_path):
     finally:
         reader.kill()
         reader.wait()
+
+
+def _judgment_rows(n: int) -> pa.Table:
+    from datetime import datetime
+
+    return pa.table({"query": [f"query number {i // 10}" for i in range(n)], "doc_id": [f"doc-{i}" for i in range(n)],
+                     "source": ["implicit:pbm"] * n, "parameters": ['{"support": 12}'] * n, "score": [0.5] * n,
+                     "created_at": [datetime(2026, 1, 1)] * n})
+
+
+def test_derived_tables_load_under_their_own_memory_limit(tmp_path):
+    """``judgments`` keeps a primary key, whose index DuckDB holds in memory whole: at 20M events, replacing the
+    416,660 judgments of ``ubi process`` did not fit in the writer's 256 MB and the run failed at its last step.
+    Scaled down (measured: 50,000 judgment rows fail under a 16 MB pool and load under 256 MB), the load uses
+    the readers' limit (``load_memory_limit``, ``Settings.memory_limit``) and the writer's pool comes back after."""
+    rows = _judgment_rows(50_000)
+    with Store(tmp_path / "small.duckdb", memory_limit="16MB") as store:
+        with pytest.raises(StoreError, match="UBI_MEMORY_LIMIT"):  # typed, and says what to raise
+            store.load_tables([("judgments", rows, "implicit:pbm")])
+        assert store.con.execute("SELECT count(*) FROM judgments").fetchone() == (0,)  # nothing half-written
+    with Store(tmp_path / "loads.duckdb", memory_limit="16MB", load_memory_limit="256MB") as store:
+        assert store.load_tables([("judgments", rows, "implicit:pbm")]) == [50_000]
+        assert store.con.execute("SELECT count(*) FROM judgments").fetchone() == (50_000,)
+        # the writer's pool is back (DuckDB prints 16 MB, 16e6 bytes, as "15.2 MiB")
+        assert store.con.execute("SELECT current_setting('memory_limit')").fetchone() == ("15.2 MiB",)
