@@ -64,9 +64,11 @@ from processors.stats import ClickCells, PairIndex, SessionPatterns, cells_from_
 DEFAULT_MAX_ITER = 500
 DEFAULT_TOL = 1e-8
 #: empirical prior: at most this many rounds of (refit the prior, run EM); they stop earlier once two refits of
-#: the prior agree (``priors.same_prior``: 3-10 rounds). This is early stopping, not convergence: the rounds
+#: the prior agree (``priors.same_prior``: 4-10 rounds). With examination held fixed (PBM on a linked log,
+#: :meth:`PBM._fixed_exam`) the rounds only move the prior and α, and that converges. With examination fitted
+#: in the rounds (UBM; PBM when a rank is not linked) it is early stopping, not convergence: the rounds
 #: maximise no single objective (EM raises the log posterior at a fixed prior, the refit the prior's marginal
-#: likelihood at fixed examination), and past the first few rounds they creep, by a factor of about 0.95 a round,
+#: likelihood at fixed examination), and past the first few they creep, by a factor of about 0.95 a round,
 #: towards a flatter examination curve whose rank slope the rank-informed prior mean absorbs. Run to their
 #: limit they measured worse on every log tried (README, "Click models": held-out perplexity, τ, θ error)
 MAX_PRIOR_ROUNDS = 10
@@ -334,10 +336,7 @@ class ExaminationEM(FittedModel):
                     break
             self.alpha_prior = prior if prior is not None else fixed_prior("none", n_pairs)
             self.prior_rounds = rounds
-            self.rounds_note = self._rounds_note(settled, cap, ident)
-            if fixed is not None:
-                self.rounds_note["examination"] = ("fixed before the rounds: the pair fixed-effects conditional "
-                                                   "likelihood (processors.propensity.harvest)")
+            self.rounds_note = self._rounds_note(settled, cap, ident, fixed is not None)
             converged = res.converged and settled
         self.alpha = np.where(pair_imps > 0, res.alpha, np.nan)
         self.log_likelihood_trace = res.log_likelihood
@@ -357,10 +356,15 @@ class ExaminationEM(FittedModel):
         return None
 
     @staticmethod
-    def _rounds_note(settled: bool, cap: int, ident: Identifiability) -> dict[str, Any]:
-        """The schedule's record for the rows' parameters: whether the rounds settled, and why not."""
-        out: dict[str, Any] = {"stopped": "two refits of the prior agreed" if settled else "round cap",
-                               "note": "early stopping: the rounds' limit measured worse (README, Click models)"}
+    def _rounds_note(settled: bool, cap: int, ident: Identifiability, fixed: bool) -> dict[str, Any]:
+        """The schedule's record for the rows' parameters: how examination was fitted, why the rounds stopped."""
+        out: dict[str, Any] = {"stopped": "two refits of the prior agreed" if settled else "round cap"}
+        if fixed:
+            out["examination"] = ("fixed before the rounds: the pair fixed-effects conditional likelihood "
+                                  "(processors.propensity.harvest)")
+        else:
+            out["examination"] = "fitted in the rounds"
+            out["note"] = "early stopping: run to their limit the rounds measured worse (README, Click models)"
         if ident.verdict == UNIDENTIFIED:
             out["why"] = ("no pair links rank 1 to another rank (identifiability: unidentified), so the examination "
                           "curve rests on the prior alone and further rounds slide along that ridge without settling: "
