@@ -5,7 +5,8 @@ Usage: .venv/bin/python bench/click_models.py [--sessions 1000000] [--traffic pb
 The log (1,000 queries x 20 docs, 3 rankers of differing noise, clicks from the chosen model) is simulated
 and deduplicated once and saved to a temporary .npz; each model is then fitted in its own subprocess, which
 reports the wall and CPU time of ``fit`` (including aggregation to cells for PBM/UBM; the machine is shared,
-so wall time includes waiting for a core, CPU time does not) and its peak resident memory
+so wall time includes waiting for a core, CPU time does not), its EM iterations and empirical-prior rounds, and
+its peak resident memory
 (``VmHWM``, the whole process: Python, numpy, scipy, the loaded log and the fit). Targets (issue 10, 2 cores):
 PBM <= 1.5 s, UBM <= 30 s, DBN <= 30 s, peak memory <= 1 GB. For context only, position-bias.md quotes PyClick
 (pure-Python EM) at ~10,300 s for PBM and ~97,000 s for DBN, and CLAX (JAX) at 136 s / 270 s, on 10 M
@@ -61,6 +62,7 @@ print(json.dumps({{"fit_s": fit_s, "cpu_s": cpu_s, "rss_before_mb": before,
                    "peak_mb": peak_mb(),
                    "iterations": getattr(model, "iterations", None),
                    "converged": getattr(model, "converged", None),
+                   "prior_rounds": getattr(model, "prior_rounds", None),
                    "pairs_scored": int((rel.impressions > 0).sum())}}))
 """
 
@@ -129,16 +131,19 @@ def main() -> int:
         f"{args.traffic} traffic, {len(s.pairs):,} pairs)"
     )
     print(
-        f"{'model':8s} {'fit s':>8s} {'cpu s':>8s} {'target':>7s} {'iters':>6s} {'conv':>5s} {'peak MB':>8s} {'load MB':>8s}  ok"
+        f"{'model':8s} {'fit s':>8s} {'cpu s':>8s} {'target':>7s} {'iters':>6s} {'rounds':>6s} {'conv':>5s} {'peak MB':>8s} "
+        f"{'load MB':>8s}  ok"
     )
     for r in rows:
         target = TARGET_S.get(r["model"])
         ok = r["peak_mb"] <= TARGET_MB and (target is None or r["fit_s"] <= target)
         it = "" if r["iterations"] is None else str(r["iterations"])
+        rounds = "" if r.get("prior_rounds") is None else str(r["prior_rounds"])
         conv = "" if r["converged"] is None else ("yes" if r["converged"] else "no")
         tgt = "" if target is None else f"{target:g}"
         print(
-            f"{r['model']:8s} {r['fit_s']:8.2f} {r['cpu_s']:8.2f} {tgt:>7s} {it:>6s} {conv:>5s} {r['peak_mb']:8.0f} {r['rss_before_mb']:8.0f}  "
+            f"{r['model']:8s} {r['fit_s']:8.2f} {r['cpu_s']:8.2f} {tgt:>7s} {it:>6s} {rounds:>6s} {conv:>5s} {r['peak_mb']:8.0f} "
+            f"{r['rss_before_mb']:8.0f}  "
             f"{'yes' if ok else 'NO'}"
         )
     return 0
