@@ -45,8 +45,22 @@ def test_footer_counts_the_tab_session(browser: Any, demo_server: Any) -> None:
     page.evaluate("window.ubi.flush()")
     page.wait_for_function(f"(() => {{ const m = document.getElementById('client').textContent"
                            f".match(/ (\\d+) stored/); return m && +m[1] > {stored_first}; }})()")
-    own = page.evaluate("window.ubi.stats.sent + window.ubi.stats.duplicates")  # this page's client alone
-    queued, stored, _dups = _footer_numbers(page)
+    # The footer is redrawn every 250 ms (collector/static/demo.html), so it lags the client's live counters by up
+    # to one redraw: read the footer only once the client has been quiet (nothing queued, the same counters) for
+    # longer than two redraws, and take the footer text and the counters in one read.
+    snap = "({text: document.getElementById('client').textContent, pending: window.ubi.pending(), " \
+           "own: window.ubi.stats.sent + window.ubi.stats.duplicates})"
+    before = page.evaluate(snap)
+    for _ in range(40):
+        page.wait_for_timeout(600)
+        now = page.evaluate(snap)
+        if now["pending"] == 0 and now["own"] == before["own"]:
+            break
+        before = now
+    own = now["own"]  # this page's client alone
+    m = re.search(r"(\d+) queued · (\d+) stored", now["text"])
+    assert m, now["text"]
+    queued, stored = int(m.group(1)), int(m.group(2))
     # the footer adds the first page's records to this page's (per page it showed `own` only)
     assert queued == 0 and own > 0 and stored >= stored_first + own
     page.close()
