@@ -27,7 +27,8 @@ searches) it prints:
 Every figure is printed with the CPU time and peak RSS of the run: timings on a shared machine vary.
 
     .venv/bin/python bench/accuracy_hard.py [--sizes 2000 20000 200000] [--generators pbm cascade dbn]
-        [--coverage-seeds 0] [--coverage-sessions 50000] [--replicates 100] [--seed 0] [--json]
+        [--models coec pbm ...] [--coverage-seeds 0] [--coverage-sessions 50000] [--replicates 100] [--seed 0]
+        [--json]
 """
 
 from __future__ import annotations
@@ -113,7 +114,9 @@ def tau_by_bucket(score: np.ndarray, grade: np.ndarray, query: np.ndarray, impre
     return out
 
 
-def run(n: int, generator: str, seed: int, use_systems: bool = True) -> dict[str, Any]:
+def run(n: int, generator: str, seed: int, use_systems: bool = True,
+        models: tuple[str, ...] = MODEL_NAMES) -> dict[str, Any]:
+    """One log: perplexity of ``models`` (ours and pseudo-count), τ of the judgment sources among them, θ."""
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     traffic = simulate(scenario("hard", sessions=n, model=generator, seed=seed))
     held = holdout_flags(traffic.query_ids(), HOLDOUT)
@@ -130,7 +133,8 @@ def run(n: int, generator: str, seed: int, use_systems: bool = True) -> dict[str
                            "relevance": {}}
     # held-out perplexity, ours (default prior) beside the pseudo-count baseline
     fitted: dict[str, Any] = {}
-    for name in MODEL_NAMES:
+    out["models"] = list(models)
+    for name in models:
         row: dict[str, Any] = {}
         for label, prior in (("ours", None), ("pseudocount", "pseudocount")):
             model = make_model(name, prior)
@@ -158,7 +162,7 @@ def run(n: int, generator: str, seed: int, use_systems: bool = True) -> dict[str
     imps = imps_i.astype(np.float64)
     raw = np.where(imps > 0, clicks_i / np.maximum(imps, 1), np.nan)
     out["relevance"]["raw CTR"] = tau_by_bucket(raw, grades.astype(np.float64), everything.pairs.query_index, imps)
-    for name in SOURCES:
+    for name in (m for m in SOURCES if m in models):
         model = fit_model(make_model(name, None), everything, all_systems)
         rel = model.relevance()
         out["relevance"][source_name(name)] = tau_by_bucket(np.asarray(rel.score, dtype=np.float64),
@@ -316,7 +320,10 @@ def markdown(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> str:
                 if (g, n) not in at:  # a generator run at fewer sizes than another
                     cells.append("-")
                     continue
-                row = at[(g, n)]["perplexity"][name]
+                row = at[(g, n)]["perplexity"].get(name)
+                if row is None:  # fitted with --models, without this one
+                    cells.append("-")
+                    continue
                 o, p = row["ours"], row.get("pseudocount")
                 if p is None:
                     cells.append(f"{f(o['conditional'], 4)} / -")
@@ -390,6 +397,10 @@ def main() -> int:
     ap.add_argument("--no-systems", action="store_true",
                     help="fit PBM and UBM without the systems that showed each ranking (their prior before the "
                          "systems' votes), for comparison")
+    ap.add_argument("--models", nargs="+", default=list(MODEL_NAMES), choices=MODEL_NAMES, metavar="MODEL",
+                    help="fit only these models (registry names: " + ", ".join(MODEL_NAMES) + "; default all), "
+                         "for the perplexity table and the relevance sources; the recommended source is then the "
+                         "best of those fitted, which is what --model auto picks only when every model is given")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", nargs="+", metavar="RESULT.json",
                     help="print the README tables of --json outputs (one or more files) instead of running")
@@ -403,7 +414,8 @@ def main() -> int:
         print(markdown(results, cov))
         return 0
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    results = [run(n, g, args.seed, not args.no_systems) for g in args.generators for n in args.sizes]
+    models = tuple(m for m in MODEL_NAMES if m in args.models)
+    results = [run(n, g, args.seed, not args.no_systems, models) for g in args.generators for n in args.sizes]
     cov = coverage(args.coverage_seeds, args.coverage_sessions, args.replicates, args.coverage_first_seed,
                    args.coverage_methods) if args.coverage_seeds else None
     if args.json:

@@ -158,8 +158,10 @@ def axios_esm() -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[object]:
+    """One chromium for the browser tests of this folder (was one per module: four launches), closed when the
+    folder's tests end. Tests never share state through it: each opens its own context or page."""
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is not installed (`make browser` installs it)")
     from playwright.sync_api import sync_playwright

@@ -113,6 +113,12 @@ def test_raw_ctr_still_grades_an_unidentified_log() -> None:
 # ----------------------------------------------------------------------------- end to end
 
 
+#: The reports below are read for their identifiability verdict, labels, notes and recommendation, none of which
+#: rests on the predicted online metrics: their bootstrap (50 refits per system) is skipped, the point
+#: predictions are still made (tests/reports/test_report_joint.py checks the replicates).
+NO_BOOTSTRAP = ("--predict-replicates", "0")
+
+
 def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     assert main(list(argv)) == 0
     return orjson.loads(capsys.readouterr().out)
@@ -150,7 +156,7 @@ def test_esci_sample_verdict_is_the_same_in_process_propensity_and_report(
     assert main(["propensity", "--db", str(esci), "--no-plot", "--json"]) == 2
     assert "identifiability: unidentified" in " ".join(capsys.readouterr().err.split())
 
-    report = _json(capsys, "report", "--db", str(esci), "--json")
+    report = _json(capsys, "report", "--db", str(esci), "--json", *NO_BOOTSTRAP)
     assert report["identifiability"]["verdict"] == "unidentified"
     assert report["identifiability"]["pairs"] == pbm["identifiability"]["pairs"]
     assert any(n.startswith("implicit:pbm is position-debiased") and "gives no grades" in n for n in report["notes"])
@@ -172,7 +178,7 @@ def test_report_sets_aside_grades_stored_before_the_check(esci: Path, tmp_path: 
         n = con.execute("SELECT count(grade) FROM judgments WHERE source = 'implicit:pbm'").fetchone()[0]
     assert n > 0
     capsys.readouterr()
-    report = _json(capsys, "report", "--db", str(db), "--json")
+    report = _json(capsys, "report", "--db", str(db), "--json", *NO_BOOTSTRAP)
     assert report["labels"]["counts"]["implicit:pbm"]["graded"] == 0
     assert any(f"{n:,} grades stored earlier were set aside" in note for note in report["notes"])
 
@@ -190,6 +196,6 @@ def test_a_log_of_three_rankers_is_identified_in_all_three_commands(tmp_path: Pa
     ident = prop["estimates"][0]["details"]["identifiability"]
     assert ident["verdict"] == "identified" and ident["linked_ranks"] == list(range(1, 11))
     assert ident == pbm["identifiability"]
-    report = _json(capsys, "report", "--db", str(db), "--json")
+    report = _json(capsys, "report", "--db", str(db), "--json", *NO_BOOTSTRAP)
     assert report["identifiability"] == ident
     assert not any("position-debiased" in n for n in report["notes"])

@@ -13,6 +13,11 @@ from joint_fixtures import build_store, ubi, write_human
 from tests.conftest import ESCI_JUDGMENTS, shared_path
 
 esci_db = joint_fixtures.esci_db  # the sample store, as a fixture
+#: The ESCI reports below check offline metrics, comparisons and orderings, none of which rests on the
+#: predicted online metrics; their bootstrap (50 refits per replicate set, about half of a sample report's 3-4 s
+#: of CPU in a full run) is skipped here. The point predictions are still made, and test_report_honest.py runs the sample's
+#: report with the default replicates.
+NO_BOOTSTRAP = ("--predict-replicates", "0")
 
 LOG2_3 = math.log2(3)  # 1.584963
 IDCG_RED = 3 + 1 / LOG2_3  # human grades of "red shoes" sorted: 3, 1, 0 -> 3/1 + 1/log2(3) = 3.630930
@@ -217,8 +222,8 @@ def test_esci_baseline_with_no_common_queries(esci_db, tmp_path, baseline):
     # Chorus has no query with an ESCI judgment (0 evaluated), so against either baseline the pair shares no
     # query: before, numpy's reshape of the empty array crashed with exit 1, the gate-failure code
     out, md = tmp_path / "b.json", tmp_path / "b.md"
-    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), "--baseline", baseline,
-                "--json", "--out", str(out)]) == 0
+    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), *NO_BOOTSTRAP,
+                "--baseline", baseline, "--json", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     other = "esci_ubi_sample" if baseline == "Chorus" else "Chorus"
     # 5 compared metrics (judged@10 is coverage, not compared) x 1 source (human), each on n = 0
@@ -227,14 +232,15 @@ def test_esci_baseline_with_no_common_queries(esci_db, tmp_path, baseline):
         assert (c["system"], c["baseline"], c["queries"]) == (other, baseline, 0)
         assert (c["wins"], c["losses"], c["ties"]) == (0, 0, 0)
         assert c["diff"] is None and c["randomisation_p_holm"] is None and not c["significant"]
-    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), "--baseline", baseline,
-                "--format", "md", "--out", str(md)]) == 0
+    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), *NO_BOOTSTRAP,
+                "--baseline", baseline, "--format", "md", "--out", str(md)]) == 0
     assert "| human · ndcg@10 | 0 | no common queries | – | – | – | – |" in md.read_text()
 
 
 def test_esci_online_order_keeps_systems_without_offline_values(esci_db, tmp_path):
     out, md = tmp_path / "o.json", tmp_path / "o.md"
-    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), "--json", "--out", str(out)]) == 0
+    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), *NO_BOOTSTRAP,
+                "--json", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     ctr = {s: doc["online"][s]["metrics"]["ctr@10"] for s in ("Chorus", "esci_ubi_sample")}
     # esci_ubi_sample: 60 click and 1000 impression events in the sample (SQL count by action_name), 5 docs
@@ -248,8 +254,8 @@ def test_esci_online_order_keeps_systems_without_offline_values(esci_db, tmp_pat
     assert o["online_order"] == ["Chorus", "esci_ubi_sample"]
     assert o["offline_order"] == ["esci_ubi_sample"]
     assert (o["systems"], o["common"], o["kendall"], o["spearman"]) == (1, ["esci_ubi_sample"], None, None)
-    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), "--format", "md", "--out",
-                str(md)]) == 0
+    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), *NO_BOOTSTRAP,
+                "--format", "md", "--out", str(md)]) == 0
     text = md.read_text()
     assert "| online/ctr@10 | Chorus > esci_ubi_sample |" in text
     assert "| human/ndcg@10 | online/ctr@10 | 1 (esci_ubi_sample): too few to correlate | – | – |" in text
@@ -299,8 +305,8 @@ def test_square_brackets_in_messages_and_names_survive(tmp_path, capsys):
 
 def test_esci_sample_end_to_end_with_hand_checks(esci_db, tmp_path):
     out, html, md = tmp_path / "esci.json", tmp_path / "esci.html", tmp_path / "esci.md"
-    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), "--format", "json", "--out",
-                str(out), "--html", str(html)]) == 0
+    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), *NO_BOOTSTRAP,
+                "--format", "json", "--out", str(out), "--html", str(html)]) == 0
     doc = json.loads(out.read_text())
     assert {s["name"] for s in doc["systems"]} == {"Chorus", "esci_ubi_sample"}
     esci = _offline(doc, "esci_ubi_sample", "human")
@@ -333,8 +339,8 @@ def test_esci_sample_end_to_end_with_hand_checks(esci_db, tmp_path):
     assert any(n.startswith("ubi-demo: 429 events") for n in doc["warnings"])
     text = html.read_text()
     assert text.startswith("<!DOCTYPE html>") and "esci_ubi_sample" in text
-    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), "--format", "md", "--out",
-                str(md)]) == 0
+    assert ubi(["report", "--db", str(esci_db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), *NO_BOOTSTRAP,
+                "--format", "md", "--out", str(md)]) == 0
     assert "| ndcg@10 | – | 0.268 [" in md.read_text()
 
 

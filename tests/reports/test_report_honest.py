@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,15 +32,33 @@ def esci(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
-def _report(db: Path, tmp_path: Path, fmt: str, *extra: str) -> str:
-    out = tmp_path / f"r.{fmt}"
+def _write_report(db: Path, out_dir: Path, fmt: str, *extra: str) -> str:
+    out = out_dir / f"r{len(list(out_dir.iterdir()))}.{fmt}"
     assert ubi(["report", "--db", str(db), "--qrels", str(shared_path(ESCI_JUDGMENTS)), "--format", fmt, "--out", str(out),
                 *extra]) == 0
     return out.read_text(encoding="utf-8")
 
 
-def test_orders_only_on_shared_queries_and_intervals_only_where_n_allows(esci: Path, tmp_path: Path) -> None:
-    doc = json.loads(_report(esci, tmp_path, "json"))
+@pytest.fixture(scope="module")
+def esci_report(esci: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
+    """``esci_report(fmt, *extra)``: the text of ``ubi report`` on :func:`esci` in that format, written once per
+    module for each (format, flags). The tests below read the same reports (11 before, 5 distinct): a report
+    on the sample costs ~4 s of CPU in a full run, and the same store, labels and seed give the same report,
+    so a shared copy checks exactly what a fresh one would."""
+    out_dir = tmp_path_factory.mktemp("esci-reports")
+    made: dict[tuple[str, ...], str] = {}
+
+    def get(fmt: str, *extra: str) -> str:
+        key = (fmt, *extra)
+        if key not in made:
+            made[key] = _write_report(esci, out_dir, fmt, *extra)
+        return made[key]
+
+    return get
+
+
+def test_orders_only_on_shared_queries_and_intervals_only_where_n_allows(esci_report: Callable[..., str]) -> None:
+    doc = json.loads(esci_report("json"))
     off = {(r["system"], r["source"]): r for r in doc["offline"]}
     # 8 of esci_ubi_sample's logged queries have ESCI judgments, none of Chorus's (test_report_command.py).
     # (Since main's PBM prior, implicit:pbm grades no positive on the sample, so merged adds nothing for Chorus;
@@ -54,36 +73,36 @@ def test_orders_only_on_shared_queries_and_intervals_only_where_n_allows(esci: P
     assert (none["n"], none["low"], none["high"], none["no_interval"]) == (0, None, None, "n = 0")
     eight = off[("esci_ubi_sample", "human")]["aggregate"]["ndcg@10"]
     assert eight["no_interval"] is None and eight["low"] < eight["value"] < eight["high"]
-    text = _report(esci, tmp_path, "text")
+    text = esci_report("text")
     assert "human/ndcg@10         │ esci_ubi_sample only (8 queries; no other system has a labelled query)" in text
     assert "0.268 [0.171, 0.360]" in text  # test_report_command.py: nDCG@10 0.268483 over the 8 queries
 
 
-def test_warnings_come_first_in_every_format(esci: Path, tmp_path: Path) -> None:
+def test_warnings_come_first_in_every_format(esci_report: Callable[..., str]) -> None:
     orphans = "ubi-demo: 429 events (71 query ids) have no query record"  # docs/ubi.md, SOURCES.md
     base = "ordinals of Chorus: 421 fit base 0, 638 fit base 1 (of 1,060 checked against hit lists); base in use: 1"
-    text = _report(esci, tmp_path, "text")
+    text = esci_report("text")
     assert text.index(orphans) < text.index("Systems in the logs") and text.index(base) < text.index("┏")
-    md = _report(esci, tmp_path, "md")
+    md = esci_report("md")
     assert md.index("## Data-quality warnings") < md.index("## Systems in the logs") and md.index(orphans) < md.index("## Systems")
-    html = _report(esci, tmp_path, "html")
+    html = esci_report("html")
     assert html.index("Data-quality warnings") < html.index("<table") and html.index(orphans) < html.index("<table")
-    doc = json.loads(_report(esci, tmp_path, "json"))
+    doc = json.loads(esci_report("json"))
     assert any(w.startswith(base) for w in doc["warnings"]) and any(w.startswith(orphans) for w in doc["warnings"])
     assert not any("no query record" in n for n in doc["notes"])
     # an explicit base against the data: the warning says so and names the setting that fits
-    text0 = _report(esci, tmp_path, "text", "--position-base", "0")
+    text0 = esci_report("text", "--position-base", "0")
     assert "base in use: 0 (UBI_POSITION_BASE / --position-base); the data fits base 1 better" in text0
     assert """suggested setting: UBI_POSITION_BASE_BY_APPLICATION='{"Chorus": 1}'""" in text0
 
 
-def test_no_empty_confusion_matrix(esci: Path, tmp_path: Path) -> None:
+def test_no_empty_confusion_matrix(esci_report: Callable[..., str]) -> None:
     # no graded implicit:pbm pair of the sample has an ESCI judgment (agreement pairs = 0)
-    doc = json.loads(_report(esci, tmp_path, "json"))
+    doc = json.loads(esci_report("json"))
     a = doc["agreement"]["implicit:pbm"]
     assert (a["pairs"], a["confusion"], a["no_overlap"]) == (0, None, "no implicit label overlaps a human one")
     say = "implicit:pbm: no implicit label overlaps a human one, so there is no confusion matrix"
-    text, md, html = (_report(esci, tmp_path, f) for f in ("text", "md", "html"))
+    text, md, html = (esci_report(f) for f in ("text", "md", "html"))
     assert say in text and "Confusion matrix: implicit:pbm" not in text
     assert say in md and "| human \\ implicit |" not in md
     assert say in html and "implicit:pbm grade" not in html  # the heat map's axis label
