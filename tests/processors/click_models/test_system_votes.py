@@ -9,16 +9,18 @@ import pytest
 from scipy.special import betaln
 
 from collector.ingest import ingest, parse_bulk, validate_items
-from processors.click_models.common import ClickModelError
+from processors.click_models.common import ClickModelError, clamp
 from processors.click_models.pbm import PBM
 from processors.click_models.priors import (
     MAX_SYSTEMS,
+    RANKING_FEATURES,
     STRENGTH_SLOPE_SD,
     SYSTEM_FEATURE_PREFIX,
     SystemRankings,
     _beta_binomial_objective,
     system_features,
     unique_rows,
+    unseen_ranking_features,
 )
 from processors.click_models.ubm import UBM
 from processors.sessions import holdout_flags, read_sessions
@@ -63,6 +65,7 @@ def test_one_system_has_no_vote_and_keeps_the_prior() -> None:
         plain, given = cls().fit(patterns), cls().fit(patterns, sr)
         np.testing.assert_array_equal(plain.alpha, given.alpha)  # the same prior, the same EM: identical
         assert plain.alpha_prior.coef == given.alpha_prior.coef
+        assert given._unseen_prior is given.alpha_prior  # no vote: unseen pairs keep the one prior
         assert given.parameters()["prior"]["system_features"] == "1 system: no vote"
         assert plain.parameters()["prior"]["system_features"].startswith("not given")
 
@@ -149,3 +152,38 @@ def test_strength_slopes_carry_a_gaussian_hyperprior() -> None:
     ll = betaln(x + m * s, n - x + (1 - m) * s) - betaln(m * s, (1 - m) * s)
     assert STRENGTH_SLOPE_SD == 1.0
     assert f(np.append(beta, lam))[0] == pytest.approx(-(ll.sum() - 0.5 * 0.7**2) / 50, rel=1e-12)
+
+
+def test_a_pair_no_training_ranking_showed_takes_the_vote_free_prior() -> None:
+    """A held-out position whose pair no training ranking showed has no vote: its α is the mean of the prior fitted
+    on the ranking features alone, and that predicts those positions better than the voted prior with the votes
+    put at their mean (hard scenario, 2,000 cascade searches, seed 7: on m10-pbm 136 against 221 bits)."""
+    traffic = simulate(scenario("hard", sessions=2000, seed=7, model="cascade"))
+    held = holdout_flags(traffic.query_ids(), 0.25)
+    train, test = traffic.patterns(searches=~held), traffic.patterns(searches=held)
+    model = PBM().fit(train, traffic.system_rankings(searches=~held))
+    unseen_prior = model._unseen_prior
+    assert unseen_prior.feature_names == RANKING_FEATURES
+    assert len(unseen_prior.coef) == len(RANKING_FEATURES) + 1 < len(model.alpha_prior.coef)
+    assert model.parameters()["prior"]["unseen_pairs"]["features"] == list(RANKING_FEATURES)
+    d = test.docs
+    inside = (d >= 0) & (d < len(model.alpha))
+    seen = np.zeros(d.shape, dtype=bool)
+    seen[inside] = ~np.isnan(model.alpha[d[inside]])
+    unseen = (d >= 0) & ~seen
+    assert unseen.sum() > 100
+    ranks = np.broadcast_to(np.arange(1, d.shape[1] + 1), d.shape)[unseen]
+    queries = np.broadcast_to(test.query[:, None], d.shape)[unseen]
+    feats = unseen_ranking_features(ranks, queries, model._rankings)
+    alpha = model._alpha_at(test)[unseen]
+    np.testing.assert_allclose(alpha, unseen_prior.mean_at(feats), rtol=1e-12)
+    n_votes = len(model.alpha_prior.coef) - len(unseen_prior.coef)
+    imputed = model.alpha_prior.mean_at(np.column_stack([feats, np.full((len(feats), n_votes), np.nan)]))
+    clicks, weight = test.clicks[unseen], np.broadcast_to(test.weight[:, None], d.shape)[unseen]
+    theta = model.theta[np.nonzero(unseen)[1]]
+
+    def bits(a: np.ndarray) -> float:
+        p = clamp(a * theta)
+        return float(-(weight * np.where(clicks, np.log2(p), np.log2(1.0 - p))).sum())
+
+    assert bits(alpha) < bits(imputed) - 20.0
