@@ -199,3 +199,20 @@ def ubi(argv: list[str]) -> int:
     except UbiError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def hand_world_report(tmp: Path, config: Any, **build: Any) -> Any:
+    """The report of the hand-checkable world (:func:`build_store` and :func:`write_human` under ``tmp``):
+    its stored implicit labels and the human ones, built with ``config`` (a ``ReportConfig``) and ``build``
+    (``build_report``'s other keywords)."""
+    from processors.qrels import load_qrels
+    from reports.joint import build_report
+    from reports.merge import LabelSet, labels_from_human, labels_from_store
+
+    con = open_reader(build_store(tmp / "ubi.duckdb"))
+    try:
+        labels = LabelSet().add(labels_from_store(con))
+        labels.add(labels_from_human(load_qrels(write_human(tmp / "h.jsonl")).human_judgments()))
+        return build_report(con, labels, config, inputs={"db": str(tmp / "ubi.duckdb")}, **build)
+    finally:
+        con.close()

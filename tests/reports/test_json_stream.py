@@ -14,13 +14,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-from joint_fixtures import build_store, write_human
+from joint_fixtures import build_store, hand_world_report, write_human
 
 from processors.judgments import process
-from processors.qrels import load_qrels
 from processors.simulation.bulk_log import write_store
 from reports.joint import ReportConfig, build_report
-from reports.merge import LabelSet, labels_from_human, labels_from_store
+from reports.merge import LabelSet, labels_from_store
 from reports.render import json_out
 from reports.render.json_out import render_json, report_dict, write_json
 from schemas.settings import Settings
@@ -47,15 +46,8 @@ def streamed(report, **options) -> bytes:
 @pytest.fixture(scope="module")
 def hand_report(tmp_path_factory):
     """The hand-checkable world of joint_fixtures: human and implicit:ctr labels, two rankers."""
-    tmp = tmp_path_factory.mktemp("hand")
-    con = open_reader(build_store(tmp / "ubi.duckdb"))
-    try:
-        labels = LabelSet().add(labels_from_store(con))
-        labels.add(labels_from_human(load_qrels(write_human(tmp / "h.jsonl")).human_judgments()))
-        return build_report(con, labels, ReportConfig(baseline="shop/ranker=a", n_boot=200, n_perm=200),
-                            inputs={"db": str(tmp / "ubi.duckdb")})
-    finally:
-        con.close()
+    return hand_world_report(tmp_path_factory.mktemp("hand"),
+                             ReportConfig(baseline="shop/ranker=a", n_boot=200, n_perm=200))
 
 
 @pytest.fixture(scope="module")

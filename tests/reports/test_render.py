@@ -7,17 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
-from joint_fixtures import build_store, write_human
+from joint_fixtures import hand_world_report
 
-from processors.qrels import load_qrels
 from reports.gates import Threshold
-from reports.joint import ReportConfig, build_report
-from reports.merge import LabelSet, labels_from_human, labels_from_store
+from reports.joint import ReportConfig
 from reports.render.html import render_html
 from reports.render.json_out import render_json
 from reports.render.markdown import render_markdown
 from reports.render.text import render_text
-from store.client import open_reader
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -34,18 +31,11 @@ PROPENSITY = {"method": "em", "level": 0.95, "ranks": [
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("render")
-    con = open_reader(build_store(tmp / "ubi.duckdb"))
-    try:
-        labels = LabelSet().add(labels_from_store(con))
-        labels.add(labels_from_human(load_qrels(write_human(tmp / "h.jsonl")).human_judgments()))
-        return build_report(
-            con, labels, ReportConfig(baseline="shop/ranker=a", n_boot=300, n_perm=500),
-            thresholds=[Threshold("human/ndcg@10", "min", 0.82), Threshold("online/ctr", "min", 0.1)],
-            propensity=PROPENSITY, inputs={"db": str(tmp / "ubi.duckdb")},
-        )
-    finally:
-        con.close()
+    return hand_world_report(
+        tmp_path_factory.mktemp("render"), ReportConfig(baseline="shop/ranker=a", n_boot=300, n_perm=500),
+        thresholds=[Threshold("human/ndcg@10", "min", 0.82), Threshold("online/ctr", "min", 0.1)],
+        propensity=PROPENSITY,
+    )
 
 
 def test_text_and_markdown_carry_every_section(report):
