@@ -15,7 +15,8 @@ searches) it prints:
   (scipy) between the source's score and the true grade over the query's pairs in a support bucket (1-9,
   10-49, 50+ impressions, and all), averaged over queries with at least two pairs of different grades in the
   bucket; raw CTR (``ctr``) on the same pairs beside it. The *recommended* source is the one ``ubi process
-  --model auto`` picks on this log (lowest held-out conditional perplexity among judgment models). Target:
+  --model auto`` picks on this log (lowest held-out conditional perplexity among its candidates: judgment
+  models other than COEC, whose predictions and scores are different posteriors). Target:
   it beats raw CTR in every bucket, by at least 0.05 overall.
 * **θ** (pbm generator): mean relative error of θ̂_k/θ̂_1 over ranks 2..10 for the estimators ``ubi
   propensity`` ships (EM and harvesting, no bootstrap), and with ``--coverage-seeds N`` the share of ranks
@@ -51,9 +52,9 @@ sys.path.insert(0, str(ROOT))
 from processors.click_models import MODEL_NAMES  # noqa: E402
 from processors.click_models.evaluate import evaluate  # noqa: E402
 from processors.click_models.registry import model_class  # noqa: E402
-from processors.identifiability import assess, is_position_debiased  # noqa: E402
+from processors.identifiability import assess  # noqa: E402
 from processors.propensity import estimate_from_patterns  # noqa: E402
-from processors.selection import CHOOSABLE, ModelScore, Selection, source_name  # noqa: E402
+from processors.selection import CHOOSABLE, ModelScore, Selection, exclusions, source_name  # noqa: E402
 from processors.sessions import holdout_flags  # noqa: E402
 from processors.simulation import scenario, simulate  # noqa: E402
 from processors.stats import cells_from_sessions  # noqa: E402
@@ -184,9 +185,7 @@ def run(n: int, generator: str, seed: int, use_systems: bool = True,
 def _choose(fitted: dict[str, Any], ident: Any, n_train: int, n_test: int) -> Selection:
     """The selection rule of processors.selection applied to evaluations already made (no refit)."""
     scores = tuple(ModelScore(m, ev, 0.0) for m, ev in fitted.items())
-    excluded = {}
-    if ident.verdict != "identified":
-        excluded = {m: "position not identifiable" for m in CHOOSABLE if is_position_debiased(source_name(m))}
+    excluded = exclusions(tuple(fitted), ident)  # never COEC; position-debiased models when unidentified
     cands = [s for s in scores if s.model in CHOOSABLE and s.model not in excluded]
     best = min(cands, key=lambda s: (s.evaluation.conditional_perplexity_mean, s.model)).model if cands else None
     return Selection(None, n_train, n_test, HOLDOUT, scores, best, excluded, ident.verdict)

@@ -5,10 +5,13 @@ Issue 10 asks COEC's empirical prior to beat the +1/+2 pseudo-count baseline on 
 shipped prior and with the variants tried against its six losing rows, on the logs of
 ``bench/accuracy_hard.py`` (same simulator, split and τ buckets), and prints for each: held-out conditional
 perplexity (COEC's conditional = full), the prior strength, and Kendall τ-b against the true grade by bucket
-beside raw CTR. Variants (none shipped; the package's COEC is ``current``):
+beside raw CTR. Variants (``shipped`` is the package's COEC; the others are written here):
 
+* ``shipped``: ``processors.click_models.coec.COEC`` itself: the score of ``current``; predictions from the
+  quasi-Poisson posterior with the ranking features and the systems' votes in the mean (``qp-votes``) and a
+  per-pair strength on the ranking features (PBM's convention: the votes enter the mean only);
 * ``current``: r ~ Gamma(m s, s), log-linear m on the impression features, (m, s) by the negative-binomial
-  marginal, score = prediction = posterior mean (a + c)/(s + E);
+  marginal, score = prediction = posterior mean (a + c)/(s + E) (what COEC shipped before ``shipped``);
 * ``pseudocount``: (c + 1)/(E + 1), the baseline;
 * ``qp-predict``: score as ``current``; predictions from a second, quasi-Poisson posterior: counts scaled by
   φ_i = Σ_impressions ρ_k(1 − ρ_k) / Σ ρ_k (the binomial-to-Poisson variance ratio), prior refitted on them;
@@ -54,6 +57,7 @@ from processors.simulation import scenario, simulate  # noqa: E402
 from processors.stats import SessionPatterns  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {
+    "shipped": {},
     "current": {},
     "pseudocount": {"prior": "pseudocount"},
     "qp-predict": {"predict": "qp"},
@@ -149,6 +153,7 @@ class COECVariant(COEC):
             pred = qp_post if use_qp else score
         self.coec = np.where(e > 0, score, np.nan)
         self.coec_pred = np.where(e > 0, pred, np.nan)
+        self._systems_note = f"bench variant {self.features}"
         return self
 
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
@@ -183,10 +188,13 @@ def run(generator: str, n: int, seed: int, variants: list[str]) -> list[dict[str
     q = everything.pairs.query_index
     raw = tau_by_bucket(np.where(imps > 0, clicks_i / np.maximum(imps, 1), np.nan), grades, q, imps)
     rows = []
+    def make(name: str) -> COEC:
+        return COEC() if name == "shipped" else COECVariant(**VARIANTS[name])
+
     for name in variants:
         t0 = time.process_time()
-        ppl = evaluate(COECVariant(**VARIANTS[name]).fit(train, train_sys), test).conditional_perplexity_mean
-        model = COECVariant(**VARIANTS[name]).fit(everything, all_sys)
+        ppl = evaluate(make(name).fit(train, train_sys), test).conditional_perplexity_mean
+        model = make(name).fit(everything, all_sys)
         tau = tau_by_bucket(np.asarray(model.relevance().score, dtype=np.float64), grades, q, imps)
         rows.append({"generator": generator, "sessions": n, "seed": seed, "variant": name, "perplexity": ppl,
                      "strength": model.coec_prior.strength,

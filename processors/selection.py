@@ -11,6 +11,11 @@ predicts each click given the clicks above it, which is what its relevance and e
 fitted to explain (Chuklin, Markov & de Rijke, *Click Models for Web Search*, 2015, §4.2). Global and rank
 CTR are scored as baselines but never chosen. When the log cannot separate position from relevance
 (``processors.identifiability``), position-debiased models are left out of the choice: they could not grade.
+
+COEC is fitted and scored like the others but is never a *candidate* (:data:`NOT_CANDIDATES`): its click
+predictions come from a different posterior than its relevance scores (``click_models.coec``: quasi-Poisson
+for the clicks, the stronger-shrinking Poisson-Gamma for the scores), so its held-out perplexity measures its
+predictor, not the grades ``--model auto`` would store. Its row is still printed and recorded, marked.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ from schemas.errors import UbiError
 SELECT_MODELS: tuple[str, ...] = MODEL_NAMES
 #: models the choice may fall on (registry names; ``dctr`` is the judgment source ``ctr``)
 CHOOSABLE: tuple[str, ...] = ("dctr", "coec", "pbm", "ubm", "cascade", "dcm", "sdbn", "dbn")
+#: choosable models that are never candidates for the choice, and why (recorded with every selection)
+NOT_CANDIDATES: dict[str, str] = {
+    "coec": ("not a candidate for auto: predictions and score are different posteriors, so its held-out "
+             "perplexity measures its quasi-Poisson predictor, not the Poisson-Gamma scores it grades with"),
+}
 CRITERION = "conditional_perplexity_mean"
 SPLIT_RULE = "held out when int(md5(query_id)[:8], 16) < fraction * 2^32"
 
@@ -80,6 +90,11 @@ class Selection:
     def score(self, model: str) -> ModelScore | None:
         return next((s for s in self.scores if s.model == model), None)
 
+    @property
+    def candidates(self) -> list[str]:
+        """The models the choice was made among (registry names, in the order fitted): choosable, not excluded."""
+        return [s.model for s in self.scores if s.model in CHOOSABLE and s.model not in self.excluded]
+
     def ranking(self) -> list[ModelScore]:
         """Fitted models, best held-out conditional perplexity first."""
         ok = [s for s in self.scores if s.evaluation is not None]
@@ -109,10 +124,11 @@ class Selection:
             "application": self.application, "train_sessions": self.train_sessions,
             "test_sessions": self.test_sessions, "holdout": self.holdout, "split": SPLIT_RULE,
             "criterion": CRITERION, "best": source_name(self.best) if self.best else None, "why": self.why(),
+            "candidates": [source_name(m) for m in self.candidates],
             "excluded": {source_name(m): w for m, w in self.excluded.items()},
             "identifiability": self.identifiability,
-            "models": [{**s.as_dict(), "model": source_name(s.model) if s.model == "dctr" else s.model}
-                       for s in self.scores],
+            "models": [{**s.as_dict(), "model": source_name(s.model), "candidate": s.model in self.candidates,
+                        "not_a_candidate": self._not_candidate(s.model)} for s in self.scores],
         }
 
     def parameters(self) -> dict[str, Any]:
@@ -126,8 +142,33 @@ class Selection:
                 "perplexity": round(s.evaluation.perplexity_mean, 6),
                 "log_likelihood_per_session": round(s.evaluation.log_likelihood_per_session, 6)}
                 for s in self.scores if s.evaluation is not None},
+            "candidates": [source_name(m) for m in self.candidates],
             "excluded": {source_name(m): w for m, w in self.excluded.items()},
         }
+
+    def _not_candidate(self, model: str) -> str | None:
+        """Why ``model`` was not a candidate (None when it was one)."""
+        if model in self.excluded:
+            return self.excluded[model]
+        if model not in CHOOSABLE:
+            return "baseline: no per-pair relevance to grade with"
+        return None
+
+
+def exclusions(models: Sequence[str], identifiability: Identifiability | None = None) -> dict[str, str]:
+    """The choosable models among ``models`` that the choice leaves out, and why: the models that are never
+    candidates (:data:`NOT_CANDIDATES`) and, on a log that cannot separate position from relevance, the
+    position-debiased ones (both reasons, joined, when both apply)."""
+    out: dict[str, list[str]] = {}
+    for name in CHOOSABLE:
+        if name not in models:
+            continue
+        if identifiability is not None and identifiability.verdict != IDENTIFIED and is_position_debiased(
+                source_name(name)):
+            out.setdefault(name, []).append(f"position not identifiable here ({identifiability.verdict})")
+        if name in NOT_CANDIDATES:
+            out.setdefault(name, []).append(NOT_CANDIDATES[name])
+    return {m: "; ".join(why) for m, why in out.items()}
 
 
 def fit_with_systems(model: Any, sessions: SessionPatterns, systems: Any) -> Any:
@@ -168,11 +209,7 @@ def select(train: SessionPatterns, test: SessionPatterns, *, models: Sequence[st
             scores.append(ModelScore(name, None, time.perf_counter() - t0, str(exc)))
             continue
         scores.append(ModelScore(name, ev, fitted))
-    excluded: dict[str, str] = {}
-    if identifiability is not None and identifiability.verdict != IDENTIFIED:
-        for name in CHOOSABLE:
-            if name in models and is_position_debiased(source_name(name)):
-                excluded[name] = f"position not identifiable here ({identifiability.verdict})"
+    excluded = exclusions(models, identifiability)
     candidates = [(s.evaluation.conditional_perplexity_mean, s.model) for s in scores
                   if s.model in CHOOSABLE and s.model not in excluded and s.evaluation is not None
                   and np.isfinite(s.evaluation.conditional_perplexity_mean)]

@@ -22,7 +22,10 @@ log-likelihood and mean perplexity, full and conditional, side by side, then the
 perplexity per rank (1 is perfect, 2 is a coin). The recommended model is the judgment model with the
 lowest mean conditional perplexity (what `ubi process --model auto` uses); gctr and rctr are baselines.
 When no (query, doc) pair was shown at two ranks, position-debiased models (coec, pbm, ubm, dbn) are left
-out of the recommendation: they could not grade (see `ubi process --help`, identifiability).
+out of the recommendation: they could not grade (see `ubi process --help`, identifiability). COEC's row is
+printed and marked but it is never recommended: its click predictions and its scores are different
+posteriors, so its perplexity measures its predictor, not its grades (`candidate` and `not_a_candidate` in
+--json say which models the choice was made among).
 """
 
 
@@ -105,7 +108,7 @@ def _print(con: Console, sel: dict[str, Any]) -> None:
         t.add_column(col, justify="left" if col == "model" else "right")
     fitted = [m for m in sel["models"] if m.get("error") is None]
     for m in sorted(fitted, key=lambda m: m["conditional_perplexity_mean"]):
-        mark = " *" if m["model"] == sel["best"] else ""
+        mark = " *" if m["model"] == sel["best"] else " †" if m["model"] in sel["excluded"] else ""
         t.add_row(m["model"] + mark, f"{m['log_likelihood']:,.1f}", _f(m["log_likelihood_per_session"]),
                   _f(m["perplexity_mean"]), _f(m["conditional_perplexity_mean"]), _f(m["fit_seconds"], 2))
     con.print(t)
@@ -118,6 +121,8 @@ def _print(con: Console, sel: dict[str, Any]) -> None:
         for m in sorted(fitted, key=lambda m: m["conditional_perplexity_mean"]):
             r.add_row(m["model"], *[_f(x, 3) for x in m[key]])
         con.print(r)
+    for name, why in sel["excluded"].items():
+        con.print(f"† {name}: {why}", highlight=False)
     for m in sel["models"]:
         if m.get("error"):
             con.print(f"[yellow]{m['model']}: not fitted[/] ({m['error']})", highlight=False)

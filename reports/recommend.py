@@ -10,8 +10,9 @@ Two checks on the stored implicit sources, both from the same sessions ``ubi pro
   choice ``ubi process --model auto`` made per application and every model's held-out figures; for the
   other sources the report fits their models on the same deterministic split by query_id hash
   (``processors.selection``) and compares their mean held-out conditional perplexity. Position-debiased
-  sources are not recommended on a log that cannot identify them. Agreement with human grades, when
-  there are any, is quoted beside the choice: held-out likelihood and agreement with labels do not always
+  sources are not recommended on a log that cannot identify them, nor is COEC
+  (``processors.selection.NOT_CANDIDATES``: its click predictions and its scores are different posteriors).
+  Agreement with human grades, when there are any, is quoted beside the choice: held-out likelihood and agreement with labels do not always
   point the same way (Hager et al., SIGIR 2024), and the report shows both.
 """
 
@@ -148,8 +149,12 @@ def recommend(labels: Iterable[Label], sources: Iterable[str], sessions: Session
     for score in sel.scores:
         if score.error:
             left_out[models[score.model]] = f"could not be fitted: {score.error}"
+    for model, reason in sel.excluded.items():  # e.g. COEC: its perplexity measures its predictor, not its grades
+        left_out.setdefault(models[model], reason)
     if sel.best is None:
-        return Recommendation(None, "no source's model could be scored on held-out searches" + agree, held, left_out)
+        why = ("no stored source is a candidate (see not recommended)" if held and set(held) <= set(left_out)
+               else "no source's model could be scored on held-out searches")
+        return Recommendation(None, why + agree, held, left_out)
     best = models[sel.best]
     runner = sorted((v, s) for s, v in held.items() if s != best and s not in left_out)
     why = (f"lowest held-out conditional perplexity ({held[best]:.4f}"

@@ -78,7 +78,9 @@ Three choices, the keyword ``prior`` of every model:
 
 COEC's per-pair parameter is a ratio, not a probability: it gets the conjugate Gamma prior instead
 (clicks ~ Poisson(r·E), r ~ Gamma(m s, s) with the same log-linear mean in (z₁, z₂); marginal: the negative
-binomial), with ``"pseudocount"`` meaning one click in one expected click (prior COEC 1).
+binomial), with ``"pseudocount"`` meaning one click in one expected click (prior COEC 1). COEC's click
+predictions use a second Gamma prior, on quasi-Poisson counts, with the ranking features, the systems' votes
+and a per-pair strength (``varying_strength`` with ``family="gamma"``; see ``click_models.coec``).
 
 Pure numpy/scipy; no I/O.
 """
@@ -493,22 +495,35 @@ def _beta_binomial_objective(
 
 
 def _gamma_poisson_objective(
-    x: NDArray[np.float64], e: NDArray[np.float64], design: NDArray[np.float64], log_s_range: tuple[float, float]
+    x: NDArray[np.float64], e: NDArray[np.float64], design: NDArray[np.float64], log_s_range: tuple[float, float],
+    strength_design: NDArray[np.float64] | None = None,
 ) -> Any:
+    """−(1/N)·Σ_i ln NegBin(x_i | m_i s_i, s_i / (s_i + e_i)) and its gradient, ln m_i = β·z_i (COEC's marginal).
+
+    ``strength_design`` None: one strength, parameters (β, ln s); else ln s_i = λ·w_i with the N(0,
+    :data:`STRENGTH_SLOPE_SD`²) hyperprior on the slopes λ_j (j >= 1), as :func:`_beta_binomial_objective`.
+    """
+    sd = np.ones((len(x), 1)) if strength_design is None else strength_design
+    p = design.shape[1]
+
     def f(params: NDArray[np.float64]) -> tuple[float, NDArray[np.float64]]:
-        beta, log_s = params[:-1], params[-1]
-        log_s_c = float(np.clip(log_s, *log_s_range))
-        s = np.exp(log_s_c)
-        m = np.exp(np.clip(design @ beta, -30.0, 30.0))
-        a = m * s
-        ll = gammaln(x + a) - gammaln(a) + a * log_s_c - (a + x) * np.log(s + e)
-        da = digamma(x + a) - digamma(a) + log_s_c - np.log(s + e)
+        beta, lam = params[:p], params[p:]
+        log_s_raw = sd @ lam
+        log_s = np.clip(log_s_raw, *log_s_range)
+        s = np.exp(log_s)
+        a = np.exp(np.clip(design @ beta, -30.0, 30.0)) * s
+        ll = gammaln(x + a) - gammaln(a) + a * log_s - (a + x) * np.log(s + e)
+        da = digamma(x + a) - digamma(a) + log_s - np.log(s + e)
         ds = a / s - (a + x) / (s + e)
-        d_eta = a * da
-        d_logs = (a * da + s * ds).sum() if log_s_range[0] < log_s < log_s_range[1] else 0.0
-        grad = np.append(design.T @ d_eta, d_logs)
+        inside = (log_s_raw > log_s_range[0]) & (log_s_raw < log_s_range[1])
+        grad = np.concatenate([design.T @ (a * da), sd.T @ np.where(inside, a * da + s * ds, 0.0)])
+        total = float(ll.sum())
+        if strength_design is not None:
+            slopes = lam[1:] / STRENGTH_SLOPE_SD**2
+            total -= 0.5 * float(lam[1:] @ slopes)
+            grad[p + 1:] -= slopes
         scale = 1.0 / max(len(x), 1)
-        return -float(ll.sum()) * scale, -grad * scale
+        return -total * scale, -grad * scale
 
     return f
 
@@ -540,8 +555,9 @@ def fit_prior(
     ``successes``/``trials`` per pair (trials: expected examinations or impressions; for ``gamma``, the
     expected clicks); ``features`` from :func:`rank_features`. Pairs without trials do not enter the fit and
     get the prior at the mean features. ``start`` warm-starts from an earlier fit (EM rounds).
-    ``varying_strength`` (Beta only): the strength is per pair, ln s_i = λ·z_i on the same standardised
-    features (a heteroscedastic Beta-binomial; Williams, Appl. Statist. 1982), fitted jointly with β;
+    ``varying_strength``: the strength is per pair, ln s_i = λ·z_i on the same standardised features (a
+    heteroscedastic Beta-binomial, Williams, Appl. Statist. 1982; for ``gamma``, the negative binomial's
+    shape likewise: COEC's prediction prior), fitted jointly with β;
     ``strength`` then records the median s_i over the pairs with trials. ``feature_names`` name the columns
     of ``features`` in the prior's record. ``strength_features`` (with ``varying_strength``): the per-pair
     strength uses only the first that many features (the rest enter the mean only); None: all of them.
@@ -554,7 +570,7 @@ def fit_prior(
         features = np.full_like(features, np.nan)
     design, f_mean, f_std = _standardise(features, use)
     p = design.shape[1]
-    varying = varying_strength and family == "beta"
+    varying = varying_strength
     sp = p if strength_features is None else min(p, strength_features + 1)  # columns of the strength's design
     q = sp if varying else 1
     if start is not None and start.kind == "empirical" and len(start.coef) == p:
@@ -581,7 +597,8 @@ def fit_prior(
             objective = _beta_binomial_objective(x[use], n[use], design[use], log_s_range,
                                                  design[use, :sp] if varying else None)
         else:
-            objective = _gamma_poisson_objective(x[use], n[use], design[use], log_s_range)
+            objective = _gamma_poisson_objective(x[use], n[use], design[use], log_s_range,
+                                                 design[use, :sp] if varying else None)
         options: dict[str, Any] = {"maxiter": 200, "gtol": 1e-7}
         warm = start.hess_inv if start is not None and start.kind == "empirical" else None
         if warm is not None and warm.shape == (p + q, p + q):
@@ -606,7 +623,7 @@ def fit_prior(
         m = np.clip(expit(eta), _M_EPS, 1.0 - _M_EPS)
         a, b = m * s_i, (1.0 - m) * s_i
     else:
-        a, b = np.exp(np.clip(eta, -30.0, 30.0)) * s, np.full(len(eta), s)
+        a, b = np.exp(np.clip(eta, -30.0, 30.0)) * s_i, s_i
     return BetaPrior("empirical", a, b, tuple(float(c) for c in beta), s, tuple(float(v) for v in f_mean),
                      tuple(float(v) for v in f_std), log_marginal, family,
                      tuple(float(c) for c in lam) if varying else (), tuple(feature_names), hess_inv)

@@ -21,6 +21,7 @@ from processors.click_models.priors import (
     RANKING_FEATURES,
     BetaPrior,
     _beta_binomial_objective,
+    _gamma_poisson_objective,
     fit_prior,
     fixed_prior,
     rank_features,
@@ -101,6 +102,35 @@ def test_varying_strength_gradient_is_exact() -> None:
     # with one strength (no strength design) it is the former objective: parameters (β, ln s)
     g = _beta_binomial_objective(x, n, design, (-4.0, 14.0))
     assert g(point[:4])[0] == pytest.approx(f(np.array([-0.8, 0.3, -0.2, 2.0, 0.0, 0.0]))[0])
+
+
+def test_gamma_varying_strength_gradient_is_exact() -> None:
+    # COEC's prediction prior: the negative-binomial marginal with ln s_i = λ·w_i (and the slopes' hyperprior)
+    rng = np.random.default_rng(6)
+    e = rng.uniform(0.2, 30.0, 300)
+    x = rng.poisson(e * rng.gamma(3.0, 1 / 3.0, 300)).astype(float)
+    design = np.column_stack([np.ones(300), rng.normal(size=(300, 2))])
+    f = _gamma_poisson_objective(x, e, design, (-4.0, 14.0), design)
+    point = np.array([0.1, 0.3, -0.2, 1.5, 0.5, -0.4])
+    assert check_grad(lambda p: f(p)[0], lambda p: f(p)[1], point) < 1e-5 * max(1.0, np.abs(f(point)[1]).max())
+    g = _gamma_poisson_objective(x, e, design, (-4.0, 14.0))  # one strength: parameters (β, ln s)
+    assert g(point[:4])[0] == pytest.approx(f(np.array([0.1, 0.3, -0.2, 1.5, 0.0, 0.0]))[0])
+    assert check_grad(lambda p: g(p)[0], lambda p: g(p)[1], point[:4]) < 1e-5 * max(1.0, np.abs(g(point[:4])[1]).max())
+
+
+def test_gamma_varying_strength_recovers_two_known_strengths() -> None:
+    # 6,000 rates in two halves told apart by one feature: r ~ Gamma(mean 1, shape 2) and Gamma(mean 1, shape 40),
+    # 20 expected clicks each (Poisson clicks); the per-pair strength (the Gamma's rate, = shape at mean 1) finds
+    # both within 35%, and the mean 1
+    rng = np.random.default_rng(9)
+    group = np.repeat([0.0, 1.0], 3000)
+    shape = np.where(group == 0, 2.0, 40.0)
+    e = np.full(6000, 20.0)
+    x = rng.poisson(e * rng.gamma(shape, 1.0 / shape)).astype(float)
+    p = fit_prior(x, e, np.column_stack([group, np.full(6000, np.nan)]), family="gamma", varying_strength=True)
+    assert float(np.median(p.b[group == 0])) == pytest.approx(2.0, rel=0.35)
+    assert float(np.median(p.b[group == 1])) == pytest.approx(40.0, rel=0.35)
+    assert p.mean[0] == pytest.approx(1.0, abs=0.05) and p.family == "gamma" and len(p.strength_coef) == 3
 
 
 def _two_strength_log() -> tuple[np.random.Generator, NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
