@@ -182,6 +182,10 @@ def test_process_auto_records_the_choice_and_the_report_recommends_it(
         by_app.setdefault(sel["application"], sel)
     assert {a: s["chosen"] for a, s in by_app.items()} == chosen
     assert set(by_app["shop"]["held_out"]) == {"ctr", "coec", "pbm", "ubm", "cascade", "dcm", "sdbn", "dbn"}
+    # which models were candidates, and why COEC was not (it is scored all the same, above)
+    for sel in by_app.values():
+        assert sel["candidates"] == ["ctr", "pbm", "ubm", "cascade", "dcm", "sdbn", "dbn"]
+        assert sel["excluded"] == {"coec": NOT_CANDIDATES["coec"]} and sel["chosen"] != "coec"
     assert by_app["shop"]["criterion"] == "conditional_perplexity_mean"
     # the two catalogs share their query texts, so a pair of both applications keeps one row (most impressions)
     assert len({q for q, _ in rows}) <= 40
@@ -208,3 +212,37 @@ def test_report_without_auto_compares_the_stored_sources(tmp_path: Path, capsys:
     assert set(held) == {"implicit:ctr", "implicit:pbm", "implicit:dbn"}
     assert rec["source"] == min(held, key=held.get)
     assert "lowest held-out conditional perplexity" in rec["why"]
+
+
+def test_the_report_never_recommends_coec_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 2,000 hard-scenario PBM searches, seed 0: the log where COEC's predictor beats every other model on held-out
+    # perplexity (test_auto_never_picks_coec_even_where_its_perplexity_is_best)
+    bulk, db = tmp_path / "c.ndjson", tmp_path / "c.duckdb"
+    simulate(scenario("hard", sessions=2000, seed=0, model="pbm")).write_bulk(bulk)
+    assert main(["import", "--db", str(db), str(bulk), "--json"]) == 0
+    for model in ("coec", "ctr"):
+        assert main(["process", "--db", str(db), "--model", model, "--json"]) == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = list(read_judgments(con, ("grade",), where="source = 'implicit:coec'"))
+    assert sum(g is not None for g, _ in rows) > 0  # --model coec still grades
+    # its rows record both posteriors: the score's prior and the prediction's
+    assert rows[0][1]["model"]["prior"]["features"] == ["mean_log_rank", "log_display_share"]
+    assert rows[0][1]["model"]["prediction"]["posterior"].startswith("quasi-Poisson")
+    capsys.readouterr()
+    assert main(["report", "--db", str(db), "--json", "--predict-replicates", "0"]) == 0
+    rec = orjson.loads(capsys.readouterr().out)["recommendation"]
+    assert set(rec["held_out_conditional_perplexity"]) == {"implicit:coec", "implicit:ctr"}
+    assert rec["source"] == "implicit:ctr"
+    assert rec["not_recommended"]["implicit:coec"] == NOT_CANDIDATES["coec"]
+    assert "implicit:coec" not in rec["why"]
+
+
+def test_ubi_select_marks_coec_as_not_a_candidate(two_apps: tuple[Path, list],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    db, _ = two_apps
+    capsys.readouterr()
+    assert main(["select", "--db", str(db), "--application", "shop", "--models", "coec", "pbm", "ctr"]) == 0
+    out = capsys.readouterr().out
+    assert "coec †" in out
+    assert "† coec: not a candidate for auto: predictions and score are different posteriors" in " ".join(out.split())
+    assert "recommended: pbm" in out or "recommended: ctr" in out
