@@ -19,7 +19,9 @@ beside raw CTR. Variants (``shipped`` is the package's COEC; the others are writ
 * ``votes``: ``current`` with the ranking features and the systems' votes of PBM's prior
   (``priors.ranking_features``, ``priors.system_features``) in the mean;
 * ``qp-votes``: ``qp`` with those features;
-* ``varying-qp``: ``qp`` with a per-pair strength ln s_i = λ·z_i (N(0, 1) hyperprior on the slopes, as PBM's).
+* ``varying-qp``: ``qp`` with a per-pair strength ln s_i = λ·z_i (N(0, 1) hyperprior on the slopes, as PBM's);
+* ``varying-qp-votes``: ``qp-votes`` with a per-pair strength on all its features, votes included (``shipped``
+  puts the strength on the ranking features only).
 
     .venv/bin/python bench/coec_priors.py [--generators pbm cascade dbn] [--sizes 2000 20000] [--seed 0]
         [--variants current qp ...] [--json]
@@ -65,6 +67,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "votes": {"features": "votes"},
     "qp-votes": {"marginal": "qp", "features": "votes"},
     "varying-qp": {"marginal": "qp", "varying": True},
+    "varying-qp-votes": {"marginal": "qp", "features": "votes", "varying": True},
 }
 
 
