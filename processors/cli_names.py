@@ -8,7 +8,8 @@ from __future__ import annotations
 #: judgment sources of ``ubi process --model`` (``processors.judgments``), and the value that chooses one
 #: gctr and rctr are left out: they give every pair the same (or a rank-only) score
 JUDGMENT_MODELS: tuple[str, ...] = ("ctr", "coec", "pbm", "ubm", "cascade", "dcm", "sdbn", "dbn")
-#: ``ubi process --model auto``: the model with the best held-out conditional perplexity, per application
+#: ``ubi process --model auto``: the model with the best held-out conditional perplexity, per application,
+#: among the candidates of ``processors.selection`` (not coec: ``NOT_CANDIDATES``)
 AUTO = "auto"
 #: the click-model registry's names without aliases (``processors.click_models.registry.MODEL_NAMES``)
 CLICK_MODEL_NAMES: tuple[str, ...] = ("gctr", "rctr", "dctr", "coec", "pbm", "ubm", "cascade", "dcm", "sdbn", "dbn")

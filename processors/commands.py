@@ -31,8 +31,9 @@ The judgments replace the stored rows of the same source (implicit:<model>); --o
 Models: ctr (clicks/impressions), coec (clicks over expected clicks), pbm, ubm (EM, position-debiased),
 cascade, dcm, sdbn, dbn (cascade family), or auto: per application, every one of them is fitted on 75% of
 the searches (split by a hash of query_id) and the one with the lowest held-out conditional perplexity
-judges (source implicit:auto; parameters.selection records the choice and every model's figures; see
-`ubi select`).
+judges (source implicit:auto; parameters.selection records the choice, the candidates and every model's
+figures; see `ubi select`). coec is fitted and scored but never chosen: its click predictions and its
+scores are different posteriors, so its perplexity does not measure its grades.
 
 Identifiability: position-debiased sources (coec, pbm, ubm, dbn) grade only pairs shown at ranks that
 pairs displayed at several ranks link to rank 1; in a log where no pair was shown at two ranks they grade
