@@ -38,13 +38,14 @@ def _cpu() -> tuple[float, float]:
 
 def _measure(item: pytest.Item) -> Generator[None, Any, Any]:
     wall0, (own0, kids0) = time.perf_counter(), _cpu()
-    result = yield
-    own1, kids1 = _cpu()
-    row = _rows.setdefault(item.nodeid, [0.0, 0.0, 0.0])
-    row[0] += time.perf_counter() - wall0
-    row[1] += own1 - own0
-    row[2] += kids1 - kids0
-    return result
+    try:
+        return (yield)
+    finally:  # a failing phase raises out of the yield: its time counts too
+        own1, kids1 = _cpu()
+        row = _rows.setdefault(item.nodeid, [0.0, 0.0, 0.0])
+        row[0] += time.perf_counter() - wall0
+        row[1] += own1 - own0
+        row[2] += kids1 - kids0
 
 
 @pytest.hookimpl(wrapper=True)
