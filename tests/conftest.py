@@ -4,6 +4,7 @@ reach ``../shared`` (samples, spec, docs, reference client)."""
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -171,3 +172,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     first = {group: rank for rank, group in enumerate(LONGEST_GROUPS)}
     items.sort(key=lambda item: first.get(xdist_group_of(item.nodeid), len(first)))  # stable: groups stay whole
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a serial run): before any worker starts
+        os.environ.setdefault("UBI_TESTS_CONTROLLER_COLUMNS", os.environ.get("COLUMNS", ""))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _controllers_columns() -> None:
+    """An xdist worker runs with ``COLUMNS=80`` where the controller had none, and ``ubi`` keeps an explicit
+    ``COLUMNS`` (ubi/stages.py ``_log_width``): a worker's tests get the controller's, as in a serial run."""
+    if "PYTEST_XDIST_WORKER" in os.environ and "UBI_TESTS_CONTROLLER_COLUMNS" in os.environ:
+        columns = os.environ["UBI_TESTS_CONTROLLER_COLUMNS"]
+        if columns:
+            os.environ["COLUMNS"] = columns
+        else:
+            os.environ.pop("COLUMNS", None)
