@@ -395,3 +395,29 @@ def test_a_seal_cut_short_leaves_the_manifest_in_force(tmp_path: Path, monkeypat
         finally:
             con.close()
         assert len(again.files["ubi_events"]) == len(first.files["ubi_events"]) + 1
+
+
+def test_a_large_chunk_is_sealed_within_the_writers_memory_limit(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partitioned COPY buffers rows in DuckDB's pool until it flushes: at DuckDB's default flush threshold
+    (524,288 rows) 300,000 of these events (one day, one chunk) do not fit a 16 MB writer pool, and the seal is
+    a SealFailed naming the setting, with nothing sealed; at FLUSH_ROWS the same chunk is sealed whole. (The
+    sizes were found by trying: the real case was a 1M-row chunk of a 20M-event store under the collector's
+    256 MB, README "Reading without copying".)"""
+    import store.sealed
+
+    with Store(tmp_path / "s.duckdb", memory_limit="16MB") as store_:
+        add_events(store_, 0, 300_000)
+        monkeypatch.setattr(store.sealed, "FLUSH_ROWS", 524_288)
+        with pytest.raises(SealFailed, match="UBI_WRITER_MEMORY_LIMIT"):
+            store_.seal()
+        assert sealed_files(default_root(tmp_path / "s.duckdb")) == set()
+        monkeypatch.undo()
+        sealed = store_.seal()
+        assert sealed.new_rows["ubi_events"] == 300_000
+        con = open_sealed(sealed)
+        try:
+            assert con.execute("SELECT count(*), count(DISTINCT event_key) FROM ubi_events").fetchone() == (
+                300_000, 300_000)
+        finally:
+            con.close()
