@@ -20,9 +20,12 @@ $(STAMP): pyproject.toml requirements.lock
 demo: $(STAMP)
 	$(VENV)/bin/ubi demo
 
-## test: the whole test suite (real DuckDB files, uvicorn on loopback, Tansu broker, headless chromium)
+## test: the whole test suite (real DuckDB files, uvicorn on loopback, Tansu broker, headless chromium), on
+## PYTEST_WORKERS pytest-xdist workers (0: serial, in one process). Each test file runs whole on one worker, and
+## the tests sharing a broker, a chromium or the demo runs share one (tests/conftest.py, SHARED_FIXTURE_GROUPS).
+PYTEST_WORKERS ?= 2
 test: $(STAMP) browser java
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 ## browser: Debian's chromium for the real-browser tests (never a browser download)
 browser:

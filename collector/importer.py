@@ -12,6 +12,7 @@ import dataclasses
 import io
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any, BinaryIO
 import duckdb
 import orjson
 
-from collector.fastpath import Chunk, fast_parser, write_chunk
+from collector.fastpath import Candidates, Chunk, ParsedChunk, fast_parser, parse_chunk, store_chunk
 from collector.formats import (
     BOM,
     FILE_BUFFER,
@@ -261,20 +262,31 @@ def _ndjson_chunks(lines: Iterator[tuple[int, bytes]], kind: Kind | None, size: 
         kind_of = lambda value: guess_kind(value, default)  # noqa: E731
         lines = itertools.chain(head, lines)
     given: dict[str, str | None] = {"event": kind, "query": kind}
-    chunk = Chunk(given=given, kind_of=kind_of)
-    n = 0
-    for index, (number, text) in enumerate(lines):
-        # Without --kind a plain event names action_name and a plain query record does not (the key guess).
-        if kind == "event" or (kind is None and b'"action_name"' in text):
-            chunk.events.add(index, number, text)
-        else:
-            chunk.queries.add(index, number, text)
-        n += 1
-        if n >= size:
-            yield chunk
-            chunk, n = Chunk(given=given, kind_of=kind_of), 0
-    if n:
-        yield chunk
+    index = 0
+    while True:
+        # The candidates' columns filled directly (no Candidates.add per line: this loop is Python's share of
+        # every NDJSON line); NDJSON has no _bulk metadata, so those columns are all None.
+        events, queries = Candidates(), Candidates()
+        ev_index, ev_number, ev_text = events.index.append, events.number.append, events.text.append
+        q_index, q_number, q_text = queries.index.append, queries.number.append, queries.text.append
+        end = index + size
+        for number, text in itertools.islice(lines, size):
+            # Without --kind a plain event names action_name and a plain query record does not (the key guess).
+            if kind == "event" or (kind is None and b'"action_name"' in text):
+                ev_index(index)
+                ev_number(number)
+                ev_text(text)
+            else:
+                q_index(index)
+                q_number(number)
+                q_text(text)
+            index += 1
+        for c in (events, queries):
+            c.bulk_id, c.action, c.index_name = [None] * len(c.index), [None] * len(c.index), [None] * len(c.index)
+        if index > end - size:
+            yield Chunk(events=events, queries=queries, given=given, kind_of=kind_of)
+        if index < end:
+            return
 
 
 def _with_kinds(
@@ -407,6 +419,59 @@ class CollectorWriter:
         self.client.close()
 
 
+def _import_fast(
+    store: Store,
+    parser: duckdb.DuckDBPyConnection,
+    pool: ThreadPoolExecutor,
+    path: Path,
+    kind: Kind | None,
+    cursor: FileCursor,
+    report: FileReport,
+    max_errors: int,
+    on_progress: Callable[[str, int, int, int], None] | None,
+) -> int:
+    """Import one file through the fast path, two chunks at a time; returns the records read.
+
+    A chunk is validated (:func:`collector.fastpath.parse_chunk`, in ``pool``'s one thread) while the one
+    before it is written (:func:`collector.fastpath.store_chunk`, here) and the one after it read. Both
+    halves spend most of their time in DuckDB, which releases the GIL, so they share the two cores. Chunks
+    are still written one at a time, in file order, one transaction each: the outcome of every record is
+    what :func:`collector.fastpath.write_chunk` of each chunk in turn gives. Validation reads nothing of the
+    store, so running it a chunk early changes nothing. Memory: three chunks at most (read, validated,
+    written).
+    """
+    records = 0
+    source = str(path)
+
+    def write(pending: tuple[Future[ParsedChunk], int, int]) -> None:
+        nonlocal records
+        parsed, n, done = pending
+        result, lines = store_chunk(store, parsed.result())
+        report.add(result, lines, max_errors)
+        records += n
+        if on_progress:
+            on_progress(source, done, cursor.size, records)  # the bytes read when the chunk was complete
+
+    pending: tuple[Future[ParsedChunk], int, int] | None = None
+    try:
+        for part in fast_chunks(path, kind, cursor):
+            parsed = pool.submit(parse_chunk, parser, part, source=source, received_at=utcnow())
+            if pending is not None:
+                previous, pending = pending, None
+                write(previous)
+            pending = (parsed, len(part), cursor.done)
+    except InputFileError:
+        # The file stops being readable after this chunk: its records are written before the error is
+        # raised, as they are without the read-ahead.
+        if pending is not None:
+            previous, pending = pending, None
+            write(previous)
+        raise
+    if pending is not None:
+        write(pending)
+    return records
+
+
 def import_files(
     paths: Sequence[Path],
     db: Path,
@@ -443,6 +508,8 @@ def import_files(
         write, mode = remote, remote.url
     # The fast path (collector.fastpath) needs the store itself and no record filter (filters work on models).
     parser = fast_parser() if store is not None and not filters and fast else None
+    # One thread validates the next chunk while this one writes its chunk (see _import_fast).
+    pool = ThreadPoolExecutor(1, thread_name_prefix="ubi-import-parse") if parser is not None else None
     reports = []
     try:
         for path in paths:
@@ -451,13 +518,8 @@ def import_files(
             if on_progress:
                 on_progress(str(path), 0, cursor.size, 0)
             records = 0
-            if parser is not None and store is not None:
-                for part in fast_chunks(path, kind, cursor):
-                    result, lines = write_chunk(store, parser, part, source=str(path), received_at=utcnow())
-                    report.add(result, lines, max_errors)
-                    records += len(part)
-                    if on_progress:
-                        on_progress(str(path), cursor.done, cursor.size, records)
+            if parser is not None and store is not None and pool is not None:
+                records = _import_fast(store, parser, pool, path, kind, cursor, report, max_errors, on_progress)
             else:
                 for chunk in chunks(iter_items(path, kind, cursor)):
                     # Items keep their position in the file: it is the item_index failed_records keeps for them.
@@ -470,6 +532,8 @@ def import_files(
                 on_progress(str(path), cursor.size, cursor.size, records)
             reports.append(report)
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
         if parser is not None:
             parser.close()
         if store is not None:

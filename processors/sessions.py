@@ -141,13 +141,39 @@ class FilterCounts:
         return asdict(self)
 
 
+class _DerivedUbmCells:
+    """``SessionData.ubm_cells``: given, or summed from the patterns on first read (then kept).
+
+    No fit needs them from here (``UBM.fit`` sums its own from the patterns), and at 20M events deriving them
+    took about 0.7 GB of numpy temporaries at the end of the session build; so the build passes None and only a
+    reader that asks pays for them. A data descriptor, so the frozen dataclass keeps its fields and order.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> UbmCells:
+        if obj is None:  # accessed on the class: the field has no default
+            raise AttributeError("ubm_cells")
+        cells = obj.__dict__.get(self.slot)
+        if cells is None:
+            cells = obj.__dict__[self.slot] = ubm_cells_from_sessions(obj.patterns)
+        return cells
+
+    def __set__(self, obj: Any, value: UbmCells | None) -> None:
+        obj.__dict__[self.slot] = value
+
+
 @dataclass(frozen=True)
 class SessionData:
-    """Everything one pass over the store yields: the pair index, the three statistics, the counts."""
+    """Everything one pass over the store yields: the pair index, the three statistics, the counts.
+
+    ``ubm_cells`` may be given as None: they are then summed from ``patterns`` when first read.
+    """
 
     pairs: PairIndex
     cells: ClickCells
-    ubm_cells: UbmCells
+    ubm_cells: UbmCells = _DerivedUbmCells()  # type: ignore[assignment]
     patterns: SessionPatterns
     quality: QualitySummary
     filters: FilterCounts
@@ -391,16 +417,16 @@ FROM (
 )
 """
 
-_PATTERN_ROWS = """
-CREATE OR REPLACE TEMP TABLE _ubi_patrows AS
-SELECT pattern, weight, (code // 2 // $n_pairs)::BIGINT AS rank, (code // 2 % $n_pairs)::BIGINT AS pair,
-       (code % 2) = 1 AS clicked
-FROM (SELECT pattern, weight, unnest(sig) AS code FROM _ubi_pat)
-"""
+# One row per shown rank of each pattern: its signature's codes, decoded in numpy batch by batch
+# (``_fill_patterns``) into the [n, K] arrays, so neither DuckDB nor Python holds a table of every pattern rank.
+_PATTERN_CODES = "SELECT pattern, unnest(sig) AS code FROM _ubi_pat"
+
+#: rows per Arrow batch of ``_PATTERN_CODES``: 16 bytes a row, so about 8 MB a batch whatever the log's size
+PATTERN_BATCH = 500_000
 
 _TEMP_TABLES = ("_ubi_search0", "_ubi_search", "_ubi_hits", "_ubi_ev", "_ubi_impdoc", "_ubi_shown0",
                 "_ubi_clk", "_ubi_placed", "_ubi_disp", "_ubi_sess", "_ubi_kept", "_ubi_pairs", "_ubi_kp",
-                "_ubi_pat", "_ubi_patrows", "_ubi_fold", "_ubi_shown_by")
+                "_ubi_pat", "_ubi_fold", "_ubi_shown_by")
 
 
 # ----------------------------------------------------------------------------- building
@@ -622,6 +648,26 @@ def _np(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
     return table.column(name).to_numpy().astype(dtype, copy=False)
 
 
+def _fill_patterns(con: duckdb.DuckDBPyConnection, n: int, k: int, n_pairs: int) -> tuple[np.ndarray, np.ndarray]:
+    """The [n, K] ``docs`` and ``clicks`` of the ``n`` patterns of ``_ubi_pat``, filled batch by batch.
+
+    Each code of a signature is ``((rank * n_pairs) + pair) * 2 + clicked`` (``_PATTERNS``). Only the two arrays
+    and one batch of ``PATTERN_BATCH`` codes are held at a time: at 20M events the patterns have about 10M
+    shown ranks, which as one Arrow table and its numpy copies took more memory than the arrays themselves.
+    """
+    docs = np.full((n, k), -1, dtype=np.int64)
+    clicks = np.zeros((n, k), dtype=bool)
+    reader = con.sql(_PATTERN_CODES).to_arrow_reader(PATTERN_BATCH)
+    for batch in reader:
+        pid = batch.column(0).to_numpy().astype(np.int64, copy=False)
+        code = batch.column(1).to_numpy().astype(np.int64, copy=False)
+        rest = code // 2
+        col = rest // n_pairs - 1
+        docs[pid, col] = rest % n_pairs
+        clicks[pid, col] = (code % 2) == 1
+    return docs, clicks
+
+
 def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, *,
                   max_rank: int | None = None, application: str | None | object = ALL_APPLICATIONS,
                   holdout: float | None = None, systems: bool = False) -> SessionData:
@@ -666,10 +712,9 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
         n_pairs = {"n_pairs": max(len(pairs), 1)}
         con.execute(_PATTERNS if holdout is None else _PATTERNS_FOLD, n_pairs)
         _drop(con, "_ubi_kp")
-        con.execute(_PATTERN_ROWS, n_pairs)
         wt = con.sql(f"SELECT qi, weight, {'fold' if holdout is not None else 'false AS fold'} FROM _ubi_pat "
                      "ORDER BY pattern").to_arrow_table()
-        rows = con.sql("SELECT pattern, rank, pair, clicked FROM _ubi_patrows").to_arrow_table()
+        docs, clicks = _fill_patterns(con, wt.num_rows, k, n_pairs["n_pairs"])
         shown = train_shown = None
         if systems:
             from processors.system_rankings import shown_rankings
@@ -681,24 +726,16 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
         raise StoreError(f"building sessions failed in DuckDB: {exc}") from exc
     finally:
         _cleanup(con)
-    n = wt.num_rows
-    docs = np.full((n, k), -1, dtype=np.int64)
-    clicks = np.zeros((n, k), dtype=bool)
-    pid = _np(rows, "pattern", np.int64)
-    col = _np(rows, "rank", np.int64) - 1
-    docs[pid, col] = _np(rows, "pair", np.int64)
-    clicks[pid, col] = rows.column("clicked").to_numpy(zero_copy_only=False).astype(bool)
     patterns = SessionPatterns(pairs, _np(wt, "qi", np.int64), docs, clicks, _np(wt, "weight", np.int64))
-    # UBM cells from the (fewer) deduplicated patterns, in numpy: as Spark's sessions get them, and cheaper than a
-    # per-pattern window in SQL (which took 1.2 s of CPU at 5M events)
-    ubm = ubm_cells_from_sessions(patterns)
+    # UBM cells come from the (fewer) deduplicated patterns, in numpy, when first read (SessionData.ubm_cells): as
+    # Spark's sessions get them, and cheaper than a per-pattern window in SQL (1.2 s of CPU at 5M events)
     try:
         cells.check()
         patterns.check()
     except StatsError as exc:
         raise SessionError(f"session statistics are inconsistent (a bug): {exc}") from exc
     held = wt.column("fold").to_numpy(zero_copy_only=False).astype(bool) if holdout is not None else None
-    return SessionData(pairs, cells, ubm, patterns, quality, filters, k, held,
+    return SessionData(pairs, cells, None, patterns, quality, filters, k, held,
                        None if every else application, shown, train_shown)  # type: ignore[arg-type]
 
 

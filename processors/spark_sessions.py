@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from processors.sessions import FilterCounts, QualitySummary, SessionData, SessionError
-from processors.stats import ClickCells, PairIndex, SessionPatterns, StatsError, ubm_cells_from_sessions
+from processors.stats import ClickCells, PairIndex, SessionPatterns, StatsError
 from schemas.settings import Settings
 from schemas.text import normalize_query
 
@@ -230,7 +230,8 @@ def spark_sessions(spark: Any, parquet: Path | str, settings: Settings | None = 
         patterns.check()
     except StatsError as exc:
         raise SessionError(f"session statistics from Spark are inconsistent (a bug): {exc}") from exc
-    return SessionData(pairs, cells, ubm_cells_from_sessions(patterns), patterns, QualitySummary(), filters, k)
+    # UBM cells: summed from the patterns when first read (SessionData.ubm_cells)
+    return SessionData(pairs, cells, None, patterns, QualitySummary(), filters, k)  # type: ignore[arg-type]
 
 
 def _patterns(spark: Any, pairs: PairIndex, k: int) -> SessionPatterns:

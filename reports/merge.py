@@ -274,7 +274,10 @@ def labels_from_store(con: duckdb.DuckDBPyConnection) -> list[Label]:
     A judgment's ``parameters`` is the merged dict of ``store.judgment_params`` (its run's keys, then its own),
     with the run-wide part parsed once per run and shared between the rows' dicts: read it, do not change it.
     At 20M events a run has about 400,000 judgments, and 1.3 KB of run-wide parameters parsed row by row took
-    more memory than everything else ``ubi report`` reads.
+    more memory than everything else ``ubi report`` reads. So rows whose stored parameters are the same text
+    share one dict (``read_judgments(..., share=True)``: a run's rows differ only in ``observations``), and the
+    values most rows repeat (query text, source, model version, creation time) are one object each: at 5M
+    events 2.0 KB a label before, about 0.6 KB after.
     """
     tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     out: list[Label] = []
@@ -285,11 +288,13 @@ def labels_from_store(con: duckdb.DuckDBPyConnection) -> list[Label]:
         ).fetchall():
             out.append(Label(query, doc, grade, source, origin="store" if origin is None else f"store:{origin}",
                              query_id=qid, assessor=assessor, judged_at=judged_at, rubric=rubric))
+    same: dict[Any, Any] = {}  # one object per distinct query text, source, version, time (equal values)
+    one = same.setdefault
     for (query, doc, grade, source, version, score, lo, hi, imps, clicks, sessions, created,
-         parameters) in read_judgments(con, _LABEL_COLUMNS):
-        out.append(Label(query, doc, grade, source, origin="store", model_version=version, score=score,
-                         ci_low=lo, ci_high=hi, impressions=imps, clicks=clicks, sessions=sessions,
-                         parameters=parameters, judged_at=created))
+         parameters) in read_judgments(con, _LABEL_COLUMNS, share=True):
+        out.append(Label(one(query, query), doc, grade, one(source, source), origin="store",
+                         model_version=one(version, version), score=score, ci_low=lo, ci_high=hi, impressions=imps,
+                         clicks=clicks, sessions=sessions, parameters=parameters, judged_at=one(created, created)))
     return out
 
 

@@ -8,6 +8,11 @@ the test ends (so a run stopped half-way still leaves its figures).
 
 ``pytest --durations`` reports wall time only, which other engineers' benchmarks inflate; CPU time moves
 much less with the machine's load, so before/after comparisons use both columns.
+
+Under pytest-xdist (``make test``: ``-n 2``) the tests run in the workers: each hands its rows to the
+controller when it ends (``workeroutput``), and the table adds one line per worker with its wall time from
+start to end and its CPU seconds (own, and its children's). The TOTAL row then sums the tests of all
+workers, so its wall column is more than the run's wall time.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Any
 import pytest
 
 _rows: dict[str, list[float]] = {}  # nodeid -> [wall, own cpu, children cpu]
+_workers: dict[str, list[float]] = {}  # xdist worker id -> [wall, own cpu, children cpu] of its whole session
+_started = time.perf_counter()
 
 
 def _cpu() -> tuple[float, float]:
@@ -31,13 +38,14 @@ def _cpu() -> tuple[float, float]:
 
 def _measure(item: pytest.Item) -> Generator[None, Any, Any]:
     wall0, (own0, kids0) = time.perf_counter(), _cpu()
-    result = yield
-    own1, kids1 = _cpu()
-    row = _rows.setdefault(item.nodeid, [0.0, 0.0, 0.0])
-    row[0] += time.perf_counter() - wall0
-    row[1] += own1 - own0
-    row[2] += kids1 - kids0
-    return result
+    try:
+        return (yield)
+    finally:  # a failing phase raises out of the yield: its time counts too
+        own1, kids1 = _cpu()
+        row = _rows.setdefault(item.nodeid, [0.0, 0.0, 0.0])
+        row[0] += time.perf_counter() - wall0
+        row[1] += own1 - own0
+        row[2] += kids1 - kids0
 
 
 @pytest.hookimpl(wrapper=True)
@@ -61,6 +69,21 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, Any, Any]:
     return result
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # an xdist worker: the controller prints the table
+        own, kids = _cpu()
+        output["cpu_durations"] = {"rows": _rows, "session": [time.perf_counter() - _started, own, kids]}
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: called on the controller as each worker ends
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    got = getattr(node, "workeroutput", {}).get("cpu_durations")
+    if got:
+        _rows.update(got["rows"])
+        _workers[str(node.gateway.id)] = list(got["session"])
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     rows = sorted(_rows.items(), key=lambda kv: -kv[1][0])
     wall = sum(r[0] for _, r in rows)
@@ -73,3 +96,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for nodeid, (w, c, k) in rows[:n]:
         tr.write_line(f"{w:8.2f} {c:8.2f} {k:8.2f}  {nodeid}")
     tr.write_line(f"{wall:8.2f} {own:8.2f} {kids:8.2f}  TOTAL over {len(rows)} tests")
+    for worker, (w, c, k) in sorted(_workers.items()):
+        tr.write_line(f"{w:8.2f} {c:8.2f} {k:8.2f}  worker {worker}, start to end")

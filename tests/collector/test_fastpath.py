@@ -13,6 +13,7 @@ and generated logs.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -290,6 +291,69 @@ def test_generated_logs_agree_and_take_the_fast_path(tmp_path: Path, fmt: str) -
         fastpath.validate_items = original  # type: ignore[assignment]
     assert chunk_events == []
     assert sum(r["accepted"] for r in fast["reports"]) > 3_000
+
+
+#: Event lines of the shape LEAN_EVENT_SQL reads (compact, no null) with the edge pieces above: about one in
+#: nine is plain (EVENT_SQL's and LEAN_EVENT_SQL's counts agreed, 45 of 400 drawn).
+compact_event_line = st.builds(
+    _render,
+    _pairs({k: v.filter(lambda x: "null" not in x) for k, v in _EVENT_FIELDS.items()}, ("action_name", "timestamp", "event_id")),
+    st.just((",", False)),
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(lines=st.lists(st.one_of(compact_event_line, compact_event_line, event_line), min_size=1, max_size=40),
+       bulk_ids=st.lists(st.sampled_from([None, None, "e1", "e2", "k" * 101]), min_size=40, max_size=40))
+def test_the_one_pass_statement_takes_only_what_the_three_pass_one_takes(lines: list[str],
+                                                                       bulk_ids: list[str | None]) -> None:
+    """LEAN_EVENT_SQL may leave a line to EVENT_SQL, never take one EVENT_SQL would not, nor make another row
+    of it: every row it makes is EVENT_SQL's row of that line, column by column."""
+    c = fastpath.Candidates()
+    for i, line in enumerate(lines):
+        c.add(i, i + 1, line.encode(), bulk_ids[i])
+    table, _ = fastpath._lines_table(c)
+    con = fastpath.fast_parser()
+    when = datetime(2025, 1, 2, 3, 4, 5)
+    try:
+        three = fastpath._events_of(con, fastpath.EVENT_SQL, table, when).to_pylist()
+        one = fastpath._events_of(con, fastpath.LEAN_EVENT_SQL, table, when).to_pylist()
+    finally:
+        con.close()
+    by_pos = {row["_pos"]: row for row in three}
+    assert all(by_pos.get(row["_pos"]) == row for row in one)
+    # what is left over, EVENT_SQL decides alone: the union is what plain_events returns
+    con = fastpath.fast_parser()
+    try:
+        assert fastpath.plain_events(con, c, when).to_pylist() == three
+    finally:
+        con.close()
+
+
+def test_the_one_pass_statement_takes_the_common_shape() -> None:
+    """Compact lines without a null (what the reference JavaScript client and OpenSearch exports send) take the
+    one JSON pass; a null or a space before an object value leaves the line to EVENT_SQL (same rows)."""
+    common = ('{"event_id":"e1","action_name":"click","query_id":"q: 1","timestamp":"2024-05-16T12:34:56.789Z",'
+              '"event_attributes":{"object":{"object_id":"sku-1","object_id_field":"sku"},"position":{"ordinal":3}}}')
+    with_null = common.replace('"query_id":"q: 1"', '"query_id":null')
+    spaced = common.replace('"object":{', '"object": {')
+    c = fastpath.Candidates()
+    for i, line in enumerate([common, with_null, spaced]):
+        c.add(i, i + 1, line.encode())
+    table, _ = fastpath._lines_table(c)
+    con = fastpath.fast_parser()
+    when = datetime(2025, 1, 2)
+    try:
+        one = fastpath._events_of(con, fastpath.LEAN_EVENT_SQL, table, when).to_pylist()
+        rows = fastpath.plain_events(con, c, when).to_pylist()
+    finally:
+        con.close()
+    assert [r["_pos"] for r in one] == [0]
+    assert [r["_pos"] for r in rows] == [0, 1, 2]
+    # the stored event_attributes is what pydantic's model_dump_json(exclude_none=True) writes (field order)
+    assert one[0]["event_attributes"] == '{"object":{"object_id":"sku-1","object_id_field":"sku"},"position":{"ordinal":3}}'
+    assert (one[0]["query_id"], one[0]["position_ordinal"], rows[1]["query_id"]) == ("q: 1", 3, None)
+    assert {k: v for k, v in rows[2].items() if k != "_pos"} == {k: v for k, v in one[0].items() if k != "_pos"}
 
 
 def test_the_fast_path_limits_are_the_models() -> None:

@@ -30,10 +30,19 @@ def run_ubi(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="ubi")
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(argv)
+    # `ubi` renders into a pipe at LOG_WIDTH columns (ubi/stages.py _log_width), so rich does not fold its
+    # tables; at rich's default 80 a long tmp path (a pytest-xdist worker's .../popen-gw1/...) was folded
+    # mid-word and the tests looking for it failed.
+    wide = "COLUMNS" not in os.environ and not sys.stdout.isatty()
+    if wide:
+        os.environ["COLUMNS"] = "10000"  # ubi.stages.LOG_WIDTH (not imported: it imports every stage)
     try:
         return int(args.func(args) or 0)
     except UbiError:
         return 2
+    finally:
+        if wide:
+            os.environ.pop("COLUMNS", None)
 
 
 def count(db: Path, sql: str) -> Any:

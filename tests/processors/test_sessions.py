@@ -571,3 +571,46 @@ def test_hash_check_counts_distinct_values_and_null() -> None:
         con.execute("CREATE OR REPLACE TEMP TABLE _ubi_ev AS SELECT unnest($e::VARCHAR[]) AS object_id", {"e": events})
         con.execute("CREATE OR REPLACE TEMP TABLE _ubi_hits AS SELECT unnest($h::VARCHAR[][]) AS hits", {"h": hits})
         assert con.execute(weak).fetchall()[0][0] is want, (events, hits)
+
+
+# ----------------------------------------------------------------------------- patterns filled batch by batch
+
+@pytest.mark.parametrize("batch", [1, 7, 1000])
+def test_patterns_filled_in_batches_are_the_same(sample_db: Path, sample, monkeypatch, batch: int) -> None:
+    """The [n, K] pattern arrays filled from the signature codes a few rows at a time (1: every code its own
+    batch; 7: batches that split a pattern's ranks) equal those of one batch, and the patterns built in Python
+    from the same sessions (``iter_sessions``), with and without a held-out split."""
+    import processors.sessions as sessions
+
+    held = read_sessions(sample_db, FIXED_BASE, holdout=0.3)
+    monkeypatch.setattr(sessions, "PATTERN_BATCH", batch)
+    _same_sessions(read_sessions(sample_db, FIXED_BASE), sample)
+    small = read_sessions(sample_db, FIXED_BASE, holdout=0.3)
+    _same_sessions(small, held)
+    assert np.array_equal(small.held_out, held.held_out)
+    con = open_reader(sample_db)
+    try:
+        rebuilt = patterns_from_sessions(list(iter_sessions(con, FIXED_BASE)), 10)
+    finally:
+        con.close()
+    for name in ("query", "docs", "clicks", "weight"):
+        assert np.array_equal(getattr(rebuilt, name), getattr(sample.patterns, name)), name
+    # the held-out split keeps every search once: its two halves add up to the whole log's patterns
+    train, test = small.split()
+    assert train.n_sessions + test.n_sessions == sample.patterns.n_sessions == 278
+
+
+def test_ubm_cells_are_summed_on_first_read(sample_db: Path) -> None:
+    """The session build leaves UBM cells to the first reader (no fit needs them from here); they are then the
+    patterns' own (``ubm_cells_from_sessions``) and kept, and a SessionData given them keeps those."""
+    data = read_sessions(sample_db, FIXED_BASE)
+    assert data.__dict__["_ubm_cells"] is None
+    want = ubm_cells_from_sessions(data.patterns)
+    got = data.ubm_cells
+    for name in ("pair", "rank", "prev_click", "impressions", "clicks"):
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    assert data.ubm_cells is got and len(got.pair) > len(data.cells.pair)
+    from dataclasses import replace
+
+    given = replace(data, ubm_cells=want)
+    assert given.ubm_cells is want

@@ -177,3 +177,45 @@ def test_a_reader_of_sealed_segments_gets_the_runs_too(tmp_path: Path) -> None:
     finally:
         con.close()
     assert got == list(merged_from_arrow(run.table, run.runs)) and len(got) == run.table.num_rows
+
+
+def test_shared_dicts_read_as_the_unshared_ones(tmp_path: Path) -> None:
+    """``read_judgments(..., share=True)`` (what the report's labels use) gives dicts equal to the unshared ones,
+    key order included, one object per distinct stored text, from the new rows and from rows stored the old way;
+    the labels carry exactly those dicts and the same values."""
+    import json
+
+    db, settings = _small(tmp_path)
+    run = make_judgments(read_sessions(db, settings), "ctr", Settings(min_support=1, max_ci_width=100.0))
+    store_judgments(db, run.table, run.source, runs=run.runs)
+    old = old_store(tmp_path / "old.duckdb", old_shape(run.table, run.runs))
+    con = open_reader(db)
+    try:
+        want = [p for (p,) in read_judgments(con, ())]
+    finally:
+        con.close()
+    n_texts = len({json.dumps(p) for p in want})
+    assert len(want) == run.table.num_rows and 1 < n_texts < len(want)  # rows differ in observations only
+    for path in (db, old):
+        con = open_reader(path)
+        try:
+            shared = [p for (p,) in read_judgments(con, (), share=True)]
+            apart = [p for (p,) in read_judgments(con, ())]
+        finally:
+            con.close()
+        assert shared == apart == want
+        assert all(list(a.items()) == list(b.items()) for a, b in zip(shared, apart, strict=True))
+        assert len({id(p) for p in shared}) == n_texts and len({id(p) for p in apart}) == len(apart)
+        labels = read_labels(path)
+        assert [lab.parameters for lab in labels] == want
+        assert len({id(lab.parameters) for lab in labels}) == n_texts
+    con = open_reader(db)
+    try:
+        rows = con.execute("SELECT query, doc_id, grade, source, model_version, score, impressions, created_at "
+                           "FROM judgments ORDER BY query, doc_id, source").fetchall()
+    finally:
+        con.close()
+    labels = read_labels(db)
+    assert [(lab.query, lab.doc_id, lab.grade, lab.source, lab.model_version, lab.score, lab.impressions,
+             lab.judged_at) for lab in labels] == rows
+    assert len({id(lab.source) for lab in labels}) == 1 and len({id(lab.judged_at) for lab in labels}) == 1
