@@ -247,9 +247,9 @@ def test_every_model_takes_the_prior_keyword_and_records_it(name: str, prior: st
     assert kinds == {prior}
     if prior == "empirical":
         first = recorded if "kind" in recorded else recorded["alpha"]
-        # an intercept and one coefficient per feature; PBM and UBM use the three ranking features
+        # an intercept and one coefficient per feature; PBM, UBM and DBN (its α) use the three ranking features
         assert len(first["coef"]) == 1 + len(first["features"]) and first["strength"] > 0
-        assert len(first["features"]) == (3 if name in ("pbm", "ubm") else 2)
+        assert len(first["features"]) == (3 if name in ("pbm", "ubm", "dbn") else 2)
 
 
 def test_unknown_prior_is_refused() -> None:
