@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import duckdb
 import numpy as np
@@ -173,7 +173,10 @@ class SessionData:
 
     pairs: PairIndex
     cells: ClickCells
-    ubm_cells: UbmCells = _DerivedUbmCells()  # type: ignore[assignment]
+    if TYPE_CHECKING:  # read as UbmCells; given as None by load_sessions and Spark (summed when first read)
+        ubm_cells: UbmCells
+    else:  # the descriptor raises AttributeError on the class, so the dataclass sees no default
+        ubm_cells: UbmCells = _DerivedUbmCells()
     patterns: SessionPatterns
     quality: QualitySummary
     filters: FilterCounts
@@ -735,8 +738,9 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
     except StatsError as exc:
         raise SessionError(f"session statistics are inconsistent (a bug): {exc}") from exc
     held = wt.column("fold").to_numpy(zero_copy_only=False).astype(bool) if holdout is not None else None
-    return SessionData(pairs, cells, None, patterns, quality, filters, k, held,
-                       None if every else application, shown, train_shown)  # type: ignore[arg-type]
+    app = None if every else cast("str | None", application)
+    return SessionData(pairs, cells, None, patterns, quality, filters, k, held,  # type: ignore[arg-type]
+                       app, shown, train_shown)
 
 
 #: held-out flags use the first 32 bits of md5(query_id)
