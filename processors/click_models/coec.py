@@ -75,8 +75,7 @@ from processors.click_models.priors import (
     SystemRankings,
     fit_prior,
     gamma_posterior_interval,
-    ranking_features,
-    system_features,
+    prior_features,
     unseen_ranking_features,
 )
 from processors.stats import SessionPatterns
@@ -146,21 +145,11 @@ class COEC(_CountingModel):
             self.coec_pred = self.coec
             self.phi = np.ones(len(self.coec))
             return
-        n_pairs = len(sessions.pairs)
         e = self.expected_clicks
         self.phi = dispersion(e, expected_clicks(sessions, self.rank_ctr * (1.0 - self.rank_ctr)))
         c_q, e_q = self.clicks / self.phi, e / self.phi
-        feats, self._rankings = ranking_features(sessions.query, sessions.docs, sessions.pairs.query_index, n_pairs)
-        names = RANKING_FEATURES
-        if systems is None:
-            self._systems_note = "not given: the sessions came without the systems that showed them"
-        else:
-            systems.check(n_pairs)
-            votes, vote_names = system_features(systems, sessions.pairs.query_index, n_pairs)
-            self._systems_note = (f"{len(vote_names)} systems" if vote_names else
-                                  f"{len(systems.names)} system{'s' if len(systems.names) != 1 else ''}: no vote")
-            if vote_names:
-                feats, names = np.column_stack([feats, votes]), names + vote_names
+        f = prior_features(sessions, systems)
+        feats, names, self._rankings, self._systems_note = f.features, f.names, f.rankings, f.note
         self.pred_prior = fit_prior(c_q, e_q, feats, family="gamma", varying_strength=True, feature_names=names,
                                     strength_features=len(RANKING_FEATURES))
         self.coec_pred = np.where(e > 0, quasi_poisson_posterior(self.pred_prior, self.clicks, e, self.phi), np.nan)

@@ -62,7 +62,6 @@ from processors.click_models.dcm import last_click_counts
 from processors.click_models.pbm import log_beta_kernel
 from processors.click_models.priors import (
     DEFAULT_PRIOR,
-    RANKING_FEATURES,
     SYSTEM_FEATURE_PREFIX,
     BetaPrior,
     LogFeatures,
@@ -71,9 +70,8 @@ from processors.click_models.priors import (
     fit_prior,
     fixed_prior,
     posterior_interval,
-    ranking_features,
+    prior_features,
     same_prior,
-    system_features,
     unseen_ranking_features,
 )
 from processors.stats import PairIndex, SessionPatterns
@@ -435,19 +433,9 @@ class DBN(FittedModel):
         """Features of α's prior: the ranking features, then the systems' votes (none with fewer than two
         systems); the training queries' ranking counts (for unseen pairs); the feature names. Records in
         ``_systems_note`` what was used."""
-        n_pairs = len(sessions.pairs)
-        feats, rankings = ranking_features(sessions.query, sessions.docs, sessions.pairs.query_index, n_pairs)
-        names = RANKING_FEATURES
-        if systems is None:
-            self._systems_note = "not given: the sessions came without the systems that showed them"
-        else:
-            systems.check(n_pairs)
-            votes, vote_names = system_features(systems, sessions.pairs.query_index, n_pairs)
-            self._systems_note = (f"{len(vote_names)} systems" if vote_names else
-                                  f"{len(systems.names)} system{'s' if len(systems.names) != 1 else ''}: no vote")
-            if vote_names:
-                feats, names = np.column_stack([feats, votes]), names + vote_names
-        return feats, rankings, names
+        f = prior_features(sessions, systems)
+        self._systems_note = f.note
+        return f.features, f.rankings, f.names
 
     def relevance(self) -> RelevanceEstimate:
         """Score = α·σ; interval = product of the Jeffreys bounds of α (on expected examinations) and σ.

@@ -42,7 +42,6 @@ from processors.click_models.common import (
 from processors.click_models.priors import (
     DEFAULT_PRIOR,
     FEATURES,
-    RANKING_FEATURES,
     SYSTEM_FEATURE_PREFIX,
     BetaPrior,
     SystemRankings,
@@ -50,11 +49,10 @@ from processors.click_models.priors import (
     fit_prior,
     fixed_prior,
     posterior_interval,
+    prior_features,
     query_searches,
     rank_features,
-    ranking_features,
     same_prior,
-    system_features,
     unseen_features,
     unseen_ranking_features,
 )
@@ -444,20 +442,9 @@ class ExaminationEM(FittedModel):
             self._session_features = None
             self._systems_note = "not used: cells carry no rankings" if sessions is None else "not used"
             return
-        n_pairs = len(sessions.pairs)
-        feats, rankings = ranking_features(sessions.query, sessions.docs, sessions.pairs.query_index, n_pairs)
-        names = RANKING_FEATURES
-        if systems is None:
-            self._systems_note = "not given: the sessions came without the systems that showed them"
-        else:
-            systems.check(n_pairs)
-            votes, vote_names = system_features(systems, sessions.pairs.query_index, n_pairs)
-            self._systems_note = (f"{len(vote_names)} systems" if vote_names else
-                                  f"{len(systems.names)} system{'s' if len(systems.names) != 1 else ''}: no vote")
-            if vote_names:
-                feats, names = np.column_stack([feats, votes]), names + vote_names
-                self._system_names = vote_names
-        self._session_features = (feats, rankings, names)
+        f = prior_features(sessions, systems)
+        self._systems_note, self._system_names = f.note, f.vote_names
+        self._session_features = (f.features, f.rankings, f.names)
 
     def _prior_parameters(self, first: float) -> dict[str, Any]:
         """The prior's record; the prior mean coefficients are on α's raw scale (times ``first`` for the score)."""

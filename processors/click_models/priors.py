@@ -423,6 +423,36 @@ def system_features(systems: SystemRankings, query_of_pair: AnyArray, n_pairs: i
     return out, tuple(SYSTEM_FEATURE_PREFIX + systems.names[j] for j in keep)
 
 
+@dataclass(frozen=True)
+class PriorFeatures:
+    """The features of a rank-informed prior mean for each pair, as PBM, UBM, DBN's α and COEC's prediction
+    take them: :func:`ranking_features`, then the systems' votes (:func:`system_features`) when the log says
+    which system showed which ranking and there are at least two; with the training queries' ranking counts
+    (for pairs no training ranking showed) and a note of what was used, for the rows' parameters."""
+
+    features: NDArray[np.float64]
+    rankings: NDArray[np.float64]
+    names: tuple[str, ...]
+    vote_names: tuple[str, ...]
+    note: str
+
+
+def prior_features(sessions: SessionPatterns, systems: SystemRankings | None) -> PriorFeatures:
+    """:class:`PriorFeatures` of ``sessions``' pairs; ``systems`` None: the ranking features alone."""
+    n_pairs = len(sessions.pairs)
+    feats, rankings = ranking_features(sessions.query, sessions.docs, sessions.pairs.query_index, n_pairs)
+    if systems is None:
+        return PriorFeatures(feats, rankings, RANKING_FEATURES, (),
+                             "not given: the sessions came without the systems that showed them")
+    systems.check(n_pairs)
+    votes, vote_names = system_features(systems, sessions.pairs.query_index, n_pairs)
+    if not vote_names:
+        n = len(systems.names)
+        return PriorFeatures(feats, rankings, RANKING_FEATURES, (), f"{n} system{'s' if n != 1 else ''}: no vote")
+    return PriorFeatures(np.column_stack([feats, votes]), rankings, RANKING_FEATURES + vote_names, vote_names,
+                         f"{len(vote_names)} systems")
+
+
 def unseen_ranking_features(ranks: AnyArray, queries: AnyArray, rankings: NDArray[np.float64]) -> NDArray[np.float64]:
     """:func:`ranking_features` of a pair no training ranking showed, displayed at ``ranks``: z₁ = ln rank,
     z₂ = ln 1/(R_q + 1) (one ranking of R_q + 1 shows it), z₃ NaN (its ranking is not known: the prior takes
