@@ -72,7 +72,9 @@ from processors.click_models.priors import (
     posterior_interval,
     prior_features,
     same_prior,
+    unseen_positions,
     unseen_ranking_features,
+    votes_record,
 )
 from processors.stats import PairIndex, SessionPatterns
 
@@ -417,14 +419,8 @@ class DBN(FittedModel):
             return (gather(self.alpha, sessions.docs, self.prior_alpha),
                     gather(self.sigma, sessions.docs, self.prior_sigma))
         alpha = gather(self.alpha, sessions.docs, self.prior_alpha)
-        d = sessions.docs
-        inside = (d >= 0) & (d < len(self.alpha))
-        fitted = np.zeros(d.shape, dtype=bool)
-        fitted[inside] = ~np.isnan(self.alpha[d[inside]])
-        unseen = (d >= 0) & ~fitted
+        unseen, ranks, queries = unseen_positions(self.alpha, sessions)
         if unseen.any():
-            ranks = np.broadcast_to(np.arange(1, d.shape[1] + 1), d.shape)[unseen]
-            queries = np.broadcast_to(sessions.query[:, None], d.shape)[unseen]
             alpha[unseen] = self._unseen_prior.mean_at(unseen_ranking_features(ranks, queries, self._rankings))
         return alpha, self.log_features.gather(self.sigma, sessions, self.sigma_prior, self.prior_sigma)
 
@@ -482,10 +478,6 @@ class DBN(FittedModel):
         """α's prior record; under ``empirical`` also which systems voted and the unseen pairs' prior."""
         out = self.alpha_prior.parameters()
         if self.prior == "empirical":
-            out["system_features"] = getattr(self, "_systems_note", "not used")
-            unseen = getattr(self, "_unseen_prior", self.alpha_prior)
-            if unseen is not self.alpha_prior:
-                out["unseen_pairs"] = {"features": list(unseen.feature_names),
-                                       "coef": [round(c, 6) for c in unseen.coef],
-                                       "note": "prior mean of pairs no training ranking showed (they have no vote)"}
+            out.update(votes_record(getattr(self, "_systems_note", "not used"),
+                                    getattr(self, "_unseen_prior", self.alpha_prior), self.alpha_prior))
         return out

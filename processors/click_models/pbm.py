@@ -54,7 +54,9 @@ from processors.click_models.priors import (
     rank_features,
     same_prior,
     unseen_features,
+    unseen_positions,
     unseen_ranking_features,
+    votes_record,
 )
 from processors.identifiability import IDENTIFIED, UNIDENTIFIED, Identifiability, assess
 from processors.stats import ClickCells, PairIndex, SessionPatterns, cells_from_sessions
@@ -419,15 +421,8 @@ class ExaminationEM(FittedModel):
         alpha = gather(self.alpha, sessions.docs, self.prior_alpha)
         if self.prior != "empirical":
             return alpha
-        n = len(self.alpha)
-        d = sessions.docs
-        inside = (d >= 0) & (d < n)
-        fitted = np.zeros(d.shape, dtype=bool)
-        fitted[inside] = ~np.isnan(self.alpha[d[inside]])
-        unseen = (d >= 0) & ~fitted
+        unseen, ranks, queries = unseen_positions(self.alpha, sessions)
         if unseen.any():
-            ranks = np.broadcast_to(np.arange(1, d.shape[1] + 1), d.shape)[unseen]
-            queries = np.broadcast_to(sessions.query[:, None], d.shape)[unseen]
             unseen_feats = (unseen_features(ranks, queries, self._searches) if self._rankings is None
                             else unseen_ranking_features(ranks, queries, self._rankings))
             alpha[unseen] = self._unseen_prior.mean_at(unseen_feats)
@@ -452,12 +447,8 @@ class ExaminationEM(FittedModel):
         if self.rounds_note:
             out["schedule"] = self.rounds_note
         if self.prior == "empirical":
-            out["system_features"] = getattr(self, "_systems_note", "not used")
-            unseen = getattr(self, "_unseen_prior", self.alpha_prior)
-            if unseen is not self.alpha_prior:
-                out["unseen_pairs"] = {"features": list(unseen.feature_names),
-                                       "coef": [round(c, 6) for c in unseen.coef],
-                                       "note": "prior mean of pairs no training ranking showed (they have no vote)"}
+            out.update(votes_record(getattr(self, "_systems_note", "not used"),
+                                    getattr(self, "_unseen_prior", self.alpha_prior), self.alpha_prior))
         return out
 
     def parameters(self) -> dict[str, Any]:

@@ -453,6 +453,31 @@ def prior_features(sessions: SessionPatterns, systems: SystemRankings | None) ->
                          f"{len(vote_names)} systems")
 
 
+def votes_record(note: str, unseen: Any, prior: Any) -> dict[str, Any]:
+    """What a rows' prior record says of the systems' votes: ``note`` (:attr:`PriorFeatures.note`), and the
+    prior of pairs no training ranking showed when it is a fit of its own (``unseen`` is not ``prior``)."""
+    out: dict[str, Any] = {"system_features": note}
+    if unseen is not prior:
+        out["unseen_pairs"] = {"features": list(unseen.feature_names), "coef": [round(c, 6) for c in unseen.coef],
+                               "note": "prior mean of pairs no training ranking showed (they have no vote)"}
+    return out
+
+
+def unseen_positions(alpha: NDArray[np.float64], sessions: SessionPatterns
+                     ) -> tuple[NDArray[np.bool_], NDArray[np.int64], NDArray[np.int64]]:
+    """Where ``sessions`` show a pair with no fitted parameter (``alpha`` NaN or beyond it: no training
+    ranking showed the pair): the [n, K] mask, and each such position's rank and query, the input of
+    :func:`unseen_ranking_features`."""
+    d = sessions.docs
+    inside = (d >= 0) & (d < len(alpha))
+    fitted = np.zeros(d.shape, dtype=bool)
+    fitted[inside] = ~np.isnan(alpha[d[inside]])
+    unseen = (d >= 0) & ~fitted
+    ranks = np.broadcast_to(np.arange(1, d.shape[1] + 1), d.shape)[unseen]
+    queries = np.broadcast_to(sessions.query[:, None], d.shape)[unseen]
+    return unseen, ranks, queries
+
+
 def unseen_ranking_features(ranks: AnyArray, queries: AnyArray, rankings: NDArray[np.float64]) -> NDArray[np.float64]:
     """:func:`ranking_features` of a pair no training ranking showed, displayed at ``ranks``: z₁ = ln rank,
     z₂ = ln 1/(R_q + 1) (one ranking of R_q + 1 shows it), z₃ NaN (its ranking is not known: the prior takes

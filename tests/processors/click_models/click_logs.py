@@ -49,3 +49,18 @@ def random_log(rng: np.random.Generator, n: int, k: int, n_pairs: int) -> Sessio
     return SessionPatterns(
         make_pairs(n_pairs), np.zeros(n, dtype=np.int64), docs, clicks, rng.integers(1, 6, size=n)
     )
+
+
+
+
+def unseen_positions(model, test):
+    """Where held-out patterns ``test`` show a pair ``model`` has no α for (no training ranking showed it):
+    the [n, K] mask and each such position's rank and query. Written here apart from the models' own
+    ``priors.unseen_positions``, so the tests that use it check the models' choice of positions too."""
+    shown = test.docs >= 0
+    unseen = np.zeros(test.docs.shape, dtype=bool)
+    for i, j in zip(*np.nonzero(shown), strict=True):
+        doc = test.docs[i, j]
+        unseen[i, j] = doc >= len(model.alpha) or np.isnan(model.alpha[doc])
+    rows, cols = np.nonzero(unseen)
+    return unseen, cols + 1, test.query[rows]

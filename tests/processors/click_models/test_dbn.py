@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from click_logs import make_pairs, random_log, simulate
+from click_logs import make_pairs, random_log, simulate, unseen_positions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -160,14 +160,8 @@ def test_alpha_prior_takes_the_systems_votes_and_unseen_pairs_the_vote_free_prio
     assert prior["system_features"] == "4 systems" and prior["strength_coef"]
     assert prior["unseen_pairs"]["features"] == list(RANKING_FEATURES)
     assert model.parameters()["prior"]["sigma"]["features"] == ["mean_log_rank", "log_display_share"]
-    d = test.docs
-    inside = (d >= 0) & (d < len(model.alpha))
-    seen = np.zeros(d.shape, dtype=bool)
-    seen[inside] = ~np.isnan(model.alpha[d[inside]])
-    unseen = (d >= 0) & ~seen
+    unseen, ranks, queries = unseen_positions(model, test)
     assert unseen.sum() > 100
-    ranks = np.broadcast_to(np.arange(1, d.shape[1] + 1), d.shape)[unseen]
-    queries = np.broadcast_to(test.query[:, None], d.shape)[unseen]
     expected = model._unseen_prior.mean_at(unseen_ranking_features(ranks, queries, model._rankings))
     np.testing.assert_allclose(model._params_at(test)[0][unseen], expected, rtol=1e-12)
     # rank 1 of a fresh search is examined: the full prediction there is α itself

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click_logs import unseen_positions
 from scipy.special import betaln
 
 from collector.ingest import ingest, parse_bulk, validate_items
@@ -166,20 +167,14 @@ def test_a_pair_no_training_ranking_showed_takes_the_vote_free_prior() -> None:
     assert unseen_prior.feature_names == RANKING_FEATURES
     assert len(unseen_prior.coef) == len(RANKING_FEATURES) + 1 < len(model.alpha_prior.coef)
     assert model.parameters()["prior"]["unseen_pairs"]["features"] == list(RANKING_FEATURES)
-    d = test.docs
-    inside = (d >= 0) & (d < len(model.alpha))
-    seen = np.zeros(d.shape, dtype=bool)
-    seen[inside] = ~np.isnan(model.alpha[d[inside]])
-    unseen = (d >= 0) & ~seen
+    unseen, ranks, queries = unseen_positions(model, test)
     assert unseen.sum() > 100
-    ranks = np.broadcast_to(np.arange(1, d.shape[1] + 1), d.shape)[unseen]
-    queries = np.broadcast_to(test.query[:, None], d.shape)[unseen]
     feats = unseen_ranking_features(ranks, queries, model._rankings)
     alpha = model._alpha_at(test)[unseen]
     np.testing.assert_allclose(alpha, unseen_prior.mean_at(feats), rtol=1e-12)
     n_votes = len(model.alpha_prior.coef) - len(unseen_prior.coef)
     imputed = model.alpha_prior.mean_at(np.column_stack([feats, np.full((len(feats), n_votes), np.nan)]))
-    clicks, weight = test.clicks[unseen], np.broadcast_to(test.weight[:, None], d.shape)[unseen]
+    clicks, weight = test.clicks[unseen], np.broadcast_to(test.weight[:, None], test.docs.shape)[unseen]
     theta = model.theta[np.nonzero(unseen)[1]]
 
     def bits(a: np.ndarray) -> float:
