@@ -10,7 +10,10 @@ searches) it prints:
 * **held-out perplexity**: searches split by query_id hash (25% held out, ``processors.sessions.holdout_flags``,
   the split of ``ubi select``); every model is fitted on the rest with its default prior and with
   ``prior="pseudocount"`` (PyClick's +1/+2 convention) when the model accepts one; mean conditional and full
-  perplexity over ranks 1..10 on the held-out searches. Target (issue 10): ours lower on every row.
+  perplexity over ranks 1..10 on the held-out searches. Target (issue 10): ours lower on every row. The
+  held-out searches' *clicks* are what is predicted; their rankings, and the systems that showed them, are
+  given to the fits with the training searches' (the prior's features are computed over every ranking of the
+  log, ``priors.prior_features``), as ``ubi process --model auto`` does; ``--train-rankings-only`` hides them.
 * **relevance recovery**: every judgment source fitted on all (non-crawler) searches; per query, Kendall τ-b
   (scipy) between the source's score and the true grade over the query's pairs in a support bucket (1-9,
   10-49, 50+ impressions, and all), averaged over queries with at least two pairs of different grades in the
@@ -116,7 +119,7 @@ def tau_by_bucket(score: np.ndarray, grade: np.ndarray, query: np.ndarray, impre
 
 
 def run(n: int, generator: str, seed: int, use_systems: bool = True,
-        models: tuple[str, ...] = MODEL_NAMES) -> dict[str, Any]:
+        models: tuple[str, ...] = MODEL_NAMES, train_rankings_only: bool = False) -> dict[str, Any]:
     """One log: perplexity of ``models`` (ours and pseudo-count), τ of the judgment sources among them, θ."""
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     traffic = simulate(scenario("hard", sessions=n, model=generator, seed=seed))
@@ -124,13 +127,18 @@ def run(n: int, generator: str, seed: int, use_systems: bool = True,
     everything = traffic.patterns()
     train = traffic.patterns(searches=~held)
     test = traffic.patterns(searches=held)
-    train_systems = traffic.system_rankings(searches=~held) if use_systems else None
+    # which system showed which ranking, over every search: the held-out fits take the held-out searches'
+    # rankings too (covariates of the prior's features, not clicks), as `ubi process --model auto` gives them
+    # (priors.prior_features); --train-rankings-only hides them, the protocol before
     all_systems = traffic.system_rankings() if use_systems else None
+    train_systems = (traffic.system_rankings(searches=~held) if train_rankings_only else all_systems) \
+        if use_systems else None
     grades, _ = traffic.truth.pair_lookup(everything.pairs)
     ident = assess(cells_from_sessions(everything))
     out: dict[str, Any] = {"sessions": n, "generator": generator, "seed": seed, "crawler_searches": traffic.n_crawler_searches,
                            "train_sessions": train.n_sessions, "test_sessions": test.n_sessions,
-                           "pairs": len(everything.pairs), "identifiability": ident.verdict, "systems": use_systems, "perplexity": {},
+                           "pairs": len(everything.pairs), "identifiability": ident.verdict, "systems": use_systems,
+                           "held_out_rankings": not train_rankings_only, "perplexity": {},
                            "relevance": {}}
     # held-out perplexity, ours (default prior) beside the pseudo-count baseline
     fitted: dict[str, Any] = {}
@@ -396,6 +404,9 @@ def main() -> int:
     ap.add_argument("--no-systems", action="store_true",
                     help="fit PBM and UBM without the systems that showed each ranking (their prior before the "
                          "systems' votes), for comparison")
+    ap.add_argument("--train-rankings-only", action="store_true",
+                    help="give the held-out fits only the training searches' rankings and systems (the protocol "
+                         "before: the held-out searches' rankings hidden from the prior's features too)")
     ap.add_argument("--models", nargs="+", default=list(MODEL_NAMES), choices=MODEL_NAMES, metavar="MODEL",
                     help="fit only these models (registry names: " + ", ".join(MODEL_NAMES) + "; default all), "
                          "for the perplexity table and the relevance sources; the recommended source is then the "
@@ -414,7 +425,7 @@ def main() -> int:
         return 0
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     models = tuple(m for m in MODEL_NAMES if m in args.models)
-    results = [run(n, g, args.seed, not args.no_systems, models) for g in args.generators for n in args.sizes]
+    results = [run(n, g, args.seed, not args.no_systems, models, args.train_rankings_only) for g in args.generators for n in args.sizes]
     cov = coverage(args.coverage_seeds, args.coverage_sessions, args.replicates, args.coverage_first_seed,
                    args.coverage_methods) if args.coverage_seeds else None
     if args.json:

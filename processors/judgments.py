@@ -544,9 +544,10 @@ def auto_judgments(db: Path | str, settings: Settings, *, human: Mapping[tuple[s
         train, test = data.split()
         ident = assess(data.cells)
         options = {m: {"prior": prior} for m in CHOOSABLE} if prior is not None else None
-        train_systems = data.train_systems
+        # every search's rankings and systems, the held-out ones' too: they are the prior's covariates, and the
+        # refit on all searches below sees them all; only the held-out clicks are predicted (priors.prior_features)
         sel = select(train, test, models=CHOOSABLE, identifiability=ident, holdout=fraction, application=app,
-                     progress=say, model_options=options, systems=train_systems)
+                     progress=say, model_options=options, systems=data.systems)
         if sel.best is None:
             raise JudgmentError(f"--model auto: no model could be fitted on application {app!r}: "
                                 + "; ".join(f"{s.model}: {s.error}" for s in sel.scores if s.error))

@@ -187,8 +187,9 @@ def select(train: SessionPatterns, test: SessionPatterns, *, models: Sequence[st
 
     ``train`` and ``test`` must share one :class:`~processors.stats.PairIndex` (pairs of the held-out searches
     that training never saw get each model's prior). ``model_options`` maps a model to constructor options.
-    ``systems`` (``priors.SystemRankings`` of the training searches) goes to the models that take it
-    (:func:`fit_with_systems`).
+    ``systems`` (``priors.SystemRankings``) goes to the models that take it (:func:`fit_with_systems`); given
+    for every search (``--model auto`` does), the held-out searches' rankings enter the prior's features too
+    (``priors.prior_features``): what a search showed is known before its clicks, and only clicks are held out.
     """
     if train.n_sessions == 0:
         raise SelectionError("no training searches: every search fell in the held-out split; lower --holdout")

@@ -76,6 +76,7 @@ from processors.click_models.priors import (
     fit_prior,
     gamma_posterior_interval,
     prior_features,
+    ranked_unseen,
     unseen_ranking_features,
 )
 from processors.stats import SessionPatterns
@@ -150,6 +151,7 @@ class COEC(_CountingModel):
         c_q, e_q = self.clicks / self.phi, e / self.phi
         f = prior_features(sessions, systems)
         feats, names, self._rankings, self._systems_note = f.features, f.names, f.rankings, f.note
+        self._features = feats
         self.pred_prior = fit_prior(c_q, e_q, feats, family="gamma", varying_strength=True, feature_names=names,
                                     strength_features=len(RANKING_FEATURES))
         self.coec_pred = np.where(e > 0, quasi_poisson_posterior(self.pred_prior, self.clicks, e, self.phi), np.nan)
@@ -173,6 +175,8 @@ class COEC(_CountingModel):
             # its votes are not known (no training ranking showed it): NaN, which the prior takes at their mean
             uf = np.column_stack([uf, np.full((len(ranks), votes), np.nan)]) if votes > 0 else uf
             out[unseen] = self.pred_prior.mean_at(uf)
+            own = ranked_unseen(unseen, sessions, self._features)
+            out[own] = self.pred_prior.mean[d[own]]
         return out
 
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:

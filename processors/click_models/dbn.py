@@ -71,6 +71,7 @@ from processors.click_models.priors import (
     fixed_prior,
     posterior_interval,
     prior_features,
+    ranked_unseen,
     same_prior,
     unseen_positions,
     unseen_ranking_features,
@@ -352,6 +353,7 @@ class DBN(FittedModel):
             # alternate: refit both priors on the current E-step's counts, then EM at those priors
             self.log_features = feats = LogFeatures.from_sessions(sessions)
             a_feats, self._rankings, a_names = self._alpha_features(sessions, systems)
+            self._alpha_feats = a_feats
             n_plain = sum(not n.startswith(SYSTEM_FEATURE_PREFIX) for n in a_names)
 
             def alpha_fit(examined: NDArray[np.float64], start: BetaPrior | None, cols: int) -> BetaPrior:
@@ -422,6 +424,8 @@ class DBN(FittedModel):
         unseen, ranks, queries = unseen_positions(self.alpha, sessions)
         if unseen.any():
             alpha[unseen] = self._unseen_prior.mean_at(unseen_ranking_features(ranks, queries, self._rankings))
+            own = ranked_unseen(unseen, sessions, self._alpha_feats)
+            alpha[own] = self.alpha_prior.mean[sessions.docs[own]]
         return alpha, self.log_features.gather(self.sigma, sessions, self.sigma_prior, self.prior_sigma)
 
     def _alpha_features(self, sessions: SessionPatterns, systems: SystemRankings | None

@@ -52,6 +52,7 @@ from processors.click_models.priors import (
     prior_features,
     query_searches,
     rank_features,
+    ranked_unseen,
     same_prior,
     unseen_features,
     unseen_positions,
@@ -301,6 +302,7 @@ class ExaminationEM(FittedModel):
             else:
                 feats, self._rankings = rank_features(pair, rank, imps, pairs.query_index, n_pairs), None
                 names = FEATURES
+            self._features = feats
             exam, alpha = exam0.astype(np.float64), alpha0
             prior: BetaPrior | None = None
             distinct = _distinct_cells(pairs, pair, rank, imps, clk, self.max_rank)
@@ -426,6 +428,8 @@ class ExaminationEM(FittedModel):
             unseen_feats = (unseen_features(ranks, queries, self._searches) if self._rankings is None
                             else unseen_ranking_features(ranks, queries, self._rankings))
             alpha[unseen] = self._unseen_prior.mean_at(unseen_feats)
+            own = ranked_unseen(unseen, sessions, getattr(self, "_features", None))
+            alpha[own] = self.alpha_prior.mean[sessions.docs[own]]
         return alpha
 
     def _use_sessions(self, sessions: SessionPatterns | None, systems: SystemRankings | None = None) -> None:

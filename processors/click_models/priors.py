@@ -438,19 +438,46 @@ class PriorFeatures:
 
 
 def prior_features(sessions: SessionPatterns, systems: SystemRankings | None) -> PriorFeatures:
-    """:class:`PriorFeatures` of ``sessions``' pairs; ``systems`` None: the ranking features alone."""
+    """:class:`PriorFeatures` of ``sessions``' pairs; ``systems`` None: the ranking features alone.
+
+    The features are computed over the rankings of ``sessions`` *and* those of ``systems``, which may cover more
+    searches than ``sessions`` do (:func:`log_rankings`): a model selection fits on the training searches'
+    clicks but passes every search's rankings, since rankings are what the log shows for a search before any
+    click (a covariate of the prior mean, as a ranking is the input of every click prediction), and only the
+    held-out clicks are what is predicted. The judgments (``ubi process``) fit on every search, so their
+    features are the same either way."""
     n_pairs = len(sessions.pairs)
-    feats, rankings = ranking_features(sessions.query, sessions.docs, sessions.pairs.query_index, n_pairs)
+    if systems is not None:
+        systems.check(n_pairs)
+    query, docs = log_rankings(sessions, systems)
+    feats, rankings = ranking_features(query, docs, sessions.pairs.query_index, n_pairs)
     if systems is None:
         return PriorFeatures(feats, rankings, RANKING_FEATURES, (),
                              "not given: the sessions came without the systems that showed them")
-    systems.check(n_pairs)
     votes, vote_names = system_features(systems, sessions.pairs.query_index, n_pairs)
     if not vote_names:
         n = len(systems.names)
         return PriorFeatures(feats, rankings, RANKING_FEATURES, (), f"{n} system{'s' if n != 1 else ''}: no vote")
     return PriorFeatures(np.column_stack([feats, votes]), rankings, RANKING_FEATURES + vote_names, vote_names,
                          f"{len(vote_names)} systems")
+
+
+def log_rankings(sessions: SessionPatterns, systems: SystemRankings | None
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """(query, docs) rows of the rankings of ``sessions`` followed by those of ``systems`` (if given), docs
+    padded with -1 to the wider of the two; :func:`ranking_features` counts each distinct ranking once, so a
+    ranking in both counts once, and ``systems`` of the same searches change no feature."""
+    query = np.asarray(sessions.query, dtype=np.int64)
+    docs = np.asarray(sessions.docs, dtype=np.int64)
+    if systems is None or not len(systems.docs):
+        return query, docs
+    width = max(docs.shape[1], systems.docs.shape[1])
+
+    def pad(d: NDArray[np.int64]) -> NDArray[np.int64]:
+        return np.pad(d, ((0, 0), (0, width - d.shape[1])), constant_values=-1)
+
+    return (np.concatenate([query, np.asarray(systems.query, dtype=np.int64)]),
+            np.concatenate([pad(docs), pad(np.asarray(systems.docs, dtype=np.int64))]))
 
 
 def votes_record(note: str, unseen: Any, prior: Any) -> dict[str, Any]:
@@ -476,6 +503,21 @@ def unseen_positions(alpha: NDArray[np.float64], sessions: SessionPatterns
     ranks = np.broadcast_to(np.arange(1, d.shape[1] + 1), d.shape)[unseen]
     queries = np.broadcast_to(sessions.query[:, None], d.shape)[unseen]
     return unseen, ranks, queries
+
+
+def ranked_unseen(unseen: NDArray[np.bool_], sessions: SessionPatterns, features: NDArray[np.float64] | None
+                  ) -> NDArray[np.bool_]:
+    """Of the ``unseen`` positions (:func:`unseen_positions`), those whose pair has features of its own: shown by
+    a ranking the prior's features were computed over (:func:`prior_features` with the rankings of searches
+    beyond the training ones), though by no training search. Such a pair's prior mean is the fitted prior's at
+    its own features (its posterior without data), not a guess from the rank it is shown at."""
+    if features is None or not len(features):
+        return np.zeros(unseen.shape, dtype=bool)
+    d = sessions.docs
+    inside = unseen & (d < len(features))
+    out = np.zeros(unseen.shape, dtype=bool)
+    out[inside] = np.isfinite(features[d[inside], 0])
+    return out
 
 
 def unseen_ranking_features(ranks: AnyArray, queries: AnyArray, rankings: NDArray[np.float64]) -> NDArray[np.float64]:

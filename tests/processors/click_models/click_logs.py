@@ -64,3 +64,15 @@ def unseen_positions(model, test):
         unseen[i, j] = doc >= len(model.alpha) or np.isnan(model.alpha[doc])
     rows, cols = np.nonzero(unseen)
     return unseen, cols + 1, test.query[rows]
+
+
+def rankings_shown_in(systems, patterns):
+    """The rows of ``systems`` (``priors.SystemRankings``) whose (query, ranking) ``patterns`` show: the systems of
+    those searches only, as ``traffic.system_rankings(searches=mask)`` would give for the same mask."""
+    from processors.click_models.priors import SystemRankings
+
+    width = systems.docs.shape[1]
+    shown = {(int(q), tuple(int(x) for x in d[:width])) for q, d in zip(patterns.query, patterns.docs, strict=True)}
+    keep = np.array([(int(q), tuple(int(x) for x in d)) in shown for q, d in zip(systems.query, systems.docs,
+                                                                                strict=True)], dtype=bool)
+    return SystemRankings(systems.names, systems.query[keep], systems.system[keep], systems.docs[keep])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from click_logs import rankings_shown_in
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,9 +153,10 @@ def test_an_unseen_pair_is_predicted_by_the_prior_mean_at_its_rank(
         hard_pbm: tuple[SessionPatterns, SystemRankings]) -> None:
     log, systems = hard_pbm
     train = SessionPatterns(log.pairs, log.query[::2], log.docs[::2], log.clicks[::2], log.weight[::2])
-    m = COEC().fit(train, systems)
+    m = COEC().fit(train, rankings_shown_in(systems, train))
     # a pair of the log that the training half never showed, shown at ranks 1 and 3 of its query: the prediction
-    # prior's mean at its ranking features (one ranking of R_q + 1 shows it), its votes at their mean
+    # prior's mean at its ranking features (one ranking of R_q + 1 shows it), its votes at their mean (the fit
+    # knows the training half's rankings only: no ranking it knows shows the pair)
     unseen = int(np.flatnonzero(m.expected_clicks == 0)[0])
     q = int(log.pairs.query_index[unseen])
     probe = SessionPatterns(log.pairs, np.array([q, q]), np.array([[unseen] + [-1] * 9, [-1, -1, unseen] + [-1] * 7]),
@@ -170,6 +172,14 @@ def test_an_unseen_pair_is_predicted_by_the_prior_mean_at_its_rank(
     # the per-pair strength: on the ranking features only (the votes enter the mean), one λ per feature + 1
     assert len(m.pred_prior.strength_coef) == len(RANKING_FEATURES) + 1
     assert np.ptp(m.pred_prior.b[m.expected_clicks > 0]) > 0
+    # given the whole log's rankings (as --model auto gives them), the pair has features of its own, from the
+    # rankings of the other half that show it: it is predicted by the prior's mean there, wherever it is shown
+    whole = COEC().fit(train, systems)
+    assert np.isnan(whole.coec_pred[unseen]) and np.isfinite(whole._features[unseen, 0])
+    p = whole.click_probs(probe)
+    mean = whole.pred_prior.a[unseen] / whole.pred_prior.b[unseen]
+    assert p[0, 0] == pytest.approx(min(mean * whole.rank_ctr[0], 1.0))
+    assert p[1, 2] == pytest.approx(min(mean * whole.rank_ctr[2], 1.0))
 
 
 @pytest.mark.parametrize("prior", ["pseudocount", "none"])
