@@ -25,7 +25,9 @@ When no (query, doc) pair was shown at two ranks, position-debiased models (coec
 out of the recommendation: they could not grade (see `ubi process --help`, identifiability). COEC's row is
 printed and marked but it is never recommended: its click predictions and its scores are different
 posteriors, so its perplexity measures its predictor, not its grades (`candidate` and `not_a_candidate` in
---json say which models the choice was made among).
+--json say which models the choice was made among). Only the held-out searches' clicks are held out: what
+they showed, and which system showed it, enters the empirical priors' features with the training searches'
+(a ranking is known before its clicks), as in `ubi process --model auto`.
 """
 
 
@@ -69,7 +71,8 @@ def cmd_select(args: argparse.Namespace) -> int:
     out: list[dict[str, Any]] = []
     with err.status("reading sessions", spinner="dots") as status:
         for app in apps:
-            options: dict[str, Any] = {"holdout": args.holdout}
+            # with which system showed which ranking, every search's, as --model auto fits them (its figures)
+            options: dict[str, Any] = {"holdout": args.holdout, "systems": True}
             if len(apps) > 1 or args.application is not None:
                 options["application"] = app
             data = read_sessions(settings.db, settings, **options)
@@ -79,7 +82,7 @@ def cmd_select(args: argparse.Namespace) -> int:
             ident = assess(data.cells)
             try:
                 sel = select(train, test, models=args.models, identifiability=ident, holdout=args.holdout,
-                             application=app, progress=status.update)
+                             application=app, progress=status.update, systems=data.systems)
             except SelectionError as exc:
                 raise UbiError(f"application {app!r}: {exc}") from exc
             out.append({**sel.as_dict(), "identifiability_detail": ident.as_dict()})
