@@ -61,7 +61,11 @@ When the log says which *system* showed each ranking (:class:`SystemRankings`, b
 UBM add each system's vote to the prior mean (:func:`system_features`: v_is, the mean reciprocal rank system s
 gave pair i over its rankings of the query), one coefficient per system, so the fit learns how far each
 ranker's choices predict relevance; the votes enter the mean, not the per-pair strength, and a log of one
-system has none. The per-pair strength's slopes λ_j (j >= 1) carry a N(0, 1) hyperprior
+system has none. The rankings the features are computed over are those of the sessions *and* of the
+systems given (:func:`prior_features`), which may cover more searches: a model selection passes every
+search's, so that a held-out search's ranking, known before its clicks, counts in the prior of the pairs it
+shows; a pair only such rankings show takes the fitted prior's mean at its own features
+(:func:`ranked_unseen`). The per-pair strength's slopes λ_j (j >= 1) carry a N(0, 1) hyperprior
 (:data:`STRENGTH_SLOPE_SD`), which keeps BFGS off flat ridges where the clipped strength has no gradient.
 
 Given the prior, the estimate is the posterior mean (a_i + x_i)/(a_i + b_i + n_i): with little support it is
