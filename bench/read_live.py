@@ -151,37 +151,46 @@ def read(db: Path, mode: str, url: str) -> int:
     import resource
 
     t0, c0 = time.perf_counter(), time.process_time()
+    stamps: dict[str, float] = {"started": t0}  # perf_counter is CLOCK_MONOTONIC on Linux: the bench's clock too
     sealing = 0.0
     if mode == "burn":  # the control: a process as busy as a reader for as long, touching neither store nor collector
         while time.perf_counter() - t0 < BURN_SECONDS:
             sum(range(10_000))
         print(json.dumps({"wall_s": time.perf_counter() - t0, "open_s": 0.0, "seal_s": 0.0,
-                          "cpu_s": time.process_time() - c0, "rss_mb": 0.0, "rows": 0}), flush=True)
+                          "cpu_s": time.process_time() - c0, "rss_mb": 0.0, "rows": 0,
+                          "stamps": {**stamps, "burned": time.perf_counter()}}), flush=True)
         return 0
     if mode == "sealed" or mode == "file":
-        from store.client import open_reader, request_seal
+        from schemas.settings import Settings
+        from store.client import open_reader, request_seal, yield_to_writer
         from store.sealed import open_sealed
 
+        stamps["imported"] = time.perf_counter()
         if mode == "sealed":  # what open_reader does when a collector holds the file, keeping the seal's time
             sealed = request_seal(db)
+            stamps["sealed"] = time.perf_counter()
             sealing = sealed.seconds
-            con = open_sealed(sealed)
+            con = open_sealed(sealed, threads=yield_to_writer(Settings()))
         else:
             con = open_reader(db)
-        opened = time.perf_counter() - t0
+        stamps["opened"] = time.perf_counter()
+        opened = stamps["opened"] - t0
         rows = len(con.execute(SCAN_SQL).fetchall())
+        stamps["scanned"] = time.perf_counter()
         con.close()
     else:
         import httpx
         import pyarrow as pa
 
+        stamps["imported"] = time.perf_counter()
         resp = httpx.post(url + "/bench/in-collector-query", timeout=600)
         resp.raise_for_status()
         opened = 0.0
         rows = pa.ipc.open_stream(pa.py_buffer(resp.content)).read_all().num_rows
+        stamps["answered"] = time.perf_counter()
     print(json.dumps({
         "wall_s": time.perf_counter() - t0, "open_s": opened, "seal_s": sealing, "cpu_s": time.process_time() - c0,
-        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rows": rows,
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rows": rows, "stamps": stamps,
     }), flush=True)
     return 0
 
@@ -240,10 +249,29 @@ def _stats(latencies: list[float]) -> dict:
     }
 
 
-def _start(args: list[str], cwd: Path, stderr: object = subprocess.PIPE) -> subprocess.Popen:
+#: A reader's stages, by the stamp that ends each (the first begins when the bench spawns the reader).
+STAGES = {"started": "python start", "imported": "imports", "sealed": "seal request", "answered": "query in collector",
+          "opened": "open segments", "scanned": "scan", "burned": "burn", "exited": "exit"}
+
+
+def _by_stage(spawned: float, stamps: dict[str, float], exited: float,
+              samples: list[tuple[float, float]]) -> dict[str, dict]:
+    """POST latency per stage of one reader: each POST counted in the stage during which it was sent."""
+    marks = sorted((*stamps.items(), ("exited", exited)), key=lambda kv: kv[1])
+    out: dict[str, dict] = {}
+    begin = spawned
+    for name, end in marks:
+        lats = [lat for s, lat in samples if begin <= s < end]
+        out[STAGES.get(name, name)] = {"seconds": round(end - begin, 3), **_stats(lats)}
+        begin = end
+    return out
+
+
+def _start(args: list[str], cwd: Path, stderr: object = subprocess.PIPE,
+           env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args], cwd=cwd,
                             stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 def count_events(db: Path) -> int:
@@ -254,7 +282,23 @@ def count_events(db: Path) -> int:
         return int(con.execute("SELECT count(*) FROM ubi_events").fetchall()[0][0])
 
 
-def run(n_events: int, connections: int, timeout: float, store: Path | None = None) -> dict:
+#: The phases, in the order they run, by the name ``--phases`` selects them with.
+PHASES = {
+    "baseline": ("no reader (baseline)", "", 0),
+    "first": ("sealed, first read", "sealed", 1),
+    "next": ("sealed, next read", "sealed", 1),
+    "two": ("sealed, 2 readers at once", "sealed", 2),
+    # the same reads as before readers stepped back for the writer (store.client.yield_to_writer)
+    "next-eager": ("sealed, next read, not yielding", "sealed", 1),
+    "two-eager": ("sealed, 2 at once, not yielding", "sealed", 2),
+    "design-a": ("in-collector query (design a)", "in-collector", 1),
+    "control": ("control: a busy process, no read", "burn", 1),
+    "again": ("no reader again (baseline)", "", 0),
+}
+
+
+def run(n_events: int, connections: int, timeout: float, store: Path | None = None,
+        selected: list[str] | None = None, repeat: int = 1) -> dict:
     """The phases on a store built here of ``n_events`` events, or on ``store`` (an existing file, used in place).
 
     ``store`` is written to (the POSTs land in it, its sealed segments are made beside it): pass a copy.
@@ -285,6 +329,7 @@ def run(n_events: int, connections: int, timeout: float, store: Path | None = No
     samples: list[tuple[float, float]] = []
     stop = threading.Event()
     phases: list[dict] = []
+    pooled: dict[str, list[float]] = {}  # POST latencies of every repetition of a phase
 
     def phase(name: str, mode: str, readers: int = 1) -> None:
         cpu0, start = proc_cpu(server.pid), time.perf_counter()
@@ -293,19 +338,24 @@ def run(n_events: int, connections: int, timeout: float, store: Path | None = No
             end = time.perf_counter()
             phases.append({"phase": name, "readers": 0, "collector_cpu_s": round(proc_cpu(server.pid) - cpu0, 2),
                            "seconds": round(end - start, 2),
-                           "post": _stats([lat for s, lat in samples if s < end and s + lat > start]),
+                           "post": _stats(window := [lat for s, lat in samples if s < end and s + lat > start]),
                            "sealed_mb": round(disk_mb(sealed_dir), 1), "reader_files_left": 0})
+            pooled.setdefault(name, []).extend(window)
             time.sleep(1.0)
             return
-        procs = [_start(["--read", str(db), mode, url], reader_cwd) for _ in range(readers)]
+        eager = {"UBI_READER_NICE": "0", "UBI_READER_THREADS": str(os.cpu_count() or 1)} if "not yielding" in name else {}
+        procs = [_start(["--read", str(db), mode, url], reader_cwd, env=eager) for _ in range(readers)]
         outs = []
+        exited = []
         for p in procs:
             out, err = p.communicate(timeout=timeout)
+            exited.append(time.perf_counter())
             if p.returncode != 0:
                 raise RuntimeError(f"{name}: reader failed: {err[-2000:]}")
             outs.append(json.loads(out.strip().splitlines()[-1]))
         end = time.perf_counter()
         during = [lat for s, lat in samples if s < end and s + lat > start]
+        pooled.setdefault(name, []).extend(during)
         phases.append({
             "phase": name, "readers": readers,
             "reader_wall_s": round(max(o["wall_s"] for o in outs), 2),
@@ -319,19 +369,20 @@ def run(n_events: int, connections: int, timeout: float, store: Path | None = No
             "post": _stats(during),
             "sealed_mb": round(disk_mb(sealed_dir), 1),
             "reader_files_left": len(list(reader_cwd.iterdir())),
+            # the first reader's stages (with two readers the second runs alongside)
+            "stages": _by_stage(start, outs[0]["stamps"], exited[0], samples),
         })
         time.sleep(1.0)
 
     def phases_then_stop() -> None:
         try:
             time.sleep(2.0)  # load before the first reader
-            phase("no reader (baseline)", "", readers=0)
-            phase("sealed, first read", "sealed")
-            phase("sealed, next read", "sealed")
-            phase("sealed, 2 readers at once", "sealed", readers=2)
-            phase("in-collector query (design a)", "in-collector")
-            phase("control: a busy process, no read", "burn")
-            phase("no reader again (baseline)", "", readers=0)
+            chosen = [k for k in PHASES if selected is None or k in selected]
+            # the first read seals the whole store: once; the others as often as asked, interleaved (load drifts)
+            for rep in range(repeat):
+                for key in chosen:
+                    if key != "first" or rep == 0:
+                        phase(*PHASES[key])
         finally:
             stop.set()
 
@@ -375,6 +426,7 @@ def run(n_events: int, connections: int, timeout: float, store: Path | None = No
         "events_stored": n_events, "store_mb": round(store_mb, 1), "build_s": round(built, 1),
         "connections": connections, "posts": before, "collector_peak_rss_mb": round(collector_hwm),
         "store_mb_after": round(disk_mb(db), 1), "phases": phases,
+        "pooled": {name: _stats(lats) for name, lats in pooled.items()}, "repeat": repeat,
     }
     shutil.rmtree(work, ignore_errors=True)  # a --store is left where it is, with its sealed segments
     return result
@@ -388,6 +440,10 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=4, help="keep-alive connections sending POSTs")
     parser.add_argument("--timeout", type=float, default=900.0, help="longest a phase's reader may take (s)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--phases", nargs="+", choices=list(PHASES), help="run only these phases (default: all)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each phase but the first read this many times; POST latencies are also pooled "
+                             "over the repetitions (a 2-s read sees a few hundred POSTs: its p99 is the 4th worst)")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # internal: the collector process
     parser.add_argument("--read", nargs=3, metavar=("DB", "MODE", "URL"), help=argparse.SUPPRESS)  # a reader
     args = parser.parse_args()
@@ -395,7 +451,7 @@ def main() -> int:
         return serve(args.serve)
     if args.read:
         return read(Path(args.read[0]), args.read[1], args.read[2])
-    row = run(args.events, args.connections, args.timeout, args.store)
+    row = run(args.events, args.connections, args.timeout, args.store, args.phases, args.repeat)
     if args.json:
         print(json.dumps(row, indent=2))
         return 0
@@ -404,8 +460,9 @@ def main() -> int:
     print(f"store: {row['events_stored']:,} events, {row['store_mb']} MB (built or counted in {row['build_s']} s), "
           f"{row['store_mb_after']} MB after the run; {row['connections']} connections, {row['posts']:,} POSTs; "
           f"collector peak RSS {row['collector_peak_rss_mb']} MB")
-    base = next(p for p in row["phases"] if p["readers"] == 0)
-    per_post = base["collector_cpu_s"] / max(1, base["post"]["requests"])  # the collector's CPU per POST
+    base = next((p for p in row["phases"] if p["readers"] == 0), None)
+    # the collector's CPU per POST (0 without a baseline phase: "beyond" is then the collector's CPU)
+    per_post = base["collector_cpu_s"] / max(1, base["post"]["requests"]) if base else 0.0
     print(f"{'phase':<32} {'reader s':>8} {'open s':>7} {'seal s':>6} {'cpu s':>6} {'rss MB':>6} {'coll cpu':>8} {'beyond':>6} "
           f"{'POSTs':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'sealed MB':>9} {'left':>4}")
     for p in row["phases"]:
@@ -419,6 +476,16 @@ def main() -> int:
           "collector spent sealing")
     print("coll cpu: the collector's CPU seconds during the phase; beyond: less what its POSTs cost at the "
           "baseline's CPU per POST; left: files left in the readers' working directory")
+    if row["repeat"] > 1:
+        print(f"POST latency pooled over the {row['repeat']} repetitions of each phase:")
+        for name, s in row["pooled"].items():
+            print(f"  {name:<32} {s['requests']:>6} POSTs  p50 {s.get('p50_ms', '-')} ms  p99 {s.get('p99_ms', '-')} ms  "
+                  f"max {s.get('max_ms', '-')} ms")
+    print("POST latency by the stage the (first) reader was in when the POST was sent:")
+    for p in row["phases"]:
+        for stage, s in p.get("stages", {}).items():
+            print(f"  {p['phase']:<32} {stage:<20} {s['seconds']:>7.2f} s {s['requests']:>5} POSTs  "
+                  f"p50 {s.get('p50_ms', '-'):>7}  p99 {s.get('p99_ms', '-'):>7}  max {s.get('max_ms', '-'):>7} ms")
     return 0
 
 
