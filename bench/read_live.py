@@ -95,7 +95,7 @@ def build_store(db: Path, n: int) -> None:
 # ---------------------------------------------------------------- the collector (run with --serve DB)
 
 
-def serve(db: Path) -> int:
+def serve(db: Path, whole_key_scan: bool = False) -> int:
     """``ubi serve --db DB --port 0`` (collector/commands.py: same app, sink, sidecar and server config), plus
     ``POST /bench/in-collector-query``: design (a), the read query run by the collector in a read transaction."""
     import pyarrow as pa
@@ -107,6 +107,10 @@ def serve(db: Path) -> int:
     from schemas.settings import Settings
     from store.client import advertise
 
+    if whole_key_scan:  # every lookup reads the whole key table, as before the block filters (store/keys.py)
+        from store.keys import BlockFilters
+
+        BlockFilters.candidates = lambda self, hashes, most=None: None  # type: ignore[method-assign]
     settings = Settings(db=db, port=0)
     sock = bind_socket(settings.host, 0)
     host, port = sock.getsockname()[:2]
@@ -254,15 +258,17 @@ STAGES = {"started": "python start", "imported": "imports", "sealed": "seal requ
           "opened": "open segments", "scanned": "scan", "burned": "burn", "exited": "exit"}
 
 
-def _by_stage(spawned: float, stamps: dict[str, float], exited: float,
-              samples: list[tuple[float, float]]) -> dict[str, dict]:
-    """POST latency per stage of one reader: each POST counted in the stage during which it was sent."""
+def _by_stage(spawned: float, stamps: dict[str, float], exited: float, samples: list[tuple[float, float]],
+              pool: dict[str, list[float]]) -> dict[str, dict]:
+    """POST latency per stage of one reader: each POST counted in the stage during which it was sent (and added
+    to ``pool``, by stage)."""
     marks = sorted((*stamps.items(), ("exited", exited)), key=lambda kv: kv[1])
     out: dict[str, dict] = {}
     begin = spawned
     for name, end in marks:
         lats = [lat for s, lat in samples if begin <= s < end]
         out[STAGES.get(name, name)] = {"seconds": round(end - begin, 3), **_stats(lats)}
+        pool.setdefault(STAGES.get(name, name), []).extend(lats)
         begin = end
     return out
 
@@ -298,7 +304,8 @@ PHASES = {
 
 
 def run(n_events: int, connections: int, timeout: float, store: Path | None = None,
-        selected: list[str] | None = None, repeat: int = 1) -> dict:
+        selected: list[str] | None = None, repeat: int = 1, tag: str | None = None,
+        whole_key_scan: bool = False) -> dict:
     """The phases on a store built here of ``n_events`` events, or on ``store`` (an existing file, used in place).
 
     ``store`` is written to (the POSTs land in it, its sealed segments are made beside it): pass a copy.
@@ -318,7 +325,7 @@ def run(n_events: int, connections: int, timeout: float, store: Path | None = No
     sealed_dir = Path(str(db) + ".sealed")
     store_mb = disk_mb(db)
     log = open(work / "collector.log", "w")  # noqa: SIM115 (open for the collector's life)
-    server = _start(["--serve", str(db)], ROOT, stderr=log)
+    server = _start(["--serve", str(db), *(["--whole-key-scan"] if whole_key_scan else [])], ROOT, stderr=log)
     line = server.stdout.readline() if server.stdout else ""
     match = re.search(r"http://([\d.]+):(\d+)", line)
     if not match:
@@ -330,6 +337,7 @@ def run(n_events: int, connections: int, timeout: float, store: Path | None = No
     stop = threading.Event()
     phases: list[dict] = []
     pooled: dict[str, list[float]] = {}  # POST latencies of every repetition of a phase
+    pooled_stages: dict[str, dict[str, list[float]]] = {}  # the same by the (first) reader's stage
 
     def phase(name: str, mode: str, readers: int = 1) -> None:
         cpu0, start = proc_cpu(server.pid), time.perf_counter()
@@ -370,7 +378,7 @@ def run(n_events: int, connections: int, timeout: float, store: Path | None = No
             "sealed_mb": round(disk_mb(sealed_dir), 1),
             "reader_files_left": len(list(reader_cwd.iterdir())),
             # the first reader's stages (with two readers the second runs alongside)
-            "stages": _by_stage(start, outs[0]["stamps"], exited[0], samples),
+            "stages": _by_stage(start, outs[0]["stamps"], exited[0], samples, pooled_stages.setdefault(name, {})),
         })
         time.sleep(1.0)
 
@@ -387,8 +395,8 @@ def run(n_events: int, connections: int, timeout: float, store: Path | None = No
             stop.set()
 
     # a tag of this run's own: rerun on the same --store, the POSTs are new events, not retries of the last
-    # run's (a retry at 20M events is a Bloom filter hit and a key-table scan, about 0.2 s each: another cost)
-    events = make_events(200_000, f"live-{uuid.uuid4().hex[:8]}")
+    # run's (a retry is a Bloom filter hit and a key-table lookup: another cost, measured with --tag)
+    events = make_events(200_000, tag or f"live-{uuid.uuid4().hex[:8]}")
     requests = [_request(orjson.dumps(e)) for e in events]
     shares = [requests[i::connections] for i in range(connections)]
     driver = threading.Thread(target=phases_then_stop)
@@ -427,6 +435,7 @@ def run(n_events: int, connections: int, timeout: float, store: Path | None = No
         "connections": connections, "posts": before, "collector_peak_rss_mb": round(collector_hwm),
         "store_mb_after": round(disk_mb(db), 1), "phases": phases,
         "pooled": {name: _stats(lats) for name, lats in pooled.items()}, "repeat": repeat,
+        "pooled_stages": {name: {st: _stats(lats) for st, lats in by.items()} for name, by in pooled_stages.items()},
     }
     shutil.rmtree(work, ignore_errors=True)  # a --store is left where it is, with its sealed segments
     return result
@@ -440,6 +449,11 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=4, help="keep-alive connections sending POSTs")
     parser.add_argument("--timeout", type=float, default=900.0, help="longest a phase's reader may take (s)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--tag", help="tag of the POSTed events (default: one of this run's own); a second run with "
+                        "the same tag on the same --store POSTs retries, every one a duplicate")
+    parser.add_argument("--whole-key-scan", action="store_true",
+                        help="the collector's key lookups read the whole key table (as before store/keys.py's block "
+                             "filters), to compare retries")
     parser.add_argument("--phases", nargs="+", choices=list(PHASES), help="run only these phases (default: all)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run each phase but the first read this many times; POST latencies are also pooled "
@@ -448,10 +462,11 @@ def main() -> int:
     parser.add_argument("--read", nargs=3, metavar=("DB", "MODE", "URL"), help=argparse.SUPPRESS)  # a reader
     args = parser.parse_args()
     if args.serve:
-        return serve(args.serve)
+        return serve(args.serve, args.whole_key_scan)
     if args.read:
         return read(Path(args.read[0]), args.read[1], args.read[2])
-    row = run(args.events, args.connections, args.timeout, args.store, args.phases, args.repeat)
+    row = run(args.events, args.connections, args.timeout, args.store, args.phases, args.repeat, args.tag,
+              args.whole_key_scan)
     if args.json:
         print(json.dumps(row, indent=2))
         return 0
@@ -481,10 +496,10 @@ def main() -> int:
         for name, s in row["pooled"].items():
             print(f"  {name:<32} {s['requests']:>6} POSTs  p50 {s.get('p50_ms', '-')} ms  p99 {s.get('p99_ms', '-')} ms  "
                   f"max {s.get('max_ms', '-')} ms")
-    print("POST latency by the stage the (first) reader was in when the POST was sent:")
-    for p in row["phases"]:
-        for stage, s in p.get("stages", {}).items():
-            print(f"  {p['phase']:<32} {stage:<20} {s['seconds']:>7.2f} s {s['requests']:>5} POSTs  "
+    print("POST latency by the stage the (first) reader was in when the POST was sent (over the repetitions):")
+    for name, by in row["pooled_stages"].items():
+        for stage, s in by.items():
+            print(f"  {name:<32} {stage:<20} {s['requests']:>5} POSTs  "
                   f"p50 {s.get('p50_ms', '-'):>7}  p99 {s.get('p99_ms', '-'):>7}  max {s.get('max_ms', '-'):>7} ms")
     return 0
 
