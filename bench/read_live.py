@@ -9,6 +9,8 @@ p50/p99/max while the phase ran, and the disk used by the store and its sealed s
 * ``sealed, first read``: the first reader makes the collector seal the whole store (one-time cost);
 * ``sealed, next read``: a reader after it, sealing only what was POSTed since;
 * ``sealed, 2 readers at once``: two readers together (no per-reader copy: disk does not grow per reader);
+* ``..., not yielding``: the same two phases with readers as they ran before ``store.client.yield_to_writer``
+  (``UBI_READER_NICE=0``, ``UBI_READER_THREADS`` = the cores);
 * ``in-collector query``: design (a) of issue 14 item 3, prototyped here only: the same read query run
   by the collector itself in one read transaction on its own cursor, the (small) Arrow result sent back;
 * ``control: a busy process, no read``: a process that only burns CPU (one thread, ``BURN_SECONDS``), touching
@@ -16,11 +18,19 @@ p50/p99/max while the phase ran, and the disk used by the store and its sealed s
 * ``no reader again``: POSTs only, after the reads, so the baseline is taken twice in the same run;
 * ``plain scan, file free``: the same query on the DuckDB file opened read-only, the collector stopped.
 
+Each POST is also counted in the stage the (first) reader was in when it was sent (Python start, imports, the
+seal request, opening the segments, the scan, exit). ``--phases`` picks phases, ``--repeat`` runs them that many
+times, interleaved, and pools their POSTs; ``--tag`` with ``--whole-key-scan`` measures retries (below).
+
 Every reader runs the same aggregation, the shape of the processors' statistics: events and clicks per
 (query text, position), 50,000 rows out of the whole events table.
 
     .venv/bin/python bench/read_live.py [--events 3000000] [--connections 4] [--json]
     .venv/bin/python bench/read_live.py --store COPY.duckdb   # an existing store (e.g. bench/scale.py's), in place
+
+Retries: a second run with the same ``--tag`` on the same ``--store`` POSTs the same events again, every one a
+duplicate whose keys the Bloom filter cannot rule out; ``--whole-key-scan`` makes the collector's lookups read the
+whole key table, as before ``store.keys.BlockFilters``.
 
 With ``--store`` the file is used as it is and written to (the bench's POSTs, its sealed segments beside it):
 pass a copy. It is not removed afterwards.
