@@ -107,6 +107,9 @@ _BLOCK_WORDS = 1 << int(np.ceil(np.log2(BLOCK_ROWS * BITS_PER_KEY / 64)))
 _MAX_BLOCK_SHARE = 0.25
 _MIX = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64's multiplier: the block filters use other hash bits
 _GATHER = 1024  # hashes looked up in every block at once
+#: The block filters stop here (128 MB: 512 blocks, 62.9M rowids); blocks past it have no filter and are read by
+#: every lookup, so past that many stored keys a lookup costs more again, never correctness.
+MAX_BLOCK_FILTER_BYTES = 128 * 1024 * 1024
 
 
 class BlockFilters:
@@ -114,13 +117,15 @@ class BlockFilters:
     the key table may hold a hash. No false negatives: every key row committed is added to its block's filter.
 
     All blocks have the same size, so a hash picks the same word and bits in each, and one gather over the
-    blocks answers for all of them. Memory: 256 KB a block, 2.1 bytes a stored key (42 MB at 20M keys).
+    blocks answers for all of them. Memory: 256 KB a block, 2.1 bytes a stored key (41 MB at 20M keys), at most
+    :data:`MAX_BLOCK_FILTER_BYTES`: the blocks past it have no filter and are candidates for every hash.
     """
 
     def __init__(self, rows: int = 0) -> None:
         """Room for the blocks of ``rows`` rowids to start with."""
-        self.words = np.zeros((-(-rows // BLOCK_ROWS), _BLOCK_WORDS), dtype=np.uint64)
-        self.blocks = 0  # blocks in use (rows of ``words``; the array grows by a quarter when full)
+        self.limit = max(1, MAX_BLOCK_FILTER_BYTES // (_BLOCK_WORDS * 8))  # blocks that get a filter
+        self.words = np.zeros((min(self.limit, -(-rows // BLOCK_ROWS)), _BLOCK_WORDS), dtype=np.uint64)
+        self.blocks = 0  # blocks in use (the filtered ones are rows of ``words``, grown by a quarter when full)
 
     @property
     def nbytes(self) -> int:
@@ -141,21 +146,29 @@ class BlockFilters:
         if not len(hashes):
             return
         block = (np.asarray(row_ids, dtype=np.int64) // BLOCK_ROWS).astype(np.intp)
-        top = int(block.max()) + 1
-        if top > len(self.words):
-            grown = np.zeros((max(top, len(self.words) + len(self.words) // 4 + 1), _BLOCK_WORDS), dtype=np.uint64)
+        self.blocks = max(self.blocks, int(block.max()) + 1)
+        need = min(self.blocks, self.limit)
+        if need > len(self.words):
+            rows = min(self.limit, max(need, len(self.words) + len(self.words) // 4 + 1))
+            grown = np.zeros((rows, _BLOCK_WORDS), dtype=np.uint64)
             grown[: len(self.words)] = self.words
             self.words = grown
-        self.blocks = max(self.blocks, top)
+        kept = block < self.limit
+        if not kept.all():
+            block, hashes = block[kept], hashes[kept]
         idx, mask = self._locate(hashes)
         np.bitwise_or.at(self.words, (block, idx), mask)
 
     def candidates(self, hashes: np.ndarray, most: int | None = None) -> np.ndarray | None:
         """The blocks (sorted) whose filter may hold at least one of ``hashes``; None once more than ``most``."""
+        filtered = min(self.blocks, self.limit)
         found = np.zeros(self.blocks, dtype=bool)
+        found[filtered:] = len(hashes) > 0  # blocks without a filter may hold anything
+        if most is not None and int(found.sum()) > most:
+            return None
         for start in range(0, len(hashes), _GATHER):  # a (blocks, hashes) gather at a time: 1.3 MB at 163 blocks
             idx, mask = self._locate(hashes[start:start + _GATHER])
-            found |= ((self.words[: self.blocks, idx] & mask) == mask).any(axis=1)
+            found[:filtered] |= ((self.words[:filtered, idx] & mask) == mask).any(axis=1)
             if most is not None and int(found.sum()) > most:
                 return None
         return np.flatnonzero(found)

@@ -256,3 +256,20 @@ def test_a_retry_reads_only_the_block_that_holds_its_key(tmp_path, make_event, m
             out = store.write_rows(events=events(*stored))
             assert out.event_status == (DUPLICATE,) * 40 and read == []  # every block: one scan, no ranges
     assert _mismatched_key_rows(path) == (46, 46, 0)  # 40 + 4 written around + 2 new
+
+
+def test_block_filters_stop_at_their_cap_and_read_the_blocks_past_it(monkeypatch) -> None:
+    """Capped at 2 blocks' filters (512 KB): blocks 2-4 get none, so every hash may be in them; a hash of block
+    1 finds blocks 1-4, a hash never added at least 2-4; memory stays at the cap."""
+    monkeypatch.setattr(store_keys, "MAX_BLOCK_FILTER_BYTES", 2 * 256 * 1024)
+    rng = np.random.default_rng(3)
+    n = 5 * store_keys.BLOCK_ROWS
+    added = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    f = store_keys.BlockFilters(n)
+    f.add(added, np.arange(n))
+    assert f.blocks == 5 and f.nbytes == 2 * 256 * 1024
+    found = f.candidates(added[store_keys.BLOCK_ROWS + 7:store_keys.BLOCK_ROWS + 8])
+    assert found is not None and found.tolist()[-3:] == [2, 3, 4] and 1 in found.tolist()
+    never = f.candidates(np.array([12345], dtype=np.uint64))
+    assert never is not None and set(never.tolist()) >= {2, 3, 4}
+    assert f.candidates(added[:1], most=2) is None  # the three unfiltered blocks alone are more than 2
