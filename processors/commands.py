@@ -199,7 +199,7 @@ def cmd_review_export(args: argparse.Namespace) -> int:
 
     settings = Settings.from_flags(args, only=("db",))
     queries = read_query_set(args.queries) if args.queries else None
-    with reading(settings.db) as con:
+    with reading(settings.db, settings) as con:
         source = resolve_source(con, args.source)
         rows, missing = export_candidates(con, source, queries=queries, top=args.top,
                                           per_query=None if args.per_query == 0 else args.per_query)

@@ -60,7 +60,7 @@ def cmd_select(args: argparse.Namespace) -> int:
         raise UbiError(f"--holdout: the held-out share must lie strictly between 0 and 1, got {args.holdout}")
     for name in args.models:
         model_class(name)  # an unknown name fails here, naming the known ones
-    with reading(settings.db) as con:
+    with reading(settings.db, settings) as con:
         apps = applications(con)
     if args.application is not None:
         if args.application not in apps:

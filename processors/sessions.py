@@ -778,7 +778,7 @@ def read_sessions(db: Path | str, settings: Settings | None = None, *, max_rank:
     ``options`` (``application``, ``holdout``) go to :func:`load_sessions`.
     """
     settings = settings or Settings()
-    with reading(db) as con:
+    with reading(db, settings) as con:
         apply_limits(con, settings)
         return load_sessions(con, settings, max_rank=max_rank, **options)
 

@@ -335,7 +335,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         file_runs.append((system, run))
         inputs.setdefault("runs", []).append(
             f"{path} as {system} ({len(run)} queries, {run.n_docs()} ranked docs{', tag ' + run.tag if run.tag else ''})")
-    with reading(settings.db) as con:
+    with reading(settings.db, settings) as con:
         apply_limits(con, settings)
         if not len(labels) and not _stored_labels(con):
             raise UbiError("no judgments at all: give human judgments with --qrels FILE, or run `ubi process` to "
@@ -398,7 +398,7 @@ def cmd_queryset(args: argparse.Namespace) -> int:
     from store.client import reading
 
     settings = Settings.from_flags(args)
-    with reading(settings.db) as con:
+    with reading(settings.db, settings) as con:
         population = query_frequencies(con, application=args.application)
     chosen = sample(population, args.strategy, args.size, seed=settings.seed)
     qs = to_queryset(chosen, strategy=args.strategy, seed=settings.seed, name=args.name)

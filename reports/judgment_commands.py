@@ -125,7 +125,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "workbench":  # before reading anything: a name the Workbench refuses is bad input (exit 2)
         check_workbench_text(args.name, "--name", WORKBENCH_NAME_MAX)
     settings = Settings.from_flags(args)
-    with reading(settings.db) as con:
+    with reading(settings.db, settings) as con:
         body, summary = export_judgments(con, args.format, source=args.source, precedence=tuple(args.precedence),
                                          rating_map=_rating_map(args.rating_map), name=args.name)
     _write(args.out, body)

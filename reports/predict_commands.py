@@ -199,7 +199,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.qrels is not None:
         labels.add(labels_from_human(load_qrels(args.qrels).human_judgments()))
     k_model = max(settings.max_rank, args.k)
-    with reading(settings.db) as con:
+    with reading(settings.db, settings) as con:
         labels.add(labels_from_store(con))
         system = file_run(name, run, query_id_texts(labels))
         rankings = {system.query_of[qid]: docs for qid, docs in system.run.items()}

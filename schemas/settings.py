@@ -117,6 +117,16 @@ class Settings(BaseSettings):
     temp_directory: Path | None = Field(
         None, description="where DuckDB spills above memory_limit (default: DuckDB's, <db>.tmp beside the store)"
     )
+    reader_threads: int | None = Field(
+        None, ge=1, description="DuckDB threads of a reader while a collector or loader on this machine holds the store "
+        "(it then scans the sealed segments beside the writer); empty or unset: one less than the cores, at least 1, "
+        "so the writer keeps a core for POSTs (README, 'One writer, many readers')",
+    )
+    reader_nice: int = Field(
+        10, ge=0, le=19, description="the nice value (CPU priority) a reader lowers itself to, this thread and the "
+        "DuckDB threads it starts, before it scans the sealed segments of a store a writer holds: on a busy machine "
+        "the writer's POSTs go first; 0 keeps the priority",
+    )
     writer_memory_limit: str | None = Field(
         "256MB",
         description="DuckDB memory limit of the process writing the store (`ubi serve`, `ubi import`, `ubi consume "

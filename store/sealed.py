@@ -425,16 +425,18 @@ def decode_seal(body: bytes) -> Sealed:
 # ---------------------------------------------------------------- reading
 
 
-def open_sealed(sealed: Sealed) -> duckdb.DuckDBPyConnection:
+def open_sealed(sealed: Sealed, *, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the store's five tables, read from ``sealed``.
 
     The append-only tables are views over their segments (the store's declared columns, in order, with
     the declared types), and the derived tables over their snapshot; a table with no file yet is an empty
     table. Derived tables sent as rows (``Sealed.inline``) are filled from them. Nothing is written to disk.
+    ``threads``: DuckDB's worker threads (default: one per core), set when the database starts, so no more
+    threads than that are ever started.
     """
     from store.duckdb_store import checked_columns  # store.duckdb_store imports this module
 
-    con = duckdb.connect()
+    con = duckdb.connect(config={"threads": int(threads)} if threads is not None else {})
     try:
         # the derived tables are snapshot files too, when the writer sealed them so (rows sent inline otherwise)
         for table in (*SEALED_TABLES, *(t for t in INLINE_TABLES if t in sealed.files)):

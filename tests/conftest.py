@@ -18,6 +18,11 @@ from hypothesis import settings
 settings.register_profile("ubi", deadline=None)
 settings.load_profile("ubi")
 
+# A test that reads a live store in this process would lower this process's priority for the rest of the run
+# (store.client.yield_to_writer: a nice value cannot be raised back), and every subprocess started after it
+# would inherit it. Tests of that step set the value they test, in a subprocess of their own.
+os.environ.setdefault("UBI_READER_NICE", "0")
+
 _serial = itertools.count()
 
 Factory = Callable[..., dict[str, Any]]

@@ -35,7 +35,7 @@ GROUP BY query_id
 
 def read_patterns(db: Path | str, settings: Settings, max_rank: int) -> SessionData:
     """Sessions of the store at ``db`` aggregated to patterns and cells (``processors.sessions``)."""
-    with reading(db) as con:
+    with reading(db, settings) as con:
         apply_limits(con, settings)
         return load_sessions(con, settings, max_rank=max_rank)
 
@@ -79,6 +79,6 @@ def load_swaps(con: duckdb.DuckDBPyConnection, settings: Settings, max_rank: int
 
 def read_swaps(db: Path | str, settings: Settings, max_rank: int) -> tuple[SwapSessions, int]:
     """:func:`load_swaps` on the store at ``db`` (read-only, or its sealed segments while a collector runs)."""
-    with reading(db) as con:
+    with reading(db, settings) as con:
         apply_limits(con, settings)
         return load_swaps(con, settings, max_rank)

@@ -5,6 +5,7 @@ Expected numbers are counts of rows this file writes itself (hand-computed from 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -295,6 +297,21 @@ with reading(sys.argv[1]) as con:
 """
 
 
+@contextlib.contextmanager
+def serving(db: Path, env: dict[str, str]) -> Iterator[None]:
+    """``ubi serve`` holding ``db`` (port 0) until the block ends."""
+    serve = subprocess.Popen([sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0"], cwd=ROOT,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert serve.stdout is not None
+        line = serve.stdout.readline()
+        assert re.search(r"http://127\.0\.0\.1:\d+", line), f"ubi serve did not start: {line!r}"
+        yield
+    finally:
+        serve.terminate()
+        serve.wait(timeout=60)
+
+
 def tree(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
 
@@ -307,12 +324,7 @@ def test_a_reader_killed_mid_read_leaves_nothing_behind(tmp_path: Path) -> None:
     with Store(db) as store:
         add_events(store, 0, 50_000)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    serve = subprocess.Popen([sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0"], cwd=ROOT,
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert serve.stdout is not None
-        line = serve.stdout.readline()
-        assert re.search(r"http://127\.0\.0\.1:\d+", line), f"ubi serve did not start: {line!r}"
+    with serving(db, env):
         assert json.loads((work / "ubi.duckdb.collector.json").read_text())["url"]
         reader = subprocess.Popen([sys.executable, "-c", READER, str(db)], cwd=cwd, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -340,9 +352,40 @@ def test_a_reader_killed_mid_read_leaves_nothing_behind(tmp_path: Path) -> None:
              str(db)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
         assert with_second.stdout.strip() == "50000", with_second.stderr
         assert tree(work).keys() == during.keys()
-    finally:
-        serve.terminate()
-        serve.wait(timeout=60)
+
+
+YIELDING = """
+import os, sys
+from store.client import reading
+for _ in range(2):  # a second read does not lower the priority further
+    with reading(sys.argv[1]) as con:
+        threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
+        print(os.nice(0), threads, con.execute("SELECT count(*) FROM ubi_events").fetchone()[0], flush=True)
+"""
+
+
+def test_a_reader_of_a_live_store_steps_back_for_the_writer(tmp_path: Path) -> None:
+    """While ``ubi serve`` holds the store a reader runs at the nice value ``UBI_READER_NICE`` (3 above the one
+    it started at, here) with ``UBI_READER_THREADS`` DuckDB threads, by default one less than the cores (at
+    least 1), and a second read lowers nothing further; reading the free file it keeps its priority and
+    DuckDB's threads (one per core)."""
+    start = os.nice(0)  # a subprocess starts at this process's nice value
+    if start > 16:
+        pytest.skip(f"this process runs at nice {start}: no room to lower a reader's priority by 3")
+    db = tmp_path / "ubi.duckdb"
+    with Store(db) as store:
+        add_events(store, 0, 1_000)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "UBI_READER_NICE": str(start + 3)}
+    cores = os.cpu_count() or 1
+    free = subprocess.run([sys.executable, "-c", YIELDING, str(db)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert free.stdout.split("\n")[:2] == [f"{start} {cores} 1000"] * 2, free.stderr
+    with serving(db, env):
+        for threads, expected in ((None, max(1, cores - 1)), ("3", 3)):
+            run_env = env if threads is None else {**env, "UBI_READER_THREADS": threads}
+            live = subprocess.run([sys.executable, "-c", YIELDING, str(db)], cwd=tmp_path, env=run_env,
+                                  capture_output=True, text=True, timeout=120)
+            assert live.stdout.split("\n")[:2] == [f"{start + 3} {expected} 1000"] * 2, live.stderr
 
 
 def test_reading_a_free_store_opens_the_file_and_writes_nothing(tmp_path: Path) -> None:
