@@ -19,18 +19,24 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import duckdb
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from collector.blocks import block_lines
 from collector.fastpath import Candidates, Chunk, ParsedChunk, fast_parser, parse_chunk, store_chunk
 from collector.formats import (
     BOM,
+    BULK_INDEX,
     FILE_BUFFER,
+    PLAIN_ACTION_PATTERN,
     BodyError,
     Kind,
     RawItem,
     array_items,
     bulk_items,
-    bulk_records,
+    bulk_record,
     ndjson_items,
     open_file,
     parses,
@@ -221,9 +227,9 @@ def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None 
     with _opened(path, cursor) as (fh, fmt):
         try:
             if fmt == "bulk":
-                yield from _bulk_chunks(stream_lines(fh), size)
+                yield from _bulk_chunks(fh, size)
             elif fmt == "ndjson":
-                yield from _ndjson_chunks(stream_lines(fh), kind, size)
+                yield from _ndjson_chunks(fh, kind, size)
             elif fmt == "array":
                 elements = split_json(fh)
                 items = _with_kinds(elements, kind, lambda e: orjson.loads(e[2]), array_items)
@@ -233,60 +239,158 @@ def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None 
             raise _file_error(path, exc) from exc
 
 
-def _bulk_chunks(lines: Iterator[tuple[int, bytes]], size: int) -> Iterator[Chunk]:
-    chunk = Chunk(given={"event": "event", "query": "query"})
-    for record in bulk_records(lines, plain=True):
-        if type(record) is tuple:
-            index, number, doc, kind, doc_id, verb, name = record
-            (chunk.events if kind == "event" else chunk.queries).add(index, number, doc, doc_id, verb, name)
-        else:
-            chunk.exact.append(record)  # type: ignore[arg-type]
-        if len(chunk) >= size:
-            yield chunk
-            chunk = Chunk(given=chunk.given)
-    if len(chunk):
-        yield chunk
+def _sized(blocks: Iterator[tuple[np.ndarray, pa.Array]], size: int) -> Iterator[tuple[np.ndarray, pa.Array]]:
+    """The lines of ``blocks`` regrouped into runs of ``size`` lines (the last one shorter)."""
+    numbers: list[np.ndarray] = []
+    lines: list[pa.Array] = []
+    have = 0
+    for block_numbers, block in blocks:
+        pos = 0
+        while pos < len(block):
+            take = min(size - have, len(block) - pos)
+            numbers.append(block_numbers[pos:pos + take])
+            lines.append(block.slice(pos, take))
+            have, pos = have + take, pos + take
+            if have == size:
+                yield np.concatenate(numbers), pa.concat_arrays(lines)
+                numbers, lines, have = [], [], 0
+    if have:
+        yield np.concatenate(numbers), pa.concat_arrays(lines)
 
 
-def _ndjson_chunks(lines: Iterator[tuple[int, bytes]], kind: Kind | None, size: int) -> Iterator[Chunk]:
+def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int) -> Iterator[Chunk]:
+    """NDJSON lines as event and query candidates, a block at a time (:mod:`collector.blocks`): with no
+    ``--kind``, a line is an event candidate when it names ``action_name`` (a plain event does, a plain
+    query record does not: the key guess), and the kind of the first records is the default of those that
+    say neither, as :func:`_with_kinds` has it."""
+    blocks: Iterator[tuple[np.ndarray, pa.Array]] = block_lines(fh)
     kind_of = None
-    if kind is None:  # as _with_kinds: the kind of the first records is the default of those that say neither
-        head = list(itertools.islice(lines, _LOOKAHEAD))
+    if kind is None:
+        head: list[tuple[np.ndarray, pa.Array]] = []
+        seen = 0
+        for block in blocks:
+            head.append(block)
+            seen += len(block[1])
+            if seen >= _LOOKAHEAD:
+                break
         values = []
-        for _, text in head:
+        for text in itertools.islice((t for _, b in head for t in b.slice(0, _LOOKAHEAD).to_pylist()), _LOOKAHEAD):
             try:
                 values.append(orjson.loads(text))
             except orjson.JSONDecodeError:
                 continue
         default = _dominant(values)
         kind_of = lambda value: guess_kind(value, default)  # noqa: E731
-        lines = itertools.chain(head, lines)
+        blocks = itertools.chain(head, blocks)
     given: dict[str, str | None] = {"event": kind, "query": kind}
     index = 0
-    while True:
-        # The candidates' columns filled directly (no Candidates.add per line: this loop is Python's share of
-        # every NDJSON line); NDJSON has no _bulk metadata, so those columns are all None.
+    for numbers, lines in _sized(blocks, size):
+        n = len(lines)
+        positions = np.arange(index, index + n, dtype=np.int64)
+        if kind == "event":
+            is_event = np.ones(n, dtype=bool)
+        elif kind == "query":
+            is_event = np.zeros(n, dtype=bool)
+        else:
+            is_event = pc.match_substring(lines, '"action_name"').to_numpy(zero_copy_only=False)
         events, queries = Candidates(), Candidates()
-        ev_index, ev_number, ev_text = events.index.append, events.number.append, events.text.append
-        q_index, q_number, q_text = queries.index.append, queries.number.append, queries.text.append
-        end = index + size
-        for number, text in itertools.islice(lines, size):
-            # Without --kind a plain event names action_name and a plain query record does not (the key guess).
-            if kind == "event" or (kind is None and b'"action_name"' in text):
-                ev_index(index)
-                ev_number(number)
-                ev_text(text)
+        for c, mask in ((events, is_event), (queries, ~is_event)):
+            if mask.all():
+                c.extend(positions, numbers, lines)
+            elif mask.any():
+                c.extend(positions[mask], numbers[mask], lines.filter(pa.array(mask)))
+        index += n
+        yield Chunk(events=events, queries=queries, given=given, kind_of=kind_of)
+
+
+#: :data:`collector.formats.PLAIN_ACTION_PATTERN` for Arrow (RE2), matching the whole line as ``fullmatch``.
+_PLAIN_ACTION_RE2 = f"^(?:{PLAIN_ACTION_PATTERN})$"
+
+
+class _Counting:
+    """An iterator over lines ``start..`` of a block that counts what it gave."""
+
+    def __init__(self, numbers: np.ndarray, lines: pa.Array, start: int) -> None:
+        self.numbers, self.lines, self.pos, self.taken = numbers, lines, start, 0
+
+    def __iter__(self) -> _Counting:
+        return self
+
+    def __next__(self) -> tuple[int, bytes]:
+        if self.pos >= len(self.lines):
+            raise StopIteration
+        pos = self.pos
+        self.pos += 1
+        self.taken += 1
+        return int(self.numbers[pos]), self.lines[pos].as_py()
+
+
+def _bulk_chunks(fh: BinaryIO, size: int) -> Iterator[Chunk]:
+    """``_bulk`` lines as candidates, a block at a time (:mod:`collector.blocks`): runs of plain action lines
+    (:data:`collector.formats.PLAIN_ACTION_PATTERN`), each followed by its document, are paired in Arrow
+    without Python per line; at any other action line :func:`collector.formats.bulk_record` (what
+    :func:`collector.formats.bulk_records` does for a line) takes one record, and pairing resumes after it.
+    Records, indexes and lines are :func:`bulk_records`' (``plain=True``)."""
+    given: dict[str, str | None] = {"event": "event", "query": "query"}
+    chunk = Chunk(given=given)
+    blocks = block_lines(fh)
+    numbers, lines = np.zeros(0, np.int64), pa.array([], pa.large_binary())
+    index = 0
+    eof = False
+    while not eof or len(lines):
+        block = next(blocks, None) if not eof else None
+        if block is None:
+            eof = True
+        else:
+            numbers = np.concatenate([numbers, block[0]])
+            lines = pa.concat_arrays([lines, block[1]]) if len(lines) else block[1]
+        plain = pc.match_substring_regex(lines, _PLAIN_ACTION_RE2).to_numpy(zero_copy_only=False)
+        p = 0
+        while p < len(lines):
+            if len(lines) - p < 2 and not eof:
+                break  # its document may be in the next block
+            run = plain[p:len(lines) - 1:2]  # actions at p, p+2, ... that have a line after them here
+            stop = int(np.argmin(run)) if len(run) and not run.all() else len(run)
+            pairs = min(stop, size - len(chunk))
+            more = True
+            if pairs:
+                acts = pa.array(np.arange(p, p + 2 * pairs, 2, dtype=np.int64))
+                docs = pa.array(np.arange(p + 1, p + 2 * pairs, 2, dtype=np.int64))
+                meta = pc.extract_regex(lines.take(acts), _PLAIN_ACTION_RE2)
+                verb, name, doc_id = (meta.field(f).cast(pa.large_string()) for f in ("verb", "name", "id"))
+                doc_id = pc.if_else(pc.equal(doc_id, ""), pa.scalar(None, pa.large_string()), doc_id)
+                text, doc_numbers = lines.take(docs), numbers[p + 1:p + 2 * pairs:2]
+                positions = np.arange(index, index + pairs, dtype=np.int64)
+                is_event = pc.equal(name, "ubi_events").to_numpy(zero_copy_only=False)
+                for c, mask in ((chunk.events, is_event), (chunk.queries, ~is_event)):
+                    if mask.all():
+                        c.extend(positions, doc_numbers, text, doc_id, verb, name)
+                    elif mask.any():
+                        m = pa.array(mask)
+                        c.extend(positions[mask], doc_numbers[mask], text.filter(m), doc_id.filter(m),
+                                 verb.filter(m), name.filter(m))
+                index += pairs
+                p += 2 * pairs
             else:
-                q_index(index)
-                q_number(number)
-                q_text(text)
-            index += 1
-        for c in (events, queries):
-            c.bulk_id, c.action, c.index_name = [None] * len(c.index), [None] * len(c.index), [None] * len(c.index)
-        if index > end - size:
-            yield Chunk(events=events, queries=queries, given=given, kind_of=kind_of)
-        if index < end:
-            return
+                rest = _Counting(numbers, lines, p + 1)
+                record, more = bulk_record(index, int(numbers[p]), lines[p].as_py(), rest, BULK_INDEX, None,
+                                           plain=True)
+                if type(record) is tuple:
+                    i, number, doc, kind, bid, action, index_name = record
+                    (chunk.events if kind == "event" else chunk.queries).add(i, number, doc, bid, action,
+                                                                             index_name)
+                else:
+                    chunk.exact.append(record)  # type: ignore[arg-type]
+                index += 1
+                p += 1 + rest.taken
+            if len(chunk) >= size:
+                yield chunk
+                chunk = Chunk(given=given)
+            if not more:
+                eof, p = True, len(lines)
+        numbers, lines = numbers[p:], lines.slice(p)
+    if len(chunk):
+        yield chunk
 
 
 def _with_kinds(

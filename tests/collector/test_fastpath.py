@@ -16,13 +16,14 @@ import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector import fastpath
+from collector import blocks, fastpath
 from collector.formats import _PLAIN_ACTION, bulk_items, bulk_records, json_item
 from collector.importer import import_files
 from processors.simulation.bulk_log import write_files
@@ -178,14 +179,21 @@ _LINES = st.lists(st.one_of(event_line, event_line, query_line,
                   min_size=1, max_size=30)
 
 
+#: Line ends and blank lines the block reader must treat as stream_lines does; block sizes (bytes read at a
+#: time, collector.blocks.LINE_BLOCK) that put block ends inside lines, and the default.
+_SEPARATORS = st.sampled_from(["\n", "\n", "\r\n", "\n\n \t\n", " \n"])
+_BLOCKS = st.sampled_from([7, 50, 333, 0])
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lines=_LINES, kind=st.sampled_from([None, None, "event", "query"]))
+@given(lines=_LINES, kind=st.sampled_from([None, None, "event", "query"]), sep=_SEPARATORS, block=_BLOCKS)
 def test_ndjson_fast_and_exact_paths_agree(tmp_path_factory: pytest.TempPathFactory, lines: list[str],
-                                           kind: str | None) -> None:
+                                           kind: str | None, sep: str, block: int) -> None:
     tmp = tmp_path_factory.mktemp("nd")
     path = tmp / "in.ndjson"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    _assert_same(tmp, [path], kind=kind)
+    path.write_text(sep.join(lines) + sep, encoding="utf-8")
+    with mock.patch.object(blocks, "LINE_BLOCK", block or blocks.LINE_BLOCK):
+        _assert_same(tmp, [path], kind=kind)
 
 
 _ACTIONS = ['{"index":{"_index":"ubi_events","_id":"e1"}}', '{"index": {"_index": "ubi_events", "_id": "e2"}}',
@@ -199,9 +207,9 @@ _ACTIONS = ['{"index":{"_index":"ubi_events","_id":"e1"}}', '{"index": {"_index"
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pairs=st.lists(st.tuples(st.sampled_from(_ACTIONS), st.one_of(event_line, query_line)), min_size=1,
                       max_size=20),
-       tail=st.sampled_from(["", '{"index":{"_index":"ubi_events"}}']))
+       tail=st.sampled_from(["", '{"index":{"_index":"ubi_events"}}']), sep=_SEPARATORS, block=_BLOCKS)
 def test_bulk_fast_and_exact_paths_agree(tmp_path_factory: pytest.TempPathFactory, pairs: list[tuple[str, str]],
-                                         tail: str) -> None:
+                                         tail: str, sep: str, block: int) -> None:
     tmp = tmp_path_factory.mktemp("bulk")
     path = tmp / "in.bulk.ndjson"
     lines = ['{"index":{"_index":"ubi_events","_id":"first"}}', '{"action_name":"click","timestamp":1}']
@@ -209,8 +217,9 @@ def test_bulk_fast_and_exact_paths_agree(tmp_path_factory: pytest.TempPathFactor
         lines.append(action)
         if '"delete"' not in action:
             lines.append(doc)
-    path.write_text("\n".join([*lines, tail]) + "\n", encoding="utf-8")
-    _assert_same(tmp, [path])
+    path.write_text(sep.join([*lines, tail]) + sep, encoding="utf-8")
+    with mock.patch.object(blocks, "LINE_BLOCK", block or blocks.LINE_BLOCK):
+        _assert_same(tmp, [path])
 
 
 def test_plain_action_lines_mean_what_the_general_path_finds() -> None:
