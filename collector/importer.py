@@ -214,9 +214,11 @@ def _format(fh: io.BufferedReader, path: Path) -> str | None:
     return "ndjson"
 
 
-#: Records per transaction on the fast path (a store this process holds, no record filters): bigger
-#: transactions cost less per record, and a chunk of 50,000 events holds about 25 MB of lines.
+#: Records per chunk on the fast path (a store this process holds, no record filters): what is validated
+#: at once; a chunk of 50,000 events holds about 25 MB of lines.
 FAST_CHUNK_ITEMS = 50_000
+#: Records per transaction on the fast path (``Settings.import_batch_records``): several chunks.
+BATCH_RECORDS = 250_000
 
 
 def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None = None,
@@ -533,28 +535,51 @@ def _import_fast(
     report: FileReport,
     max_errors: int,
     on_progress: Callable[[str, int, int, int], None] | None,
+    batch_records: int = BATCH_RECORDS,
 ) -> int:
     """Import one file through the fast path, two chunks at a time; returns the records read.
 
     A chunk is validated (:func:`collector.fastpath.parse_chunk`, in ``pool``'s one thread) while the one
     before it is written (:func:`collector.fastpath.store_chunk`, here) and the one after it read. Both
     halves spend most of their time in DuckDB, which releases the GIL, so they share the two cores. Chunks
-    are still written one at a time, in file order, one transaction each: the outcome of every record is
-    what :func:`collector.fastpath.write_chunk` of each chunk in turn gives. Validation reads nothing of the
-    store, so running it a chunk early changes nothing. Memory: three chunks at most (read, validated,
-    written).
+    are written one at a time, in file order, into transactions of ``batch_records`` records or more
+    (:meth:`store.duckdb_store.Store.batch`; the last of a file may be smaller): the outcome of every record is
+    what :func:`collector.fastpath.write_chunk` of each chunk in turn gives, and a chunk's counts, errors and
+    progress are reported once its transaction committed. Validation reads nothing of the store, so running
+    it a chunk early changes nothing. Memory: three chunks at most (read, validated, written); the open
+    transaction's rows are DuckDB's (its buffer pool, and row groups written to the file).
     """
     records = 0
     source = str(path)
+    written: list[tuple[IngestResult, Mapping[int, int | None], int, int]] = []  # not committed yet
+    batch: Any = None  # the open Store.batch() context
+    in_batch = 0
+
+    def commit() -> None:
+        nonlocal batch, in_batch, records
+        if batch is None:
+            return
+        batch, open_batch = None, batch
+        open_batch.__exit__(None, None, None)
+        in_batch = 0
+        for result, lines, n, done in written:
+            report.add(result, lines, max_errors)
+            records += n
+            if on_progress:
+                on_progress(source, done, cursor.size, records)  # the bytes read when the chunk was complete
+        written.clear()
 
     def write(pending: tuple[Future[ParsedChunk], int, int]) -> None:
-        nonlocal records
+        nonlocal batch, in_batch
         parsed, n, done = pending
+        if batch is None:
+            batch = store.batch()
+            batch.__enter__()
         result, lines = store_chunk(store, parsed.result())
-        report.add(result, lines, max_errors)
-        records += n
-        if on_progress:
-            on_progress(source, done, cursor.size, records)  # the bytes read when the chunk was complete
+        written.append((result, lines, n, done))
+        in_batch += n
+        if in_batch >= batch_records:
+            commit()
 
     pending: tuple[Future[ParsedChunk], int, int] | None = None
     try:
@@ -570,9 +595,16 @@ def _import_fast(
         if pending is not None:
             previous, pending = pending, None
             write(previous)
+        commit()
+        raise
+    except BaseException as exc:
+        if batch is not None:  # roll the open transaction back: nothing of it was reported
+            batch, open_batch = None, batch
+            open_batch.__exit__(type(exc), exc, exc.__traceback__)
         raise
     if pending is not None:
         write(pending)
+    commit()
     return records
 
 
@@ -586,6 +618,7 @@ def import_files(
     on_progress: Callable[[str, int, int, int], None] | None = None,
     fast: bool = True,
     memory_limit: str | None = "256MB",
+    batch_records: int = BATCH_RECORDS,
 ) -> tuple[list[FileReport], str]:
     """Import every file; returns a report per file and how the store was reached (``direct`` or a URL).
 
@@ -599,6 +632,7 @@ def import_files(
     ``on_progress(path, bytes_done, bytes_total, records_done)`` is called after each chunk (bytes of the
     file on disk, compressed when it is gzip). ``memory_limit``: DuckDB's on the store
     (``Settings.writer_memory_limit``); nothing of the store needs to stay in memory (:mod:`store.keys`).
+    ``batch_records``: records per transaction on the fast path (``Settings.import_batch_records``).
     """
     store: Store | None = None
     remote: CollectorWriter | None = None
@@ -623,7 +657,8 @@ def import_files(
                 on_progress(str(path), 0, cursor.size, 0)
             records = 0
             if parser is not None and store is not None and pool is not None:
-                records = _import_fast(store, parser, pool, path, kind, cursor, report, max_errors, on_progress)
+                records = _import_fast(store, parser, pool, path, kind, cursor, report, max_errors, on_progress,
+                                       batch_records)
             else:
                 for chunk in chunks(iter_items(path, kind, cursor)):
                     # Items keep their position in the file: it is the item_index failed_records keeps for them.

@@ -200,3 +200,32 @@ def test_the_writers_key_hashes_are_duckdbs_md5_number_lower() -> None:
     expected = [h for (h,) in con.execute("SELECT md5_number_lower(k) FROM unnest(?) t(k)", [keys]).fetchall()]
     assert key_hashes(keys).tolist() == expected
     assert expected[0] == 8250560606382298838  # md5_number_lower('abc') as DuckDB 2.0.1 prints it
+
+
+def test_writes_in_one_batch_see_each_other_and_commit_or_roll_back_together(tmp_path, make_event):
+    """Store.batch: several write_rows in one transaction (ubi import's). A later write finds the keys an
+    earlier one of the same batch inserted (a retry is a duplicate, other content a conflict); a batch that
+    fails leaves nothing, and the key rows of what was committed point at their rows."""
+    path = tmp_path / "s.duckdb"
+    a, b = make_event(event_id="a"), make_event(event_id="b")
+    kept: list[int] = []
+
+    def keep(positions):
+        kept.extend(positions)
+        return failed_table([failed_row(source="t", kind="conflict", reason="r", raw=b"{}", item_index=p,
+                                        received_at=utcnow()) for p in positions])
+
+    with Store(path) as store:
+        with store.batch():
+            assert store.write_rows(events=events(a)).event_status == (INSERTED,)
+            out = store.write_rows(events=events(a, dict(a, action_name="other"), b), event_conflicts=keep)
+            assert out.event_status == (DUPLICATE, CONFLICT, INSERTED)
+        assert kept == [1]
+        c = make_event(event_id="c")
+        with pytest.raises(RuntimeError), store.batch():
+            store.write_rows(events=events(c))
+            raise RuntimeError("the import stopped")
+        # c was rolled back: new again; a and b were committed: duplicates
+        assert store.write_rows(events=events(c, a, b)).event_status == (INSERTED, DUPLICATE, DUPLICATE)
+    # hand count: a, b, then c: 3 events, 3 key rows, each at its row
+    assert _mismatched_key_rows(path) == (3, 3, 0)
