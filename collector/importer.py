@@ -307,6 +307,74 @@ def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int) -> Iterator[Chunk
 
 #: :data:`collector.formats.PLAIN_ACTION_PATTERN` for Arrow (RE2), matching the whole line as ``fullmatch``.
 _PLAIN_ACTION_RE2 = f"^(?:{PLAIN_ACTION_PATTERN})$"
+#: The ``_id`` of a plain action line (the pattern's ``id`` group, whole).
+_PLAIN_ID_RE2 = r"^[ !#-\[\]-~]{1,100}$"
+_VERBS, _NAMES = ("index", "create"), ("ubi_events", "ubi_queries")
+_VERB_TEXT, _NAME_TEXT = pa.array(_VERBS, pa.string()), pa.array(_NAMES, pa.string())
+
+
+def _plain_actions(lines: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, pa.Array]:
+    """Per line: whether it is a plain action line (:data:`_PLAIN_ACTION_RE2`), its verb and ``_index`` (as
+    positions in ``_VERBS`` and ``_NAMES``) and where its ``_id`` is in the array returned last (-1: none,
+    or not plain).
+
+    Only lines that begin as the pattern's can (``{"index"``, ``{"create"``, or ``{`` and a space or tab)
+    are looked at. The compact spelling exports write (``{"index":{"_index":"ubi_events","_id":"..."}}``)
+    is then found by its fixed head and tail, its ``_id`` checked with the pattern's own class; the pattern
+    itself (RE2, several times dearer) runs only on the other candidates. A compact line is one the pattern
+    matches with exactly these groups: its ``_id`` holds no quote, so where it starts and ends is not in doubt.
+    """
+    n = len(lines)
+    ok = np.zeros(n, dtype=bool)
+    verb = np.zeros(n, dtype=np.int8)
+    name = np.zeros(n, dtype=np.int8)
+    id_at = np.full(n, -1, dtype=np.int64)
+    found: list[pa.Array] = []
+    have = 0
+    starts = np.zeros(n, dtype=bool)
+    for head in ('{"index"', '{"create"', "{ ", "{\t"):
+        starts |= pc.starts_with(lines, head).to_numpy(zero_copy_only=False)
+    where = np.flatnonzero(starts)
+    if not len(where):
+        return ok, verb, name, id_at, pa.array([], pa.large_binary())
+    some = lines.take(pa.array(where))
+    closed = pc.ends_with(some, '"}}').to_numpy(zero_copy_only=False)
+    compact = np.zeros(len(where), dtype=bool)
+    for v, verb_text in enumerate(_VERBS):
+        for k, index_text in enumerate(_NAMES):
+            head = f'{{"{verb_text}":{{"_index":"{index_text}"'
+            bare = pc.equal(some, head + "}}").to_numpy(zero_copy_only=False)
+            with_id = pc.starts_with(some, head + ',"_id":"').to_numpy(zero_copy_only=False) & closed
+            if with_id.any():
+                sub = np.flatnonzero(with_id)
+                value = pc.binary_slice(some.take(pa.array(sub)), len(head) + 8, -3)
+                good = pc.match_substring_regex(value, _PLAIN_ID_RE2).to_numpy(zero_copy_only=False)
+                with_id[sub[~good]] = False
+                kept = value.filter(pa.array(good))
+                id_at[where[sub[good]]] = np.arange(have, have + len(kept))
+                found.append(kept)
+                have += len(kept)
+            taken = bare | with_id
+            compact |= taken
+            at = where[taken]
+            ok[at], verb[at], name[at] = True, v, k
+    rest = np.flatnonzero(~compact)
+    if len(rest):
+        others = some.take(pa.array(rest))
+        match = pc.match_substring_regex(others, _PLAIN_ACTION_RE2).to_numpy(zero_copy_only=False)
+        if match.any():
+            at = where[rest[match]]
+            meta = pc.extract_regex(others.filter(pa.array(match)), _PLAIN_ACTION_RE2)
+            ok[at] = True
+            verb[at] = pc.equal(meta.field("verb"), b"create").to_numpy(zero_copy_only=False)
+            name[at] = pc.equal(meta.field("name"), b"ubi_queries").to_numpy(zero_copy_only=False)
+            value = meta.field("id")
+            has = pc.not_equal(value, b"").to_numpy(zero_copy_only=False)
+            kept = value.filter(pa.array(has))
+            id_at[at[has]] = np.arange(have, have + len(kept))
+            found.append(kept)
+            have += len(kept)
+    return ok, verb, name, id_at, (pa.concat_arrays(found) if found else pa.array([], pa.large_binary()))
 
 
 class _Counting:
@@ -346,7 +414,7 @@ def _bulk_chunks(fh: BinaryIO, size: int) -> Iterator[Chunk]:
         else:
             numbers = np.concatenate([numbers, block[0]])
             lines = pa.concat_arrays([lines, block[1]]) if len(lines) else block[1]
-        plain = pc.match_substring_regex(lines, _PLAIN_ACTION_RE2).to_numpy(zero_copy_only=False)
+        plain, verbs, names, id_at, ids = _plain_actions(lines)
         p = 0
         while p < len(lines):
             if len(lines) - p < 2 and not eof:
@@ -356,14 +424,15 @@ def _bulk_chunks(fh: BinaryIO, size: int) -> Iterator[Chunk]:
             pairs = min(stop, size - len(chunk))
             more = True
             if pairs:
-                acts = pa.array(np.arange(p, p + 2 * pairs, 2, dtype=np.int64))
                 docs = pa.array(np.arange(p + 1, p + 2 * pairs, 2, dtype=np.int64))
-                meta = pc.extract_regex(lines.take(acts), _PLAIN_ACTION_RE2)
-                verb, name, doc_id = (meta.field(f).cast(pa.large_string()) for f in ("verb", "name", "id"))
-                doc_id = pc.if_else(pc.equal(doc_id, ""), pa.scalar(None, pa.large_string()), doc_id)
+                verb = _VERB_TEXT.take(pa.array(verbs[p:p + 2 * pairs:2]))
+                name_codes = names[p:p + 2 * pairs:2]
+                name = _NAME_TEXT.take(pa.array(name_codes))
+                at = id_at[p:p + 2 * pairs:2]
+                doc_id = ids.take(pa.array(at, mask=at < 0))
                 text, doc_numbers = lines.take(docs), numbers[p + 1:p + 2 * pairs:2]
                 positions = np.arange(index, index + pairs, dtype=np.int64)
-                is_event = pc.equal(name, "ubi_events").to_numpy(zero_copy_only=False)
+                is_event = name_codes == 0
                 for c, mask in ((chunk.events, is_event), (chunk.queries, ~is_event)):
                     if mask.all():
                         c.extend(positions, doc_numbers, text, doc_id, verb, name)

@@ -20,6 +20,7 @@ from typing import Any
 from unittest import mock
 
 import duckdb
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -477,3 +478,25 @@ def test_chunks_that_share_a_transaction_agree(tmp_path: Path, monkeypatch: pyte
     assert report["accepted"] == base_report.counts.accepted
     assert report["duplicates"] + report["rejected"] == base_report.counts.duplicates + base_report.rejected + 300
     assert report["duplicates"] > base_report.counts.duplicates + 150
+
+
+_ID_PIECES = st.sampled_from(["e1", "a b", "index", "ubi_events", "", "k" * 100, "k" * 101, '"', "\\\\", "\u00fc", ",", "}"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(verb=st.sampled_from(["index", "create", "delete"]), name=st.sampled_from(["ubi_events", "ubi_queries", "x"]),
+       doc_id=st.one_of(st.none(), st.lists(_ID_PIECES, max_size=3).map("".join)),
+       spaced=st.sampled_from(["", " "]), tail=st.sampled_from(["", " ", ',"x":1']))
+def test_action_lines_read_in_arrow_mean_what_the_pattern_finds(verb: str, name: str, doc_id: str | None,
+                                                                 spaced: str, tail: str) -> None:
+    """importer._plain_actions (fixed head and tail, the pattern only for other lines) agrees with
+    _PLAIN_ACTION.fullmatch on whether a line is plain and on its verb, _index and _id."""
+    inner = f'"_index":{spaced}"{name}"' + (f',{spaced}"_id":{spaced}"{doc_id}"' if doc_id is not None else "")
+    line = ("{" + spaced + f'"{verb}":{spaced}{{{inner}{tail}}}{spaced}}}').encode()
+    lines = pa.array([b'{"action_name":"x"}', line], pa.large_binary())
+    ok, verbs, names, id_at, ids = importer._plain_actions(lines)
+    match = _PLAIN_ACTION.fullmatch(line)
+    assert not ok[0] and bool(ok[1]) == (match is not None)
+    if match is not None:
+        assert (importer._VERBS[verbs[1]], importer._NAMES[names[1]]) == (match["verb"].decode(), match["name"].decode())
+        assert (ids[int(id_at[1])].as_py() if id_at[1] >= 0 else None) == match["id"]
