@@ -240,6 +240,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             filters=extension_filters(settings),
             on_progress=on_progress,
             memory_limit=settings.writer_memory_limit,
+            batch_records=settings.import_batch_records,
         )
     sums = Counts()
     for r in reports:

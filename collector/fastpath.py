@@ -24,7 +24,6 @@ row (``tests/collector/test_fastpath.py`` compares the two record by record).
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -175,7 +174,7 @@ _COLUMNS = ", ".join(
 )
 
 #: Plain events of ``_ubi_fast_lines(_pos, _bid, line)`` as stored rows (``EVENT_SCHEMA`` columns, then
-#: ``_pos``, ``_doc_id``: whether the id came from the document), in ``_pos`` order; ``?`` is the chunk's
+#: ``_pos``, ``_doc_id``: whether the id came from the document); ``?`` is the chunk's
 #: ``received_at``. Lines are first screened on their bytes: no backslash (so no escapes: every string is
 #: its raw text), no comma before a closing bracket (DuckDB's reader allows trailing commas, orjson does
 #: not), valid JSON. The JSON functions run only on lines that pass (a CASE branch is evaluated for the rows
@@ -212,7 +211,6 @@ SELECT 'id:' || eid AS event_key, eid AS event_id, {_v('$.action_name')} AS acti
        _pos, {_t('$.event_id')} = 'VARCHAR' AS _doc_id
 FROM parsed
 WHERE {_PLAIN_EVENT}
-ORDER BY _pos
 """
 
 
@@ -307,7 +305,6 @@ SELECT 'id:' || eid AS event_key, eid AS event_id, {_unq(_L_TOP['action_name'])}
        _pos, {_L_EID} IS NOT NULL AS _doc_id
 FROM parsed
 WHERE {_LEAN_PLAIN}
-ORDER BY _pos
 """
 
 
@@ -387,28 +384,105 @@ def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | Non
 # ---------------------------------------------------------------- a chunk of candidates
 
 
-@dataclass
-class Candidates:
-    """Records of one kind awaiting the fast path, column by column (what :func:`json_item` would be given)."""
+_Part = tuple[np.ndarray, np.ndarray, pa.Array, pa.Array, pa.Array, pa.Array]
 
-    index: list[int] = field(default_factory=list)  # position in the file
-    number: list[int] = field(default_factory=list)  # 1-based line of the document
-    text: list[bytes] = field(default_factory=list)
-    bulk_id: list[str | None] = field(default_factory=list)  # the _bulk _id
-    action: list[str | None] = field(default_factory=list)  # the _bulk verb
-    index_name: list[str | None] = field(default_factory=list)  # the _bulk _index as sent
+
+class Candidates:
+    """Records of one kind awaiting the fast path, column by column (what :func:`json_item` would be given).
+
+    Filled a record at a time (:meth:`add`) or a block of records at once (:meth:`extend`, from the Arrow
+    blocks of :mod:`collector.blocks`: no Python per line); the columns are joined once, when first read.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[_Part] = []
+        self._rows: list[tuple[int, int, bytes, str | None, str | None, str | None]] = []
+        self._n = 0
+        self._cols: _Part | None = None
 
     def add(self, index: int, number: int, text: bytes, bulk_id: str | None = None, action: str | None = None,
             index_name: str | None = None) -> None:
-        self.index.append(index)
-        self.number.append(number)
-        self.text.append(text)
-        self.bulk_id.append(bulk_id)
-        self.action.append(action)
-        self.index_name.append(index_name)
+        self._rows.append((index, number, text, bulk_id, action, index_name))
+        self._n += 1
+        self._cols = None
+
+    def extend(self, index: np.ndarray, number: np.ndarray, text: pa.Array, bulk_id: pa.Array | None = None,
+               action: pa.Array | None = None, index_name: pa.Array | None = None) -> None:
+        """Append a block: positions in the file, lines, the texts (binary) and the ``_bulk`` metadata (None:
+        all null, as NDJSON has none)."""
+        n = len(index)
+        if not n:
+            return
+        self._flush()
+        none = pa.nulls(n, pa.string())
+        self._parts.append((np.asarray(index, np.int64), np.asarray(number, np.int64), text.cast(pa.large_binary()),
+                            none if bulk_id is None else bulk_id.cast(pa.string()),
+                            none if action is None else action.cast(pa.string()),
+                            none if index_name is None else index_name.cast(pa.string())))
+        self._n += n
+        self._cols = None
+
+    def _flush(self) -> None:
+        if self._rows:
+            cols = list(zip(*self._rows, strict=True))
+            self._parts.append((np.array(cols[0], np.int64), np.array(cols[1], np.int64),
+                                pa.array(cols[2], pa.large_binary()), pa.array(cols[3], pa.string()),
+                                pa.array(cols[4], pa.string()), pa.array(cols[5], pa.string())))
+            self._rows = []
+
+    def _columns(self) -> _Part:
+        if self._cols is None:
+            self._flush()
+            if not self._parts:
+                empty = pa.array([], pa.string())
+                self._cols = (np.zeros(0, np.int64), np.zeros(0, np.int64), pa.array([], pa.large_binary()),
+                              empty, empty, empty)
+            elif len(self._parts) == 1:
+                self._cols = self._parts[0]
+            else:
+                self._cols = (np.concatenate([p[0] for p in self._parts]),
+                              np.concatenate([p[1] for p in self._parts]),
+                              *(pa.concat_arrays([p[i] for p in self._parts]) for i in range(2, 6)))  # type: ignore[assignment]
+                self._parts = [self._cols]
+        return self._cols
+
+    @property
+    def index(self) -> np.ndarray:
+        """Position in the file of each candidate (ascending)."""
+        return self._columns()[0]
+
+    @property
+    def number(self) -> np.ndarray:
+        """1-based line of each candidate's document."""
+        return self._columns()[1]
+
+    @property
+    def text(self) -> pa.Array:
+        """The candidates' JSON texts (large_binary)."""
+        return self._columns()[2]
+
+    @property
+    def bulk_id(self) -> pa.Array:
+        """The ``_bulk`` ``_id`` of each candidate (null: none)."""
+        return self._columns()[3]
+
+    def at(self, index: int) -> int:
+        """The candidate position of the record at file position ``index`` (one of the candidates)."""
+        return int(np.searchsorted(self.index, index))
+
+    def text_at(self, pos: int) -> bytes:
+        value: bytes = self.text[pos].as_py()
+        return value
+
+    def item(self, pos: int, kind: str | None, kind_of: Any) -> RawItem:
+        """The exact path's item of candidate ``pos``: what the format's parser yields for it."""
+        index, number, _, bulk_id, action, name = self._columns()
+        return json_item(int(index[pos]), int(number[pos]), self.text_at(pos), kind,  # type: ignore[arg-type]
+                         kind_of=kind_of, event_id=bulk_id[pos].as_py(), action=action[pos].as_py(),
+                         index_name=name[pos].as_py())
 
     def __len__(self) -> int:
-        return len(self.index)
+        return self._n
 
 
 @dataclass
@@ -432,33 +506,28 @@ class Chunk:
         """The exact path's item of candidate ``pos`` of ``kind``: what the format's parser yields for it."""
         c = self.events if kind == "event" else self.queries
         given = self.given[kind]
-        return json_item(c.index[pos], c.number[pos], c.text[pos], given,  # type: ignore[arg-type]
-                         kind_of=self.kind_of if given is None else None, event_id=c.bulk_id[pos],
-                         action=c.action[pos], index_name=c.index_name[pos])
+        return c.item(pos, given, self.kind_of if given is None else None)
 
 
 def _lines_table(c: Candidates) -> tuple[pa.Table, list[int]]:
     """The candidates' lines as an Arrow table for :data:`EVENT_SQL`; lines that are not UTF-8 are left out
     (their positions returned: the exact path says why)."""
-    raw = pa.array(c.text, pa.binary())
+    raw = c.text
+    ids = c.bulk_id
     try:
-        text = raw.cast(pa.string())
-        bad: list[int] = []
+        text = raw.cast(pa.large_string())
     except pa.ArrowInvalid:
-        bad = []
+        bad: list[int] = []
         good = []
-        for pos, t in enumerate(c.text):
+        for pos, t in enumerate(raw.to_pylist()):
             try:
                 t.decode()
                 good.append(pos)
             except UnicodeDecodeError:
                 bad.append(pos)
         keep = pa.array(good, pa.int32())
-        text = raw.take(keep).cast(pa.string())
-        ids = pa.array(c.bulk_id, pa.string()).take(keep)
-        return pa.table({"_pos": keep, "_bid": ids, "line": text}), bad
-    return pa.table({"_pos": pa.array(np.arange(len(c), dtype=np.int32)), "_bid": pa.array(c.bulk_id, pa.string()),
-                     "line": text}), bad
+        return pa.table({"_pos": keep, "_bid": ids.take(keep), "line": raw.take(keep).cast(pa.large_string())}), bad
+    return pa.table({"_pos": pa.array(np.arange(len(c), dtype=np.int32)), "_bid": ids, "line": text}), []
 
 
 def fast_parser() -> duckdb.DuckDBPyConnection:
@@ -493,8 +562,15 @@ def plain_events(con: duckdb.DuckDBPyConnection, c: Candidates, received_at: dat
 
 
 def _events_of(con: duckdb.DuckDBPyConnection, sql: str, lines: pa.Table, received_at: datetime) -> pa.Table:
+    """``sql``'s rows for ``lines``, in ``_pos`` order. The statements have no ORDER BY: on the parser's one
+    thread DuckDB keeps the scan's order, so a sort of 50,000 rows (0.5 us of 4.8 per event) bought nothing;
+    the order is checked here instead, and restored if it ever differs."""
     _ubi_fast_lines = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
-    return con.sql(sql, params=[received_at]).to_arrow_table()
+    rows = con.sql(sql, params=[received_at]).to_arrow_table()
+    pos = rows.column("_pos").to_numpy()
+    if len(pos) > 1 and not bool(np.all(pos[1:] > pos[:-1])):
+        rows = rows.take(pa.array(np.argsort(pos, kind="stable")))
+    return rows
 
 
 # ---------------------------------------------------------------- one chunk, one transaction
@@ -544,7 +620,7 @@ def parse_chunk(con: duckdb.DuckDBPyConnection, chunk: Chunk, *, source: str, re
     q = chunk.queries
     fast_q: list[tuple[Any, ...]] = []
     fast_q_pos: list[int] = []
-    for pos, text in enumerate(q.text):
+    for pos, text in enumerate(q.text.to_pylist()):
         row = plain_query_row(text, received_at)
         if row is None:
             deferred.append(chunk.item("query", pos))
@@ -570,7 +646,7 @@ def store_chunk(store: Store, parsed: ParsedChunk) -> tuple[IngestResult, dict[i
     e_parts: list[pa.Table] = []
     e_fast: list[bool] = []
     if fast_events is not None and fast_events.num_rows:
-        idx = np.asarray(ev.index, dtype=np.int64)[fast_events.column("_pos").to_numpy()]
+        idx = ev.index[fast_events.column("_pos").to_numpy()]
         e_parts.append(fast_events.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))
         e_index.extend(idx.tolist())
         e_fast.extend([True] * len(idx))
@@ -580,7 +656,7 @@ def store_chunk(store: Store, parsed: ParsedChunk) -> tuple[IngestResult, dict[i
         e_fast.extend([False] * len(prepared.event_rows))
     events_tbl, e_order = _in_file_order(e_parts, e_index)
 
-    q_index = [q.index[p] for p in fast_q_pos] + [i for i, _ in prepared.validated.queries]
+    q_index = q.index[fast_q_pos].tolist() + [i for i, _ in prepared.validated.queries]
     q_rows = fast_q + prepared.query_rows
     queries_tbl, q_order = _in_file_order([rows_table(q_rows, QUERY_SCHEMA)] if q_rows else [], q_index)
     q_fast = [True] * len(fast_q) + [False] * len(prepared.query_rows)
@@ -594,7 +670,7 @@ def store_chunk(store: Store, parsed: ParsedChunk) -> tuple[IngestResult, dict[i
         if not fast:
             return raws.get(index, b"")
         c = ev if kind == "event" else q
-        return c.text[bisect.bisect_left(c.index, index)]
+        return c.text_at(c.at(index))
 
     def event_conflicts(positions: Sequence[int]) -> pa.Table:
         start = len(conflict_errors)
@@ -602,10 +678,10 @@ def store_chunk(store: Store, parsed: ParsedChunk) -> tuple[IngestResult, dict[i
             src = e_order[pos]
             index, fast = e_index[src], e_fast[src]
             if fast and events_tbl is not None:  # a fast row is in the table by construction
-                c_pos = bisect.bisect_left(ev.index, index)
+                c_pos = ev.at(index)
                 doc_id = events_tbl.column("event_id")[pos].as_py() if _doc_id(fast_events, c_pos) else None
-                bulk = ev.bulk_id[c_pos]
-                conflict_lines[index] = ev.number[c_pos]
+                bulk = ev.bulk_id[c_pos].as_py()
+                conflict_lines[index] = int(ev.number[c_pos])
             else:
                 model, bulk = models_e[index]
                 doc_id = model.event_id
@@ -622,7 +698,7 @@ def store_chunk(store: Store, parsed: ParsedChunk) -> tuple[IngestResult, dict[i
             index = q_index[src]
             row = q_rows[src]
             if q_fast[src]:
-                conflict_lines[index] = q.number[bisect.bisect_left(q.index, index)]
+                conflict_lines[index] = int(q.number[q.at(index)])
             message = (f"query_id {row[1]!r} (query_response_id {row[8]!r}) is already stored with different "
                        "content; first write wins, this record is kept as a conflict")
             conflict_errors.append(ItemError(index, "query_id", message, "conflict",

@@ -385,7 +385,7 @@ def _item_bytes(value: Any, body: bytes) -> bytes:
 
 # ---------------------------------------------------------------- OpenSearch _bulk
 
-_BULK_INDEX: dict[str, Kind] = {"ubi_queries": "query", "ubi_events": "event"}
+BULK_INDEX: dict[str, Kind] = {"ubi_queries": "query", "ubi_events": "event"}
 
 #: ``_id`` is checked as ``UbiEvent.event_id`` is (it becomes the event's event_id): a string of at most
 #: 100 characters. A number is taken as its decimal text, as OpenSearch does; anything else is refused.
@@ -417,10 +417,11 @@ def bulk_id(meta: Mapping[str, Any]) -> tuple[str | None, str | None]:
 #: (or ``create``, or without ``_id``), the ``_id`` printable ASCII without quote or backslash. For such a line
 #: :func:`bulk_records` knows what the general path would find (a supported action, this kind, this ``_id``,
 #: valid) without parsing it; anything else takes the general path.
-_PLAIN_ACTION = re.compile(
-    rb'\{[ \t]*"(index|create)"[ \t]*:[ \t]*\{[ \t]*"_index"[ \t]*:[ \t]*"(ubi_events|ubi_queries)"[ \t]*'
-    rb'(?:,[ \t]*"_id"[ \t]*:[ \t]*"([ !#-\[\]-~]{1,100})"[ \t]*)?\}[ \t]*\}'
+PLAIN_ACTION_PATTERN = (
+    r'\{[ \t]*"(?P<verb>index|create)"[ \t]*:[ \t]*\{[ \t]*"_index"[ \t]*:[ \t]*"(?P<name>ubi_events|ubi_queries)"[ \t]*'
+    r'(?:,[ \t]*"_id"[ \t]*:[ \t]*"(?P<id>[ !#-\[\]-~]{1,100})"[ \t]*)?\}[ \t]*\}'
 )
+_PLAIN_ACTION = re.compile(PLAIN_ACTION_PATTERN.encode())
 
 #: A document of a plain ``_bulk`` pair, not parsed yet: (index, line, text, kind, ``_id``, verb, ``_index``),
 #: the arguments :func:`bulk_items` would give :func:`json_item` for it.
@@ -455,33 +456,44 @@ def bulk_records(
     """:func:`bulk_items`, with ``plain``: the documents of plain action lines (:data:`_PLAIN_ACTION`, the
     default indices) as :data:`PlainDocument` tuples instead of parsed items (``ubi import``'s fast path)."""
     plain = plain and indices is None
-    indices = _BULK_INDEX if indices is None else indices
+    indices = BULK_INDEX if indices is None else indices
     it = iter(lines)
     index = 0
     for number, line in it:
-        match = _PLAIN_ACTION.fullmatch(line) if plain else None
-        if match is not None:
-            following = next(it, None)
-            if following is not None:
-                verb, name, doc_id = match.groups()
-                yield (index, following[0], following[1], _BULK_INDEX[name.decode()],
-                       doc_id.decode() if doc_id is not None else None, verb.decode(), name.decode())
-                index += 1
-                continue
-        item, skip_doc = _bulk_action(index, number, line, indices, default_index)
-        if item is None:  # a supported action: its document follows
-            verb, meta, kind, name = skip_doc
-            following = next(it, None)
-            if following is None:
-                yield RawItem(index, kind, None, line, action=verb, index_name=name, line=number,
-                              error=f"line {number}: action line without a document after it")
-                return
-            yield _bulk_document(index, number, following, verb, meta, kind, name, indices)
-        else:
-            yield item
-            if skip_doc and next(it, None) is None:
-                return
+        record, more = bulk_record(index, number, line, it, indices, default_index, plain)
+        yield record
+        if not more:
+            return
         index += 1
+
+
+def bulk_record(
+    index: int,
+    number: int,
+    line: bytes,
+    it: Iterator[tuple[int, bytes]],
+    indices: Mapping[str, Kind],
+    default_index: str | None,
+    plain: bool,
+) -> tuple[RawItem | PlainDocument, bool]:
+    """The record :func:`bulk_records` makes of action ``line`` (taking its document from ``it``, when it has
+    one), and whether the lines go on (False: ``it`` ended where a document was wanted)."""
+    match = _PLAIN_ACTION.fullmatch(line) if plain else None
+    if match is not None:
+        following = next(it, None)
+        if following is not None:
+            verb, name, doc_id = match.groups()
+            return (index, following[0], following[1], BULK_INDEX[name.decode()],
+                    doc_id.decode() if doc_id is not None else None, verb.decode(), name.decode()), True
+    item, skip_doc = _bulk_action(index, number, line, indices, default_index)
+    if item is None:  # a supported action: its document follows
+        verb, meta, kind, name = skip_doc
+        following = next(it, None)
+        if following is None:
+            return RawItem(index, kind, None, line, action=verb, index_name=name, line=number,
+                           error=f"line {number}: action line without a document after it"), False
+        return _bulk_document(index, number, following, verb, meta, kind, name, indices), True
+    return item, not (skip_doc and next(it, None) is None)
 
 
 def _bulk_action(

@@ -19,18 +19,24 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import duckdb
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from collector.blocks import block_lines
 from collector.fastpath import Candidates, Chunk, ParsedChunk, fast_parser, parse_chunk, store_chunk
 from collector.formats import (
     BOM,
+    BULK_INDEX,
     FILE_BUFFER,
+    PLAIN_ACTION_PATTERN,
     BodyError,
     Kind,
     RawItem,
     array_items,
     bulk_items,
-    bulk_records,
+    bulk_record,
     ndjson_items,
     open_file,
     parses,
@@ -208,9 +214,11 @@ def _format(fh: io.BufferedReader, path: Path) -> str | None:
     return "ndjson"
 
 
-#: Records per transaction on the fast path (a store this process holds, no record filters): bigger
-#: transactions cost less per record, and a chunk of 50,000 events holds about 25 MB of lines.
+#: Records per chunk on the fast path (a store this process holds, no record filters): what is validated
+#: at once; a chunk of 50,000 events holds about 25 MB of lines.
 FAST_CHUNK_ITEMS = 50_000
+#: Records per transaction on the fast path (``Settings.import_batch_records``): several chunks.
+BATCH_RECORDS = 250_000
 
 
 def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None = None,
@@ -221,9 +229,9 @@ def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None 
     with _opened(path, cursor) as (fh, fmt):
         try:
             if fmt == "bulk":
-                yield from _bulk_chunks(stream_lines(fh), size)
+                yield from _bulk_chunks(fh, size)
             elif fmt == "ndjson":
-                yield from _ndjson_chunks(stream_lines(fh), kind, size)
+                yield from _ndjson_chunks(fh, kind, size)
             elif fmt == "array":
                 elements = split_json(fh)
                 items = _with_kinds(elements, kind, lambda e: orjson.loads(e[2]), array_items)
@@ -233,60 +241,227 @@ def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None 
             raise _file_error(path, exc) from exc
 
 
-def _bulk_chunks(lines: Iterator[tuple[int, bytes]], size: int) -> Iterator[Chunk]:
-    chunk = Chunk(given={"event": "event", "query": "query"})
-    for record in bulk_records(lines, plain=True):
-        if type(record) is tuple:
-            index, number, doc, kind, doc_id, verb, name = record
-            (chunk.events if kind == "event" else chunk.queries).add(index, number, doc, doc_id, verb, name)
-        else:
-            chunk.exact.append(record)  # type: ignore[arg-type]
-        if len(chunk) >= size:
-            yield chunk
-            chunk = Chunk(given=chunk.given)
-    if len(chunk):
-        yield chunk
+def _sized(blocks: Iterator[tuple[np.ndarray, pa.Array]], size: int) -> Iterator[tuple[np.ndarray, pa.Array]]:
+    """The lines of ``blocks`` regrouped into runs of ``size`` lines (the last one shorter)."""
+    numbers: list[np.ndarray] = []
+    lines: list[pa.Array] = []
+    have = 0
+    for block_numbers, block in blocks:
+        pos = 0
+        while pos < len(block):
+            take = min(size - have, len(block) - pos)
+            numbers.append(block_numbers[pos:pos + take])
+            lines.append(block.slice(pos, take))
+            have, pos = have + take, pos + take
+            if have == size:
+                yield np.concatenate(numbers), pa.concat_arrays(lines)
+                numbers, lines, have = [], [], 0
+    if have:
+        yield np.concatenate(numbers), pa.concat_arrays(lines)
 
 
-def _ndjson_chunks(lines: Iterator[tuple[int, bytes]], kind: Kind | None, size: int) -> Iterator[Chunk]:
+def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int) -> Iterator[Chunk]:
+    """NDJSON lines as event and query candidates, a block at a time (:mod:`collector.blocks`): with no
+    ``--kind``, a line is an event candidate when it names ``action_name`` (a plain event does, a plain
+    query record does not: the key guess), and the kind of the first records is the default of those that
+    say neither, as :func:`_with_kinds` has it."""
+    blocks: Iterator[tuple[np.ndarray, pa.Array]] = block_lines(fh)
     kind_of = None
-    if kind is None:  # as _with_kinds: the kind of the first records is the default of those that say neither
-        head = list(itertools.islice(lines, _LOOKAHEAD))
+    if kind is None:
+        head: list[tuple[np.ndarray, pa.Array]] = []
+        seen = 0
+        for block in blocks:
+            head.append(block)
+            seen += len(block[1])
+            if seen >= _LOOKAHEAD:
+                break
         values = []
-        for _, text in head:
+        for text in itertools.islice((t for _, b in head for t in b.slice(0, _LOOKAHEAD).to_pylist()), _LOOKAHEAD):
             try:
                 values.append(orjson.loads(text))
             except orjson.JSONDecodeError:
                 continue
         default = _dominant(values)
         kind_of = lambda value: guess_kind(value, default)  # noqa: E731
-        lines = itertools.chain(head, lines)
+        blocks = itertools.chain(head, blocks)
     given: dict[str, str | None] = {"event": kind, "query": kind}
     index = 0
-    while True:
-        # The candidates' columns filled directly (no Candidates.add per line: this loop is Python's share of
-        # every NDJSON line); NDJSON has no _bulk metadata, so those columns are all None.
+    for numbers, lines in _sized(blocks, size):
+        n = len(lines)
+        positions = np.arange(index, index + n, dtype=np.int64)
+        if kind == "event":
+            is_event = np.ones(n, dtype=bool)
+        elif kind == "query":
+            is_event = np.zeros(n, dtype=bool)
+        else:
+            is_event = pc.match_substring(lines, '"action_name"').to_numpy(zero_copy_only=False)
         events, queries = Candidates(), Candidates()
-        ev_index, ev_number, ev_text = events.index.append, events.number.append, events.text.append
-        q_index, q_number, q_text = queries.index.append, queries.number.append, queries.text.append
-        end = index + size
-        for number, text in itertools.islice(lines, size):
-            # Without --kind a plain event names action_name and a plain query record does not (the key guess).
-            if kind == "event" or (kind is None and b'"action_name"' in text):
-                ev_index(index)
-                ev_number(number)
-                ev_text(text)
+        for c, mask in ((events, is_event), (queries, ~is_event)):
+            if mask.all():
+                c.extend(positions, numbers, lines)
+            elif mask.any():
+                c.extend(positions[mask], numbers[mask], lines.filter(pa.array(mask)))
+        index += n
+        yield Chunk(events=events, queries=queries, given=given, kind_of=kind_of)
+
+
+#: :data:`collector.formats.PLAIN_ACTION_PATTERN` for Arrow (RE2), matching the whole line as ``fullmatch``.
+_PLAIN_ACTION_RE2 = f"^(?:{PLAIN_ACTION_PATTERN})$"
+#: The ``_id`` of a plain action line (the pattern's ``id`` group, whole).
+_PLAIN_ID_RE2 = r"^[ !#-\[\]-~]{1,100}$"
+_VERBS, _NAMES = ("index", "create"), ("ubi_events", "ubi_queries")
+_VERB_TEXT, _NAME_TEXT = pa.array(_VERBS, pa.string()), pa.array(_NAMES, pa.string())
+
+
+def _plain_actions(lines: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, pa.Array]:
+    """Per line: whether it is a plain action line (:data:`_PLAIN_ACTION_RE2`), its verb and ``_index`` (as
+    positions in ``_VERBS`` and ``_NAMES``) and where its ``_id`` is in the array returned last (-1: none,
+    or not plain).
+
+    Only lines that begin as the pattern's can (``{"index"``, ``{"create"``, or ``{`` and a space or tab)
+    are looked at. The compact spelling exports write (``{"index":{"_index":"ubi_events","_id":"..."}}``)
+    is then found by its fixed head and tail, its ``_id`` checked with the pattern's own class; the pattern
+    itself (RE2, several times dearer) runs only on the other candidates. A compact line is one the pattern
+    matches with exactly these groups: its ``_id`` holds no quote, so where it starts and ends is not in doubt.
+    """
+    n = len(lines)
+    ok = np.zeros(n, dtype=bool)
+    verb = np.zeros(n, dtype=np.int8)
+    name = np.zeros(n, dtype=np.int8)
+    id_at = np.full(n, -1, dtype=np.int64)
+    found: list[pa.Array] = []
+    have = 0
+    starts = np.zeros(n, dtype=bool)
+    for head in ('{"index"', '{"create"', "{ ", "{\t"):
+        starts |= pc.starts_with(lines, head).to_numpy(zero_copy_only=False)
+    where = np.flatnonzero(starts)
+    if not len(where):
+        return ok, verb, name, id_at, pa.array([], pa.large_binary())
+    some = lines.take(pa.array(where))
+    closed = pc.ends_with(some, '"}}').to_numpy(zero_copy_only=False)
+    compact = np.zeros(len(where), dtype=bool)
+    for v, verb_text in enumerate(_VERBS):
+        for k, index_text in enumerate(_NAMES):
+            head = f'{{"{verb_text}":{{"_index":"{index_text}"'
+            bare = pc.equal(some, head + "}}").to_numpy(zero_copy_only=False)
+            with_id = pc.starts_with(some, head + ',"_id":"').to_numpy(zero_copy_only=False) & closed
+            if with_id.any():
+                sub = np.flatnonzero(with_id)
+                value = pc.binary_slice(some.take(pa.array(sub)), len(head) + 8, -3)
+                good = pc.match_substring_regex(value, _PLAIN_ID_RE2).to_numpy(zero_copy_only=False)
+                with_id[sub[~good]] = False
+                kept = value.filter(pa.array(good))
+                id_at[where[sub[good]]] = np.arange(have, have + len(kept))
+                found.append(kept)
+                have += len(kept)
+            taken = bare | with_id
+            compact |= taken
+            at = where[taken]
+            ok[at], verb[at], name[at] = True, v, k
+    rest = np.flatnonzero(~compact)
+    if len(rest):
+        others = some.take(pa.array(rest))
+        match = pc.match_substring_regex(others, _PLAIN_ACTION_RE2).to_numpy(zero_copy_only=False)
+        if match.any():
+            at = where[rest[match]]
+            meta = pc.extract_regex(others.filter(pa.array(match)), _PLAIN_ACTION_RE2)
+            ok[at] = True
+            verb[at] = pc.equal(meta.field("verb"), b"create").to_numpy(zero_copy_only=False)
+            name[at] = pc.equal(meta.field("name"), b"ubi_queries").to_numpy(zero_copy_only=False)
+            value = meta.field("id")
+            has = pc.not_equal(value, b"").to_numpy(zero_copy_only=False)
+            kept = value.filter(pa.array(has))
+            id_at[at[has]] = np.arange(have, have + len(kept))
+            found.append(kept)
+            have += len(kept)
+    return ok, verb, name, id_at, (pa.concat_arrays(found) if found else pa.array([], pa.large_binary()))
+
+
+class _Counting:
+    """An iterator over lines ``start..`` of a block that counts what it gave."""
+
+    def __init__(self, numbers: np.ndarray, lines: pa.Array, start: int) -> None:
+        self.numbers, self.lines, self.pos, self.taken = numbers, lines, start, 0
+
+    def __iter__(self) -> _Counting:
+        return self
+
+    def __next__(self) -> tuple[int, bytes]:
+        if self.pos >= len(self.lines):
+            raise StopIteration
+        pos = self.pos
+        self.pos += 1
+        self.taken += 1
+        return int(self.numbers[pos]), self.lines[pos].as_py()
+
+
+def _bulk_chunks(fh: BinaryIO, size: int) -> Iterator[Chunk]:
+    """``_bulk`` lines as candidates, a block at a time (:mod:`collector.blocks`): runs of plain action lines
+    (:data:`collector.formats.PLAIN_ACTION_PATTERN`), each followed by its document, are paired in Arrow
+    without Python per line; at any other action line :func:`collector.formats.bulk_record` (what
+    :func:`collector.formats.bulk_records` does for a line) takes one record, and pairing resumes after it.
+    Records, indexes and lines are :func:`bulk_records`' (``plain=True``)."""
+    given: dict[str, str | None] = {"event": "event", "query": "query"}
+    chunk = Chunk(given=given)
+    blocks = block_lines(fh)
+    numbers, lines = np.zeros(0, np.int64), pa.array([], pa.large_binary())
+    index = 0
+    eof = False
+    while not eof or len(lines):
+        block = next(blocks, None) if not eof else None
+        if block is None:
+            eof = True
+        else:
+            numbers = np.concatenate([numbers, block[0]])
+            lines = pa.concat_arrays([lines, block[1]]) if len(lines) else block[1]
+        plain, verbs, names, id_at, ids = _plain_actions(lines)
+        p = 0
+        while p < len(lines):
+            if len(lines) - p < 2 and not eof:
+                break  # its document may be in the next block
+            run = plain[p:len(lines) - 1:2]  # actions at p, p+2, ... that have a line after them here
+            stop = int(np.argmin(run)) if len(run) and not run.all() else len(run)
+            pairs = min(stop, size - len(chunk))
+            more = True
+            if pairs:
+                docs = pa.array(np.arange(p + 1, p + 2 * pairs, 2, dtype=np.int64))
+                verb = _VERB_TEXT.take(pa.array(verbs[p:p + 2 * pairs:2]))
+                name_codes = names[p:p + 2 * pairs:2]
+                name = _NAME_TEXT.take(pa.array(name_codes))
+                at = id_at[p:p + 2 * pairs:2]
+                doc_id = ids.take(pa.array(at, mask=at < 0))
+                text, doc_numbers = lines.take(docs), numbers[p + 1:p + 2 * pairs:2]
+                positions = np.arange(index, index + pairs, dtype=np.int64)
+                is_event = name_codes == 0
+                for c, mask in ((chunk.events, is_event), (chunk.queries, ~is_event)):
+                    if mask.all():
+                        c.extend(positions, doc_numbers, text, doc_id, verb, name)
+                    elif mask.any():
+                        m = pa.array(mask)
+                        c.extend(positions[mask], doc_numbers[mask], text.filter(m), doc_id.filter(m),
+                                 verb.filter(m), name.filter(m))
+                index += pairs
+                p += 2 * pairs
             else:
-                q_index(index)
-                q_number(number)
-                q_text(text)
-            index += 1
-        for c in (events, queries):
-            c.bulk_id, c.action, c.index_name = [None] * len(c.index), [None] * len(c.index), [None] * len(c.index)
-        if index > end - size:
-            yield Chunk(events=events, queries=queries, given=given, kind_of=kind_of)
-        if index < end:
-            return
+                rest = _Counting(numbers, lines, p + 1)
+                record, more = bulk_record(index, int(numbers[p]), lines[p].as_py(), rest, BULK_INDEX, None,
+                                           plain=True)
+                if type(record) is tuple:
+                    i, number, doc, kind, bid, action, index_name = record
+                    (chunk.events if kind == "event" else chunk.queries).add(i, number, doc, bid, action,
+                                                                             index_name)
+                else:
+                    chunk.exact.append(record)  # type: ignore[arg-type]
+                index += 1
+                p += 1 + rest.taken
+            if len(chunk) >= size:
+                yield chunk
+                chunk = Chunk(given=given)
+            if not more:
+                eof, p = True, len(lines)
+        numbers, lines = numbers[p:], lines.slice(p)
+    if len(chunk):
+        yield chunk
 
 
 def _with_kinds(
@@ -429,28 +604,51 @@ def _import_fast(
     report: FileReport,
     max_errors: int,
     on_progress: Callable[[str, int, int, int], None] | None,
+    batch_records: int = BATCH_RECORDS,
 ) -> int:
     """Import one file through the fast path, two chunks at a time; returns the records read.
 
     A chunk is validated (:func:`collector.fastpath.parse_chunk`, in ``pool``'s one thread) while the one
     before it is written (:func:`collector.fastpath.store_chunk`, here) and the one after it read. Both
     halves spend most of their time in DuckDB, which releases the GIL, so they share the two cores. Chunks
-    are still written one at a time, in file order, one transaction each: the outcome of every record is
-    what :func:`collector.fastpath.write_chunk` of each chunk in turn gives. Validation reads nothing of the
-    store, so running it a chunk early changes nothing. Memory: three chunks at most (read, validated,
-    written).
+    are written one at a time, in file order, into transactions of ``batch_records`` records or more
+    (:meth:`store.duckdb_store.Store.batch`; the last of a file may be smaller): the outcome of every record is
+    what :func:`collector.fastpath.write_chunk` of each chunk in turn gives, and a chunk's counts, errors and
+    progress are reported once its transaction committed. Validation reads nothing of the store, so running
+    it a chunk early changes nothing. Memory: three chunks at most (read, validated, written); the open
+    transaction's rows are DuckDB's (its buffer pool, and row groups written to the file).
     """
     records = 0
     source = str(path)
+    written: list[tuple[IngestResult, Mapping[int, int | None], int, int]] = []  # not committed yet
+    batch: Any = None  # the open Store.batch() context
+    in_batch = 0
+
+    def commit() -> None:
+        nonlocal batch, in_batch, records
+        if batch is None:
+            return
+        batch, open_batch = None, batch
+        open_batch.__exit__(None, None, None)
+        in_batch = 0
+        for result, lines, n, done in written:
+            report.add(result, lines, max_errors)
+            records += n
+            if on_progress:
+                on_progress(source, done, cursor.size, records)  # the bytes read when the chunk was complete
+        written.clear()
 
     def write(pending: tuple[Future[ParsedChunk], int, int]) -> None:
-        nonlocal records
+        nonlocal batch, in_batch
         parsed, n, done = pending
+        if batch is None:
+            batch = store.batch()
+            batch.__enter__()
         result, lines = store_chunk(store, parsed.result())
-        report.add(result, lines, max_errors)
-        records += n
-        if on_progress:
-            on_progress(source, done, cursor.size, records)  # the bytes read when the chunk was complete
+        written.append((result, lines, n, done))
+        in_batch += n
+        if in_batch >= batch_records:
+            commit()
 
     pending: tuple[Future[ParsedChunk], int, int] | None = None
     try:
@@ -466,9 +664,16 @@ def _import_fast(
         if pending is not None:
             previous, pending = pending, None
             write(previous)
+        commit()
+        raise
+    except BaseException as exc:
+        if batch is not None:  # roll the open transaction back: nothing of it was reported
+            batch, open_batch = None, batch
+            open_batch.__exit__(type(exc), exc, exc.__traceback__)
         raise
     if pending is not None:
         write(pending)
+    commit()
     return records
 
 
@@ -482,6 +687,7 @@ def import_files(
     on_progress: Callable[[str, int, int, int], None] | None = None,
     fast: bool = True,
     memory_limit: str | None = "256MB",
+    batch_records: int = BATCH_RECORDS,
 ) -> tuple[list[FileReport], str]:
     """Import every file; returns a report per file and how the store was reached (``direct`` or a URL).
 
@@ -495,6 +701,7 @@ def import_files(
     ``on_progress(path, bytes_done, bytes_total, records_done)`` is called after each chunk (bytes of the
     file on disk, compressed when it is gzip). ``memory_limit``: DuckDB's on the store
     (``Settings.writer_memory_limit``); nothing of the store needs to stay in memory (:mod:`store.keys`).
+    ``batch_records``: records per transaction on the fast path (``Settings.import_batch_records``).
     """
     store: Store | None = None
     remote: CollectorWriter | None = None
@@ -519,7 +726,8 @@ def import_files(
                 on_progress(str(path), 0, cursor.size, 0)
             records = 0
             if parser is not None and store is not None and pool is not None:
-                records = _import_fast(store, parser, pool, path, kind, cursor, report, max_errors, on_progress)
+                records = _import_fast(store, parser, pool, path, kind, cursor, report, max_errors, on_progress,
+                                       batch_records)
             else:
                 for chunk in chunks(iter_items(path, kind, cursor)):
                     # Items keep their position in the file: it is the item_index failed_records keeps for them.

@@ -133,6 +133,13 @@ class Settings(BaseSettings):
         "--db`): table blocks above it are evicted (the dedup keys hold no index in memory, store.keys); empty: "
         "DuckDB's default (80% of RAM)",
     )
+    import_batch_records: int = Field(
+        250_000,
+        ge=1,
+        description="records `ubi import` writes per transaction into a store it holds (its chunks of 50,000 "
+        "validated records are written together): DuckDB writes a transaction of 122,880 rows or more to the file "
+        "as whole row groups instead of through its WAL; a killed import loses at most this many (run it again)",
+    )
     seed: int = 0
 
     # --- reports (reports/joint.py, `ubi report`) ---

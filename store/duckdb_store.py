@@ -160,6 +160,8 @@ class Store:
         self._idle = threading.Condition(self.lock)
         self._copies = 0
         self._closed = False
+        # The open batch (Store.batch): (thread, cursor, after-commit callbacks)
+        self._batch: tuple[int, duckdb.DuckDBPyConnection, list[Callable[[duckdb.DuckDBPyConnection], None]]] | None = None
         if threads is not None:
             # The writer's transactions are inserts of one request group or file chunk: DuckDB's worker threads
             # cost CPU there without speeding anything up (bench/ingest.py: a 31-request group commit 5.5 ->
@@ -285,6 +287,42 @@ class Store:
             finally:
                 cur.close()
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every :meth:`write_rows` of this thread inside the block goes into ONE transaction, committed when
+        the block ends (rolled back, with all of them, on an error). What each write returns is final only
+        once the block ended without error.
+
+        ``ubi import`` writes a file's chunks this way: DuckDB writes the row groups of a transaction of
+        122,880 rows or more to the file directly, where a 50,000-row transaction goes through the WAL and a
+        checkpoint that rewrites the last, partly filled row group each time (README, "Import speed").
+        Other threads' writes wait for the block to end (the store lock is held throughout).
+        """
+        after: list[Callable[[duckdb.DuckDBPyConnection], None]] = []
+        with self.transaction(after) as cur:
+            for index in self.keys.values():
+                index.begin()
+            self._batch = (threading.get_ident(), cur, after)
+            try:
+                yield
+            finally:
+                self._batch = None
+
+    @contextmanager
+    def _write_transaction(
+        self,
+    ) -> Iterator[tuple[duckdb.DuckDBPyConnection, list[Callable[[duckdb.DuckDBPyConnection], None]]]]:
+        """The open :meth:`batch` of this thread, else a transaction of its own: (cursor, after-commit list)."""
+        batch = self._batch
+        if batch is not None and batch[0] == threading.get_ident():
+            yield batch[1], batch[2]
+            return
+        after: list[Callable[[duckdb.DuckDBPyConnection], None]] = []
+        with self.transaction(after) as cur:
+            for index in self.keys.values():
+                index.begin()
+            yield cur, after
+
     def write(
         self,
         queries: pa.Table | None = None,
@@ -319,8 +357,7 @@ class Store:
         q_status: list[RowStatus] = []
         e_status: list[RowStatus] = []
         f_ins = 0
-        after: list[Callable[[duckdb.DuckDBPyConnection], None]] = []
-        with self.transaction(after) as cur:
+        with self._write_transaction() as (cur, after):
             if queries is not None and queries.num_rows:
                 q_status = self._insert_queries(cur, queries, after)
             if events is not None and events.num_rows:
@@ -383,8 +420,8 @@ class Store:
             batch = rows if len(new) == len(keys) else rows.take(pa.array([keep[j] for j in new], pa.int64()))
             insert_arrow(cur, f"INSERT INTO {quote_ident(table.name)}", ", ".join(table.names), batch)
             added = hashes[new] if len(new) < len(hashes) else hashes
-            index.append(cur, added)
-            after.append(lambda c: index.committed(c, added))
+            index.append(cur, added, batch)
+            after.append(index.committed)
         return {keep[j]: row for j, row in stored.items()}, {keep[j] for j in new}
 
     def _insert_events(

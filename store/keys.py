@@ -195,9 +195,14 @@ class KeyIndex:
             raise StoreError(f"table {table.name} is not kept unique by a key table")
         self.table = quote_ident(table.name)
         self.key = quote_ident(table.key[0])
+        self._key_name = table.key[0]
         self.keys = quote_ident(table.key_table)
         self.rows = 0  # rows committed in the table that have key rows: the rowid of the next row appended
+        self._top = 0  # the same within the open transaction: rows with key rows, its own appends included
         self._base = 0  # the rowid of this write's first row (set by sync)
+        # Rows appended in the open transaction, (first rowid, rows): DuckDB numbers a transaction's own rows
+        # apart until it commits, so a later write of the same transaction (Store.batch) finds them here.
+        self._local: list[tuple[int, pa.Table]] = []
         self.filter: KeyFilter | None = None  # filled from the key table at the first write
         self.blocks = BlockFilters()  # filled with the filter
 
@@ -211,7 +216,7 @@ class KeyIndex:
         if keyed < rows:
             con.execute(f"INSERT INTO {self.keys} SELECT md5_number_lower({self.key}), rowid FROM {self.table} "
                         f"WHERE rowid >= {int(keyed)}")
-        self.rows = int(rows)
+        self.rows = self._top = int(rows)
         # The filter is filled at the first write (:meth:`sync`), not here: opening stays a few statements, so
         # a collector or loader advertises itself as soon as it holds the file (readers look for it then).
         self.filter = None
@@ -258,46 +263,73 @@ class KeyIndex:
         if not hits:
             return {}
         cols = ", ".join(quote_ident(c) for c in columns)
+        first_local = self._local[0][0] if self._local else None  # rows from here on: this transaction's
+        table_rows = [r for (r,) in hits if first_local is None or r < first_local]
         stored = {
             row[0]: row[1:]
             for row in cur.execute(
-                f"SELECT {self.key}, {cols} FROM {self.table} WHERE rowid IN (SELECT unnest(?))",
-                [[r for (r,) in hits]],
+                f"SELECT {self.key}, {cols} FROM {self.table} WHERE rowid IN (SELECT unnest(?))", [table_rows]
             ).fetchall()
-        }
+        } if table_rows else {}
+        if first_local is not None:
+            stored.update(self._local_rows(sorted(r for (r,) in hits if r >= first_local), columns))
         # The exact key decides: a hash hit whose stored key differs is another key (a collision), not stored.
         return {int(p): stored[keys[int(p)]] for p in maybe if keys[int(p)] in stored}
 
+    def begin(self) -> None:
+        """A write transaction starts: what it sees is what was committed (a transaction rolled back before
+        it left nothing)."""
+        self._top = self.rows
+        self._local = []
+
+    def _local_rows(self, row_ids: Sequence[int], columns: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+        """By key, the ``columns`` of rows this transaction appended (``row_ids`` from its key rows)."""
+        out: dict[str, tuple[Any, ...]] = {}
+        for base, rows in self._local:
+            mine = [r - base for r in row_ids if base <= r < base + rows.num_rows]
+            if mine:
+                part = rows.select([self._key_name, *columns]).take(pa.array(mine, pa.int64())).to_pydict()
+                for values in zip(*part.values(), strict=True):
+                    out[values[0]] = tuple(values[1:])
+        return out
+
     def sync(self, cur: duckdb.DuckDBPyConnection) -> None:
         """At the start of a write: key rows (and filter bits) for rows committed around this index (a raw
-        ``INSERT`` through :meth:`Store.transaction`), so that they are found; call before :meth:`lookup`."""
+        ``INSERT`` through :meth:`Store.transaction`), so that they are found; call before :meth:`lookup`.
+        Several writes may share one transaction (:meth:`Store.batch`): the rows the earlier ones appended
+        have their key rows already (``_top``)."""
         if self.filter is None:
             self.refill(cur)
         (count,) = _one(cur, f"SELECT count(*) FROM {self.table}")
-        if count > self.rows:
+        if count > self._top:
             added = cur.execute(
                 f"INSERT INTO {self.keys} SELECT md5_number_lower({self.key}), rowid FROM {self.table} "
-                f"WHERE rowid >= {int(self.rows)} RETURNING key_hash, row_id").fetchall()
+                f"WHERE rowid >= {int(self._top)} RETURNING key_hash, row_id").fetchall()
             # Before the commit: if it fails, the filters say "maybe" for keys they need not, never the reverse.
             hashes = np.array([h for h, _ in added], dtype=np.uint64)
             self._filter().add(hashes)
             self.blocks.add(hashes, np.array([r for _, r in added], dtype=np.int64))
-        self._base = int(count)
+        self._base = self._top = int(count)
 
-    def append(self, cur: duckdb.DuckDBPyConnection, hashes: np.ndarray) -> None:
-        """Key rows for ``len(hashes)`` rows just appended in this transaction, in order (after :meth:`sync`).
-        Call :meth:`committed` once the transaction committed."""
+    def append(self, cur: duckdb.DuckDBPyConnection, hashes: np.ndarray, rows: pa.Table) -> None:
+        """Key rows for ``rows``, just appended in this transaction (``hashes``: their keys'), in order (after
+        :meth:`sync`), and their hashes in the filter at once, so that a later write of the same transaction
+        finds them (if the transaction rolls back, the filter says "maybe" for keys it need not, never the
+        reverse). Call :meth:`committed` once the transaction committed."""
         _ubi_new_keys = pa.table({  # noqa: F841 (read by name by DuckDB's replacement scan)
             "key_hash": pa.array(hashes, pa.uint64()),
             "row_id": pa.array(np.arange(self._base, self._base + len(hashes), dtype=np.int64)),
         })
         cur.execute(f"INSERT INTO {self.keys} SELECT key_hash, row_id FROM _ubi_new_keys")
-
-    def committed(self, con: duckdb.DuckDBPyConnection, hashes: np.ndarray) -> None:
-        """The rows of :meth:`append` are committed: count them and add their hashes to the filter."""
-        self.rows = self._base + len(hashes)
+        self._local.append((self._base, rows))
+        self._top = self._base + len(hashes)
         self._filter().add(hashes)
         self.blocks.add(hashes, np.arange(self._base, self._base + len(hashes), dtype=np.int64))
+
+    def committed(self, con: duckdb.DuckDBPyConnection) -> None:
+        """The transaction of :meth:`append` committed: count its rows; a filter past its capacity is rebuilt."""
+        self.rows = self._top
+        self._local = []
         if self._filter().full:
             self.refill(con)
 

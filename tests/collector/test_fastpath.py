@@ -12,17 +12,20 @@ and generated logs.
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import duckdb
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector import fastpath
+from collector import blocks, fastpath, importer
 from collector.formats import _PLAIN_ACTION, bulk_items, bulk_records, json_item
 from collector.importer import import_files
 from processors.simulation.bulk_log import write_files
@@ -178,14 +181,21 @@ _LINES = st.lists(st.one_of(event_line, event_line, query_line,
                   min_size=1, max_size=30)
 
 
+#: Line ends and blank lines the block reader must treat as stream_lines does; block sizes (bytes read at a
+#: time, collector.blocks.LINE_BLOCK) that put block ends inside lines, and the default.
+_SEPARATORS = st.sampled_from(["\n", "\n", "\r\n", "\n\n \t\n", " \n"])
+_BLOCKS = st.sampled_from([7, 50, 333, 0])
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lines=_LINES, kind=st.sampled_from([None, None, "event", "query"]))
+@given(lines=_LINES, kind=st.sampled_from([None, None, "event", "query"]), sep=_SEPARATORS, block=_BLOCKS)
 def test_ndjson_fast_and_exact_paths_agree(tmp_path_factory: pytest.TempPathFactory, lines: list[str],
-                                           kind: str | None) -> None:
+                                           kind: str | None, sep: str, block: int) -> None:
     tmp = tmp_path_factory.mktemp("nd")
     path = tmp / "in.ndjson"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    _assert_same(tmp, [path], kind=kind)
+    path.write_text(sep.join(lines) + sep, encoding="utf-8")
+    with mock.patch.object(blocks, "LINE_BLOCK", block or blocks.LINE_BLOCK):
+        _assert_same(tmp, [path], kind=kind)
 
 
 _ACTIONS = ['{"index":{"_index":"ubi_events","_id":"e1"}}', '{"index": {"_index": "ubi_events", "_id": "e2"}}',
@@ -199,9 +209,9 @@ _ACTIONS = ['{"index":{"_index":"ubi_events","_id":"e1"}}', '{"index": {"_index"
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pairs=st.lists(st.tuples(st.sampled_from(_ACTIONS), st.one_of(event_line, query_line)), min_size=1,
                       max_size=20),
-       tail=st.sampled_from(["", '{"index":{"_index":"ubi_events"}}']))
+       tail=st.sampled_from(["", '{"index":{"_index":"ubi_events"}}']), sep=_SEPARATORS, block=_BLOCKS)
 def test_bulk_fast_and_exact_paths_agree(tmp_path_factory: pytest.TempPathFactory, pairs: list[tuple[str, str]],
-                                         tail: str) -> None:
+                                         tail: str, sep: str, block: int) -> None:
     tmp = tmp_path_factory.mktemp("bulk")
     path = tmp / "in.bulk.ndjson"
     lines = ['{"index":{"_index":"ubi_events","_id":"first"}}', '{"action_name":"click","timestamp":1}']
@@ -209,8 +219,9 @@ def test_bulk_fast_and_exact_paths_agree(tmp_path_factory: pytest.TempPathFactor
         lines.append(action)
         if '"delete"' not in action:
             lines.append(doc)
-    path.write_text("\n".join([*lines, tail]) + "\n", encoding="utf-8")
-    _assert_same(tmp, [path])
+    path.write_text(sep.join([*lines, tail]) + sep, encoding="utf-8")
+    with mock.patch.object(blocks, "LINE_BLOCK", block or blocks.LINE_BLOCK):
+        _assert_same(tmp, [path])
 
 
 def test_plain_action_lines_mean_what_the_general_path_finds() -> None:
@@ -445,3 +456,47 @@ def test_mostly_plain_records_agree_and_most_take_the_fast_path(tmp_path: Path, 
     assert 0.5 < share < 1
     (report,) = fast["reports"]
     assert report["rejected"] > 0 and report["duplicates"] > 0
+
+
+def test_chunks_that_share_a_transaction_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 300 records written four to a transaction (``batch_records``, Store.batch): a record that
+    repeats one of an earlier chunk of the same transaction is a duplicate or a conflict there, as it is
+    between transactions and on the exact path."""
+    base = _mostly_plain_lines(2_000, 3)
+    # lines 600-899 repeat lines 0-299: chunk 2 repeats chunk 0, both in the first transaction (records 0-1199)
+    lines = base[:600] + base[:300] + base[600:]
+    path = tmp_path / "in.ndjson"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.setattr(importer, "fast_chunks", functools.partial(importer.fast_chunks, size=300))
+    fast = _assert_same(tmp_path, [path], batch_records=1_000)
+    (report,) = fast["reports"]
+    alone = tmp_path / "alone.ndjson"
+    alone.write_text("\n".join(base) + "\n", encoding="utf-8")
+    (base_report,), _ = import_files([alone], tmp_path / "alone.duckdb")
+    # the 300 repeats store nothing: each is a duplicate (214 here) or rejected again (86; a conflict, or a
+    # line the models refuse), so the accepted count is the file's without them
+    assert report["accepted"] == base_report.counts.accepted
+    assert report["duplicates"] + report["rejected"] == base_report.counts.duplicates + base_report.rejected + 300
+    assert report["duplicates"] > base_report.counts.duplicates + 150
+
+
+_ID_PIECES = st.sampled_from(["e1", "a b", "index", "ubi_events", "", "k" * 100, "k" * 101, '"', "\\\\", "\u00fc", ",", "}"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(verb=st.sampled_from(["index", "create", "delete"]), name=st.sampled_from(["ubi_events", "ubi_queries", "x"]),
+       doc_id=st.one_of(st.none(), st.lists(_ID_PIECES, max_size=3).map("".join)),
+       spaced=st.sampled_from(["", " "]), tail=st.sampled_from(["", " ", ',"x":1']))
+def test_action_lines_read_in_arrow_mean_what_the_pattern_finds(verb: str, name: str, doc_id: str | None,
+                                                                 spaced: str, tail: str) -> None:
+    """importer._plain_actions (fixed head and tail, the pattern only for other lines) agrees with
+    _PLAIN_ACTION.fullmatch on whether a line is plain and on its verb, _index and _id."""
+    inner = f'"_index":{spaced}"{name}"' + (f',{spaced}"_id":{spaced}"{doc_id}"' if doc_id is not None else "")
+    line = ("{" + spaced + f'"{verb}":{spaced}{{{inner}{tail}}}{spaced}}}').encode()
+    lines = pa.array([b'{"action_name":"x"}', line], pa.large_binary())
+    ok, verbs, names, id_at, ids = importer._plain_actions(lines)
+    match = _PLAIN_ACTION.fullmatch(line)
+    assert not ok[0] and bool(ok[1]) == (match is not None)
+    if match is not None:
+        assert (importer._VERBS[verbs[1]], importer._NAMES[names[1]]) == (match["verb"].decode(), match["name"].decode())
+        assert (ids[int(id_at[1])].as_py() if id_at[1] >= 0 else None) == match["id"]

@@ -273,3 +273,32 @@ def test_block_filters_stop_at_their_cap_and_read_the_blocks_past_it(monkeypatch
     never = f.candidates(np.array([12345], dtype=np.uint64))
     assert never is not None and set(never.tolist()) >= {2, 3, 4}
     assert f.candidates(added[:1], most=2) is None  # the three unfiltered blocks alone are more than 2
+
+
+def test_writes_in_one_batch_see_each_other_and_commit_or_roll_back_together(tmp_path, make_event):
+    """Store.batch: several write_rows in one transaction (ubi import's). A later write finds the keys an
+    earlier one of the same batch inserted (a retry is a duplicate, other content a conflict); a batch that
+    fails leaves nothing, and the key rows of what was committed point at their rows."""
+    path = tmp_path / "s.duckdb"
+    a, b = make_event(event_id="a"), make_event(event_id="b")
+    kept: list[int] = []
+
+    def keep(positions):
+        kept.extend(positions)
+        return failed_table([failed_row(source="t", kind="conflict", reason="r", raw=b"{}", item_index=p,
+                                        received_at=utcnow()) for p in positions])
+
+    with Store(path) as store:
+        with store.batch():
+            assert store.write_rows(events=events(a)).event_status == (INSERTED,)
+            out = store.write_rows(events=events(a, dict(a, action_name="other"), b), event_conflicts=keep)
+            assert out.event_status == (DUPLICATE, CONFLICT, INSERTED)
+        assert kept == [1]
+        c = make_event(event_id="c")
+        with pytest.raises(RuntimeError), store.batch():
+            store.write_rows(events=events(c))
+            raise RuntimeError("the import stopped")
+        # c was rolled back: new again; a and b were committed: duplicates
+        assert store.write_rows(events=events(c, a, b)).event_status == (INSERTED, DUPLICATE, DUPLICATE)
+    # hand count: a, b, then c: 3 events, 3 key rows, each at its row
+    assert _mismatched_key_rows(path) == (3, 3, 0)
