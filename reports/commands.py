@@ -357,13 +357,16 @@ def cmd_report(args: argparse.Namespace) -> int:
             from reports.predicted import load_swap_experiment
 
             swaps = load_swap_experiment(con, settings, sessions.max_rank)
-        # the labels are read after the session build, whose DuckDB tables are the largest the report makes: the
-        # two peaks do not add up (at 20M events 416,660 labels were held through the build)
-        labels.add(labels_from_store(con))
+        # the labels are read after the session build and after the report's own DuckDB steps (build_report calls
+        # this once their temp tables are dropped): the peaks do not add up (at 20M events 416,660 labels were
+        # held through the build, at 50M about 1M)
+        def read_labels() -> LabelSet:
+            return labels.add(labels_from_store(con))
+
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                       transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("report", total=None)
-            report = build_report(con, labels, config, thresholds=thresholds, propensity=propensity, inputs=inputs,
+            report = build_report(con, read_labels, config, thresholds=thresholds, propensity=propensity, inputs=inputs,
                                   progress=lambda name: bar.update(task, description=name), file_runs=file_runs,
                                   warnings=warnings, sessions=sessions, swaps=swaps)
 

@@ -75,7 +75,12 @@ from reports.predicted import (
     predictions,
     shared_rankings,
 )
-from reports.recommend import identifiability_notes, recommend, withhold_unidentified
+from reports.recommend import (
+    identifiability_notes,
+    recommend,
+    withhold_unidentified,
+    withhold_unidentified_in,
+)
 from reports.runs import Run
 from reports.systems import (
     DEFAULT_IMPRESSION_ACTIONS,
@@ -84,6 +89,7 @@ from reports.systems import (
     SearchCounts,
     SystemRun,
     classes_by_text,
+    drop_searches,
     file_run,
     logged_runs_in,
     prepare_searches,
@@ -598,7 +604,7 @@ def _joint(
 
 def build_report(
     con: duckdb.DuckDBPyConnection,
-    labels: LabelSet,
+    labels: LabelSet | Callable[[], LabelSet],
     config: ReportConfig | None = None,
     *,
     thresholds: Sequence[Threshold] = (),
@@ -621,28 +627,56 @@ def build_report(
     run systems' online metrics and the joint view's predicted differences are predicted from
     (``reports.predicted``); without them the report has none of these. ``swaps``: the log's randomised
     swap experiment, when it has one (IPS then takes its propensities from it).
+
+    ``labels`` may be a function that reads them: it is called once the steps that need the connection's
+    search tables (systems, online metrics, interleaving, warnings) are done and those tables are dropped, so
+    the labels and DuckDB's temp tables are never held at once (at 50M events about 1M labels beside a full
+    pool); such labels are the report's own, and grades the identifiability verdict withholds are removed
+    from them in place instead of from a copy.
     """
     step = progress or (lambda _name: None)
     cfg = config or ReportConfig()
     if cfg.k < 1:
         raise ReportError(f"k must be >= 1, got {cfg.k}")
     ident = assess(sessions.cells) if sessions is not None and len(sessions.cells.pair) else None
-    withheld: dict[str, int] = {}
-    if ident is not None:
-        kept, withheld = withhold_unidentified((lab for ls in labels.by_pair.values() for lab in ls), ident)
-        if withheld:
-            labels = LabelSet().add(kept)
     step("systems and logged rankings")
     # the searches stay in DuckDB (at 20M events 1.7M rows of 20-doc rankings, ~1.5 GB as Arrow): runs, counts
     # and classes are computed there, under the connection's memory limit
     n_searches = prepare_searches(con, split_keys=cfg.split_keys, class_key=cfg.class_key,
                                   impression_actions=cfg.impression_actions)
     if n_searches == 0 and not file_runs:
+        drop_searches(con)
         raise ReportError("the store holds no query records, so no system to report on; ingest UBI queries first "
                           "(or give run files with --run)")
     logged = logged_runs_in(con, cfg.mode)
     counts = search_counts(con)
-    from_files = _file_systems(file_runs, logged, labels, classes_by_text(con) if n_searches else {})
+    class_of_text = classes_by_text(con) if n_searches else {}
+    # every step that reads the search tables runs before the labels are read (none of them needs a label)
+    step("online metrics")
+    online = online_metrics(
+        con, k=cfg.k, position_base=cfg.position_base, position_base_by_application=cfg.position_base_by_application,
+        click_actions=cfg.click_actions, impression_actions=cfg.impression_actions,
+        reformulation_window_s=cfg.reformulation_window_s, max_rank=cfg.max_rank, confidence=cfg.confidence,
+        n_boot=cfg.n_boot, seed=cfg.seed, resample_limit=cfg.resample_limit,
+    )
+    step("interleaving")
+    interleaved, interleaving_notes = interleaving_results(con, cfg.click_actions, n_boot=cfg.n_boot,
+                                                           confidence=cfg.confidence, seed=cfg.seed)
+    store_warnings = [*_orphan_notes(con), *_bot_warnings(con, cfg.max_client_queries_per_minute)]
+    drop_searches(con)
+    owned = callable(labels)
+    if callable(labels):
+        step("labels")
+        labels = labels()
+    withheld: dict[str, int] = {}
+    if ident is not None:
+        if owned:
+            withheld = withhold_unidentified_in(labels, ident)
+        else:
+            kept, withheld = withhold_unidentified((lab for ls in labels.by_pair.values() for lab in ls), ident)
+            if withheld:
+                labels = LabelSet().add(kept)
+    from_files = _file_systems(file_runs, logged, labels, class_of_text)
     # logged systems sorted by name, then run files in the order given: every table keeps this order
     runs = {**dict(sorted(logged.items())), **from_files}
     step("merged view of the labels")
@@ -655,16 +689,6 @@ def build_report(
         for system in runs for source in sources
     ]
     cov = coverage({n: (r.run, r.query_of) for n, r in runs.items()}, qrels_by_source, cfg.k)
-    step("online metrics")
-    online = online_metrics(
-        con, k=cfg.k, position_base=cfg.position_base, position_base_by_application=cfg.position_base_by_application,
-        click_actions=cfg.click_actions, impression_actions=cfg.impression_actions,
-        reformulation_window_s=cfg.reformulation_window_s, max_rank=cfg.max_rank, confidence=cfg.confidence,
-        n_boot=cfg.n_boot, seed=cfg.seed, resample_limit=cfg.resample_limit,
-    )
-    step("interleaving")
-    interleaved, interleaving_notes = interleaving_results(con, cfg.click_actions, n_boot=cfg.n_boot,
-                                                           confidence=cfg.confidence, seed=cfg.seed)
     step("agreement")
     grades_seen = [lab.grade for ls in labels.by_pair.values() for lab in ls if lab.grade is not None]
     n_grades = max([cfg.grade_max, *grades_seen]) + 1
@@ -722,7 +746,7 @@ def build_report(
         label_pairs=label_pairs, merge=merge,
         notes=_run_notes(from_files, labels) + id_notes + interleaving_notes + pred_notes + pair_notes,
         inputs=dict(inputs or {}),
-        warnings=[*warnings, *_orphan_notes(con), *_bot_warnings(con, cfg.max_client_queries_per_minute)],
+        warnings=[*warnings, *store_warnings],
         identifiability=ident.as_dict() if ident is not None else None,
         recommendation=rec.as_dict() if rec is not None else None,
         interleaving=interleaved, predicted=predicted, predicted_differences=pred_diff, pairs=pairs,

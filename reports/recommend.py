@@ -26,7 +26,7 @@ from processors.identifiability import IDENTIFIED, UNIDENTIFIED, Identifiability
 from processors.selection import DEFAULT_HOLDOUT, Selection, select
 from processors.sessions import SessionData
 from reports.agreement import Agreement
-from reports.merge import Label, label_kind
+from reports.merge import Label, LabelSet, label_kind
 
 AUTO_SOURCE = "implicit:auto"
 
@@ -58,13 +58,30 @@ def withhold_unidentified(labels: Iterable[Label], ident: Identifiability | None
     """
     out: list[Label] = []
     dropped: dict[str, int] = {}
+    withhold = ident is not None and ident.verdict == UNIDENTIFIED
     for lab in labels:
-        if (ident is not None and ident.verdict == UNIDENTIFIED and lab.grade is not None
-                and label_kind(lab.source) == "implicit" and is_position_debiased(lab.source)):
-            dropped[lab.source] = dropped.get(lab.source, 0) + 1
-            lab = lab._replace(grade=None)
-        out.append(lab)
+        out.append(_withheld(lab, dropped) if withhold else lab)
     return out, dropped
+
+
+def _withheld(lab: Label, dropped: dict[str, int]) -> Label:
+    """``lab`` without its grade if a position-debiased implicit source gave it (counted in ``dropped``)."""
+    if lab.grade is not None and label_kind(lab.source) == "implicit" and is_position_debiased(lab.source):
+        dropped[lab.source] = dropped.get(lab.source, 0) + 1
+        return lab._replace(grade=None)
+    return lab
+
+
+def withhold_unidentified_in(labels: LabelSet, ident: Identifiability | None) -> dict[str, int]:
+    """:func:`withhold_unidentified` applied to ``labels`` in place (each pair keeps its labels' order); returns
+    the count per source. For a label set the caller owns: at 50M events a copy of about 1M labels would be
+    held beside the original."""
+    dropped: dict[str, int] = {}
+    if ident is None or ident.verdict != UNIDENTIFIED:
+        return dropped
+    for labs in labels.by_pair.values():
+        labs[:] = [_withheld(lab, dropped) for lab in labs]
+    return dropped
 
 
 def identifiability_notes(ident: Identifiability, sources: Iterable[str], dropped: Mapping[str, int]) -> list[str]:

@@ -181,6 +181,7 @@ def prepare_searches(
         FROM r WHERE rn = 1
         """
     )
+    con.execute("DROP TABLE temp._ubi_records")  # each instance's record is in _ubi_inst: free the pool
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _ubi_search_events AS
@@ -222,7 +223,19 @@ def prepare_searches(
         FROM ranked ORDER BY instance
         """
     )
+    con.execute("DROP TABLE temp._ubi_inst")  # with its hit lists: at 50M events 4M of them, spilled otherwise
     return int(con.execute("SELECT count(*) FROM _ubi_searches").fetchall()[0][0])
+
+
+def drop_searches(con: duckdb.DuckDBPyConnection) -> None:
+    """Drop what :func:`prepare_searches` made on ``con`` (its temp tables and the registered query texts), once
+    every step that reads them is done, so DuckDB's pool is free for what comes after."""
+    con.execute("DROP TABLE IF EXISTS temp._ubi_searches")
+    con.execute("DROP TABLE IF EXISTS temp._ubi_search_events")
+    try:
+        con.unregister("_ubi_qtext")
+    except duckdb.Error:
+        pass
 
 
 @dataclass
