@@ -17,6 +17,7 @@ import pytest
 from processors.click_models import get_model
 from processors.identifiability import FEW_LINKING_PAIRS, assess, is_position_debiased
 from processors.judgments import eligible, make_judgments
+from processors.selection import fit_with_systems
 from processors.sessions import patterns_from_sessions, read_sessions
 from processors.simulation import SimConfig, simulate
 from processors.stats import ClickCells, PairIndex
@@ -140,7 +141,9 @@ def test_esci_sample_verdict_is_the_same_in_process_propensity_and_report(
     assert pbm["identifiability"]["verdict"] == "unidentified"
     assert pbm["identifiability"]["pairs_at_several_ranks"] == 0
     settings = Settings(db=esci)
-    estimate = get_model("pbm").fit(read_sessions(esci, settings).patterns).relevance()
+    # fitted as `process` fits pbm: with the systems that showed each ranking as the prior's covariates
+    data = read_sessions(esci, settings, systems=True)
+    estimate = fit_with_systems(get_model("pbm"), data.patterns, data.systems).relevance()
     would = int(eligible(estimate, min_support=settings.min_support, max_ci_width=settings.max_ci_width).sum())
     assert would > 0 and pbm["graded"] == 0 and pbm["withheld_unidentified"] == would
     # raw CTR is not gated (with the default limits no pair of this small sample is narrow enough to grade)
