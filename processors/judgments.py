@@ -63,7 +63,14 @@ from processors.grades import (
 )
 from processors.identifiability import IDENTIFIED, Identifiability, assess, is_position_debiased
 from processors.qrels import load_qrels
-from processors.selection import CHOOSABLE, DEFAULT_HOLDOUT, Selection, fit_with_systems, select
+from processors.selection import (
+    CHOOSABLE,
+    DEFAULT_HOLDOUT,
+    Selection,
+    fit_with_systems,
+    select,
+    takes_systems,
+)
 from processors.sessions import SessionData, applications, read_sessions
 from processors.stats import ClickCells, SessionPatterns, cells_from_sessions
 from schemas.errors import InputFileError, UbiError
@@ -87,10 +94,6 @@ class JudgmentError(UbiError):
 
 
 # ----------------------------------------------------------------------------- models
-
-
-#: the models whose empirical prior takes the systems that showed each ranking (``priors.system_features``)
-_SYSTEM_MODELS = ("pbm", "ubm", "implicit:pbm", "implicit:ubm")
 
 
 def resolve_model(name: str, prior: str | None = None) -> tuple[str, ClickModel]:
@@ -489,7 +492,7 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
         # the systems that showed each ranking, for the PBM/UBM prior, from the same session build (one read of
         # ubi_queries); sessions built elsewhere (Spark) come without them and the prior says so in its parameters
         # ("system_features": "not given ...")
-        wants = model_name.strip().lower() in _SYSTEM_MODELS
+        wants = takes_systems(resolve_model(model_name, prior)[1])
         data = sessions() if sessions is not None else read_sessions(db, settings, max_rank=max_rank, systems=wants)
         systems = data.systems if sessions is None and wants else None
         say(f"fitting {model_name} on {data.filters.sessions:,} sessions ({data.patterns.docs.shape[0]:,} patterns)")

@@ -171,10 +171,16 @@ def exclusions(models: Sequence[str], identifiability: Identifiability | None = 
     return {m: "; ".join(why) for m, why in out.items()}
 
 
+def takes_systems(model: Any) -> bool:
+    """Whether ``model.fit`` takes the systems that showed each ranking (PBM, UBM, DBN and COEC: the systems'
+    votes in the empirical prior, ``priors.system_features``)."""
+    return "systems" in inspect.signature(model.fit).parameters
+
+
 def fit_with_systems(model: Any, sessions: SessionPatterns, systems: Any) -> Any:
     """``model.fit(sessions)``, with ``systems`` (which system showed which ranking) for a model whose ``fit``
-    takes them (PBM and UBM: the systems' votes in the empirical prior, ``priors.system_features``)."""
-    if systems is not None and "systems" in inspect.signature(model.fit).parameters:
+    takes them (:func:`takes_systems`)."""
+    if systems is not None and takes_systems(model):
         return model.fit(sessions, systems)
     return model.fit(sessions)
 

@@ -129,14 +129,19 @@ def test_one_application_and_its_training_fold(store: Path, application: str) ->
     assert {n.split("/")[0] for n in data.systems.names} == {application}
 
 
-def test_process_takes_the_rankings_from_its_session_build(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`ubi process --model pbm` no longer reads ubi_queries a second time: the second reader is never called."""
+@pytest.mark.parametrize("model", ["pbm", "dbn", "coec"])
+def test_process_takes_the_rankings_from_its_session_build(store: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           model: str) -> None:
+    """`ubi process --model pbm` no longer reads ubi_queries a second time: the second reader is never called.
+
+    DBN and COEC take the systems too (their fit's ``systems``): before, `process` gave them only to PBM and UBM,
+    so `--model dbn` fitted another prior than `--model auto` and `ubi select` did for the same model."""
 
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("ubi_queries read a second time")
 
     monkeypatch.setattr(system_rankings, "load_system_rankings", refuse)
-    res = judgments.process(store, "pbm", Settings(db=store), store=False)
+    res = judgments.process(store, model, Settings(db=store), store=False)
     run = orjson.loads(res.run.runs.column("parameters")[0].as_py())
     # 10 systems showed rankings; the prior gives the MAX_SYSTEMS (8) that showed the most a vote (pbm.py's note)
     assert _find(run, "system_features") == f"{MAX_SYSTEMS} systems"
