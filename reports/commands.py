@@ -235,12 +235,15 @@ def _stored_labels(con: Any) -> bool:
 
 
 def _sessions(con: Any, settings: Settings) -> Any:
-    """The logged sessions with a held-out split (for identifiability and the recommended source), or None."""
+    """The logged sessions with a held-out split (for identifiability and the recommended source), or None.
+
+    With the systems that showed each ranking, so the recommendation fits PBM/UBM with the same prior covariates
+    as ``ubi process`` and ``ubi select`` do (``processors.selection.fit_with_systems``)."""
     from processors.selection import DEFAULT_HOLDOUT
     from processors.sessions import SessionError, load_sessions
 
     try:
-        return load_sessions(con, settings, holdout=DEFAULT_HOLDOUT)
+        return load_sessions(con, settings, holdout=DEFAULT_HOLDOUT, systems=True)
     except SessionError:  # a store without UBI tables: the report of run files and labels alone still works
         return None
 

@@ -160,7 +160,7 @@ def recommend(labels: Iterable[Label], sources: Iterable[str], sessions: Session
     if train.n_sessions == 0 or test.n_sessions == 0:
         return Recommendation(None, "too few searches to hold some out" + agree, {}, left_out)
     sel: Selection = select(train, test, models=list(models), identifiability=ident or assess(sessions.cells),
-                            holdout=holdout)
+                            holdout=holdout, systems=sessions.systems)
     held = {models[s.model]: round(s.evaluation.conditional_perplexity_mean, 6)
             for s in sel.scores if s.evaluation is not None}
     for score in sel.scores:

@@ -213,6 +213,12 @@ def test_report_without_auto_compares_the_stored_sources(tmp_path: Path, capsys:
     assert set(held) == {"implicit:ctr", "implicit:pbm", "implicit:dbn"}
     assert rec["source"] == min(held, key=held.get)
     assert "lowest held-out conditional perplexity" in rec["why"]
+    # the report fits each source's model as `ubi select` does (same split; PBM, DBN: the systems as the prior's
+    # covariates), so its figures are select's: before, the report fitted them without the systems and differed
+    assert main(["select", "--db", str(db), "--json", "--models", "ctr", "pbm", "dbn"]) == 0
+    (sel,) = orjson.loads(capsys.readouterr().out)["selections"]
+    figures = {f"implicit:{m['model']}": m["conditional_perplexity_mean"] for m in sel["models"]}
+    assert held == pytest.approx({s: figures[s] for s in held}, abs=1e-6)
 
 
 def test_the_report_never_recommends_coec_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
