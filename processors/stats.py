@@ -9,6 +9,7 @@ id); ``K`` is the deepest rank kept (``Settings``/``--max-rank``, default 10).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,40 +100,71 @@ class SessionPatterns:
             raise StatsError("SessionPatterns has a click where no doc was shown")
 
 
-def cells_from_sessions(s: SessionPatterns) -> ClickCells:
-    """Aggregate weighted session patterns to PBM cells with ``bincount`` (vectorised, no Python loop)."""
-    n, k = s.docs.shape
-    shown = s.docs >= 0
-    rank = np.broadcast_to(np.arange(1, k + 1), (n, k))[shown]
-    pair = s.docs[shown]
-    w = np.broadcast_to(s.weight[:, None], (n, k))[shown]
-    c = s.clicks[shown]
-    key = pair * (k + 1) + rank
-    uniq, inv = np.unique(key, return_inverse=True)
-    imps = np.bincount(inv, weights=w).astype(np.int64)
-    clk = np.bincount(inv, weights=w * c).astype(np.int64)
+#: patterns summed at a time by :func:`cells_from_sessions` and :func:`ubm_cells_from_sessions`: their per-slot
+#: temporaries (a key, weight and click per shown rank) then hold at most 5M slots, about 40 MB each, instead
+#: of the whole log's (a log of 2M patterns x 10 ranks: 160 MB each, several of them at once in the PBM fit)
+CELL_CHUNK_PATTERNS = 500_000
+
+
+def _row_chunks(s: SessionPatterns, rows: int) -> Iterator[SessionPatterns]:
+    """``s`` in consecutive slices of at most ``rows`` patterns (views, no copy)."""
+    n = s.docs.shape[0]
+    for lo in range(0, max(n, 1), max(int(rows), 1)):
+        hi = min(lo + int(rows), n)
+        yield SessionPatterns(s.pairs, s.query[lo:hi], s.docs[lo:hi], s.clicks[lo:hi], s.weight[lo:hi])
+
+
+def _keyed_sums(parts: Iterable[tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.bool_]]]
+                ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """(distinct keys ascending, summed weight, summed weight of the clicked) over ``(key, weight, clicked)``
+    parts: each part is summed by its keys, then merged into the running sums, so what is held at once is the
+    running cells plus one part."""
+    keys = np.empty(0, dtype=np.int64)
+    imps = np.empty(0, dtype=np.float64)
+    clk = np.empty(0, dtype=np.float64)
+    for key, w, c in parts:
+        uniq, inv = np.unique(np.concatenate([keys, key]), return_inverse=True)
+        imps = np.bincount(inv, weights=np.concatenate([imps, w]), minlength=len(uniq))
+        clk = np.bincount(inv, weights=np.concatenate([clk, w * c]), minlength=len(uniq))
+        keys = uniq
+    return keys, imps.astype(np.int64), clk.astype(np.int64)
+
+
+def cells_from_sessions(s: SessionPatterns, chunk: int = CELL_CHUNK_PATTERNS) -> ClickCells:
+    """Aggregate weighted session patterns to PBM cells with ``bincount`` (vectorised, no Python loop over
+    patterns), ``chunk`` patterns at a time (:data:`CELL_CHUNK_PATTERNS`)."""
+    k = s.docs.shape[1]
+
+    def parts() -> Iterator[tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.bool_]]]:
+        for part in _row_chunks(s, chunk):
+            shown = part.docs >= 0
+            rank = np.broadcast_to(np.arange(1, k + 1), shown.shape)[shown]
+            w = np.broadcast_to(part.weight[:, None], shown.shape)[shown].astype(np.float64)
+            yield part.docs[shown] * (k + 1) + rank, w, part.clicks[shown]
+
+    uniq, imps, clk = _keyed_sums(parts())
     return ClickCells(s.pairs, (uniq // (k + 1)).astype(np.int64), (uniq % (k + 1)).astype(np.int64), imps, clk, k)
 
 
-def ubm_cells_from_sessions(s: SessionPatterns) -> UbmCells:
-    """Aggregate weighted session patterns to UBM cells (pair, rank, previous click rank)."""
-    n, k = s.docs.shape
+def ubm_cells_from_sessions(s: SessionPatterns, chunk: int = CELL_CHUNK_PATTERNS) -> UbmCells:
+    """Aggregate weighted session patterns to UBM cells (pair, rank, previous click rank), ``chunk`` patterns
+    at a time."""
+    k = s.docs.shape[1]
     ranks = np.arange(1, k + 1)
-    clicked_rank = np.where(s.clicks, ranks, 0)
-    # previous click rank before position k: running max of clicked ranks over positions < k
-    prev = np.zeros((n, k), dtype=np.int64)
-    if k > 1:
-        prev[:, 1:] = np.maximum.accumulate(clicked_rank, axis=1)[:, :-1]
-    shown = s.docs >= 0
-    pair = s.docs[shown]
-    rank = np.broadcast_to(ranks, (n, k))[shown]
-    pc = prev[shown]
-    w = np.broadcast_to(s.weight[:, None], (n, k))[shown]
-    c = s.clicks[shown]
-    key = (pair * (k + 1) + rank) * (k + 1) + pc
-    uniq, inv = np.unique(key, return_inverse=True)
-    imps = np.bincount(inv, weights=w).astype(np.int64)
-    clk = np.bincount(inv, weights=w * c).astype(np.int64)
+
+    def parts() -> Iterator[tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.bool_]]]:
+        for part in _row_chunks(s, chunk):
+            clicked_rank = np.where(part.clicks, ranks, 0)
+            # previous click rank before position k: running max of clicked ranks over positions < k
+            prev = np.zeros(part.docs.shape, dtype=np.int64)
+            if k > 1:
+                prev[:, 1:] = np.maximum.accumulate(clicked_rank, axis=1)[:, :-1]
+            shown = part.docs >= 0
+            rank = np.broadcast_to(ranks, shown.shape)[shown]
+            w = np.broadcast_to(part.weight[:, None], shown.shape)[shown].astype(np.float64)
+            yield (part.docs[shown] * (k + 1) + rank) * (k + 1) + prev[shown], w, part.clicks[shown]
+
+    uniq, imps, clk = _keyed_sums(parts())
     pc_u = uniq % (k + 1)
     rest = uniq // (k + 1)
     return UbmCells(s.pairs, (rest // (k + 1)).astype(np.int64), (rest % (k + 1)).astype(np.int64),

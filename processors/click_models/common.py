@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import betaincinv, ndtri
 
-from processors.stats import ClickCells, SessionPatterns, StatsError
+from processors.stats import CELL_CHUNK_PATTERNS, ClickCells, SessionPatterns, StatsError
 from schemas.errors import UbiError
 
 # Probabilities are clamped to [PROB_EPS, 1 - PROB_EPS] wherever a log is taken of a prediction, so that a
@@ -93,19 +93,26 @@ def gather(values: NDArray[np.float64], docs: NDArray[np.int64], prior: float) -
     return np.where(docs >= 0, v, np.nan)
 
 
-def pair_support(sessions: SessionPatterns) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-    """(impressions, clicks, sessions) per pair: shown count, clicked count, distinct sessions showing it."""
+def pair_support(sessions: SessionPatterns, chunk: int = CELL_CHUNK_PATTERNS
+                 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """(impressions, clicks, sessions) per pair: shown count, clicked count, distinct sessions showing it;
+    summed ``chunk`` patterns at a time (``stats.CELL_CHUNK_PATTERNS``), so the per-slot temporaries stay small."""
     n_pairs = len(sessions.pairs)
-    d, c = sessions.docs, sessions.clicks
-    w = np.broadcast_to(sessions.weight[:, None], d.shape)
-    shown = d >= 0
-    imps = np.bincount(d[shown], weights=w[shown], minlength=n_pairs)
-    clk = np.bincount(d[shown & c], weights=w[shown & c], minlength=n_pairs)
-    # a pair shown twice in one ranking is one session: count only its first occurrence per row
-    ds = np.sort(d, axis=1)
-    first = ds >= 0
-    first[:, 1:] &= ds[:, 1:] != ds[:, :-1]
-    ses = np.bincount(ds[first], weights=w[first], minlength=n_pairs)
+    imps = np.zeros(n_pairs)
+    clk = np.zeros(n_pairs)
+    ses = np.zeros(n_pairs)
+    n = sessions.docs.shape[0]
+    for lo in range(0, n, max(int(chunk), 1)):
+        d, c = sessions.docs[lo:lo + chunk], sessions.clicks[lo:lo + chunk]
+        w = np.broadcast_to(sessions.weight[lo:lo + chunk, None], d.shape)
+        shown = d >= 0
+        imps += np.bincount(d[shown], weights=w[shown], minlength=n_pairs)
+        clk += np.bincount(d[shown & c], weights=w[shown & c], minlength=n_pairs)
+        # a pair shown twice in one ranking is one session: count only its first occurrence per row
+        ds = np.sort(d, axis=1)
+        first = ds >= 0
+        first[:, 1:] &= ds[:, 1:] != ds[:, :-1]
+        ses += np.bincount(ds[first], weights=w[first], minlength=n_pairs)
     return imps.astype(np.int64), clk.astype(np.int64), ses.astype(np.int64)
 
 
