@@ -153,34 +153,45 @@ def prepare_searches(
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _ubi_records AS
-        SELECT q.query_id, q.query_response_id, q.user_query, t.query, q.application, q.client_id,
+        SELECT row_number() OVER () AS rid, q.query_id, q.query_response_id, q.user_query, t.query, q.application, q.client_id,
                q.timestamp, q.query_response_hit_ids AS hits, {system_expr} AS system, {class_expr} AS query_class
         FROM ubi_queries q JOIN _ubi_qtext t USING (user_query)
         """,
         params,
     )
+    # Per query_id, over narrow columns only (the hit lists are read for their length and hash, never carried
+    # through an operator): which record stands for the search (arg_min over the sort key the rows would be
+    # ordered by: a hit list first, then the earliest timestamp, then the smallest query_response_id, NULLs
+    # last), its first timestamp, what its records say of the hits, and its number in time order. Window
+    # functions partitioned by query_id over the wide rows did the same and ran DuckDB out of its memory
+    # limit at 50M events (README, scale).
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _ubi_pick AS
+        SELECT row_number() OVER (ORDER BY ts NULLS LAST, query_id) - 1 AS instance, *
+        FROM (
+            SELECT query_id,
+                   arg_min(rid, (coalesce(len(hits), 0) = 0, timestamp IS NULL, coalesce(epoch_us(timestamp), 0),
+                                 query_response_id IS NULL, coalesce(query_response_id, ''))) AS rid,
+                   min(timestamp) AS ts,
+                   bool_or(hits IS NOT NULL) AS hits_known,
+                   max(coalesce(len(hits), 0)) AS max_hits,
+                   count(DISTINCT hash(hits)) FILTER (WHERE len(hits) > 0) AS n_rankings,
+                   any_value(client_id) AS any_client
+            FROM _ubi_records GROUP BY query_id
+        )
+        """
+    )
     con.execute(
         """
         CREATE OR REPLACE TEMP TABLE _ubi_inst AS
-        WITH r AS (
-            SELECT *,
-                row_number() OVER (PARTITION BY query_id
-                                   ORDER BY coalesce(len(hits), 0) > 0 DESC, timestamp NULLS LAST,
-                                            query_response_id NULLS LAST) AS rn,
-                min(timestamp) OVER w AS ts,
-                bool_or(hits IS NOT NULL) OVER w AS hits_known,
-                max(coalesce(len(hits), 0)) OVER w AS max_hits,
-                count(DISTINCT hits) FILTER (WHERE len(hits) > 0) OVER w AS n_rankings,
-                any_value(client_id) OVER w AS any_client
-            FROM _ubi_records
-            WINDOW w AS (PARTITION BY query_id)
-        )
-        SELECT row_number() OVER (ORDER BY ts NULLS LAST, query_id) - 1 AS instance,
-               system, application, query_id, query, user_query, ts, coalesce(client_id, any_client) AS client_id,
-               hits, hits_known, max_hits, n_rankings, query_class
-        FROM r WHERE rn = 1
+        SELECT p.instance, r.system, r.application, r.query_id, r.query, r.user_query, p.ts,
+               coalesce(r.client_id, p.any_client) AS client_id, r.hits, p.hits_known, p.max_hits, p.n_rankings,
+               r.query_class
+        FROM _ubi_pick p JOIN _ubi_records r USING (rid)
         """
     )
+    con.execute("DROP TABLE temp._ubi_pick")
     con.execute("DROP TABLE temp._ubi_records")  # each instance's record is in _ubi_inst: free the pool
     con.execute(
         """
@@ -197,27 +208,33 @@ def prepare_searches(
             SELECT instance, object_id, min(position_ordinal) AS pos, min(timestamp) AS first_ts
             FROM _ubi_search_events WHERE action_name IN ({imp}) AND object_id IS NOT NULL
             GROUP BY instance, object_id
+        ), n_shown AS (
+            SELECT instance, count(*) AS n FROM shown GROUP BY instance
         ), impressed AS (
+            -- the ordered list only where it is the ranking (no hit list): an ordered list per search of a log
+            -- whose searches all have hits would be held for nothing
             SELECT instance, list(object_id ORDER BY pos NULLS LAST, first_ts, object_id) AS docs
-            FROM shown GROUP BY instance
+            FROM shown SEMI JOIN (SELECT instance FROM _ubi_inst WHERE max_hits = 0) USING (instance)
+            GROUP BY instance
         ), sess AS (
             SELECT instance, min(session_id) AS session_id FROM _ubi_search_events
             WHERE session_id IS NOT NULL GROUP BY instance
         ), ranked AS (
-            SELECT i.*, p.docs AS impressed, s.session_id,
+            SELECT i.*, p.docs AS impressed, c.n AS n_impressed, s.session_id,
                    list_filter(i.hits, lambda x, n: list_position(i.hits, x) = n) AS dedup_hits
-            FROM _ubi_inst i LEFT JOIN impressed p USING (instance) LEFT JOIN sess s USING (instance)
+            FROM _ubi_inst i LEFT JOIN n_shown c USING (instance) LEFT JOIN impressed p USING (instance)
+                 LEFT JOIN sess s USING (instance)
         )
         SELECT instance, system, application, query_id, query, user_query, ts, client_id,
                coalesce(session_id, client_id) AS session,
                CASE WHEN max_hits > 0 THEN dedup_hits WHEN impressed IS NOT NULL THEN impressed
                     ELSE []::VARCHAR[] END AS ranking,
-               CASE WHEN max_hits > 0 THEN 'hits' WHEN impressed IS NOT NULL THEN 'impressions'
+               CASE WHEN max_hits > 0 THEN 'hits' WHEN n_impressed IS NOT NULL THEN 'impressions'
                     WHEN hits_known THEN 'hits' ELSE 'none' END AS ranking_source,
                n_rankings > 1 AS several_rankings,
-               CASE WHEN hits_known THEN greatest(max_hits, coalesce(len(impressed), 0))
-                    WHEN impressed IS NOT NULL THEN len(impressed) END AS result_count,
-               (hits_known AND max_hits = 0 AND impressed IS NULL) AS zero_result,
+               CASE WHEN hits_known THEN greatest(max_hits, coalesce(n_impressed, 0))
+                    WHEN n_impressed IS NOT NULL THEN n_impressed END AS result_count,
+               (hits_known AND max_hits = 0 AND n_impressed IS NULL) AS zero_result,
                coalesce(len(hits) - len(dedup_hits), 0) AS duplicate_hits,
                query_class
         FROM ranked ORDER BY instance

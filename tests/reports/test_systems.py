@@ -172,3 +172,52 @@ def test_classes_by_text_breaks_ties_by_the_smallest_class():
     c.execute("CREATE TEMP TABLE _ubi_searches AS SELECT * FROM (VALUES ('q', 'b'), ('q', 'a'), ('r', 'z'), "
               "('r', 'z'), ('r', 'y'), ('s', NULL)) t(query, query_class)")
     assert classes_by_text(c) == {"q": "a", "r": "z"}
+
+
+def test_the_record_picked_per_query_id_follows_the_rule_by_hand(tmp_path):
+    """Several records of one query_id: a record with hits first, then the earliest timestamp, then the
+    smallest query_response_id (NULLs last); the search's time is its earliest record's, its client the
+    picked record's, else any; it has several rankings when two records' non-empty hit lists differ.
+    Picked by hand from the records below."""
+    queries = [
+        {**query("p1", "tea", [], 0, ranker=None), "query_response_id": "a"},  # earliest, but no hits
+        {**query("p1", "tea", ["t2", "t1"], 5, ranker=None), "query_response_id": "z"},
+        {**query("p1", "tea", ["t1", "t2"], 5, ranker=None), "query_response_id": "m"},  # picked: hits, t=5, "m"
+        {**query("p1", "tea", ["t1", "t2"], 9, ranker=None), "query_response_id": "b"},
+        {**query("p2", "cup", ["c1"], 3, ranker=None, client="c9"), "query_response_id": "r"},
+        {**query("p2", "cup", ["c1"], 3, ranker=None, client="c9")},  # no response id: after "r"
+        query("p3", "pot", None, 1, ranker=None),  # no hits at all: an unranked search
+    ]
+    con = open_reader(build_store(tmp_path / "p.duckdb", queries, [], []))
+    try:
+        rows = {r["query_id"]: r for r in load_searches(con).to_pylist()}
+        counts = search_counts(con)
+    finally:
+        con.close()
+    assert rows["p1"]["ranking"] == ["t1", "t2"] and rows["p1"]["several_rankings"] is True
+    assert rows["p1"]["ts"] == min(r["ts"] for r in rows.values())  # t=0: its earliest record's time
+    assert rows["p2"]["ranking"] == ["c1"] and rows["p2"]["several_rankings"] is False
+    assert rows["p2"]["client_id"] == "c9"
+    assert rows["p3"]["ranking_source"] == "none" and rows["p3"]["result_count"] is None
+    # instances numbered by time: p1 (t=0), p3 (t=1), p2 (t=3)
+    assert [rows[q]["instance"] for q in ("p1", "p3", "p2")] == [0, 1, 2]
+    assert counts["shop"] == SearchCounts(3, 0, 1, 0)
+
+
+def test_the_search_table_is_the_same_when_the_log_tables_are_views(tmp_path):
+    """Readers of a live store or of the Kafka loader's Parquet see ubi_queries and ubi_events as views
+    (store.sealed, store.parquet_store): the search table must not need a base table's rowid."""
+    path = build_store(tmp_path / "v.duckdb")
+    con = open_reader(path)
+    try:
+        tables = load_searches(con, class_key="ranker")
+    finally:
+        con.close()
+    view = duckdb.connect()
+    try:
+        view.execute("ATTACH ? AS src (READ_ONLY)", [str(path)])
+        for name in ("ubi_queries", "ubi_events"):
+            view.execute(f'CREATE VIEW "{name}" AS SELECT * FROM src."{name}"')  # fixed names
+        assert load_searches(view, class_key="ranker").to_pylist() == tables.to_pylist()
+    finally:
+        view.close()
