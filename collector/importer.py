@@ -218,7 +218,7 @@ def _format(fh: io.BufferedReader, path: Path) -> str | None:
 #: at once; a chunk of 50,000 events holds about 25 MB of lines.
 FAST_CHUNK_ITEMS = 50_000
 #: Records per transaction on the fast path (``Settings.import_batch_records``): several chunks.
-BATCH_RECORDS = 250_000
+BATCH_RECORDS = 125_000
 
 
 def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None = None,
