@@ -120,12 +120,12 @@ def _keyed_sums(parts: Iterable[tuple[NDArray[np.int64], NDArray[np.float64], ND
     parts: each part is summed by its keys, then merged into the running sums, so what is held at once is the
     running cells plus one part."""
     keys = np.empty(0, dtype=np.int64)
-    imps = np.empty(0, dtype=np.float64)
-    clk = np.empty(0, dtype=np.float64)
+    imps: NDArray[np.float64] = np.empty(0, dtype=np.float64)
+    clk: NDArray[np.float64] = np.empty(0, dtype=np.float64)
     for key, w, c in parts:
         uniq, inv = np.unique(np.concatenate([keys, key]), return_inverse=True)
-        imps = np.bincount(inv, weights=np.concatenate([imps, w]), minlength=len(uniq))
-        clk = np.bincount(inv, weights=np.concatenate([clk, w * c]), minlength=len(uniq))
+        imps = np.bincount(inv, weights=np.concatenate([imps, w]), minlength=len(uniq)).astype(np.float64, copy=False)
+        clk = np.bincount(inv, weights=np.concatenate([clk, w * c]), minlength=len(uniq)).astype(np.float64, copy=False)
         keys = uniq
     return keys, imps.astype(np.int64), clk.astype(np.int64)
 
