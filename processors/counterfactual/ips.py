@@ -38,6 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from processors.cli_names import DEFAULT_CLIP
+from processors.stats import CELL_CHUNK_PATTERNS
 
 
 class LoggedArrays(NamedTuple):
@@ -73,19 +74,29 @@ class IpsTotals(NamedTuple):
 
 
 def pair_log_counts(
-    log: LoggedArrays, theta: NDArray[np.float64], predicted: NDArray[np.float64] | None = None
+    log: LoggedArrays, theta: NDArray[np.float64], predicted: NDArray[np.float64] | None = None,
+    chunk: int = CELL_CHUNK_PATTERNS,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-    """Per pair (E, C, Ĉ) and per query N: expected examinations Σ w θ_k, clicks, predicted clicks; searches."""
+    """Per pair (E, C, Ĉ) and per query N: expected examinations Σ w θ_k, clicks, predicted clicks; searches.
+
+    Summed ``chunk`` patterns at a time (``processors.stats.CELL_CHUNK_PATTERNS``), so the per-slot temporaries
+    stay small whatever the log's size (at 50M events they were the report's peak, README "scale")."""
     n_pairs = len(log.pair_query)
-    shown = log.docs >= 0
     k = log.docs.shape[1]
-    w = np.broadcast_to(log.weight[:, None], log.docs.shape)[shown]
-    pair = log.docs[shown]
-    rank = np.broadcast_to(np.arange(k), log.docs.shape)[shown]
-    exam = np.bincount(pair, weights=w * theta[rank], minlength=n_pairs).astype(np.float64)
-    clk = np.bincount(pair, weights=w * log.clicks[shown], minlength=n_pairs).astype(np.float64)
-    pred = (np.bincount(pair, weights=w * np.nan_to_num(predicted[shown]), minlength=n_pairs).astype(np.float64)
-            if predicted is not None else np.zeros(n_pairs))
+    exam = np.zeros(n_pairs)
+    clk = np.zeros(n_pairs)
+    pred = np.zeros(n_pairs)
+    step = max(int(chunk), 1)
+    for lo in range(0, log.docs.shape[0], step):
+        docs = log.docs[lo:lo + step]
+        shown = docs >= 0
+        w = np.broadcast_to(log.weight[lo:lo + step, None], docs.shape)[shown]
+        pair = docs[shown]
+        rank = np.broadcast_to(np.arange(k), docs.shape)[shown]
+        exam += np.bincount(pair, weights=w * theta[rank], minlength=n_pairs)
+        clk += np.bincount(pair, weights=w * log.clicks[lo:lo + step][shown], minlength=n_pairs)
+        if predicted is not None:
+            pred += np.bincount(pair, weights=w * np.nan_to_num(predicted[lo:lo + step][shown]), minlength=n_pairs)
     searches = np.bincount(log.query, weights=log.weight, minlength=log.n_queries).astype(np.float64)
     return exam, clk, pred, searches
 
