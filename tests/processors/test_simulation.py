@@ -402,3 +402,22 @@ def test_store_written_in_pieces_holds_exactly_the_rows_of_one_piece(tmp_path: P
     with duckdb.connect(str(whole), read_only=True) as a, duckdb.connect(str(parts), read_only=True) as b:
         for table in ("ubi_queries", "ubi_events"):
             assert a.sql(digest.format(table)).fetchall() == b.sql(digest.format(table)).fetchall()
+
+
+def test_written_store_has_a_key_row_for_every_stored_row(tmp_path: Path) -> None:
+    """write_store leaves the store as an import does: each ``ubi_queries`` / ``ubi_events`` row has its key row
+    (the 64-bit hash of its key and its rowid), so the first writer to open it has nothing to fill."""
+    import duckdb
+
+    from processors.simulation.bulk_log import write_store
+
+    db = tmp_path / "s.duckdb"
+    nq, ne = write_store(db, 12_000, seed=4)
+    with duckdb.connect(str(db), read_only=True) as con:
+        for table, keys, key, n in (("ubi_queries", "ubi_query_keys", "query_key", nq),
+                                    ("ubi_events", "ubi_event_keys", "event_key", ne)):
+            ((stored, matching),) = con.sql(f"""
+                SELECT (SELECT count(*) FROM {keys}),
+                       (SELECT count(*) FROM {keys} k JOIN {table} t
+                        ON t.rowid = k.row_id AND md5_number_lower(t.{key}) = k.key_hash)""").fetchall()
+            assert stored == matching == n > 0
