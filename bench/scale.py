@@ -9,7 +9,9 @@ and prints per step wall time,
 CPU time (user + system of that process and its threads), peak RSS and the disk the store takes. The
 baseline is plain DuckDB SQL computing the statistics process fits on (PBM cells, weighted click patterns,
 UBM cells; see ``BASELINE``) from the same store, run the same way, so ``process / baseline`` (CPU and wall)
-is measured in the same run; "sessions only" is process's SQL without the fit.
+is measured in the same run; "sessions only" is process's SQL without the fit. Both run under each of
+``--limits``: the readers' default DuckDB ``memory_limit`` of 1GB, under which plain SQL fails from about 20M
+events while process spills and completes, and DuckDB's own default (``none``), where neither has to spill.
 ``import`` writes the log as NDJSON and ``_bulk`` files and imports them into a fresh store (sizes up to
 ``--import-max``: it is the slow step).
 
@@ -44,7 +46,8 @@ UBI = [sys.executable, "-m", "ubi.cli"]
 BASELINE = """
 import sys, duckdb
 con = duckdb.connect(sys.argv[1], read_only=True)
-con.execute("SET memory_limit = '1GB'")
+if sys.argv[2]:  # else DuckDB's own default (80% of the machine's memory)
+    con.execute("SET memory_limit = ?", [sys.argv[2]])
 con.execute("SET enable_progress_bar = false")
 con.execute('''
 CREATE TEMP TABLE d AS
@@ -93,10 +96,11 @@ print(len(d.cells.pair), "cells,", d.patterns.docs.shape[0], "patterns,", len(d.
 """
 
 
-def run(cmd: list[str], cwd: Path) -> tuple[float, float, float, int]:
-    """(wall s, CPU s, peak RSS MB, exit code) of one child process."""
+def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, float, float, int]:
+    """(wall s, CPU s, peak RSS MB, exit code) of one child process (``env``: variables set for it)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, **(env or {})})
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
@@ -116,9 +120,12 @@ def row(size: int, step: str, res: tuple[float, float, float, int], disk: float,
         base: tuple[float, float, float, int] | None) -> None:
     """One line of the table; ``base``: the baseline's result, for the CPU and wall ratios."""
     wall, cpu, rss, code = res
-    ratio = f"{cpu / base[1]:5.1f}x {wall / base[0]:5.1f}x" if base and base[0] and base[1] else " " * 12
+    if base is not None and base[3] != 0:
+        ratio = "(baseline failed)"
+    else:
+        ratio = f"{cpu / base[1]:5.1f}x {wall / base[0]:5.1f}x" if base and base[0] and base[1] else " " * 12
     flag = "" if code == 0 else f"  (exit {code})"
-    print(f"{size:>11,} {step:<30} {wall:8.1f} {cpu:8.1f} {rss:8,.0f} {disk:9,.0f}  {ratio}{flag}", flush=True)
+    print(f"{size:>11,} {step:<42} {wall:8.1f} {cpu:8.1f} {rss:8,.0f} {disk:9,.0f}  {ratio}{flag}", flush=True)
 
 
 def main() -> None:
@@ -135,6 +142,10 @@ def main() -> None:
                     help="also time sessions and process with the code of this checkout (e.g. `git archive main | "
                          "tar -x -C TREE`), interleaved with this one, for a before/after in the same run")
     ap.add_argument("--reuse", action="store_true", help="keep the generated stores in --dir and reuse them")
+    ap.add_argument("--limits", nargs="+", default=["1GB", "none"], metavar="LIMIT",
+                    help="DuckDB memory limits under which the baseline, sessions and process run, each against the "
+                         "baseline under the same limit (default: 1GB, the readers' default UBI_MEMORY_LIMIT, and "
+                         "none: DuckDB's own default of 80%% of the machine's memory, where plain SQL need not spill)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run baseline, sessions and process this many times, interleaved (load drifts)")
     args = ap.parse_args()
@@ -143,8 +154,9 @@ def main() -> None:
     work = args.dir or Path(tempfile.mkdtemp(prefix="ubi-scale-"))
     work.mkdir(parents=True, exist_ok=True)  # a --dir that does not exist yet is made, not an error
     load = os.getloadavg()
-    print(f"{os.cpu_count()} cores, load average {load[0]:.1f} at start; memory_limit of readers: 1GB (default)")
-    print(f"{'events':>11} {'step':<30} {'wall s':>8} {'CPU s':>8} {'RSS MB':>8} {'disk MB':>9}  "
+    print(f"{os.cpu_count()} cores, load average {load[0]:.1f} at start; DuckDB memory limits: {', '.join(args.limits)} "
+          "(the reader steps after process run under the readers' default, 1GB)")
+    print(f"{'events':>11} {'step':<42} {'wall s':>8} {'CPU s':>8} {'RSS MB':>8} {'disk MB':>9}  "
           "/baseline CPU, wall")
     try:
         for size in sizes:
@@ -162,17 +174,22 @@ def main() -> None:
                 ((ne,),) = con.execute("SELECT count(*) FROM ubi_events").fetchall()
             row(size, f"generate ({ne:,} events)", gen, disk_mb(db), None)
             for _ in range(args.repeat):
-                base = run([sys.executable, "-c", BASELINE, str(db)], root)
-                row(size, "baseline: plain SQL", base, disk_mb(db), None)
-                row(size, "(baseline: PBM cells only)", run([sys.executable, "-c", BASELINE_CELLS, str(db)], root),
-                    disk_mb(db), base)
-                for tree, tag in ((root, ""), *(((args.before, "before: "),) if args.before else ())):
-                    res = run([sys.executable, "-c", SESSIONS, str(db)], tree)
-                    row(size, tag + "sessions only", res, disk_mb(db), base)
-                    for model in args.models if "process" in args.steps else ():
-                        store = [] if model == "pbm" else ["--no-store"]
-                        res = run([*UBI, "process", "--db", str(db), "--model", model, *store], tree)
-                        row(size, f"{tag}process --model {model}", res, disk_mb(db), base)
+                for limit in args.limits:
+                    # the same DuckDB memory limit for the baseline and for process: "none" is DuckDB's default
+                    value, tag_limit = ("", "no limit") if limit == "none" else (limit, limit)
+                    env = {"UBI_MEMORY_LIMIT": value}
+                    base = run([sys.executable, "-c", BASELINE, str(db), value], root)
+                    row(size, f"baseline: plain SQL [{tag_limit}]", base, disk_mb(db), None)
+                    if limit == args.limits[0]:
+                        row(size, f"(baseline: PBM cells only) [{tag_limit}]",
+                            run([sys.executable, "-c", BASELINE_CELLS, str(db), value], root), disk_mb(db), base)
+                    for tree, tag in ((root, ""), *(((args.before, "before: "),) if args.before else ())):
+                        res = run([sys.executable, "-c", SESSIONS, str(db)], tree, env)
+                        row(size, f"{tag}sessions only [{tag_limit}]", res, disk_mb(db), base)
+                        for model in args.models if "process" in args.steps else ():
+                            store = [] if model == "pbm" else ["--no-store"]
+                            res = run([*UBI, "process", "--db", str(db), "--model", model, *store], tree, env)
+                            row(size, f"{tag}process --model {model} [{tag_limit}]", res, disk_mb(db), base)
             if "propensity" in args.steps:
                 res = run([*UBI, "propensity", "--db", str(db), "--method", "em", "--json"], root)
                 row(size, "propensity --method em", res, disk_mb(db), base)
