@@ -36,3 +36,24 @@ def apply_limits(con: duckdb.DuckDBPyConnection, settings: Settings) -> duckdb.D
         except duckdb.Error as exc:
             raise LimitError(f"{name} {str(value)!r} (UBI_{name.upper()}): DuckDB refused it: {exc}") from exc
     return con
+
+
+def release_pool(con: duckdb.DuckDBPyConnection, settings: Settings) -> None:
+    """Hand DuckDB's cached buffers back to the system between a reader's SQL and its Python work.
+
+    DuckDB keeps the blocks a query read or built in its buffer pool after the query ends, up to ``memory_limit``,
+    for the next query to reuse. A reader that goes on holding the connection while it works in Python (the
+    report: labels, fits, predictions) would carry that pool under everything it allocates: at 20M events the
+    pool gave back 400-760 MB at each step of the report (``bench/memprobe.py``). Lowering the limit makes DuckDB
+    evict every unpinned block; the limit is then set back to ``Settings.memory_limit`` (or, when that is unset,
+    to the value read before). Call it where no large temp table is live: evicting one would write it to
+    ``temp_directory`` and read it back. Eviction DuckDB cannot complete is not an error: the limit is set back
+    and the reader goes on as before.
+    """
+    restore = settings.memory_limit or con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    try:
+        con.execute("SET memory_limit = '1MB'")
+    except duckdb.Error:
+        pass  # pinned buffers: nothing to give back now
+    finally:
+        con.execute("SET memory_limit = ?", [str(restore)])

@@ -283,7 +283,7 @@ def _write_json(path: Path | None, report: Any, *, label_pairs: bool) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from processors.bounded import apply_limits
+    from processors.bounded import apply_limits, release_pool
     from processors.ordinal_base import describe, effective_bases, position_base_flags, suggestion
     from processors.qrels import ESCI_RATINGS, RatingMap, load_qrels
     from processors.sessions import position_bases
@@ -355,6 +355,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             if hint:
                 warnings.append(f"suggested setting: {hint}")
         sessions = _sessions(con, settings)
+        release_pool(con, settings)  # the session build's buffers, before the report's own steps
         swaps = None
         if sessions is not None:
             from reports.predicted import load_swap_experiment
@@ -364,6 +365,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         # this once their temp tables are dropped): the peaks do not add up (at 20M events 416,660 labels were
         # held through the build, at 50M about 1M)
         def read_labels() -> LabelSet:
+            # the search tables are dropped by now: what DuckDB still caches goes back before the labels, the
+            # recommendation's fits and the predictions are built on top of it
+            release_pool(con, settings)
             return labels.add(labels_from_store(con))
 
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,

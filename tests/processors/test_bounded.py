@@ -55,3 +55,24 @@ def test_a_tight_limit_gives_the_same_statistics(store: Path, tmp_path: Path) ->
     assert free.filters == tight.filters and free.quality == tight.quality
     assert free.filters.sessions == 5_000 and free.filters.impressions == 50_000  # every search shows 10 results
     assert list(spill.iterdir()) == []  # DuckDB removed its spill files when the reader closed
+
+
+def test_release_pool_gives_cached_blocks_back_and_keeps_the_limit(store: Path) -> None:
+    """After a scan, DuckDB caches the blocks it read (up to memory_limit); release_pool evicts them and sets the
+    limit back to the configured value, not to a rounded reading of it."""
+    from processors.bounded import release_pool
+
+    settings = Settings(db=store, memory_limit="256MB")
+    con = duckdb.connect(str(store), read_only=True)
+    apply_limits(con, settings)
+    used = "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()"
+    con.execute("SELECT count(DISTINCT event_key), max(object_id) FROM ubi_events").fetchall()
+    before = con.sql(used).fetchall()[0][0]
+    release_pool(con, settings)
+    after = con.sql(used).fetchall()[0][0]
+    assert before > 1_000_000 and after < before / 2  # most cached blocks of the scanned columns are gone
+    assert con.sql("SELECT current_setting('memory_limit')").fetchall()[0][0] == "244.1 MiB"  # 256 MB
+    for _ in range(3):  # repeated calls do not drift
+        release_pool(con, settings)
+    assert con.sql("SELECT current_setting('memory_limit')").fetchall()[0][0] == "244.1 MiB"
+    con.close()
