@@ -293,9 +293,16 @@ def logged_runs(searches: pa.Table, mode: RankingMode = "modal") -> dict[str, Sy
 def logged_runs_in(con: duckdb.DuckDBPyConnection, mode: RankingMode = "modal") -> dict[str, SystemRun]:
     """Group the search instances of ``_ubi_searches`` on ``con`` (:func:`prepare_searches`) into one run per
     system (see the module docstring for the two modes), in SQL on ``con``, under its memory limit; Python
-    receives one ranking per (system, query) in mode ``modal``."""
+    receives one ranking per (system, query) in mode ``modal``.
+
+    Every doc id, query text and class is one string object however many rankings hold it: the systems of a log
+    rank the same candidates, and DuckDB makes a new string for each list element it returns. At 50M events
+    (about 400,000 rankings of 20 docs) the runs took 680 MB before this (``bench/memprobe.py``)."""
     if mode not in ("modal", "each"):
         raise SystemsError(f"ranking mode {mode!r}: expected 'modal' or 'each'")
+    seen: dict[str, str] = {}
+    one = seen.setdefault  # equal strings -> the first object seen
+
     systems = [r[0] for r in con.execute("SELECT DISTINCT system FROM _ubi_searches ORDER BY system").fetchall()]
     out = {name: SystemRun(name, mode) for name in systems}
     for name, n in con.execute(
@@ -310,14 +317,16 @@ def logged_runs_in(con: duckdb.DuckDBPyConnection, mode: RankingMode = "modal") 
         for system, instance, query, ranking, cls in rows:
             qid = f"{query} #{instance}"
             sr = out[system]
-            sr.run[qid] = list(ranking)
-            sr.query_of[qid] = query
+            sr.run[qid] = [one(d, d) for d in ranking]
+            sr.query_of[qid] = one(query, query)
             sr.searches[qid] = 1
             sr.distinct_rankings[qid] = 1
             sr.modal_share[qid] = 1.0
-            sr.query_class[qid] = cls
+            sr.query_class[qid] = cls if cls is None else one(cls, cls)
         return out
-    rows = con.execute(
+    # rows are read 50,000 at a time, on ``con`` itself (its temp tables are not visible to a cursor): only the
+    # runs, with their shared strings, are kept
+    con.execute(
         """
         WITH g AS (
             SELECT system, query, ranking, count(*) AS n, max(instance) AS last,
@@ -335,15 +344,17 @@ def logged_runs_in(con: duckdb.DuckDBPyConnection, mode: RankingMode = "modal") 
         SELECT r.system, r.query, r.ranking, r.n, r.total, r.distinct_rankings, c.cls
         FROM r JOIN c USING (system, query) WHERE rn = 1 ORDER BY r.system, r.query
         """
-    ).fetchall()
-    for system, query, ranking, n, total, distinct, cls in rows:
-        sr = out[system]
-        sr.run[query] = list(ranking)
-        sr.query_of[query] = query
-        sr.searches[query] = int(total)
-        sr.distinct_rankings[query] = int(distinct)
-        sr.modal_share[query] = n / total
-        sr.query_class[query] = cls
+    )
+    while rows := con.fetchmany(50_000):
+        for system, query, ranking, n, total, distinct, cls in rows:
+            sr = out[system]
+            query = one(query, query)
+            sr.run[query] = [one(d, d) for d in ranking]
+            sr.query_of[query] = query
+            sr.searches[query] = int(total)
+            sr.distinct_rankings[query] = int(distinct)
+            sr.modal_share[query] = n / total
+            sr.query_class[query] = cls if cls is None else one(cls, cls)
     return out
 
 

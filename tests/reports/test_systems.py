@@ -221,3 +221,28 @@ def test_the_search_table_is_the_same_when_the_log_tables_are_views(tmp_path):
         assert load_searches(view, class_key="ranker").to_pylist() == tables.to_pylist()
     finally:
         view.close()
+
+
+def test_modal_runs_past_one_batch_share_each_doc_id_string():
+    """More (system, query) rankings than one fetch batch (50,000): every run is read, and the two systems'
+    rankings of one query hold the same string objects (the runs of a 50M-event log took 680 MB with a new
+    string per list element). The expected runs are built here from the generating rule."""
+    con = duckdb.connect()
+    n = 60_001
+    con.execute("""
+        CREATE TEMP TABLE _ubi_searches AS
+        SELECT s.system, row_number() OVER () AS instance, 'q' || q.i AS query,
+               CASE WHEN s.system = 'a' THEN ['d' || q.i, 'e' || (q.i % 7)] ELSE ['e' || (q.i % 7), 'd' || q.i] END
+                   AS ranking,
+               NULL::VARCHAR AS query_class, 'hit_list' AS ranking_source
+        FROM range(?) q(i), (VALUES ('a'), ('b')) s(system)""", [n])
+    runs = logged_runs_in(con, "modal")
+    assert set(runs) == {"a", "b"}
+    for i in (0, 1, 49_999, 50_000, n - 1):
+        assert runs["a"].run[f"q{i}"] == [f"d{i}", f"e{i % 7}"]
+        assert runs["b"].run[f"q{i}"] == [f"e{i % 7}", f"d{i}"]
+        assert runs["a"].run[f"q{i}"][0] is runs["b"].run[f"q{i}"][1]  # one object for d<i>
+        assert runs["a"].searches[f"q{i}"] == 1 and runs["a"].modal_share[f"q{i}"] == 1.0
+    assert len(runs["a"].run) == len(runs["b"].run) == n
+    # e<k> (7 distinct ids) is one object across every query of both systems
+    assert len({id(r[1]) for r in runs["a"].run.values()} | {id(r[0]) for r in runs["b"].run.values()}) == 7
