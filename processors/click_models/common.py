@@ -80,17 +80,25 @@ def clamp(p: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.clip(p, PROB_EPS, 1.0 - PROB_EPS)
 
 
-def gather(values: NDArray[np.float64], docs: NDArray[np.int64], prior: float) -> NDArray[np.float64]:
+def gather(values: NDArray[np.float64], docs: NDArray[np.int64], prior: float,
+           chunk: int = CELL_CHUNK_PATTERNS) -> NDArray[np.float64]:
     """Per-position values of a per-pair parameter: ``prior`` for pair ids beyond the fitted ones, NaN if unshown.
 
     Pair ids index the same :class:`PairIndex` the model was fitted with; ids the model never saw (beyond
-    ``len(values)``, or marked NaN in ``values``) get ``prior``.
+    ``len(values)``, or marked NaN in ``values``) get ``prior``. Filled ``chunk`` rows at a time, so besides the
+    answer only one chunk's temporaries are held (a log of 2M patterns x 10 ranks: 160 MB an array).
     """
     n = len(values)
-    inside = (docs >= 0) & (docs < n)
-    v = np.where(inside, values[np.clip(docs, 0, max(n - 1, 0))] if n else prior, prior)
-    v = np.where(np.isnan(v), prior, v)
-    return np.where(docs >= 0, v, np.nan)
+    out = np.empty(docs.shape, dtype=np.float64)
+    step = max(1, int(chunk))
+    for lo in range(0, len(docs), step):
+        d = docs[lo:lo + step]
+        inside = (d >= 0) & (d < n)
+        v = np.where(inside, values[np.clip(d, 0, max(n - 1, 0))] if n else prior, prior)
+        v[np.isnan(v)] = prior
+        v[d < 0] = np.nan
+        out[lo:lo + step] = v
+    return out
 
 
 def pair_support(sessions: SessionPatterns, chunk: int = CELL_CHUNK_PATTERNS

@@ -59,7 +59,7 @@ from processors.counterfactual.direct import (
 from processors.counterfactual.ips import DEFAULT_CLIP, LoggedArrays, dr_metrics, ips_metrics, ips_totals
 from processors.propensity.common import PropensityError
 from processors.propensity.randomized import SwapSessions, arm_counts, swap_ratios
-from processors.stats import SessionPatterns
+from processors.stats import CELL_CHUNK_PATTERNS, SessionPatterns
 from schemas.errors import UbiError
 
 MODELS = ("pbm", "dbn")
@@ -282,13 +282,19 @@ class _Fit:
         alpha = np.asarray(m.alpha, dtype=np.float64)
         scale = float(np.asarray(m.theta, dtype=np.float64)[0]) if m.name == "pbm" else 1.0
         a1 = np.clip(alpha * scale, 0.0, 1.0)
-        shown = patterns.docs >= 0
-        w = np.broadcast_to(patterns.weight[:, None], patterns.docs.shape)[shown].astype(np.float64)
-        pair = patterns.docs[shown]
-        rank = np.broadcast_to(np.arange(1, patterns.docs.shape[1] + 1), patterns.docs.shape)[shown]
         n = len(alpha)
-        seen = np.bincount(pair, weights=w, minlength=n)[:n]
-        mean_rank = np.bincount(pair, weights=w * rank, minlength=n)[:n] / np.where(seen > 0, seen, 1.0)
+        seen, rank_sum = np.zeros(n), np.zeros(n)
+        # per-slot arrays summed CELL_CHUNK_PATTERNS patterns at a time (a 50M-event log: 2M patterns x 10 ranks)
+        for lo in range(0, len(patterns.docs), CELL_CHUNK_PATTERNS):
+            docs = patterns.docs[lo:lo + CELL_CHUNK_PATTERNS]
+            shown = docs >= 0
+            weight = patterns.weight[lo:lo + CELL_CHUNK_PATTERNS, None]
+            w = np.broadcast_to(weight, docs.shape)[shown].astype(np.float64)
+            pair = docs[shown]
+            rank = np.broadcast_to(np.arange(1, docs.shape[1] + 1), docs.shape)[shown]
+            seen += np.bincount(pair, weights=w, minlength=n)[:n]
+            rank_sum += np.bincount(pair, weights=w * rank, minlength=n)[:n]
+        mean_rank = rank_sum / np.where(seen > 0, seen, 1.0)
         ok = np.isfinite(a1) & (seen > 0)
         deep = ok & (mean_rank > patterns.max_rank / 2)
         return a1[deep] if deep.any() else a1[ok]

@@ -326,3 +326,16 @@ def test_pbm_and_ubm_priors_use_ranking_features_on_sessions_and_cell_features_o
         assert m.alpha_prior.coef[3] > 0
     cells = get_model("pbm").fit_cells(cells_from_sessions(log))
     assert tuple(cells.relevance().parameters["prior"]["features"]) == ("mean_log_rank", "log_display_share")
+
+
+@settings(max_examples=40)
+@given(st.integers(2, 200), st.integers(1, 5), st.integers(1, 7), st.integers(0, 10**6))
+def test_unique_rows_in_chunks_is_the_whole_answer_in_the_same_order(n: int, width: int, chunk: int,
+                                                                      seed: int) -> None:
+    """Comparing equal-hash neighbours a few at a time changes nothing: the same rows in the same order as one
+    chunk, and the collision fallback still found when the colliding pair sits in a later chunk."""
+    a = np.random.default_rng(seed).integers(-1, 3, size=(n, width))
+    np.testing.assert_array_equal(unique_rows(a, chunk=chunk), unique_rows(a, chunk=10**9))
+    b = np.array([[0, 0]] * 20 + [[1, 2], [2, 1]])  # row-sum hash: 19 equal pairs first, the collision last
+    got = unique_rows(b, multipliers=np.ones(2, dtype=np.uint64), chunk=chunk)
+    np.testing.assert_array_equal(got, np.unique(b, axis=0))
