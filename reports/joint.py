@@ -76,6 +76,7 @@ from reports.predicted import (
     shared_rankings,
 )
 from reports.recommend import (
+    held_out_selection,
     identifiability_notes,
     recommend,
     withhold_unidentified,
@@ -287,6 +288,14 @@ class Report:
     @property
     def failed_gates(self) -> list[GateResult]:
         return [g for g in self.gates if not g.passed]
+
+
+def _stored_implicit_sources(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The implicit sources of the store's ``judgments`` table (a fixed, quoted name), in name order."""
+    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'judgments'").fetchall()[0][0]:
+        return []
+    return [r[0] for r in con.execute(
+        "SELECT DISTINCT source FROM \"judgments\" WHERE source LIKE 'implicit:%' ORDER BY source").fetchall()]
 
 
 def _evaluation_sources(labels: LabelSet, wanted: Sequence[str] | None) -> list[str]:
@@ -639,6 +648,13 @@ def build_report(
     if cfg.k < 1:
         raise ReportError(f"k must be >= 1, got {cfg.k}")
     ident = assess(sessions.cells) if sessions is not None and len(sessions.cells.pair) else None
+    early = None
+    if callable(labels) and sessions is not None:
+        # the recommendation's held-out fits, before the runs and the labels are held (they are the report's
+        # heaviest Python step); the stored implicit sources are all it needs to know of the labels
+        step("recommended source: held-out fits")
+        stored = _stored_implicit_sources(con)
+        early = held_out_selection([s for s in stored if cfg.sources is None or s in cfg.sources], sessions, ident)
     step("systems and logged rankings")
     # the searches stay in DuckDB (at 20M events 1.7M rows of 20-doc rankings, ~1.5 GB as Arrow): runs, counts
     # and classes are computed there, under the connection's memory limit
@@ -731,7 +747,8 @@ def build_report(
     rec = None
     if sessions is not None:
         step("recommended source")
-        rec = recommend((lab for ls in labels.by_pair.values() for lab in ls), sources, sessions, ident, agree)
+        rec = recommend((lab for ls in labels.by_pair.values() for lab in ls), sources, sessions, ident, agree,
+                        selection=early)
     predicted, pred_diff, pred_notes, replicates = _predictions(runs, from_files, interleaved, sessions, swaps, cfg,
                                                                 step)
     cfg = replace(cfg, predict_replicates=replicates)  # what the sections say they rest on

@@ -199,7 +199,14 @@ def test_process_auto_records_the_choice_and_the_report_recommends_it(
     assert f"docs: {chosen['docs']}" in rec["why"] and f"shop: {chosen['shop']}" in rec["why"]
 
 
-def test_report_without_auto_compares_the_stored_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_without_auto_compares_the_stored_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import reports.recommend
+
+    fits: list[list[str]] = []  # the report's held-out fits are made once, before the labels are read
+    real_select = reports.recommend.select
+    monkeypatch.setattr(reports.recommend, "select",
+                        lambda *a, **k: fits.append(list(k["models"])) or real_select(*a, **k))
     bulk, db = tmp_path / "s.ndjson", tmp_path / "s.duckdb"
     simulate(scenario("hard", sessions=3000, seed=4, model="dbn")).write_bulk(bulk)
     assert main(["import", "--db", str(db), str(bulk), "--json"]) == 0
@@ -211,6 +218,7 @@ def test_report_without_auto_compares_the_stored_sources(tmp_path: Path, capsys:
     rec = orjson.loads(capsys.readouterr().out)["recommendation"]
     held = rec["held_out_conditional_perplexity"]
     assert set(held) == {"implicit:ctr", "implicit:pbm", "implicit:dbn"}
+    assert fits == [["dctr", "dbn", "pbm"]]  # one call; the registry names the ctr source dctr
     assert rec["source"] == min(held, key=held.get)
     assert "lowest held-out conditional perplexity" in rec["why"]
     # the report fits each source's model as `ubi select` does (same split; PBM, DBN: the systems as the prior's
