@@ -13,7 +13,10 @@ is measured in the same run; "sessions only" is process's SQL without the fit. B
 ``--limits``: the readers' default DuckDB ``memory_limit`` of 1GB, under which plain SQL fails from about 20M
 events while process spills and completes, and DuckDB's own default (``none``), where neither has to spill.
 ``import`` writes the log as NDJSON and ``_bulk`` files and imports them into a fresh store (sizes up to
-``--import-max``: it is the slow step).
+``--import-max``: it is the slow step). ``read`` runs ``bench/read_live.py`` on the store last: a collector
+ingesting single-event POSTs while readers scan what it sealed; its rows give the reader's wall, CPU and peak
+RSS, the sealed segments' size in the disk column, and the POST latency the collector answered meanwhile
+(``bench/read_live.py`` itself has more phases and repetitions).
 
     .venv/bin/python bench/scale.py                    # 1M, 5M, 20M events
     .venv/bin/python bench/scale.py --sizes 1000000 --big   # --big adds 50M
@@ -22,6 +25,7 @@ events while process spills and completes, and DuckDB's own default (``none``), 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -128,6 +132,36 @@ def row(size: int, step: str, res: tuple[float, float, float, int], disk: float,
     print(f"{size:>11,} {step:<42} {wall:8.1f} {cpu:8.1f} {rss:8,.0f} {disk:9,.0f}  {ratio}{flag}", flush=True)
 
 
+def read_while_ingesting(size: int, db: Path, root: Path, work: Path, *, copy: bool) -> None:
+    """Readers of the store while a collector ingests into it: ``bench/read_live.py`` on ``db`` (the first read,
+    which seals the whole store once, then a read after it, and POSTs alone before them), one row per phase with
+    the reader's wall and CPU time, its peak RSS, and the POST p50/p99 the collector answered meanwhile.
+
+    The collector writes into the store it serves, so this runs last on a size's store, on a copy when the store
+    is kept (``--reuse``)."""
+    target = db
+    if copy:
+        target = work / f"live-{db.name}"
+        shutil.copy(db, target)
+    out = subprocess.run([sys.executable, str(root / "bench" / "read_live.py"), "--store", str(target), "--phases",
+                          "baseline", "first", "next", "--json"], cwd=root, capture_output=True, text=True)
+    if copy:
+        for p in work.glob(target.name + "*"):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+    if out.returncode != 0:
+        print(f"    ! read_live exited {out.returncode}: {out.stderr[-400:]}", flush=True)
+        return
+    result = json.loads(out.stdout)
+    for phase in result["phases"]:
+        pooled = result["pooled"].get(phase["phase"], {})
+        step = f"read: {phase['phase']}"[:42]
+        res = (float(phase.get("reader_wall_s", phase["seconds"])), float(phase.get("reader_cpu_s", 0.0)),
+               float(phase.get("reader_rss_mb", 0.0)), 0)
+        print(f"{size:>11,} {step:<42} {res[0]:8.1f} {res[1]:8.1f} {res[2]:8,.0f} {phase['sealed_mb']:9,.0f}  "
+              f"POST p50 {pooled.get('p50_ms', 0):.1f} ms, p99 {pooled.get('p99_ms', 0):.1f} ms "
+              f"({pooled.get('requests', 0):,} POSTs; collector CPU {phase['collector_cpu_s']} s)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 5_000_000, 20_000_000])
@@ -135,8 +169,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["pbm", "ubm", "dbn"])
     ap.add_argument("--import-max", type=int, default=1_000_000, help="largest size whose import is timed")
     ap.add_argument("--dir", type=Path, help="work folder (default: a temporary one, removed)")
-    ap.add_argument("--steps", nargs="+", default=["process", "propensity", "report", "import"],
-                    choices=("process", "propensity", "report", "import"),
+    ap.add_argument("--steps", nargs="+", default=["process", "propensity", "report", "import", "read"],
+                    choices=("process", "propensity", "report", "import", "read"),
                     help="steps to time beside the baseline (default: all)")
     ap.add_argument("--before", type=Path, metavar="TREE",
                     help="also time sessions and process with the code of this checkout (e.g. `git archive main | "
@@ -210,9 +244,14 @@ def main() -> None:
                     shutil.rmtree(work / f"in{size}{fmt}", ignore_errors=True)
                     for p in work.glob(target.name + "*"):
                         p.unlink()
+            if "read" in args.steps:
+                read_while_ingesting(size, db, root, work, copy=args.reuse)
             if not args.reuse:
                 for p in work.glob(db.name + "*"):
-                    p.unlink()
+                    if p.is_dir():
+                        shutil.rmtree(p, ignore_errors=True)
+                    else:
+                        p.unlink()
     finally:
         if args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
