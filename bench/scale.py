@@ -132,6 +132,15 @@ def row(size: int, step: str, res: tuple[float, float, float, int], disk: float,
     print(f"{size:>11,} {step:<42} {wall:8.1f} {cpu:8.1f} {rss:8,.0f} {disk:9,.0f}  {ratio}{flag}", flush=True)
 
 
+def remove_store(db: Path) -> None:
+    """A store file and everything DuckDB and the collector leave beside it (WAL, spill folder, sealed segments)."""
+    for p in db.parent.glob(db.name + "*"):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink()
+
+
 def read_while_ingesting(size: int, db: Path, root: Path, work: Path, *, copy: bool) -> None:
     """Readers of the store while a collector ingests into it: ``bench/read_live.py`` on ``db`` (the first read,
     which seals the whole store once, then a read after it, and POSTs alone before them), one row per phase with
@@ -146,8 +155,7 @@ def read_while_ingesting(size: int, db: Path, root: Path, work: Path, *, copy: b
     out = subprocess.run([sys.executable, str(root / "bench" / "read_live.py"), "--store", str(target), "--phases",
                           "baseline", "first", "next", "--json"], cwd=root, capture_output=True, text=True)
     if copy:
-        for p in work.glob(target.name + "*"):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+        remove_store(target)
     if out.returncode != 0:
         print(f"    ! read_live exited {out.returncode}: {out.stderr[-400:]}", flush=True)
         return
@@ -198,8 +206,7 @@ def main() -> None:
             if args.reuse and db.exists():
                 gen = (0.0, 0.0, 0.0, 0)
             else:
-                for p in work.glob(db.name + "*"):
-                    p.unlink()
+                remove_store(db)
                 # in a child process: a child's peak RSS starts at its parent's, so this process must stay small
                 gen = run([sys.executable, "-c", "import sys; from pathlib import Path; from processors.simulation."
                            "bulk_log import write_store; write_store(Path(sys.argv[1]), int(sys.argv[2]))",
@@ -242,16 +249,11 @@ def main() -> None:
                     rate = ne / res[0] if res[0] else 0
                     row(size, f"import {fmt} ({rate:,.0f} ev/s)", res, disk_mb(target), None)
                     shutil.rmtree(work / f"in{size}{fmt}", ignore_errors=True)
-                    for p in work.glob(target.name + "*"):
-                        p.unlink()
+                    remove_store(target)
             if "read" in args.steps:
                 read_while_ingesting(size, db, root, work, copy=args.reuse)
             if not args.reuse:
-                for p in work.glob(db.name + "*"):
-                    if p.is_dir():
-                        shutil.rmtree(p, ignore_errors=True)
-                    else:
-                        p.unlink()
+                remove_store(db)
     finally:
         if args.dir is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -180,15 +180,11 @@ def recommend(labels: Iterable[Label], sources: Iterable[str], sessions: Session
     if sessions is None or sessions.held_out is None or sessions.patterns.n_sessions == 0:
         return Recommendation(None, "no sessions to compare the sources' models on" + agree, {}, left_out)
     models = {_model_of(s): s for s in implicit}
-    if selection is not None and selection[0] == tuple(models):
-        sel = selection[1]
-    else:
-        train, test = sessions.split()
-        if train.n_sessions == 0 or test.n_sessions == 0:
+    if selection is None or selection[0] != tuple(models):
+        selection = held_out_selection(implicit, sessions, ident, holdout=holdout)
+        if selection is None:  # the checks above passed: one side of the split is empty
             return Recommendation(None, "too few searches to hold some out" + agree, {}, left_out)
-        sel = select(train, test, models=list(models), identifiability=ident or assess(sessions.cells),
-                     holdout=holdout, systems=sessions.systems)
-        del train, test
+    sel = selection[1]
     held = {models[s.model]: round(s.evaluation.conditional_perplexity_mean, 6)
             for s in sel.scores if s.evaluation is not None}
     for score in sel.scores:
