@@ -41,8 +41,15 @@ java:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null) \
 	  || echo "warning: could not install Java; Spark tests will be skipped"; }
 
+PACKAGE_FOLDERS := schemas formats store transport collector loader processors reports
+
+## lint: ruff over every folder; mypy over the package as it installs (build/typing lays the folders out as
+## ubi_pipeline/..., since mypy does not follow setuptools' editable package-dir mapping)
 lint: $(STAMP)
-	$(VENV)/bin/ruff check schemas store collector loader processors reports ubi tests bench
+	$(VENV)/bin/ruff check $(PACKAGE_FOLDERS) ubi tests bench
+	@rm -rf build/typing && mkdir -p build/typing/ubi_pipeline
+	@for f in ubi/*.py; do ln -s "$(CURDIR)/$$f" build/typing/ubi_pipeline/; done
+	@for d in $(PACKAGE_FOLDERS) ubi/commands; do ln -s "$(CURDIR)/$$d" build/typing/ubi_pipeline/$$(basename $$d); done
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.simulation.clicks import (
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
+from ubi_pipeline.processors.simulation.clicks import (
     click_given_grade,
     dedupe_patterns,
     examination_curve,
     simulate_clicks,
     synthetic_rankings,
 )
-from processors.stats import SessionPatterns
 
 MAX_GRADE = 4
 GRADE_SHARES = np.array([0.45, 0.25, 0.15, 0.10, 0.05])  # most results are poor, few perfect

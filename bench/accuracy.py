@@ -13,7 +13,7 @@ pairs are seen only a few dozen times. For each catalog and log size (default 10
   and harvesting;
 * relevance recovery for every model of the click-model registry: per query, the docs the log showed are
   ranked by the model's relevance score and compared with the true grades by Kendall τ-b (scipy) and nDCG@10
-  (linear gain, ideal over all 20 judged docs of the query: trec_eval ``ndcg_cut``; reports.metrics.ndcg),
+  (linear gain, ideal over all 20 judged docs of the query: trec_eval ``ndcg_cut``; ubi_pipeline.reports.metrics.ndcg),
   averaged over queries; raw CTR (``dctr``) and COEC sit beside the models, and the true grades (ties
   broken at random) give the ceiling; check: PBM and UBM beat raw CTR.
 
@@ -35,13 +35,13 @@ from scipy.stats import kendalltau
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from processors.click_models import MODEL_NAMES, get_model  # noqa: E402
-from processors.propensity.em import em_ratios  # noqa: E402
-from processors.propensity.harvest import allpairs  # noqa: E402
-from processors.propensity.randomized import randomized_ratios  # noqa: E402
-from processors.simulation import SimConfig, simulate  # noqa: E402
-from processors.stats import cells_from_sessions  # noqa: E402
-from reports.metrics.ndcg import linear_gain, ndcg  # noqa: E402
+from ubi_pipeline.processors.click_models import MODEL_NAMES, get_model  # noqa: E402
+from ubi_pipeline.processors.clicks.stats import cells_from_sessions  # noqa: E402
+from ubi_pipeline.processors.propensity.em import em_ratios  # noqa: E402
+from ubi_pipeline.processors.propensity.harvest import allpairs  # noqa: E402
+from ubi_pipeline.processors.propensity.randomized import randomized_ratios  # noqa: E402
+from ubi_pipeline.processors.simulation import SimConfig, simulate  # noqa: E402
+from ubi_pipeline.reports.metrics.ndcg import linear_gain, ndcg  # noqa: E402
 
 TARGET_MRE = 0.05
 

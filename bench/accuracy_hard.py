@@ -1,13 +1,13 @@
 """Accuracy on the hard scenario: held-out perplexity, relevance recovery by support, and θ, as the log grows.
 
-The log is ``ubi simulate --scenario hard`` (processors.simulation.SCENARIOS): 1,000 queries x 20 graded docs
+The log is ``ubi simulate --scenario hard`` (ubi_pipeline.processors.simulation.SCENARIOS): 1,000 queries x 20 graded docs
 with Zipf frequencies (popularity ∝ 1/rank: a long tail of rare queries), four rankers from nearly right
 (σ = 0.3) to nearly random (σ = 3.0), θ_k = 1/k, ε⁻ = 0.1, ε⁺ = 1, and 5% of searches from crawlers. The
 crawler searches are left out as the session filter drops them from a store (tests/processors check that it
 drops exactly those). For each generator (pbm, cascade, dbn) and size (default 2,000, 20,000 and 200,000
 searches) it prints:
 
-* **held-out perplexity**: searches split by query_id hash (25% held out, ``processors.sessions.holdout_flags``,
+* **held-out perplexity**: searches split by query_id hash (25% held out, ``ubi_pipeline.processors.clicks.sessions.holdout_flags``,
   the split of ``ubi select``); every model is fitted on the rest with its default prior and with
   ``prior="pseudocount"`` (PyClick's +1/+2 convention) when the model accepts one; mean conditional and full
   perplexity over ranks 1..10 on the held-out searches. Target (issue 10): ours lower on every row. The
@@ -52,15 +52,21 @@ from scipy.stats import kendalltau
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from processors.click_models import MODEL_NAMES  # noqa: E402
-from processors.click_models.evaluate import evaluate  # noqa: E402
-from processors.click_models.registry import model_class  # noqa: E402
-from processors.identifiability import assess  # noqa: E402
-from processors.propensity import estimate_from_patterns  # noqa: E402
-from processors.selection import CHOOSABLE, ModelScore, Selection, exclusions, source_name  # noqa: E402
-from processors.sessions import holdout_flags  # noqa: E402
-from processors.simulation import scenario, simulate  # noqa: E402
-from processors.stats import cells_from_sessions  # noqa: E402
+from ubi_pipeline.processors.click_models import MODEL_NAMES  # noqa: E402
+from ubi_pipeline.processors.click_models.evaluate import evaluate  # noqa: E402
+from ubi_pipeline.processors.click_models.registry import model_class  # noqa: E402
+from ubi_pipeline.processors.click_models.selection import (  # noqa: E402
+    CHOOSABLE,
+    ModelScore,
+    Selection,
+    exclusions,
+    source_name,
+)
+from ubi_pipeline.processors.clicks.identifiability import assess  # noqa: E402
+from ubi_pipeline.processors.clicks.sessions import holdout_flags  # noqa: E402
+from ubi_pipeline.processors.clicks.stats import cells_from_sessions  # noqa: E402
+from ubi_pipeline.processors.propensity import estimate_from_patterns  # noqa: E402
+from ubi_pipeline.processors.simulation import scenario, simulate  # noqa: E402
 
 BUCKETS: tuple[tuple[str, int, float], ...] = (("1-9", 1, 9), ("10-49", 10, 49), ("50+", 50, np.inf),
                                                ("all", 1, np.inf))
@@ -165,7 +171,7 @@ def run(n: int, generator: str, seed: int, use_systems: bool = True,
     sel = _choose(fitted, ident, train.n_sessions, test.n_sessions)
     out["recommended"] = source_name(sel.best) if sel.best else None
     # relevance recovery on all searches; raw CTR is clicks / impressions itself (no model, no prior)
-    from processors.click_models.common import pair_support
+    from ubi_pipeline.processors.click_models.common import pair_support
 
     imps_i, clicks_i, _ = pair_support(everything)
     imps = imps_i.astype(np.float64)
@@ -191,7 +197,7 @@ def run(n: int, generator: str, seed: int, use_systems: bool = True,
 
 
 def _choose(fitted: dict[str, Any], ident: Any, n_train: int, n_test: int) -> Selection:
-    """The selection rule of processors.selection applied to evaluations already made (no refit)."""
+    """The selection rule of ubi_pipeline.processors.click_models.selection applied to evaluations already made (no refit)."""
     scores = tuple(ModelScore(m, ev, 0.0) for m, ev in fitted.items())
     excluded = exclusions(tuple(fitted), ident)  # never COEC; position-debiased models when unidentified
     cands = [s for s in scores if s.model in CHOOSABLE and s.model not in excluded]
@@ -201,8 +207,8 @@ def _choose(fitted: dict[str, Any], ident: Any, n_train: int, n_test: int) -> Se
 
 def _allpairs_estimate(patterns: Any, replicates: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The estimator ``ubi propensity --method harvest`` shipped before: AllPairs with a session bootstrap."""
-    from processors.propensity.bootstrap import CellMap, bootstrap
-    from processors.propensity.harvest import allpairs_from_stats, harvest_stats
+    from ubi_pipeline.processors.propensity.bootstrap import CellMap, bootstrap
+    from ubi_pipeline.processors.propensity.harvest import allpairs_from_stats, harvest_stats
 
     cmap = CellMap(patterns)
     ratio = allpairs_from_stats(harvest_stats(cmap.cells()))

@@ -34,8 +34,8 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 sys.path.insert(0, {root!r})
-from processors.click_models import get_model
-from processors.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.click_models import get_model
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
 z = np.load({path!r}, allow_pickle=False)
 n_pairs = int(z["n_pairs"])
 pairs = PairIndex(np.array(["q"] * n_pairs, dtype=object), np.arange(n_pairs).astype(str).astype(object),
@@ -51,7 +51,7 @@ before = peak_mb()
 model = get_model({name!r})
 systems = None
 if {systems!r} and "systems" in __import__("inspect").signature(model.fit).parameters:
-    from processors.click_models.priors import SystemRankings
+    from ubi_pipeline.processors.click_models.priors import SystemRankings
     r = z["rankings"]
     systems = SystemRankings(tuple(f"ranker-{{j}}" for j in range(int(r[:, 1].max()) + 1)), r[:, 0], r[:, 1], r[:, 2:])
 t0, c0 = time.perf_counter(), time.process_time()
@@ -70,7 +70,7 @@ print(json.dumps({{"fit_s": fit_s, "cpu_s": cpu_s, "rss_before_mb": before,
 def main() -> int:
     from _clicklog import simulate_log
 
-    from processors.click_models import MODEL_NAMES
+    from ubi_pipeline.processors.click_models import MODEL_NAMES
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=1_000_000)

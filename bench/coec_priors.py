@@ -7,7 +7,7 @@ shipped prior and with the variants tried against its six losing rows, on the lo
 perplexity (COEC's conditional = full), the prior strength, and Kendall τ-b against the true grade by bucket
 beside raw CTR. Variants (``shipped`` is the package's COEC; the others are written here):
 
-* ``shipped``: ``processors.click_models.coec.COEC`` itself: the score of ``current``; predictions from the
+* ``shipped``: ``ubi_pipeline.processors.click_models.coec.COEC`` itself: the score of ``current``; predictions from the
   quasi-Poisson posterior with the ranking features and the systems' votes in the mean (``qp-votes``) and a
   per-pair strength on the ranking features (PBM's convention: the votes enter the mean only);
 * ``current``: r ~ Gamma(m s, s), log-linear m on the impression features, (m, s) by the negative-binomial
@@ -49,14 +49,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from accuracy_hard import HOLDOUT, peak_mb, tau_by_bucket  # noqa: E402
 
-from processors.click_models import priors as P  # noqa: E402
-from processors.click_models.coec import COEC, PRIOR_COEC  # noqa: E402
-from processors.click_models.common import pair_support  # noqa: E402
-from processors.click_models.ctr import expected_clicks  # noqa: E402
-from processors.click_models.evaluate import evaluate  # noqa: E402
-from processors.sessions import holdout_flags  # noqa: E402
-from processors.simulation import scenario, simulate  # noqa: E402
-from processors.stats import SessionPatterns  # noqa: E402
+from ubi_pipeline.processors.click_models import priors as P  # noqa: E402
+from ubi_pipeline.processors.click_models.coec import COEC, PRIOR_COEC  # noqa: E402
+from ubi_pipeline.processors.click_models.common import pair_support  # noqa: E402
+from ubi_pipeline.processors.click_models.ctr import expected_clicks  # noqa: E402
+from ubi_pipeline.processors.click_models.evaluate import evaluate  # noqa: E402
+from ubi_pipeline.processors.clicks.sessions import holdout_flags  # noqa: E402
+from ubi_pipeline.processors.clicks.stats import SessionPatterns  # noqa: E402
+from ubi_pipeline.processors.simulation import scenario, simulate  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "shipped": {},

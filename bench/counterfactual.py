@@ -5,7 +5,7 @@ For every ordered pair (A, B) of rankers of differing quality (noise σ of grade
 ε⁻ = 0.02, ε⁺ = 0.5, since with ε⁺ = 1 nearly every cascade search ends in exactly one click and CTR@10
 cannot tell rankers apart), simulates A's log (``--sessions`` searches, 40 queries x 20 docs, A's noise
 re-drawn ``--epochs`` times, a ``--randomize`` share of rank-1 swaps), predicts B with every method of
-``processors.counterfactual.predict`` (click model ``--model``, default auto), and compares with B's exact
+``ubi_pipeline.processors.counterfactual.predict`` (click model ``--model``, default auto), and compares with B's exact
 CTR@10 on A's logged query distribution (from θ and α). B is also simulated on as many searches, as a check
 of the exact figures. Prints per method: coverage of the 95% bootstrap interval, of the calibrated interval
 (documents A never showed over quantiles of the click probabilities of the pairs A showed deep) and of the
@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from _common import Usage  # noqa: E402 (bench/, the script's folder)
 
-from processors.counterfactual.predict import METHODS, Figure  # noqa: E402
-from processors.counterfactual.validate import PairResult, run_pair  # noqa: E402
+from ubi_pipeline.processors.counterfactual.predict import METHODS, Figure  # noqa: E402
+from ubi_pipeline.processors.counterfactual.validate import PairResult, run_pair  # noqa: E402
 
 GENERATORS = {"pbm": (0.1, 1.0), "cascade": (0.02, 0.5)}  # (ε⁻, ε⁺)
 

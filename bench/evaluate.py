@@ -7,7 +7,7 @@ Synthetic, seeded data: each query ranks ``depth`` distinct docs; ``judged`` doc
 run missed). Scores strictly decrease with rank, so ranx (which breaks ties arbitrarily) and we rank alike.
 
 Timings (best of ``--repeat``, wall clock and CPU time of this process, on a machine others may share):
-- ours: ``reports.metrics.compute`` from plain dicts (validation included: grades and duplicate doc ids) and
+- ours: ``ubi_pipeline.reports.metrics.compute`` from plain dicts (validation included: grades and duplicate doc ids) and
   from loader-validated ``Qrels`` / ``Run`` objects (those checks skipped), single-threaded numpy.
 - ranx: ``ranx.evaluate`` on the same metrics after building its ``Qrels`` / ``Run`` (timed apart). ranx
   compiles with numba on first use and runs its kernels in parallel threads; the JIT warm-up (one evaluate
@@ -32,9 +32,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from processors.qrels import Qrels
-from reports.metrics import compute
-from reports.runs import Run, load_trec_run
+from ubi_pipeline.formats.qrels import Qrels
+from ubi_pipeline.formats.runs import Run, load_trec_run
+from ubi_pipeline.reports.metrics import compute
 
 # ours -> ranx names, for the metrics both have (ranx has no judged@k)
 SHARED = {"ndcg@10": "ndcg@10", "recall@10": "recall@10", "mrr": "mrr", "map": "map", "p@5": "precision@5",

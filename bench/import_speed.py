@@ -1,7 +1,7 @@
 """Events per second of ``ubi import`` beside the in-process validation ceiling, measured in the same run.
 
 For each format (NDJSON: one file of query records, one of events; ``_bulk``: one export with both indexes)
-it generates the files with the project's simulator (``processors.simulation.bulk_log.write_files``: about 12
+it generates the files with the project's simulator (``ubi_pipeline.processors.simulation.bulk_log.write_files``: about 12
 events per search, UUID ids), then runs, each as its own child process so that peak RSS is its own:
 
 * the ceiling: read the same lines and validate each record with the project's pydantic models, nothing
@@ -34,13 +34,13 @@ from pathlib import Path
 
 import duckdb
 
-UBI = [sys.executable, "-m", "ubi.cli"]
+UBI = [sys.executable, "-m", "ubi_pipeline.cli"]
 
 CEILING = r"""
 import sys, orjson
 from pathlib import Path
 from pydantic import TypeAdapter
-from schemas.ubi import UbiEvent, UbiQuery
+from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
 
 fmt, mode, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
 models = {"query": UbiQuery, "event": UbiEvent}
@@ -128,7 +128,7 @@ def main() -> None:
         for fmt in args.formats:
             folder = work / f"in-{fmt}"
             shutil.rmtree(folder, ignore_errors=True)
-            gen = ("import sys; from pathlib import Path; from processors.simulation.bulk_log import write_files; "
+            gen = ("import sys; from pathlib import Path; from ubi_pipeline.processors.simulation.bulk_log import write_files; "
                    "write_files(Path(sys.argv[1]), int(sys.argv[2]), fmt=sys.argv[3])")
             subprocess.run([sys.executable, "-c", gen, str(folder), str(args.events), fmt], cwd=root, check=True)
             files = sorted(folder.iterdir(), key=lambda p: "0" if "queries" in p.name else p.name)

@@ -71,9 +71,9 @@ def make_events(n: int, tag: str, seed: int = 0) -> list[dict]:
 
 
 def in_process(n_events: int, workdir: Path) -> dict:
-    from collector.app import tune_gc
-    from collector.ingest import ingest_many, parse_items, prepare, validate_items
-    from store.duckdb_store import Store
+    from ubi_pipeline.collector.app import tune_gc
+    from ubi_pipeline.collector.ingest import ingest_many, parse_items, prepare, validate_items
+    from ubi_pipeline.store.duckdb_store import Store
 
     events = make_events(n_events, "inproc")
     bodies = [orjson.dumps(events[i : i + BATCH]) for i in range(0, n_events, BATCH)]
@@ -216,7 +216,7 @@ def measured(proc: subprocess.Popen, host: str, port: int, **kwargs) -> dict:
 
 def start_server(db: Path) -> tuple[subprocess.Popen, str, int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0"],
+        [sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(db), "--port", "0"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -239,7 +239,7 @@ def pct(row: dict, ceiling: float) -> str:
 
 def server_stack() -> str:
     """Which event loop and HTTP parser ``ubi serve`` picks here (uvloop/httptools when installed)."""
-    from collector.server import fast_loop
+    from ubi_pipeline.collector.server import fast_loop
 
     opts = fast_loop()
     return f"{opts['loop']} + {opts['http']}"

@@ -3,7 +3,7 @@
 On one simulated catalog (40 queries x 20 docs, PBM with the protocol's η = 1, ε⁻ = 0.1, ε⁺ = 1, or
 ``--model cascade``), a baseline ranker (grade + N(0, σ²), σ = ``--baseline``) faces candidates of several
 qualities (``--candidates``). For each pair, a pool of ``--pool`` searches is simulated three ways on the same
-users (same truth, same query distribution): team-draft interleaved (``processors.simulation.interleaved``),
+users (same truth, same query distribution): team-draft interleaved (``ubi_pipeline.processors.simulation.interleaved``),
 all on the baseline, all on the candidate. A trial of N searches resamples N searches from a pool: interleaving
 decides by the exact binomial sign test on wins vs losses, A/B by Welch's t test on clicks@10 per search with
 N/2 searches per arm; a trial detects the difference when p < 0.05 in the right direction. Printed per pair:
@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 from _common import Usage  # noqa: E402 (bench/, the script's folder)
 
-from processors.counterfactual.validate import exact_metrics, ranker_slots  # noqa: E402
-from processors.interleaving import outcomes  # noqa: E402
-from processors.simulation import SimConfig, simulate  # noqa: E402
-from processors.simulation.interleaved import draw_clicks, simulate_interleaved  # noqa: E402
+from ubi_pipeline.processors.counterfactual.validate import exact_metrics, ranker_slots  # noqa: E402
+from ubi_pipeline.processors.simulation import SimConfig, simulate  # noqa: E402
+from ubi_pipeline.processors.simulation.interleaved import draw_clicks, simulate_interleaved  # noqa: E402
+from ubi_pipeline.reports.interleaving_outcomes import outcomes  # noqa: E402
 
 GRID = [2**i for i in range(4, 24)]  # 16 .. 8 M searches (capped at the pool)
 POWER = 0.8

@@ -8,8 +8,8 @@ Runs (figures printed as a table; nothing is asserted here):
    consumed from one process.
 2. HTTP -> ``ubi serve --sink kafka`` -> Kafka with 1 and with 2 collector processes: events/s acknowledged
    (500-event JSON arrays; the 202 comes after the broker's acks=all), p50/p99 request latency. The
-   collector puts one search's rows of a request in one message (``store.wire``).
-3. Kafka -> DuckDB and Kafka -> Parquet: one loader (``loader.consumer.Consumer``, in this process,
+   collector puts one search's rows of a request in one message (``ubi_pipeline.transport.wire``).
+3. Kafka -> DuckDB and Kafka -> Parquet: one loader (``ubi_pipeline.loader.consumer.Consumer``, in this process,
    default batch size) over everything run 2 produced, with kafka-python's CRC check on (the default) and
    off: rows/s from its first record to its last durable write (group join excluded), then a check that
    each store holds exactly the acknowledged events.
@@ -109,7 +109,7 @@ def start_tansu(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def settings_for(bootstrap: str, prefix: str, workdir: Path, **kw: Any) -> Any:
-    from schemas.settings import Settings
+    from ubi_pipeline.schemas.settings import Settings
 
     return Settings(
         kafka_bootstrap=bootstrap,
@@ -127,10 +127,10 @@ def settings_for(bootstrap: str, prefix: str, workdir: Path, **kw: Any) -> Any:
 def baseline(bootstrap: str, workdir: Path, n: int) -> list[dict[str, Any]]:
     from kafka import KafkaConsumer, KafkaProducer
 
-    from collector.ingest import parse_items, validate_items
-    from collector.sinks.kafka import encode
-    from store.kafka_client import ensure_topics, producer_config
-    from store.wire import Message
+    from ubi_pipeline.collector.ingest import parse_items, validate_items
+    from ubi_pipeline.collector.sinks.kafka import encode
+    from ubi_pipeline.transport.kafka_client import ensure_topics, producer_config
+    from ubi_pipeline.transport.wire import Message
 
     prefix = "base" + uuid.uuid4().hex[:6]
     settings = settings_for(bootstrap, prefix, workdir)
@@ -165,7 +165,7 @@ def baseline(bootstrap: str, workdir: Path, n: int) -> list[dict[str, Any]]:
     consume_s = time.perf_counter() - t0
     consumer.close()
     size = sum(len(m.value) for m in msgs) / len(msgs)
-    from store.kafka_client import compression
+    from ubi_pipeline.transport.kafka_client import compression
 
     comp = compression(settings.kafka_compression) or "none"
     return [
@@ -342,9 +342,9 @@ def collector_runs(bootstrap: str, prefix: str, workdir: Path, n: int) -> list[d
 
 
 def load_run(bootstrap: str, prefix: str, workdir: Path, target: str, check_crcs: bool) -> dict[str, Any]:
-    from loader.consumer import Consumer
-    from loader.targets import DuckDBLoader, ParquetLoader
-    from store.duckdb_store import Store
+    from ubi_pipeline.loader.consumer import Consumer
+    from ubi_pipeline.loader.targets import DuckDBLoader, ParquetLoader
+    from ubi_pipeline.store.duckdb_store import Store
 
     settings = settings_for(bootstrap, prefix, workdir, consumer_check_crcs=check_crcs)
     name = f"{target}-{'crc' if check_crcs else 'nocrc'}"
@@ -375,7 +375,7 @@ def stored_events(workdir: Path, name: str, like: str) -> int:
     """Events of the measured runs in one loader's store (DuckDB file or Parquet views)."""
     import duckdb
 
-    from store.parquet_store import open_parquet_reader
+    from ubi_pipeline.store.parquet_store import open_parquet_reader
 
     con = (
         open_parquet_reader(workdir / name)
@@ -393,9 +393,9 @@ def stored_events(workdir: Path, name: str, like: str) -> int:
 
 
 def lag_run(bootstrap: str, workdir: Path, rate: float, seconds: float) -> dict[str, Any]:
-    from loader.consumer import Consumer
-    from loader.targets import DuckDBLoader
-    from store.duckdb_store import Store
+    from ubi_pipeline.loader.consumer import Consumer
+    from ubi_pipeline.loader.targets import DuckDBLoader
+    from ubi_pipeline.store.duckdb_store import Store
 
     prefix = "lag" + uuid.uuid4().hex[:6]
     settings = settings_for(bootstrap, prefix, workdir)

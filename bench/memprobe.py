@@ -89,7 +89,7 @@ def main() -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("give the ubi command after --, e.g. -- report --db STORE --format json --out /dev/null")
-    from ubi.cli import main as ubi_main
+    from ubi_pipeline.cli import main as ubi_main
 
     sampler = Sampler(args.every, args.step, args.depth)
     sampler.start()

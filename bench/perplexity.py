@@ -43,8 +43,8 @@ def main() -> int:
     import numpy as np
     from _clicklog import simulate_log
 
-    from processors.click_models import MODEL_NAMES, get_model
-    from processors.click_models.evaluate import evaluate, split_sessions
+    from ubi_pipeline.processors.click_models import MODEL_NAMES, get_model
+    from ubi_pipeline.processors.click_models.evaluate import evaluate, split_sessions
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, nargs="+", default=[500_000])
@@ -122,9 +122,9 @@ def relevance_by_support(args: argparse.Namespace) -> int:
     from _clicklog import simulate_log
     from accuracy_hard import BUCKETS, tau_by_bucket
 
-    from processors.click_models import get_model
-    from processors.click_models.common import pair_support
-    from processors.click_models.priors import SystemRankings
+    from ubi_pipeline.processors.click_models import get_model
+    from ubi_pipeline.processors.click_models.common import pair_support
+    from ubi_pipeline.processors.click_models.priors import SystemRankings
 
     out = []
     for n in args.sessions:
@@ -171,8 +171,8 @@ def compare_priors(args: argparse.Namespace) -> int:
     import numpy as np
     from _clicklog import simulate_log
 
-    from processors.click_models import MODEL_NAMES, get_model
-    from processors.click_models.evaluate import evaluate, split_sessions
+    from ubi_pipeline.processors.click_models import MODEL_NAMES, get_model
+    from ubi_pipeline.processors.click_models.evaluate import evaluate, split_sessions
 
     names = [n for n in MODEL_NAMES if n not in ("gctr", "rctr")]  # no per-pair parameter to put a prior on
     rows: list[dict[str, object]] = []

@@ -25,8 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from processors.propensity import estimate_from_patterns  # noqa: E402
-from processors.simulation import SimConfig, simulate  # noqa: E402
+from ubi_pipeline.processors.propensity import estimate_from_patterns  # noqa: E402
+from ubi_pipeline.processors.simulation import SimConfig, simulate  # noqa: E402
 
 
 def main() -> int:

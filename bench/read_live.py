@@ -9,7 +9,7 @@ p50/p99/max while the phase ran, and the disk used by the store and its sealed s
 * ``sealed, first read``: the first reader makes the collector seal the whole store (one-time cost);
 * ``sealed, next read``: a reader after it, sealing only what was POSTed since;
 * ``sealed, 2 readers at once``: two readers together (no per-reader copy: disk does not grow per reader);
-* ``..., not yielding``: the same two phases with readers as they ran before ``store.client.yield_to_writer``
+* ``..., not yielding``: the same two phases with readers as they ran before ``ubi_pipeline.store.client.yield_to_writer``
   (``UBI_READER_NICE=0``, ``UBI_READER_THREADS`` = the cores);
 * ``in-collector query``: design (a) of issue 14 item 3, prototyped here only: the same read query run
   by the collector itself in one read transaction on its own cursor, the (small) Arrow result sent back;
@@ -30,7 +30,7 @@ Every reader runs the same aggregation, the shape of the processors' statistics:
 
 Retries: a second run with the same ``--tag`` on the same ``--store`` POSTs the same events again, every one a
 duplicate whose keys the Bloom filter cannot rule out; ``--whole-key-scan`` makes the collector's lookups read the
-whole key table, as before ``store.keys.BlockFilters``.
+whole key table, as before ``ubi_pipeline.store.keys.BlockFilters``.
 
 With ``--store`` the file is used as it is and written to (the bench's POSTs, its sealed segments beside it):
 pass a copy. It is not removed afterwards.
@@ -77,7 +77,7 @@ def build_store(db: Path, n: int) -> None:
     """``n`` events of the stored shape (10-result searches, impressions and a tenth clicks), in one INSERT."""
     import duckdb
 
-    from store.duckdb_store import ensure_tables
+    from ubi_pipeline.store.duckdb_store import ensure_tables
 
     con = duckdb.connect(str(db))
     try:
@@ -106,19 +106,19 @@ def build_store(db: Path, n: int) -> None:
 
 
 def serve(db: Path, whole_key_scan: bool = False) -> int:
-    """``ubi serve --db DB --port 0`` (collector/commands.py: same app, sink, sidecar and server config), plus
+    """``ubi serve --db DB --port 0`` (ubi/commands/collector.py: same app, sink, sidecar and server config), plus
     ``POST /bench/in-collector-query``: design (a), the read query run by the collector in a read transaction."""
     import pyarrow as pa
     from fastapi import Response
 
-    from collector.app import create_app, tune_gc
-    from collector.server import bind_socket, make_server, server_config
-    from collector.sinks import create_sink
-    from schemas.settings import Settings
-    from store.client import advertise
+    from ubi_pipeline.collector.app import create_app, tune_gc
+    from ubi_pipeline.collector.server import bind_socket, make_server, server_config
+    from ubi_pipeline.collector.sinks import create_sink
+    from ubi_pipeline.schemas.settings import Settings
+    from ubi_pipeline.store.client import advertise
 
     if whole_key_scan:  # every lookup reads the whole key table, as before the block filters (store/keys.py)
-        from store.keys import BlockFilters
+        from ubi_pipeline.store.keys import BlockFilters
 
         BlockFilters.candidates = lambda self, hashes, most=None: None  # type: ignore[method-assign]
     settings = Settings(db=db, port=0)
@@ -175,9 +175,9 @@ def read(db: Path, mode: str, url: str) -> int:
                           "stamps": {**stamps, "burned": time.perf_counter()}}), flush=True)
         return 0
     if mode == "sealed" or mode == "file":
-        from schemas.settings import Settings
-        from store.client import open_reader, request_seal, yield_to_writer
-        from store.sealed import open_sealed
+        from ubi_pipeline.schemas.settings import Settings
+        from ubi_pipeline.store.client import open_reader, request_seal, yield_to_writer
+        from ubi_pipeline.store.sealed import open_sealed
 
         stamps["imported"] = time.perf_counter()
         if mode == "sealed":  # what open_reader does when a collector holds the file, keeping the seal's time
@@ -304,7 +304,7 @@ PHASES = {
     "first": ("sealed, first read", "sealed", 1),
     "next": ("sealed, next read", "sealed", 1),
     "two": ("sealed, 2 readers at once", "sealed", 2),
-    # the same reads as before readers stepped back for the writer (store.client.yield_to_writer)
+    # the same reads as before readers stepped back for the writer (ubi_pipeline.store.client.yield_to_writer)
     "next-eager": ("sealed, next read, not yielding", "sealed", 1),
     "two-eager": ("sealed, 2 at once, not yielding", "sealed", 2),
     "design-a": ("in-collector query (design a)", "in-collector", 1),

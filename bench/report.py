@@ -19,14 +19,14 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from reports.joint import ReportConfig, build_report
-from reports.merge import Label, LabelSet, labels_from_store
-from reports.render.html import render_html
-from reports.render.json_out import render_json
-from reports.render.text import render_text
-from store.client import open_reader
-from store.duckdb_store import Store
-from store.rows import EVENT_SCHEMA, QUERY_SCHEMA
+from ubi_pipeline.processors.labels.merge import Label, LabelSet, labels_from_store
+from ubi_pipeline.reports.joint import ReportConfig, build_report
+from ubi_pipeline.reports.render.html import render_html
+from ubi_pipeline.reports.render.json_out import render_json
+from ubi_pipeline.reports.render.text import render_text
+from ubi_pipeline.store.client import open_reader
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.rows import EVENT_SCHEMA, QUERY_SCHEMA
 
 
 def build(path: Path, n_searches: int, n_queries: int, n_rankers: int, seed: int = 0) -> list[Label]:

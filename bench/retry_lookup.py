@@ -2,7 +2,7 @@
 
 Opens the store for writing (``Store``, the collector's writer, its 256 MB DuckDB pool), fills the key filters
 with a first write, then re-sends stored events, one request of ``--keys`` events at a time, and prints per
-retry the CPU and wall time of the key lookup (:meth:`store.keys.KeyIndex.lookup`) and of the whole write,
+retry the CPU and wall time of the key lookup (:meth:`ubi_pipeline.store.keys.KeyIndex.lookup`) and of the whole write,
 beside the same lookup reading the whole key table (the SQL before the block filters), on the same cursor, in
 the same process, interleaved (``--cold``: each after the pool was churned). Then the memory of the two filters and the process's peak RSS.
 
@@ -40,9 +40,9 @@ def main() -> int:
     import numpy as np
     import pyarrow as pa
 
-    from schemas import tables
-    from store import keys as store_keys
-    from store.duckdb_store import Store
+    from ubi_pipeline.schemas import tables
+    from ubi_pipeline.store import keys as store_keys
+    from ubi_pipeline.store.duckdb_store import Store
 
     usage = Usage()
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")

@@ -1,6 +1,6 @@
 """How each step's cost grows with the log: import, process per model, propensity, report, beside plain SQL.
 
-For each size (events) it generates a store in DuckDB SQL (``processors.simulation.bulk_log``: about 12
+For each size (events) it generates a store in DuckDB SQL (``ubi_pipeline.processors.simulation.bulk_log``: about 12
 events per search, UUID ids). The store is built without validation, for the reader steps: the rows are made in
 the stored shape and inserted with ``INSERT ... SELECT`` straight into the store's tables, 500,000 searches at a
 time (the import path, which validates every record, runs at about 8,000 events/s here and is measured
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import duckdb
 
-UBI = [sys.executable, "-m", "ubi.cli"]
+UBI = [sys.executable, "-m", "ubi_pipeline.cli"]
 
 # The plain-SQL baseline: the statistics `ubi process` hands to a click model, each in one straightforward DuckDB
 # query with the simple rules (one record per query_id, the hit list is the ranking, impressions say what was
@@ -94,7 +94,7 @@ print(len(n), "cells")
 # load_sessions alone: the SQL process runs before any fitting (same reader, same memory limit)
 SESSIONS = """
 import sys
-from processors.sessions import read_sessions
+from ubi_pipeline.processors.clicks.sessions import read_sessions
 d = read_sessions(sys.argv[1])
 print(len(d.cells.pair), "cells,", d.patterns.docs.shape[0], "patterns,", len(d.ubm_cells.pair), "UBM cells")
 """
@@ -208,7 +208,7 @@ def main() -> None:
             else:
                 remove_store(db)
                 # in a child process: a child's peak RSS starts at its parent's, so this process must stay small
-                gen = run([sys.executable, "-c", "import sys; from pathlib import Path; from processors.simulation."
+                gen = run([sys.executable, "-c", "import sys; from pathlib import Path; from ubi_pipeline.processors.simulation."
                            "bulk_log import write_store; write_store(Path(sys.argv[1]), int(sys.argv[2]))",
                            str(db), str(size)], root)
             with duckdb.connect(str(db), read_only=True) as con:
@@ -240,7 +240,7 @@ def main() -> None:
             if "import" in args.steps and size <= args.import_max:
                 for fmt in ("ndjson", "bulk"):
                     folder = work / f"in{size}{fmt}"
-                    run([sys.executable, "-c", "import sys; from pathlib import Path; from processors.simulation."
+                    run([sys.executable, "-c", "import sys; from pathlib import Path; from ubi_pipeline.processors.simulation."
                          "bulk_log import write_files; write_files(Path(sys.argv[1]), int(sys.argv[2]), fmt=sys.argv[3])",
                          str(folder), str(size), fmt], root)
                     files = sorted(folder.iterdir(), key=lambda p: "0" if "queries" in p.name else p.name)

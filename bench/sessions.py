@@ -1,7 +1,7 @@
 """How long building sessions takes, and how much memory, on a store with millions of UBI events.
 
 Generates a synthetic store directly in DuckDB SQL (query records with 20 hit ids, 10 impression events
-per search at 0-based ordinals, position-biased clicks), then times ``processors.sessions.read_sessions``
+per search at 0-based ordinals, position-biased clicks), then times ``ubi_pipeline.processors.clicks.sessions.read_sessions``
 (sessions, filters, quality counts, PBM/UBM cells, weighted patterns) and reports peak memory.
 
     .venv/bin/python bench/sessions.py --searches 1000000     # about 11 M events
@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from processors.sessions import read_sessions
-from schemas.settings import Settings
-from store.duckdb_store import Store
+from ubi_pipeline.processors.clicks.sessions import read_sessions
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.duckdb_store import Store
 
 
 def generate(db: Path, searches: int, queries: int, seed: int) -> tuple[int, int]:

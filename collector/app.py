@@ -2,19 +2,19 @@
 
 Extension points (used by the security and Kafka work, and by tests):
 
-* ``create_app(settings, sink=None)``: any :class:`~collector.sinks.base.Sink`; default from ``settings.sink``.
-* ``app.state.collector.record_filters``: :data:`~collector.ingest.RecordFilter` steps run on every validated
+* ``create_app(settings, sink=None)``: any :class:`~ubi_pipeline.collector.sinks.base.Sink`; default from ``settings.sink``.
+* ``app.state.collector.record_filters``: :data:`~ubi_pipeline.collector.ingest.RecordFilter` steps run on every validated
   batch before the sink.
-* The extensions (:mod:`collector.security`, :mod:`collector.browser`) are imported like any module:
+* The extensions (:mod:`ubi_pipeline.collector.security`, :mod:`ubi_pipeline.collector.browser`) are imported like any module:
   ``security.record_filters(settings)`` (also used by ``ubi import``), ``security.body_filters(settings)``
-  (:data:`~collector.deps.BodyFilter` steps run on a body refused as a whole before it is kept) and each
+  (:data:`~ubi_pipeline.collector.deps.BodyFilter` steps run on a body refused as a whole before it is kept) and each
   one's ``install(app, settings)`` (middleware, extra routes), called in that order.
-* The store's admin protocol (``/healthz``, ``/v1/failed``, ``/v1/admin/*``) is :mod:`store.admin`, mounted
+* The store's admin protocol (``/healthz``, ``/v1/failed``, ``/v1/admin/*``) is :mod:`ubi_pipeline.transport.admin`, mounted
   here for the sink's store as ``ubi consume --db`` mounts it for the loader's.
 * ``app.state.collector.request_checks``: checks run on every request before its body is read. Middleware
   that refuses requests must register its check here too: ingest POSTs of server-side senders are served
-  by :class:`IngestFrontDoor` ahead of all middleware (``collector.security`` registers its ``Gate``).
-* Typed errors: raise a :class:`~collector.errors.RequestError` subclass; its ``status_code``, ``headers`` and
+  by :class:`IngestFrontDoor` ahead of all middleware (``ubi_pipeline.collector.security`` registers its ``Gate``).
+* Typed errors: raise a :class:`~ubi_pipeline.collector.errors.RequestError` subclass; its ``status_code``, ``headers`` and
   ``kind`` become the response and the ``failed_records`` row.
 """
 
@@ -33,25 +33,25 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from collector import browser, security
-from collector.deps import (
+from ubi_pipeline.collector import browser, security
+from ubi_pipeline.collector.deps import (
     Collector,
     InternalError,
     ORJSONResponse,
     error_answer,
     request_error_handler,
 )
-from collector.errors import RequestError
-from collector.ingest import Kind, RecordFilter
-from collector.metrics import Metrics
-from collector.opensearch import router as opensearch_router
-from collector.routes import INGEST_ROUTES, ingest, router
-from collector.sinks import create_sink
-from collector.sinks.base import Sink
-from schemas.settings import Settings
-from schemas.ubi import UbiEvent, UbiQuery
-from store import admin
-from store.duckdb_store import Store
+from ubi_pipeline.collector.errors import RequestError
+from ubi_pipeline.collector.ingest import Kind, RecordFilter
+from ubi_pipeline.collector.metrics import Metrics
+from ubi_pipeline.collector.opensearch import router as opensearch_router
+from ubi_pipeline.collector.routes import INGEST_ROUTES, ingest, router
+from ubi_pipeline.collector.sinks import create_sink
+from ubi_pipeline.collector.sinks.base import Sink
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.transport import admin
 
 log = logging.getLogger("ubi.collector")
 
@@ -73,7 +73,7 @@ def extension_filters(settings: Settings) -> list[RecordFilter]:
 
 
 class SinkAdmin:
-    """The collector as the host of the store's admin routes (:class:`store.admin.AdminHost`)."""
+    """The collector as the host of the store's admin routes (:class:`ubi_pipeline.transport.admin.AdminHost`)."""
 
     def __init__(self, collector: Collector) -> None:
         self.collector = collector

@@ -1,4 +1,4 @@
-"""Lines of a file in Arrow blocks: what :func:`collector.formats.stream_lines` yields, without Python per line.
+"""Lines of a file in Arrow blocks: what :func:`ubi_pipeline.collector.bodies.stream_lines` yields, without Python per line.
 
 ``ubi import``'s fast path reads NDJSON and ``_bulk`` files a block of bytes at a time (:data:`LINE_BLOCK`),
 finds the line ends with numpy and hands the lines on as one Arrow binary array per block, with their
@@ -27,7 +27,7 @@ _TRIM_ROUNDS = 4
 
 def block_lines(fh: BinaryIO, block: int | None = None) -> Iterator[tuple[np.ndarray, pa.Array]]:
     """``(numbers, lines)`` per block of ``fh`` from where it stands: the non-blank stripped lines (binary)
-    and their 1-based line numbers (int64), as :func:`collector.formats.stream_lines` numbers them.
+    and their 1-based line numbers (int64), as :func:`ubi_pipeline.collector.bodies.stream_lines` numbers them.
     ``block``: bytes read at a time (default :data:`LINE_BLOCK`)."""
     block = block or LINE_BLOCK
     before = 0  # lines in the blocks already handed on

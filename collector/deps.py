@@ -1,6 +1,6 @@
 """What the collector's routes depend on: the :class:`Collector` of an app, its JSON answers and errors.
 
-Routes (:mod:`collector.routes`) and the app (:mod:`collector.app`, which includes the routes) both import
+Routes (:mod:`ubi_pipeline.collector.routes`) and the app (:mod:`ubi_pipeline.collector.app`, which includes the routes) both import
 this module, so neither imports the other's internals.
 """
 
@@ -17,12 +17,18 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.types import Scope
 
-from collector.errors import RequestError, TooLarge, Unprocessable
-from collector.formats import BodyError, Kind, RawItem, parse_bulk, parse_items
-from collector.ingest import IngestContext, IngestResult, RecordFilter, apply_filters, validate_items
-from collector.metrics import Metrics
-from collector.sinks.base import Sink
-from schemas.settings import Settings
+from ubi_pipeline.collector.bodies import BodyError, Kind, RawItem, parse_bulk, parse_items
+from ubi_pipeline.collector.errors import RequestError, TooLarge, Unprocessable
+from ubi_pipeline.collector.ingest import (
+    IngestContext,
+    IngestResult,
+    RecordFilter,
+    apply_filters,
+    validate_items,
+)
+from ubi_pipeline.collector.metrics import Metrics
+from ubi_pipeline.collector.sinks.base import Sink
+from ubi_pipeline.schemas.settings import Settings
 
 log = logging.getLogger("ubi.collector")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from schemas.errors import UbiError
+from ubi_pipeline.schemas.errors import UbiError
 
 
 class RequestError(UbiError):

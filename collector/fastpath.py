@@ -16,8 +16,8 @@ accept only records of a *plain* shape that is strictly narrower than what the p
 No line with a ``\\u`` escape, a repeated key (at any level), a trailing comma or anything else DuckDB's
 JSON reader tolerates and orjson does not is taken. Everything else - invalid records, legacy shapes, extra
 keys, integer ids, events without an id (their key is a content hash), floats - is handed back, and the
-importer sends it through the exact path (:func:`collector.formats.json_item`,
-:func:`collector.ingest.validate_items`, pydantic), which gives it its exact status and message. So the
+importer sends it through the exact path (:func:`ubi_pipeline.collector.bodies.json_item`,
+:func:`ubi_pipeline.collector.ingest.validate_items`, pydantic), which gives it its exact status and message. So the
 fast path changes speed, never outcomes: a record it accepts is one pydantic accepts, with the same stored
 row (``tests/collector/test_fastpath.py`` compares the two record by record).
 """
@@ -36,8 +36,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.formats import RawItem, dropped_keys, json_item
-from collector.ingest import (
+from ubi_pipeline.collector.bodies import RawItem, dropped_keys, json_item
+from ubi_pipeline.collector.ingest import (
     IngestResult,
     ItemError,
     Prepared,
@@ -45,9 +45,9 @@ from collector.ingest import (
     prepare,
     validate_items,
 )
-from schemas.ubi import CANONICAL_OPTIONS, COMMON_TIMESTAMP_RE
-from store.duckdb_store import Store
-from store.rows import EVENT_SCHEMA, QUERY_SCHEMA, Counts, failed_row, failed_table, rows_table
+from ubi_pipeline.schemas.ubi import CANONICAL_OPTIONS, COMMON_TIMESTAMP_RE
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.rows import EVENT_SCHEMA, QUERY_SCHEMA, Counts, failed_row, failed_table, rows_table
 
 #: Fields of a plain event read by :data:`EVENT_SQL`, in the order of its path lists: (JSON path, longest
 #: string the model allows, None: no limit). ``tests/collector/test_fastpath.py`` checks the limits against
@@ -323,7 +323,7 @@ HIT_ID_LIMIT = 256
 def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | None:
     """The stored row (``QUERY_SCHEMA`` order) of a plain query record, or None: let pydantic decide.
 
-    The row is what ``store.rows.query_values`` builds from the validated model: for a plain record the
+    The row is what ``ubi_pipeline.store.rows.query_values`` builds from the validated model: for a plain record the
     model's dump equals the parsed value with null fields dropped and the timestamp as a UTC datetime.
     """
     try:
@@ -345,7 +345,7 @@ def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | Non
         if type(ts) is not str or not COMMON_TIMESTAMP_RE.match(ts) or not ts.isascii():
             return None
         try:
-            when = datetime.fromisoformat(ts)  # as schemas.ubi.parse_timestamp reads this spelling
+            when = datetime.fromisoformat(ts)  # as ubi_pipeline.schemas.ubi.parse_timestamp reads this spelling
         except ValueError:
             return None
     attrs = value.get("query_attributes")
@@ -391,7 +391,7 @@ class Candidates:
     """Records of one kind awaiting the fast path, column by column (what :func:`json_item` would be given).
 
     Filled a record at a time (:meth:`add`) or a block of records at once (:meth:`extend`, from the Arrow
-    blocks of :mod:`collector.blocks`: no Python per line); the columns are joined once, when first read.
+    blocks of :mod:`ubi_pipeline.collector.blocks`: no Python per line); the columns are joined once, when first read.
     """
 
     def __init__(self) -> None:

@@ -24,9 +24,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.blocks import block_lines
-from collector.fastpath import Candidates, Chunk, ParsedChunk, fast_parser, parse_chunk, store_chunk
-from collector.formats import (
+from ubi_pipeline.collector.blocks import block_lines
+from ubi_pipeline.collector.bodies import (
     BOM,
     BULK_INDEX,
     FILE_BUFFER,
@@ -44,7 +43,15 @@ from collector.formats import (
     starts_bulk,
     stream_lines,
 )
-from collector.ingest import (
+from ubi_pipeline.collector.fastpath import (
+    Candidates,
+    Chunk,
+    ParsedChunk,
+    fast_parser,
+    parse_chunk,
+    store_chunk,
+)
+from ubi_pipeline.collector.ingest import (
     IngestContext,
     IngestResult,
     ItemError,
@@ -53,10 +60,10 @@ from collector.ingest import (
     ingest,
     validate_items,
 )
-from schemas.errors import InputFileError, StoreError, StoreLocked
-from store.client import collector_url
-from store.duckdb_store import Store
-from store.rows import Counts, utcnow
+from ubi_pipeline.schemas.errors import InputFileError, StoreError, StoreLocked
+from ubi_pipeline.store.client import collector_url
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.rows import Counts, utcnow
 
 #: Records per write (and per request to a running collector): under the default ``max_items`` of 10,000.
 CHUNK_ITEMS = 5000
@@ -161,8 +168,8 @@ def iter_items(path: Path, kind: Kind | None = None, cursor: FileCursor | None =
     """The items of a file one by one, with their line numbers; ``kind`` None: per item, by its keys.
 
     Every format is streamed (plain or gzip): NDJSON and ``_bulk`` a line at a time, a JSON array an
-    element at a time (:func:`collector.formats.split_json`), so memory does not grow with the file. The
-    parsers are the HTTP routes' own (:mod:`collector.formats`). A JSON array that stops being JSON half-way
+    element at a time (:func:`ubi_pipeline.collector.bodies.split_json`), so memory does not grow with the file. The
+    parsers are the HTTP routes' own (:mod:`ubi_pipeline.collector.bodies`). A JSON array that stops being JSON half-way
     raises :class:`InputFileError` naming the line and column, after the items before it.
     """
     with _opened(path, cursor) as (fh, fmt):
@@ -223,7 +230,7 @@ BATCH_RECORDS = 125_000
 
 def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None = None,
                 size: int = FAST_CHUNK_ITEMS) -> Iterator[Chunk]:
-    """The records of a file in chunks for :func:`collector.fastpath.write_chunk`: NDJSON lines and plain
+    """The records of a file in chunks for :func:`ubi_pipeline.collector.fastpath.write_chunk`: NDJSON lines and plain
     ``_bulk`` documents as fast-path candidates, everything else (and every JSON array item) as the items
     :func:`iter_items` yields for it, with the same indexes, lines and kinds."""
     with _opened(path, cursor) as (fh, fmt):
@@ -261,7 +268,7 @@ def _sized(blocks: Iterator[tuple[np.ndarray, pa.Array]], size: int) -> Iterator
 
 
 def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int) -> Iterator[Chunk]:
-    """NDJSON lines as event and query candidates, a block at a time (:mod:`collector.blocks`): with no
+    """NDJSON lines as event and query candidates, a block at a time (:mod:`ubi_pipeline.collector.blocks`): with no
     ``--kind``, a line is an event candidate when it names ``action_name`` (a plain event does, a plain
     query record does not: the key guess), and the kind of the first records is the default of those that
     say neither, as :func:`_with_kinds` has it."""
@@ -305,7 +312,7 @@ def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int) -> Iterator[Chunk
         yield Chunk(events=events, queries=queries, given=given, kind_of=kind_of)
 
 
-#: :data:`collector.formats.PLAIN_ACTION_PATTERN` for Arrow (RE2), matching the whole line as ``fullmatch``.
+#: :data:`ubi_pipeline.collector.bodies.PLAIN_ACTION_PATTERN` for Arrow (RE2), matching the whole line as ``fullmatch``.
 _PLAIN_ACTION_RE2 = f"^(?:{PLAIN_ACTION_PATTERN})$"
 #: The ``_id`` of a plain action line (the pattern's ``id`` group, whole).
 _PLAIN_ID_RE2 = r"^[ !#-\[\]-~]{1,100}$"
@@ -396,10 +403,10 @@ class _Counting:
 
 
 def _bulk_chunks(fh: BinaryIO, size: int) -> Iterator[Chunk]:
-    """``_bulk`` lines as candidates, a block at a time (:mod:`collector.blocks`): runs of plain action lines
-    (:data:`collector.formats.PLAIN_ACTION_PATTERN`), each followed by its document, are paired in Arrow
-    without Python per line; at any other action line :func:`collector.formats.bulk_record` (what
-    :func:`collector.formats.bulk_records` does for a line) takes one record, and pairing resumes after it.
+    """``_bulk`` lines as candidates, a block at a time (:mod:`ubi_pipeline.collector.blocks`): runs of plain action lines
+    (:data:`ubi_pipeline.collector.bodies.PLAIN_ACTION_PATTERN`), each followed by its document, are paired in Arrow
+    without Python per line; at any other action line :func:`ubi_pipeline.collector.bodies.bulk_record` (what
+    :func:`ubi_pipeline.collector.bodies.bulk_records` does for a line) takes one record, and pairing resumes after it.
     Records, indexes and lines are :func:`bulk_records`' (``plain=True``)."""
     given: dict[str, str | None] = {"event": "event", "query": "query"}
     chunk = Chunk(given=given)
@@ -608,12 +615,12 @@ def _import_fast(
 ) -> int:
     """Import one file through the fast path, two chunks at a time; returns the records read.
 
-    A chunk is validated (:func:`collector.fastpath.parse_chunk`, in ``pool``'s one thread) while the one
-    before it is written (:func:`collector.fastpath.store_chunk`, here) and the one after it read. Both
+    A chunk is validated (:func:`ubi_pipeline.collector.fastpath.parse_chunk`, in ``pool``'s one thread) while the one
+    before it is written (:func:`ubi_pipeline.collector.fastpath.store_chunk`, here) and the one after it read. Both
     halves spend most of their time in DuckDB, which releases the GIL, so they share the two cores. Chunks
     are written one at a time, in file order, into transactions of ``batch_records`` records or more
-    (:meth:`store.duckdb_store.Store.batch`; the last of a file may be smaller): the outcome of every record is
-    what :func:`collector.fastpath.write_chunk` of each chunk in turn gives, and a chunk's counts, errors and
+    (:meth:`ubi_pipeline.store.duckdb_store.Store.batch`; the last of a file may be smaller): the outcome of every record is
+    what :func:`ubi_pipeline.collector.fastpath.write_chunk` of each chunk in turn gives, and a chunk's counts, errors and
     progress are reported once its transaction committed. Validation reads nothing of the store, so running
     it a chunk early changes nothing. Memory: three chunks at most (read, validated, written); the open
     transaction's rows are DuckDB's (its buffer pool, and row groups written to the file).
@@ -694,13 +701,13 @@ def import_files(
     Files are read as streams (NDJSON and ``_bulk``, plain or gzip) and written in chunks, each one
     transaction: memory stays flat whatever the file's size. Into a store this process holds, without record
     filters, chunks are of ``FAST_CHUNK_ITEMS`` and go through the columnar fast path
-    (:mod:`collector.fastpath`; ``fast=False``: the exact path for every record, as through a collector, in
+    (:mod:`ubi_pipeline.collector.fastpath`; ``fast=False``: the exact path for every record, as through a collector, in
     chunks of ``CHUNK_ITEMS``); the outcome of every record is the same either way. An import that is
     interrupted can simply be run again: the dedup keys (``event_id`` or the canonical hash, ``query_id`` +
     ``query_response_id``) make every record already stored a duplicate, so each is stored once.
     ``on_progress(path, bytes_done, bytes_total, records_done)`` is called after each chunk (bytes of the
     file on disk, compressed when it is gzip). ``memory_limit``: DuckDB's on the store
-    (``Settings.writer_memory_limit``); nothing of the store needs to stay in memory (:mod:`store.keys`).
+    (``Settings.writer_memory_limit``); nothing of the store needs to stay in memory (:mod:`ubi_pipeline.store.keys`).
     ``batch_records``: records per transaction on the fast path (``Settings.import_batch_records``).
     """
     store: Store | None = None
@@ -713,7 +720,7 @@ def import_files(
     except StoreLocked:
         remote = CollectorWriter(collector_url(db))
         write, mode = remote, remote.url
-    # The fast path (collector.fastpath) needs the store itself and no record filter (filters work on models).
+    # The fast path (ubi_pipeline.collector.fastpath) needs the store itself and no record filter (filters work on models).
     parser = fast_parser() if store is not None and not filters and fast else None
     # One thread validates the next chunk while this one writes its chunk (see _import_fast).
     pool = ThreadPoolExecutor(1, thread_name_prefix="ubi-import-parse") if parser is not None else None

@@ -2,7 +2,7 @@
 
 Shared by every way records arrive (HTTP routes, ``ubi import``, the Kafka loader, tests): parse a body
 (one JSON object, a JSON array, NDJSON, or an OpenSearch ``_bulk`` body: the parsers of
-:mod:`collector.formats`, re-exported here), validate each item on its own, turn the valid ones into Arrow
+:mod:`ubi_pipeline.collector.bodies`, re-exported here), validate each item on its own, turn the valid ones into Arrow
 batches of the stored shape, and keep every rejected one, with its reason and raw bytes, for the
 ``failed_records`` table.
 """
@@ -19,8 +19,7 @@ import orjson
 import pyarrow as pa
 from pydantic import TypeAdapter, ValidationError
 
-from collector.errors import TooLarge  # noqa: F401  (re-exported)
-from collector.formats import (  # noqa: F401  (re-exported: the parsers' long-standing home)
+from ubi_pipeline.collector.bodies import (  # noqa: F401  (re-exported: the parsers' long-standing home)
     BodyError,
     Kind,
     RawItem,
@@ -31,9 +30,10 @@ from collector.formats import (  # noqa: F401  (re-exported: the parsers' long-s
     parse_items,
     strip_bom,
 )
-from schemas.ubi import UbiEvent, UbiQuery
-from store.duckdb_store import Store
-from store.rows import (
+from ubi_pipeline.collector.errors import TooLarge  # noqa: F401  (re-exported)
+from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.rows import (
     EVENT_SCHEMA,
     QUERY_SCHEMA,
     Counts,
@@ -116,7 +116,7 @@ class IngestContext:
 
 #: A step run on every validated batch before the sink (pseudonymisation, API-key checks, ...). It returns
 #: the batch to store (it may change records or move items to the errors with ``Validated.reject``) or raises
-#: a :class:`collector.errors.RequestError` to refuse the whole request.
+#: a :class:`ubi_pipeline.collector.errors.RequestError` to refuse the whole request.
 RecordFilter = Callable[[Validated, IngestContext], Validated]
 
 

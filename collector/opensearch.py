@@ -34,12 +34,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.datastructures import Headers
 
-from collector.deps import Collector
-from collector.errors import RequestError
-from collector.formats import BodyError, Kind, RawItem, bulk_id, parse_bulk, parse_items
-from collector.ingest import APPLICATION_SCOPE_KEY, IngestContext, IngestResult, ItemError
-from collector.routes import read_request
-from store.rows import RowStatus
+from ubi_pipeline.collector.bodies import BodyError, Kind, RawItem, bulk_id, parse_bulk, parse_items
+from ubi_pipeline.collector.deps import Collector
+from ubi_pipeline.collector.errors import RequestError
+from ubi_pipeline.collector.ingest import APPLICATION_SCOPE_KEY, IngestContext, IngestResult, ItemError
+from ubi_pipeline.collector.routes import read_request
+from ubi_pipeline.store.rows import RowStatus
 
 router = APIRouter(tags=["opensearch"])
 

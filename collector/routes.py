@@ -1,7 +1,7 @@
 """The collector's HTTP routes. Each is a few lines: read the body, call the stage, answer.
 
-Typed errors become status codes in :mod:`collector.app` (``RequestError.status_code``); the work is in
-:class:`collector.deps.Collector` and :mod:`collector.ingest`.
+Typed errors become status codes in :mod:`ubi_pipeline.collector.app` (``RequestError.status_code``); the work is in
+:class:`ubi_pipeline.collector.deps.Collector` and :mod:`ubi_pipeline.collector.ingest`.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from pydantic import BaseModel, Field
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope
 
-from collector.deps import Collector, ORJSONResponse, error_answer, get_collector
-from collector.errors import RequestError, TooLarge
-from collector.formats import Kind, NotGzip, gunzip
-from collector.ingest import APPLICATION_SCOPE_KEY, IngestContext
-from collector.metrics import Labels
+from ubi_pipeline.collector.bodies import Kind, NotGzip, gunzip
+from ubi_pipeline.collector.deps import Collector, ORJSONResponse, error_answer, get_collector
+from ubi_pipeline.collector.errors import RequestError, TooLarge
+from ubi_pipeline.collector.ingest import APPLICATION_SCOPE_KEY, IngestContext
+from ubi_pipeline.collector.metrics import Labels
 
 router = APIRouter()
 
-#: Path -> record kind (None: ``_bulk``) of every ingest route (POST), for the fast paths in :mod:`collector.app`.
+#: Path -> record kind (None: ``_bulk``) of every ingest route (POST), for the fast paths in :mod:`ubi_pipeline.collector.app`.
 INGEST_ROUTES: dict[str, Kind | None] = {}
 
 # ---------------------------------------------------------------- dependencies
@@ -209,7 +209,7 @@ async def ingest(
     """Serve one ingest request: (status, headers, body) of the answer, typed errors included.
 
     Every way into an ingest route ends here: FastAPI's router (documented in OpenAPI), the fast lane
-    inside the middleware and the front door outside it (:mod:`collector.app`).
+    inside the middleware and the front door outside it (:mod:`ubi_pipeline.collector.app`).
     """
     ctx = IngestContext(
         source=route,
@@ -267,8 +267,8 @@ _ingest_route("/ubi_events", "event", "Store UBI events as the OpenSearch refere
 _ingest_route("/v1/bulk", None, "Replay an OpenSearch _bulk export of ubi_queries and ubi_events.")
 
 # ---------------------------------------------------------------- metrics
-# (``/healthz``, ``/v1/failed`` and the store admin routes are the store's admin protocol, ``store.admin``,
-# mounted by ``collector.app.create_app``.)
+# (``/healthz``, ``/v1/failed`` and the store admin routes are the store's admin protocol, ``ubi_pipeline.transport.admin``,
+# mounted by ``ubi_pipeline.collector.app.create_app``.)
 
 
 @router.get("/metrics", response_class=PlainTextResponse, tags=["ops"])
@@ -283,7 +283,7 @@ async def metrics(collector: CollectorDep) -> Response:
     return PlainTextResponse(collector.metrics.render(gauges), media_type="text/plain; version=0.0.4")
 
 
-# ---------------------------------------------------------------- interleaving (collector.interleaving)
+# ---------------------------------------------------------------- interleaving (ubi_pipeline.schemas.interleaving)
 
 
 class InterleaveRequest(BaseModel):
@@ -309,7 +309,7 @@ class InterleaveResponse(BaseModel):
 @router.post("/v1/interleave", response_model=InterleaveResponse, tags=["interleaving"])
 async def interleave(body: InterleaveRequest, collector: CollectorDep) -> dict[str, Any]:
     """Team-draft interleave two rankings, seeded per query_id (a retry gets the same list)."""
-    from collector.interleaving import METHOD, team_draft
+    from ubi_pipeline.schemas.interleaving import METHOD, team_draft
 
     result = team_draft(body.query_id, body.rankings, size=body.size, seed=collector.settings.seed)
     return {"query_id": result.query_id, "hits": result.hits, "teams": result.teams, "method": METHOD,

@@ -1,6 +1,6 @@
 """What makes the collector safe to expose: origins, API keys, rate limits, and privacy at ingest.
 
-Two layers, both built from :class:`~schemas.settings.Settings` (section "security"):
+Two layers, both built from :class:`~ubi_pipeline.schemas.settings.Settings` (section "security"):
 
 * :class:`SecurityMiddleware` (ASGI, runs before any body is read) answers a request it refuses without
   touching the store: a browser ``Origin`` that is neither the collector's own nor allowed (403), a missing
@@ -39,13 +39,19 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.routing import Match
 
-from collector.errors import RequestError
-from collector.formats import bulk_verb
-from collector.ingest import APPLICATION_SCOPE_KEY, IngestContext, ItemError, RecordFilter, Validated
-from collector.metrics import Metrics
-from schemas.errors import UbiError
-from schemas.settings import Settings
-from schemas.ubi import UbiEvent, UbiQuery
+from ubi_pipeline.collector.bodies import bulk_verb
+from ubi_pipeline.collector.errors import RequestError
+from ubi_pipeline.collector.ingest import (
+    APPLICATION_SCOPE_KEY,
+    IngestContext,
+    ItemError,
+    RecordFilter,
+    Validated,
+)
+from ubi_pipeline.collector.metrics import Metrics
+from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
 
 Record = UbiQuery | UbiEvent
 
@@ -448,7 +454,7 @@ class SecurityMiddleware:
 
 
 async def _send_error(send: Any, error: RequestError) -> None:
-    body = orjson.dumps({"error": type(error).__name__, "message": error.message})  # as collector.app does
+    body = orjson.dumps({"error": type(error).__name__, "message": error.message})  # as ubi_pipeline.collector.app does
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
@@ -457,9 +463,9 @@ async def _send_error(send: Any, error: RequestError) -> None:
 
 def _api_routes() -> list[Any]:
     """The collector's own routes, each with its path template (FastAPI wraps included routers)."""
-    from collector.opensearch import router as opensearch
-    from collector.routes import router
-    from store.admin import router as admin
+    from ubi_pipeline.collector.opensearch import router as opensearch
+    from ubi_pipeline.collector.routes import router
+    from ubi_pipeline.transport.admin import router as admin
 
     return [*router.routes, *opensearch.routes, *admin.routes]
 
@@ -611,7 +617,7 @@ class Privacy:
         )
 
     def _quiet(self, message: str, raw: bytes) -> str:
-        # collector.ingest quotes an invalid field's input as "(got <repr(value)[:80]>)"; for a field that is
+        # ubi_pipeline.collector.ingest quotes an invalid field's input as "(got <repr(value)[:80]>)"; for a field that is
         # pseudonymised or dropped that would store the very value the settings keep out of the database.
         if "(got " not in message:
             return message

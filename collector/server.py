@@ -2,7 +2,7 @@
 lets us clean up.
 
 Shared by ``ubi serve`` and the demo search page (``ubi demo --serve``). What uvicorn does not bound on its
-own is bounded here, from :class:`~schemas.settings.Settings`:
+own is bounded here, from :class:`~ubi_pipeline.schemas.settings.Settings`:
 
 * ``idle_timeout_s``: a connection without a request in progress is closed after this long, a fresh one
   that never sends a byte included (uvicorn's keep-alive timer only starts after a first response);
@@ -11,7 +11,7 @@ own is bounded here, from :class:`~schemas.settings.Settings`:
 * ``max_connections``: one connection more than this is answered 503 and closed at once;
 * forwarded headers: uvicorn's own ``proxy_headers`` are off (it trusts loopback's ``X-Forwarded-For``
   by default); the collector reads that header itself, only from ``trusted_proxies``
-  (:func:`collector.security.client_ip`).
+  (:func:`ubi_pipeline.collector.security.client_ip`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from schemas.errors import UbiError
-from schemas.settings import Settings
+from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.schemas.settings import Settings
 
 log = logging.getLogger("ubi.collector.server")
 

@@ -31,9 +31,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from collector.errors import SinkUnavailable
-from schemas.errors import UbiError
-from store.files import fsync_dir
+from ubi_pipeline.collector.errors import SinkUnavailable
+from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.store.files import fsync_dir
 
 MAGIC = b"UBIS"
 HEADER = struct.Struct("<4sIII")  # magic, payload length, records, crc32(payload)

@@ -1,4 +1,4 @@
-"""The DuckDB loader's admin server: the store's admin protocol (:mod:`store.admin`) while it holds the file.
+"""The DuckDB loader's admin server: the store's admin protocol (:mod:`ubi_pipeline.transport.admin`) while it holds the file.
 
 ``ubi consume --db`` is the one writer of its store, as ``ubi serve`` is of its own: readers (``ubi
 process``, ``ubi report``, ``ubi failed``) find it through the sidecar file and ask it for seals, loads
@@ -15,14 +15,14 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from schemas.errors import StoreError
-from store import admin
-from store.client import advertise, sidecar_path
-from store.duckdb_store import Store
+from ubi_pipeline.schemas.errors import StoreError
+from ubi_pipeline.store.client import advertise, sidecar_path
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.transport import admin
 
 
 class LoaderAdmin:
-    """The loader as the host of the admin routes (:class:`store.admin.AdminHost`)."""
+    """The loader as the host of the admin routes (:class:`ubi_pipeline.transport.admin.AdminHost`)."""
 
     def __init__(
         self, store: Store, status: Callable[[], dict[str, Any]], max_load_bytes: int,

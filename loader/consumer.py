@@ -1,9 +1,9 @@
 """The loader's consumer-group loop: move the ``<prefix>.*`` topics into the store, exactly once.
 
 Each round: poll until ``consumer_batch_records`` records are buffered or ``consumer_batch_seconds`` passed,
-decode the batch (:func:`loader.decode.decode`: stored-shape rows; unreadable records become
+decode the batch (:func:`ubi_pipeline.loader.decode.decode`: stored-shape rows; unreadable records become
 ``poison`` failed rows carrying topic, partition and offset), write it durably through a
-:class:`~loader.targets.Loader`, and only then commit the offsets. A crash between the write and the commit
+:class:`~ubi_pipeline.loader.targets.Loader`, and only then commit the offsets. A crash between the write and the commit
 re-delivers the batch; the dedup keys (``event_key``, ``query_key``, deterministic ``failed_id`` s) make the
 second write a no-op. Before partitions move to another consumer (a rebalance) the buffered batch is
 written and committed first.
@@ -22,12 +22,12 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer
 from kafka.errors import KafkaError as _KE
 from kafka.structs import OffsetAndMetadata
 
-from loader.decode import InRecord, decode
-from loader.targets import Loader
-from schemas.settings import Settings
-from store.kafka_client import KafkaError, consumer_config, ensure_topics, make_admin
-from store.rows import Counts
-from store.wire import Topics, topics
+from ubi_pipeline.loader.decode import InRecord, decode
+from ubi_pipeline.loader.targets import Loader
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.rows import Counts
+from ubi_pipeline.transport.kafka_client import KafkaError, consumer_config, ensure_topics, make_admin
+from ubi_pipeline.transport.wire import Topics, topics
 
 log = logging.getLogger("ubi.consumer")
 

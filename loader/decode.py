@@ -1,4 +1,4 @@
-"""Kafka records back to stored-shape rows: the loader's half of the wire format (:mod:`store.wire`).
+"""Kafka records back to stored-shape rows: the loader's half of the wire format (:mod:`ubi_pipeline.transport.wire`).
 
 A batch of consumed records is parsed against the stored Arrow schema in one go (Arrow's JSON reader, in
 C++); only a batch that fails is taken apart, message by message and line by line, so every good row is
@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from store.rows import failed_row, utcnow
-from store.wire import REQUIRED, SCHEMAS, TopicKind, Topics, failed_from_value
+from ubi_pipeline.store.rows import failed_row, utcnow
+from ubi_pipeline.transport.wire import REQUIRED, SCHEMAS, TopicKind, Topics, failed_from_value
 
 
 class InRecord(NamedTuple):

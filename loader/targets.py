@@ -1,9 +1,9 @@
 """Where the loader writes a decoded batch, durably, before its offsets are committed.
 
 * :class:`DuckDBLoader`: the DuckDB store. DuckDB has one writing process, so one loader per store file
-  (a second one fails with :class:`~schemas.errors.StoreLocked`); readers read the segments it seals as from a
-  collector (:mod:`loader.admin` serves the same admin protocol, :mod:`store.admin`).
-* :class:`ParquetLoader`: a folder of Parquet files (:mod:`store.parquet_store`), one writer per
+  (a second one fails with :class:`~ubi_pipeline.schemas.errors.StoreLocked`); readers read the segments it seals as from a
+  collector (:mod:`ubi_pipeline.loader.admin` serves the same admin protocol, :mod:`ubi_pipeline.transport.admin`).
+* :class:`ParquetLoader`: a folder of Parquet files (:mod:`ubi_pipeline.store.parquet_store`), one writer per
   partition, so several loaders in one group scale out.
 """
 
@@ -16,11 +16,11 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from loader.decode import Decoded, Origin
-from schemas.errors import StoreError
-from store.duckdb_store import Store
-from store.parquet_store import ORIGIN, TABLE_DIRS, PartitionWriter
-from store.rows import Counts, event_content_hash, failed_row, failed_table, utcnow
+from ubi_pipeline.loader.decode import Decoded, Origin
+from ubi_pipeline.schemas.errors import StoreError
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.parquet_store import ORIGIN, TABLE_DIRS, PartitionWriter
+from ubi_pipeline.store.rows import Counts, event_content_hash, failed_row, failed_table, utcnow
 
 
 class Loader(Protocol):

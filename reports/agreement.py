@@ -21,9 +21,9 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
-from processors.grades import confusion_matrix, quadratic_kappa_from_confusion
-from reports.merge import Label, LabelSet
-from schemas.errors import UbiError
+from ubi_pipeline.processors.labels.grades import confusion_matrix, quadratic_kappa_from_confusion
+from ubi_pipeline.processors.labels.merge import Label, LabelSet
+from ubi_pipeline.schemas.errors import UbiError
 
 
 class AgreementError(UbiError):
@@ -51,7 +51,7 @@ def quadratic_weighted_kappa(human: NDArray, implicit: NDArray, n_grades: int | 
 
     O is the confusion matrix of the two raters, E = outer(row totals, column totals) / N the one expected
     by chance; Cohen (1968), Psychological Bulletin 70:213. Grades are 0..G-1 (G defaults to max + 1).
-    Validates the grades, then runs the kernel :func:`processors.grades.quadratic_kappa_from_confusion`.
+    Validates the grades, then runs the kernel :func:`ubi_pipeline.processors.labels.grades.quadratic_kappa_from_confusion`.
     """
     a = np.asarray(human, dtype=np.int64)
     b = np.asarray(implicit, dtype=np.int64)

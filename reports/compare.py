@@ -19,8 +19,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
-from reports.intervals import bootstrap_means, sign_flip_pvalues
-from schemas.errors import UbiError
+from ubi_pipeline.reports.intervals import bootstrap_means, sign_flip_pvalues
+from ubi_pipeline.schemas.errors import UbiError
 
 
 class CompareError(UbiError):

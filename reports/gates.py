@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from schemas.errors import InputFileError, UbiError
+from ubi_pipeline.schemas.errors import InputFileError, UbiError
 
 Op = Literal["min", "max"]
 _TOML_LINE = re.compile(r"line (\d+)")
@@ -70,7 +70,7 @@ class GateResult:
 
 
 def _online_names() -> tuple[str, ...]:
-    from reports.online import ONLINE_METRICS
+    from ubi_pipeline.reports.online import ONLINE_METRICS
 
     return tuple(name for name, _ in ONLINE_METRICS)
 
@@ -78,11 +78,11 @@ def _online_names() -> tuple[str, ...]:
 def check_name(qualified: str) -> str:
     """``qualified`` when its metric part is one the report can compute, else a :class:`GateError` listing
     the known names (a typo such as ``ndgc@10`` is bad input, exit 2, never a failed gate)."""
-    from reports.metrics.names import KNOWN, MetricError, parse_metric
+    from ubi_pipeline.reports.metrics.names import KNOWN, MetricError, parse_metric
 
     source, _, m = qualified.rpartition("/")
     if source.startswith("interleaving/"):
-        from reports.interleaving import GATE_STATISTICS
+        from ubi_pipeline.reports.interleaving import GATE_STATISTICS
 
         if m not in GATE_STATISTICS or not source.removeprefix("interleaving/"):
             raise GateError(f"unknown interleaving metric {qualified!r}; known: interleaving/<challenger>-vs-"

@@ -1,7 +1,7 @@
 """The report's "Interleaving" section: interleaved searches from the store, their outcomes, gates, rendering.
 
 An interleaved search is a query record whose ``query_attributes.interleaving`` holds the team assignment
-(shape in :mod:`collector.interleaving`). Its clicks are the click events of its ``query_id``
+(shape in :mod:`ubi_pipeline.schemas.interleaving`). Its clicks are the click events of its ``query_id``
 (``Settings.click_actions``); a click on a doc outside ``teams`` credits nobody. Several records of one
 ``query_id`` use the first that carries the block. Gate names: ``interleaving/<challenger>-vs-<reference>/
 win_rate`` (also ``preference``, ``p_value``, ``query_win_rate``), attached to the logged systems whose
@@ -17,10 +17,10 @@ from typing import Any
 
 import duckdb
 
-from processors.interleaving import InterleavedSearch, InterleavingResult, analyse
-from reports.systems import _sql_list
-from schemas.errors import StoreError
-from schemas.text import normalize_query
+from ubi_pipeline.reports.interleaving_outcomes import InterleavedSearch, InterleavingResult, analyse
+from ubi_pipeline.reports.systems import _sql_list
+from ubi_pipeline.schemas.errors import StoreError
+from ubi_pipeline.schemas.text import normalize_query
 
 _SQL = """
 WITH il AS (
@@ -44,7 +44,7 @@ ORDER BY il.query_id
 def load_interleaved(con: duckdb.DuckDBPyConnection, click_actions: Sequence[str]) -> tuple[list[InterleavedSearch], dict[str, set[str]], int]:
     """Interleaved searches of the store, the systems per experiment key, and the count of unreadable blocks.
 
-    Uses ``_ubi_searches`` (``reports.systems.load_searches``) for each search's system when present.
+    Uses ``_ubi_searches`` (``ubi_pipeline.reports.systems.load_searches``) for each search's system when present.
     """
     try:
         con.execute("SELECT 1 FROM _ubi_searches LIMIT 0")

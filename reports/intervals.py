@@ -11,7 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
-from schemas.errors import UbiError
+from ubi_pipeline.schemas.errors import UbiError
 
 #: Largest number of resampled values held in memory at once (B x n is processed in chunks below this).
 _CHUNK_CELLS = 4_000_000

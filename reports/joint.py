@@ -1,16 +1,16 @@
 """The joint report: every system in the logs (and in run files), offline on each source, online, agreement, comparison.
 
-:func:`build_report` is the stage: a store connection (``store.client.open_reader``) and a
-:class:`~reports.merge.LabelSet` in, one :class:`Report` out, which the renderers in ``reports.render`` turn
+:func:`build_report` is the stage: a store connection (``ubi_pipeline.store.client.open_reader``) and a
+:class:`~ubi_pipeline.processors.labels.merge.LabelSet` in, one :class:`Report` out, which the renderers in ``ubi_pipeline.reports.render`` turn
 into text, Markdown, JSON, HTML and dashboard rows. Nothing here prints or writes files.
 
-Offline, per system and judgment source: the system's logged rankings (``reports.systems``) are scored with
-``reports.metrics.compute`` against the source's grades, joined on the normalised query text. Sources:
+Offline, per system and judgment source: the system's logged rankings (``ubi_pipeline.reports.systems``) are scored with
+``ubi_pipeline.reports.metrics.compute`` against the source's grades, joined on the normalised query text. Sources:
 ``human`` (every human label), ``reviewed`` (reviewed implicit labels, when present), each ``implicit:<model>``
 (graded rows only, so judged@k shows how sparse they are) and ``merged`` (the precedence view of
-``reports.merge``, when labels of more than one kind exist). The merged view itself travels with the report:
+``ubi_pipeline.processors.labels.merge``, when labels of more than one kind exist). The merged view itself travels with the report:
 every labelled (query, doc), the label the precedence chose and every label it has with its provenance
-(:func:`reports.merge.merge_view`), and a summary of where the chosen labels came from and where sources
+(:func:`ubi_pipeline.processors.labels.merge.merge_view`), and a summary of where the chosen labels came from and where sources
 disagree. Each aggregate is a mean over the queries with at
 least one positive label, with a bootstrap interval (t above ``resample_limit`` queries) and its query
 count; queries whose labels hold no positive (labelled negatives) are counted apart, and run queries without
@@ -19,7 +19,7 @@ any label of the source are counted as unlabelled. Per query class when classes 
 
 Run files given beside the logs are systems too (``file_runs``), evaluated offline exactly as the logged ones
 (every source, coverage, per query, comparison, gates); their query ids map to query texts by the rule of
-:mod:`reports.systems`. They have no online metrics: they are absent from ``Report.online`` (shown as "no
+:mod:`ubi_pipeline.reports.systems`. They have no online metrics: they are absent from ``Report.online`` (shown as "no
 log", never as zero), in the offline orders but not the online ones (so not in the rank correlations), and an
 online gate applies to them only when it names them (and then fails, saying why).
 """
@@ -40,18 +40,11 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from processors.counterfactual.predict import PredictionError, predict
-from processors.identifiability import assess
-from processors.interleaving import InterleavingResult
-from processors.propensity.randomized import SwapSessions
-from processors.sessions import SessionData
-from reports.agreement import Agreement, agreement_all
-from reports.compare import Comparison, Ordering, compare_systems, ordering
-from reports.gates import GateResult, Threshold, check
-from reports.interleaving import gate_values as interleaving_gate_values
-from reports.interleaving import interleaving_results
-from reports.intervals import RESAMPLE_LIMIT, Interval, mean_intervals
-from reports.merge import (
+from ubi_pipeline.formats.runs import Run
+from ubi_pipeline.processors.clicks.identifiability import assess
+from ubi_pipeline.processors.clicks.sessions import SessionData
+from ubi_pipeline.processors.counterfactual.predict import PredictionError, predict
+from ubi_pipeline.processors.labels.merge import (
     DEFAULT_PRECEDENCE,
     Coverage,
     LabelSet,
@@ -61,10 +54,18 @@ from reports.merge import (
     label_kind,
     merge_view,
 )
-from reports.metrics import MetricTable, compute
-from reports.online import DEFAULT_CLICK_ACTIONS, ONLINE_METRICS, OnlineMetrics, online_metrics
-from reports.pairs import MAX_PAIRS, PairView, joint_view, pairs_of
-from reports.predicted import (
+from ubi_pipeline.processors.propensity.randomized import SwapSessions
+from ubi_pipeline.reports.agreement import Agreement, agreement_all
+from ubi_pipeline.reports.compare import Comparison, Ordering, compare_systems, ordering
+from ubi_pipeline.reports.gates import GateResult, Threshold, check
+from ubi_pipeline.reports.interleaving import gate_values as interleaving_gate_values
+from ubi_pipeline.reports.interleaving import interleaving_results
+from ubi_pipeline.reports.interleaving_outcomes import InterleavingResult
+from ubi_pipeline.reports.intervals import RESAMPLE_LIMIT, Interval, mean_intervals
+from ubi_pipeline.reports.metrics import MetricTable, compute
+from ubi_pipeline.reports.online import DEFAULT_CLICK_ACTIONS, ONLINE_METRICS, OnlineMetrics, online_metrics
+from ubi_pipeline.reports.pairs import MAX_PAIRS, PairView, joint_view, pairs_of
+from ubi_pipeline.reports.predicted import (
     DEFAULT_REPORT_REPLICATES,
     JOINT_METHOD,
     PREDICT_BUDGET_S,
@@ -75,15 +76,14 @@ from reports.predicted import (
     predictions,
     shared_rankings,
 )
-from reports.recommend import (
+from ubi_pipeline.reports.recommend import (
     held_out_selection,
     identifiability_notes,
     recommend,
     withhold_unidentified,
     withhold_unidentified_in,
 )
-from reports.runs import Run
-from reports.systems import (
+from ubi_pipeline.reports.systems import (
     DEFAULT_IMPRESSION_ACTIONS,
     DEFAULT_SPLIT_KEYS,
     RankingMode,
@@ -96,7 +96,7 @@ from reports.systems import (
     prepare_searches,
     search_counts,
 )
-from schemas.errors import InputFileError, UbiError
+from ubi_pipeline.schemas.errors import InputFileError, UbiError
 
 OTHER_CLASS = "other"
 NO_LOG = "no log"  # what a run-file system shows where the logs would give a number
@@ -253,13 +253,13 @@ class Report:
     inputs: dict[str, Any] = field(default_factory=dict)
     #: data-quality warnings, shown first in every format (events without a query record, bots, ordinals)
     warnings: list[str] = field(default_factory=list)
-    identifiability: dict[str, Any] | None = None  # processors.identifiability verdict of the logged sessions
-    recommendation: dict[str, Any] | None = None  # reports.recommend: the implicit source to trust, and why
-    interleaving: list[InterleavingResult] = field(default_factory=list)  # reports.interleaving
-    #: run-file systems' online metrics predicted from the logs (reports.predicted)
+    identifiability: dict[str, Any] | None = None  # ubi_pipeline.processors.clicks.identifiability verdict of the logged sessions
+    recommendation: dict[str, Any] | None = None  # ubi_pipeline.reports.recommend: the implicit source to trust, and why
+    interleaving: list[InterleavingResult] = field(default_factory=list)  # ubi_pipeline.reports.interleaving
+    #: run-file systems' online metrics predicted from the logs (ubi_pipeline.reports.predicted)
     predicted: list[PredictedSystem] = field(default_factory=list)
     predicted_differences: PredictedDifferences | None = None  # the joint view's predicted CTR@k per system
-    pairs: list[PairView] = field(default_factory=list)  # the joint view (reports.pairs)
+    pairs: list[PairView] = field(default_factory=list)  # the joint view (ubi_pipeline.reports.pairs)
 
     @property
     def run_systems(self) -> list[str]:
@@ -396,7 +396,7 @@ def query_id_texts(labels: LabelSet) -> dict[str, set[str]]:
     """Normalised query text(s) of each human judgment ``query_id``: labels from a file before the store's.
 
     A file given on the command line is what the user evaluates against now, so when it names a query id
-    the store's older texts for that id are ignored (the same preference :mod:`reports.merge` applies).
+    the store's older texts for that id are ignored (the same preference :mod:`ubi_pipeline.processors.labels.merge` applies).
     """
     from_file: dict[str, set[str]] = defaultdict(set)
     from_store: dict[str, set[str]] = defaultdict(set)
@@ -535,12 +535,12 @@ def _predictions(
     runs: Mapping[str, SystemRun], from_files: Mapping[str, SystemRun], interleaved: Sequence[InterleavingResult],
     sessions: SessionData | None, swaps: SwapSessions | None, cfg: ReportConfig, step: Callable[[str], None],
 ) -> tuple[list[PredictedSystem], PredictedDifferences | None, list[str], int | None]:
-    """The run systems' predicted online metrics, every pairable system's predicted CTR@k (reports.predicted),
+    """The run systems' predicted online metrics, every pairable system's predicted CTR@k (ubi_pipeline.reports.predicted),
     notes, and the bootstrap replicates used (``cfg.predict_replicates``, else the budget's count)."""
     if sessions is None or sessions.patterns.n_sessions == 0:
         why = ["run systems: the store holds no logged sessions to predict their online metrics from"]
         return [], None, why if from_files else [], cfg.predict_replicates
-    from processors.counterfactual.predict import query_texts
+    from ubi_pipeline.processors.counterfactual.predict import query_texts
 
     patterns = sessions.patterns
     mixed = _interleaved_systems(interleaved)
@@ -589,7 +589,7 @@ def _joint(
     sources: Sequence[str], rec: Any, online: Mapping[str, OnlineMetrics],
     pred_diff: PredictedDifferences | None, sessions: SessionData | None, cfg: ReportConfig,
 ) -> tuple[list[PairView], list[str]]:
-    """The joint view over the systems that are one ranker each (reports.pairs), and a note when cut short."""
+    """The joint view over the systems that are one ranker each (ubi_pipeline.reports.pairs), and a note when cut short."""
     mixed = _interleaved_systems(interleaved)
     systems = [s for s in runs if s not in mixed]
     total = len(systems) * (len(systems) - 1) // 2
@@ -631,10 +631,10 @@ def build_report(
     quality the caller found, such as ordinal bases) come first in :attr:`Report.warnings`, before events
     without a query record and bot-like clients.
     ``progress`` is called with the name of each step as it starts (the CLI shows it).
-    ``sessions`` (``processors.sessions.load_sessions`` with a ``holdout``) give the identifiability verdict
-    and the held-out comparison behind the recommended source (``reports.recommend``), and the logs that the
+    ``sessions`` (``ubi_pipeline.processors.clicks.sessions.load_sessions`` with a ``holdout``) give the identifiability verdict
+    and the held-out comparison behind the recommended source (``ubi_pipeline.reports.recommend``), and the logs that the
     run systems' online metrics and the joint view's predicted differences are predicted from
-    (``reports.predicted``); without them the report has none of these. ``swaps``: the log's randomised
+    (``ubi_pipeline.reports.predicted``); without them the report has none of these. ``swaps``: the log's randomised
     swap experiment, when it has one (IPS then takes its propensities from it).
 
     ``labels`` may be a function that reads them: it is called once the steps that need the connection's

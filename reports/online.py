@@ -1,12 +1,12 @@
 """Online metrics per system, from the event log, each with a confidence interval.
 
-Per-search facts are computed in DuckDB SQL over the temp tables :func:`reports.systems.load_searches`
-leaves on the connection; the intervals are numpy (:mod:`reports.intervals`). Definitions (a *search* is a
-search instance, see :mod:`reports.systems`; a search *with results* has a known non-empty ranking or a click):
+Per-search facts are computed in DuckDB SQL over the temp tables :func:`ubi_pipeline.reports.systems.load_searches`
+leaves on the connection; the intervals are numpy (:mod:`ubi_pipeline.reports.intervals`). Definitions (a *search* is a
+search instance, see :mod:`ubi_pipeline.reports.systems`; a search *with results* has a known non-empty ranking or a click):
 
 - ``ctr``: distinct clicked results / displayed results. Displayed = the docs of its impression events when
   it has any (those outside its hit list belong to another sub-search and are left out, as in
-  :mod:`processors.sessions`), else its whole hit list; a clicked doc counts as displayed. Wilson interval
+  :mod:`ubi_pipeline.processors.clicks.sessions`), else its whole hit list; a clicked doc counts as displayed. Wilson interval
   over results.
 - ``ctr@k``: the same over results at rank <= k.
 - ``abandonment``: searches with results and no click / searches with results. Wilson.
@@ -18,7 +18,7 @@ search instance, see :mod:`reports.systems`; a search *with results* has a known
   click and a timestamp (negative gaps, clock skew, are dropped). Bootstrap.
 
 Means get a percentile bootstrap interval up to ``resample_limit`` searches and the t interval above it
-(:func:`reports.intervals.mean_interval`); ``Interval.method`` says which.
+(:func:`ubi_pipeline.reports.intervals.mean_interval`); ``Interval.method`` says which.
 - ``reformulation_rate``: searches followed, in the same session, within ``window`` seconds, by a search
   with a different query text / searches with a session. Wilson. The session is the events' ``session_id``,
   else the query record's ``client_id``.
@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
-from reports.intervals import RESAMPLE_LIMIT, Interval, mean_interval, wilson, wilson_arrays
-from reports.systems import DEFAULT_IMPRESSION_ACTIONS, _sql_list
-from schemas.errors import UbiError
+from ubi_pipeline.reports.intervals import RESAMPLE_LIMIT, Interval, mean_interval, wilson, wilson_arrays
+from ubi_pipeline.reports.systems import DEFAULT_IMPRESSION_ACTIONS, _sql_list
+from ubi_pipeline.schemas.errors import UbiError
 
 DEFAULT_CLICK_ACTIONS: tuple[str, ...] = ("click",)
 
@@ -116,7 +116,7 @@ def _exposure_ctes(base: str, clicks: str, imps: str) -> str:
         FROM (SELECT instance, doc_id, bool_or(clicked) AS clicked, min(ord) AS ord FROM docs
               GROUP BY instance, doc_id) d
         JOIN _ubi_searches s USING (instance)
-        -- an impression of a doc outside the hit list belongs to another sub-search (processors.sessions)
+        -- an impression of a doc outside the hit list belongs to another sub-search (ubi_pipeline.processors.clicks.sessions)
         WHERE d.clicked OR s.ranking_source <> 'hits' OR list_position(s.ranking, d.doc_id) IS NOT NULL
     )"""
 
@@ -182,7 +182,7 @@ def online_metrics(
     seed: int = 0,
     resample_limit: int = RESAMPLE_LIMIT,
 ) -> dict[str, OnlineMetrics]:
-    """Online metrics of every system on ``con`` (call :func:`reports.systems.load_searches` first)."""
+    """Online metrics of every system on ``con`` (call :func:`ubi_pipeline.reports.systems.load_searches` first)."""
     if k < 1 or max_rank < 1:
         raise OnlineError(f"k and max_rank must be >= 1, got k={k}, max_rank={max_rank}")
     if reformulation_window_s <= 0:
@@ -190,7 +190,7 @@ def online_metrics(
     try:
         con.execute("SELECT 1 FROM _ubi_searches LIMIT 0")
     except duckdb.CatalogException as exc:
-        raise OnlineError("call reports.systems.load_searches(con) before online_metrics(con)") from exc
+        raise OnlineError("call ubi_pipeline.reports.systems.load_searches(con) before online_metrics(con)") from exc
     clicks, imps = _sql_list(click_actions), _sql_list(impression_actions)
     base = _base_sql(position_base, position_base_by_application, "s")
     # a search's system comes back as its 1-based position in ``names``, not as a string: at 50M events the

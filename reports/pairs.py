@@ -4,15 +4,15 @@ One :class:`PairView` per pair (reference, challenger); each :class:`Line` is a 
 reference* with its interval and the number of units it rests on:
 
 - human-label offline difference: the main offline metric (nDCG@k) on human labels, paired over the queries
-  both systems were evaluated on, percentile bootstrap of the mean difference (``reports.compare``);
+  both systems were evaluated on, percentile bootstrap of the mean difference (``ubi_pipeline.reports.compare``);
 - implicit-label offline difference: the same on the recommended implicit source (else the first one);
 - predicted online difference: CTR@k of both systems predicted from the log by one counterfactual method on
-  the queries every system ranks, paired bootstrap over the same resamples (``reports.predicted``);
+  the queries every system ranks, paired bootstrap over the same resamples (``ubi_pipeline.reports.predicted``);
 - observed online difference (A/B): logged CTR@k of the two, when both served; the interval is the MOVER
   difference of the two independent Wilson intervals (Newcombe, Stat. Med. 1998, method 10; Zou & Donner,
   Stat. Med. 2008): L = d − √((p₂ − l₂)² + (u₁ − p₁)²), U = d + √((u₂ − p₂)² + (p₁ − l₁)²) for d = p₂ − p₁;
 - interleaving preference: the challenger's win rate over searches with a winner, minus ½, with the
-  bootstrap interval of the win rate shifted alike (``processors.interleaving``).
+  bootstrap interval of the win rate shifted alike (``ubi_pipeline.reports.interleaving_outcomes``).
 
 The lines are on different scales (an nDCG difference, a CTR difference, a win rate), so only their signs
 are compared: the pair *agrees* when every line with a figure points the same way (an exact tie points
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from processors.interleaving import InterleavingResult
-from reports.compare import compare_pair
-from reports.intervals import Interval
-from reports.online import OnlineMetrics
-from reports.predicted import PredictedDifferences
+from ubi_pipeline.reports.compare import compare_pair
+from ubi_pipeline.reports.interleaving_outcomes import InterleavingResult
+from ubi_pipeline.reports.intervals import Interval
+from ubi_pipeline.reports.online import OnlineMetrics
+from ubi_pipeline.reports.predicted import PredictedDifferences
 
 #: The evidence lines of a pair, in table order.
 EVIDENCE = ("human offline", "implicit offline", "predicted online", "observed online (A/B)", "interleaving")

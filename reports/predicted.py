@@ -1,12 +1,12 @@
 """The report's "Predicted online metrics": run-file systems that never served, predicted from the logs.
 
 Each ``--run`` system of ``ubi report`` has no log of its own, so its online metrics are predicted from the
-logs of the systems that did serve (:func:`processors.counterfactual.predict.predict`: direct method, IPS,
+logs of the systems that did serve (:func:`ubi_pipeline.processors.counterfactual.predict.predict`: direct method, IPS,
 SNIPS, doubly robust, with a bootstrap interval whose replicates refit the click model). A report carries
 fewer replicates than ``ubi predict`` does by default (:data:`DEFAULT_REPORT_REPLICATES`; ``ubi report
 --predict-replicates N`` changes it): every replicate refits the model once per run system.
 
-:func:`predicted_differences` serves the joint view (``reports.pairs``): every system, logged or not, is
+:func:`predicted_differences` serves the joint view (``ubi_pipeline.reports.pairs``): every system, logged or not, is
 predicted by one method on the queries all of them rank, and the *same* bootstrap resamples of the log are
 used for every system, so a difference between two systems gets a paired interval (the model error each
 resample carries is shared by both sides, as it would be in a comparison of two candidates).
@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 import duckdb
 import numpy as np
 
-from processors.counterfactual.predict import Prediction, PredictionError, predict
-from processors.propensity.randomized import SwapSessions
-from processors.stats import SessionPatterns
-from reports.cli_names import DEFAULT_REPORT_REPLICATES
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
+from ubi_pipeline.processors.counterfactual.predict import Prediction, PredictionError, predict
+from ubi_pipeline.processors.propensity.randomized import SwapSessions
+from ubi_pipeline.schemas.cli_names import DEFAULT_REPORT_REPLICATES
 
 if TYPE_CHECKING:
-    from schemas.settings import Settings
+    from ubi_pipeline.schemas.settings import Settings
 
 #: CPU seconds the report's bootstrap replicates may take when ``--predict-replicates`` is not given: on a large log
 #: one fit takes seconds (3.5 s CPU at 200,000 searches of 2,000 queries), and every replicate fits once per system.
@@ -90,8 +90,8 @@ class PredictedDifferences:
 
 def load_swap_experiment(con: duckdb.DuckDBPyConnection, settings: Settings, k: int) -> SwapSessions | None:
     """The log's randomised swap experiment, or None when no search is marked randomised."""
-    from processors.propensity.common import PropensityError
-    from processors.propensity.load import load_swaps
+    from ubi_pipeline.processors.propensity.common import PropensityError
+    from ubi_pipeline.processors.propensity.load import load_swaps
 
     try:
         swaps, _ = load_swaps(con, settings, k)

@@ -2,16 +2,16 @@
 
 Two checks on the stored implicit sources, both from the same sessions ``ubi process`` fits on:
 
-* **Identifiability** (``processors.identifiability.assess``, the verdict ``ubi process`` and
+* **Identifiability** (``ubi_pipeline.processors.clicks.identifiability.assess``, the verdict ``ubi process`` and
   ``ubi propensity`` use): when no (query, doc) pair was shown at two ranks, position-debiased sources
   (coec, pbm, ubm, dbn) cannot separate position from relevance. Their grades are not used by the report
   (rows made before the check may still carry some: they are set aside and counted in a note).
 * **Recommendation**: the source whose model predicts held-out clicks best. ``implicit:auto`` rows carry the
   choice ``ubi process --model auto`` made per application and every model's held-out figures; for the
   other sources the report fits their models on the same deterministic split by query_id hash
-  (``processors.selection``) and compares their mean held-out conditional perplexity. Position-debiased
+  (``ubi_pipeline.processors.click_models.selection``) and compares their mean held-out conditional perplexity. Position-debiased
   sources are not recommended on a log that cannot identify them, nor is COEC
-  (``processors.selection.NOT_CANDIDATES``: its click predictions and its scores are different posteriors).
+  (``ubi_pipeline.processors.click_models.selection.NOT_CANDIDATES``: its click predictions and its scores are different posteriors).
   Agreement with human grades, when there are any, is quoted beside the choice: held-out likelihood and agreement with labels do not always
   point the same way (Hager et al., SIGIR 2024), and the report shows both.
 """
@@ -22,11 +22,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from processors.identifiability import IDENTIFIED, UNIDENTIFIED, Identifiability, assess, is_position_debiased
-from processors.selection import DEFAULT_HOLDOUT, Selection, select
-from processors.sessions import SessionData
-from reports.agreement import Agreement
-from reports.merge import Label, LabelSet, label_kind
+from ubi_pipeline.processors.click_models.selection import DEFAULT_HOLDOUT, Selection, select
+from ubi_pipeline.processors.clicks.identifiability import (
+    IDENTIFIED,
+    UNIDENTIFIED,
+    Identifiability,
+    assess,
+    is_position_debiased,
+)
+from ubi_pipeline.processors.clicks.sessions import SessionData
+from ubi_pipeline.processors.labels.merge import Label, LabelSet, label_kind
+from ubi_pipeline.reports.agreement import Agreement
 
 AUTO_SOURCE = "implicit:auto"
 

@@ -4,7 +4,7 @@ A *system* is the ``application`` of a query record, split further by the ``rank
 of its ``query_attributes`` when present: ``shop``, ``shop/ranker=bm25``, ``shop/ranker=ltr/experiment=b``.
 Query records without an application belong to ``(no application)``.
 
-A *search instance* is one ``query_id``, as in :mod:`processors.sessions`. Multi-search front ends (Chorus in
+A *search instance* is one ``query_id``, as in :mod:`ubi_pipeline.processors.clicks.sessions`. Multi-search front ends (Chorus in
 the samples) log several responses under one ``query_id``; the instance takes its query text, system and
 ranking from the earliest response with a non-empty ``query_response_hit_ids`` (else the earliest response),
 the rule the click models use, so online and offline numbers describe the same searches.
@@ -42,10 +42,10 @@ from typing import Literal
 import duckdb
 import pyarrow as pa
 
-from reports.cli_names import DEFAULT_SPLIT_KEYS
-from reports.runs import Run, RunError
-from schemas.errors import UbiError
-from schemas.text import normalize_query
+from ubi_pipeline.formats.runs import Run, RunError
+from ubi_pipeline.schemas.cli_names import DEFAULT_SPLIT_KEYS
+from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.schemas.text import normalize_query
 
 NO_APPLICATION = "(no application)"
 DEFAULT_IMPRESSION_ACTIONS: tuple[str, ...] = ("impression",)
@@ -94,7 +94,7 @@ def _json_text(value: object) -> str:
 
 def system_sql(split_keys: Sequence[str] = DEFAULT_SPLIT_KEYS) -> tuple[str, list[str]]:
     """The SQL expression of a query record's system over ``application`` and ``query_attributes`` (one
-    place for :func:`load_searches` and ``processors.system_rankings``), and its parameters."""
+    place for :func:`load_searches` and ``ubi_pipeline.processors.clicks.system_rankings``), and its parameters."""
     parts = ["coalesce(application, '" + NO_APPLICATION + "')"]
     params: list[str] = []
     for key in split_keys:

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.errors import SettingsError
+from ubi_pipeline.schemas.errors import SettingsError
 
 
 class Settings(BaseSettings):
@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     position_base_auto: bool = Field(
         True,
         description="detect each application's ordinal base from ordinals checked against hit lists "
-                    "(processors.ordinal_base); an explicit position_base or position_base_by_application wins",
+                    "(ubi_pipeline.processors.clicks.ordinal_base); an explicit position_base or position_base_by_application wins",
     )
     min_support: int = Field(10, description="observations under the model (e.g. examined impressions) a (query, doc) needs before it gets a grade")
     max_ci_width: float = Field(0.5, description="widest confidence interval that still gets a grade")
@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     writer_memory_limit: str | None = Field(
         "256MB",
         description="DuckDB memory limit of the process writing the store (`ubi serve`, `ubi import`, `ubi consume "
-        "--db`): table blocks above it are evicted (the dedup keys hold no index in memory, store.keys); empty: "
+        "--db`): table blocks above it are evicted (the dedup keys hold no index in memory, ubi_pipeline.store.keys); empty: "
         "DuckDB's default (80% of RAM)",
     )
     import_batch_records: int = Field(
@@ -278,7 +278,7 @@ class Settings(BaseSettings):
 
         Every flag whose ``dest`` names a field counts (``only`` narrows that to the fields named); a flag left
         at ``None`` is unset. ``overrides`` are set like flags. A value that does not validate raises
-        :class:`~schemas.errors.SettingsError` (exit 2) naming the flag as typed (``--batch-records``; the
+        :class:`~ubi_pipeline.schemas.errors.SettingsError` (exit 2) naming the flag as typed (``--batch-records``; the
         ``flag_names`` that ``ubi`` records on the parsed namespace, else ``--`` and the field name) or the
         ``UBI_*`` variable it came from, and what was expected.
         """

@@ -2,8 +2,8 @@
 
 Each table is declared once, as a :class:`Table` of :class:`Column` (name, DuckDB type, NOT NULL, note);
 everything else is derived from that declaration: the DDL the DuckDB store and the Parquet views run, the
-column lists SQL identifiers are checked against, the Arrow schemas of ``store.rows`` (by
-:data:`ARROW_TYPE_NAMES`), and the columns a Kafka row may not leave null (``store.wire.REQUIRED``). So the
+column lists SQL identifiers are checked against, the Arrow schemas of ``ubi_pipeline.store.rows`` (by
+:data:`ARROW_TYPE_NAMES`), and the columns a Kafka row may not leave null (``ubi_pipeline.transport.wire.REQUIRED``). So the
 collector, the Kafka loader, the processors and the reports agree on names and types. JSON columns hold the
 original objects (``event_attributes``, extra keys) so nothing a client sent is lost.
 """
@@ -28,7 +28,7 @@ class Table:
     """One stored table: its columns in order and its primary key.
 
     ``key_table``: the key is unique, but kept so by the store against that table of 64-bit key hashes
-    (``store.keys``) instead of a DuckDB PRIMARY KEY, whose index DuckDB holds in memory whole (about 125
+    (``ubi_pipeline.store.keys``) instead of a DuckDB PRIMARY KEY, whose index DuckDB holds in memory whole (about 125
     bytes per stored event: 2.5 GB at 20M events); the key columns are then NOT NULL without an index.
     """
 
@@ -65,7 +65,7 @@ def _c(name: str, sql: str = "VARCHAR", not_null: bool = False, note: str = "") 
     return Column(name, sql, not_null, note)
 
 
-#: Query records. Identity is ``query_key`` (``query_id`` + ``query_response_id``, see ``schemas.ubi.query_key``).
+#: Query records. Identity is ``query_key`` (``query_id`` + ``query_response_id``, see ``ubi_pipeline.schemas.ubi.query_key``).
 QUERY_TABLE = Table("ubi_queries", (
     _c("query_key"),
     _c("query_id", not_null=True),
@@ -83,7 +83,7 @@ QUERY_TABLE = Table("ubi_queries", (
     _c("received_at", "TIMESTAMP", not_null=True),
 ), key=("query_key",), key_table="ubi_query_keys")
 
-#: Events. Identity is ``event_key`` (client ``event_id`` or canonical hash, see ``schemas.ubi.event_key``).
+#: Events. Identity is ``event_key`` (client ``event_id`` or canonical hash, see ``ubi_pipeline.schemas.ubi.event_key``).
 EVENT_TABLE = Table("ubi_events", (
     _c("event_key"),
     _c("event_id"),
@@ -128,7 +128,7 @@ FAILED_TABLE = Table("failed_records", (
 #: ``parameters`` holds what is the pair's own (``observations``, ``calibration_split``); what every row of a run
 #: shares (the model's fit, grade mapping, limits, identifiability, selection) is stored once, in
 #: ``judgment_runs``, under ``run_id``. Rows written before that split have ``run_id`` NULL and their whole
-#: document in ``parameters``; ``store.judgment_params`` reads both shapes into the same dict.
+#: document in ``parameters``; ``ubi_pipeline.store.judgment_params`` reads both shapes into the same dict.
 JUDGMENT_TABLE = Table("judgments", (
     _c("query", not_null=True, note="normalised query text (NFKC, case-folded, whitespace collapsed)"),
     _c("doc_id", not_null=True),
@@ -144,12 +144,12 @@ JUDGMENT_TABLE = Table("judgments", (
     _c("grade", "INTEGER",
        note="on the human scale, or NULL (too little support / too wide an interval)"),
     _c("created_at", "TIMESTAMP", not_null=True),
-    # last: stores made before it get it by ALTER TABLE ... ADD COLUMN, which appends (store.duckdb_store)
+    # last: stores made before it get it by ALTER TABLE ... ADD COLUMN, which appends (ubi_pipeline.store.duckdb_store)
     _c("run_id", note="the judgment_runs row (same source) with the run-wide parameters; NULL: parameters is whole"),
 ), key=("query", "doc_id", "source"))
 
 #: The run-wide part of the judgments' parameters, once per (source, run). ``run_id`` is a digest of the
-#: document (``store.judgment_params.run_id``), so writing the same run twice stores one row.
+#: document (``ubi_pipeline.store.judgment_params.run_id``), so writing the same run twice stores one row.
 JUDGMENT_RUN_TABLE = Table("judgment_runs", (
     _c("source", not_null=True, note="implicit:<model>, as the rows of the run"),
     _c("run_id", not_null=True),
@@ -179,7 +179,7 @@ def _key_table(of: Table) -> Table:
     ), key=())
 
 
-#: The stores' own dedup tables of ``ubi_queries`` and ``ubi_events`` (``store.keys``): not UBI data.
+#: The stores' own dedup tables of ``ubi_queries`` and ``ubi_events`` (``ubi_pipeline.store.keys``): not UBI data.
 QUERY_KEY_TABLE = _key_table(QUERY_TABLE)
 EVENT_KEY_TABLE = _key_table(EVENT_TABLE)
 

@@ -2,7 +2,7 @@
 
 Works the same whether the file is free (opened directly), held by a running collector or a DuckDB loader
 (``ubi consume --db``: both advertise their admin URL in ``<db>.collector.json`` and serve the same admin
-protocol, :mod:`store.admin`), or is a Parquet folder written by ``ubi consume --parquet``.
+protocol, :mod:`ubi_pipeline.transport.admin`), or is a Parquet folder written by ``ubi consume --parquet``.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import duckdb
 import httpx
 import pyarrow as pa
 
-from schemas.errors import StoreError, StoreLocked
-from schemas.settings import Settings
-from store.duckdb_store import Store, is_lock_error
-from store.failed import failed_page
-from store.parquet_store import is_parquet_store, open_parquet_reader
-from store.sealed import Sealed, decode_seal, open_sealed
+from ubi_pipeline.schemas.errors import StoreError, StoreLocked
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.duckdb_store import Store, is_lock_error
+from ubi_pipeline.store.failed import failed_page
+from ubi_pipeline.store.parquet_store import is_parquet_store, open_parquet_reader
+from ubi_pipeline.store.sealed import Sealed, decode_seal, open_sealed
 
 
 def sidecar_path(db: Path) -> Path:
@@ -36,7 +36,7 @@ def open_reader(db: Path | str, settings: Settings | None = None) -> duckdb.Duck
 
     While a collector (or ``ubi consume --db``) holds the file, it is asked to seal what it stored since the
     last seal (:func:`request_seal`), and the connection is an in-memory DuckDB whose tables read those
-    segments in place (:func:`store.sealed.open_sealed`): no copy of the database is made for a reader, and
+    segments in place (:func:`ubi_pipeline.store.sealed.open_sealed`): no copy of the database is made for a reader, and
     nothing on disk is the reader's. That reader shares the machine with the writer, so it first steps back
     (:func:`yield_to_writer`: ``Settings.reader_nice``, ``Settings.reader_threads``). ``db`` may also be a
     Parquet folder written by ``ubi consume --parquet``: its tables are then views with the same dedup rules.
@@ -170,7 +170,7 @@ def advertise(db: Path, url: str) -> Path:
 
 
 def failed_records(db: Path, *, limit: int, offset: int, kind: str | None) -> dict[str, Any]:
-    """A page of failed records (:func:`store.failed.failed_page`): from the file, or from the collector or
+    """A page of failed records (:func:`ubi_pipeline.store.failed.failed_page`): from the file, or from the collector or
     loader that holds it."""
     if not db.exists():
         raise StoreError(f"{db}: no such database; ingest something first (`ubi serve`, `ubi import`)")

@@ -7,10 +7,10 @@ The design (README, "One writer, many readers"):
   :class:`Store` opened read-write. Every write is one transaction over whole Arrow batches; a 202 is sent
   only after it committed (DuckDB fsyncs its WAL on commit).
 * A running collector (or ``ubi consume --db``) advertises itself in a sidecar file next to the database (``<db>.collector.json``).
-* Readers (``ubi process``, ``ubi report``) call :func:`store.client.open_reader`: when the file is free they open it
+* Readers (``ubi process``, ``ubi report``) call :func:`ubi_pipeline.store.client.open_reader`: when the file is free they open it
   read-only; when a collector holds it, they ask it to seal (``POST /v1/admin/seal``: the rows stored since
   the last seal are appended, in one read transaction while the writer keeps committing, to immutable
-  Parquet segments, :mod:`store.sealed`) and read those segments in place. Derived tables they produce go
+  Parquet segments, :mod:`ubi_pipeline.store.sealed`) and read those segments in place. Derived tables they produce go
   back through the collector (``POST /v1/admin/load/{table}``), so the one writer stays the one writer.
 """
 
@@ -32,14 +32,14 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from schemas import tables
-from schemas.errors import StoreError, StoreHeldByReader, StoreLocked
-from schemas.settings import Settings
-from store.judgment_params import table_columns
-from store.keys import KeyIndex
-from store.rows import EVENT_CONTENT_COLUMNS, Counts, RowStatus, event_content_digest
-from store.sealed import Sealed, Sealer
-from store.sql import quote_ident
+from ubi_pipeline.schemas import tables
+from ubi_pipeline.schemas.errors import StoreError, StoreHeldByReader, StoreLocked
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.judgment_params import table_columns
+from ubi_pipeline.store.keys import KeyIndex
+from ubi_pipeline.store.rows import EVENT_CONTENT_COLUMNS, Counts, RowStatus, event_content_digest
+from ubi_pipeline.store.sealed import Sealed, Sealer
+from ubi_pipeline.store.sql import quote_ident
 
 #: Derived tables other processes may load through a running collector.
 LOADABLE_TABLES = ("judgments", "judgment_runs", "human_judgments")
@@ -53,7 +53,7 @@ def is_lock_error(exc: Exception) -> bool:
 
 
 def checked_columns(table: str, names: Sequence[str]) -> str:
-    """``names`` quoted and joined, after checking each is a declared column of ``table`` (schemas.tables).
+    """``names`` quoted and joined, after checking each is a declared column of ``table`` (ubi_pipeline.schemas.tables).
 
     Raises :class:`StoreError` naming the table or the first column that is not declared, so nothing taken
     from a request or a file reaches SQL unless it is on the fixed list.
@@ -146,7 +146,7 @@ class Store:
         ``wait_for_readers``: seconds to wait, retrying, while read-only readers hold the file.
         ``memory_limit``: DuckDB's buffer pool of the writer (``Settings.writer_memory_limit``; None: DuckDB's
         default, 80 % of RAM). Without it the pool keeps every table block written, about 70 MB per million
-        events; the keys are no index in memory (:mod:`store.keys`), so everything in it can be evicted.
+        events; the keys are no index in memory (:mod:`ubi_pipeline.store.keys`), so everything in it can be evicted.
         ``load_memory_limit``: the pool while :meth:`load_tables` writes derived tables (``Settings.memory_limit``,
         the readers' limit; None: ``memory_limit``). ``judgments`` keeps a primary key, whose index DuckDB holds in
         memory whole: replacing the 416,660 judgments of a 20M-event log does not fit in 256 MB.
@@ -246,7 +246,7 @@ class Store:
                 self._idle.notify_all()
 
     def seal(self) -> Sealed:
-        """Seal the rows committed since the last seal into Parquet segments; see :mod:`store.sealed`.
+        """Seal the rows committed since the last seal into Parquet segments; see :mod:`ubi_pipeline.store.sealed`.
 
         Writers are not paused: the copy runs in a read transaction on its own cursor, outside the store
         lock, and DuckDB's MVCC gives that transaction the state of the last commit before it began while
@@ -405,7 +405,7 @@ class Store:
         fetch: Sequence[str],
         after: list[Callable[[duckdb.DuckDBPyConnection], None]],
     ) -> tuple[dict[int, tuple[Any, ...]], set[int]]:
-        """Insert the rows at ``keep`` (first occurrences) whose key is not stored (:mod:`store.keys`).
+        """Insert the rows at ``keep`` (first occurrences) whose key is not stored (:mod:`ubi_pipeline.store.keys`).
 
         Returns, by batch position, the ``fetch`` columns of the stored row of each key that was stored
         already, and the positions inserted.
@@ -489,7 +489,7 @@ class Store:
         in the same transaction, so a new run of a model leaves no stale rows of pairs it no longer sees; for
         ``judgments`` that also deletes the source's ``judgment_runs`` no row refers to any more. Judgment rows
         that refer to a run (``run_id``) ``judgment_runs`` does not hold are refused (:class:`StoreError`): load
-        the run first (``processors.judgments.store_judgments`` loads both, runs first).
+        the run first (``ubi_pipeline.processors.labels.implicit.store_judgments`` loads both, runs first).
 
         The rows are inserted or replaced first and only the stale ones deleted after: the same end state as
         deleting the whole source first, but DuckDB (2.0) deletes rows from a checkpointed primary-key index in
@@ -573,11 +573,11 @@ class Store:
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
-    """Create every table of ``schemas.tables`` that does not exist yet, and bring older tables up to date.
+    """Create every table of ``ubi_pipeline.schemas.tables`` that does not exist yet, and bring older tables up to date.
 
     The one migration so far: ``judgments.run_id`` (the run-wide parameters moved to ``judgment_runs``). A store
     made before it gets the column, NULL in every row it holds; those rows keep their whole parameters and are
-    read as they are (``store.judgment_params``). Adding a nullable column rewrites nothing (0.03 s with 400,000
+    read as they are (``ubi_pipeline.store.judgment_params``). Adding a nullable column rewrites nothing (0.03 s with 400,000
     rows), and running it again finds the column and does nothing.
     """
     for ddl in tables.ALL_TABLES:
@@ -593,12 +593,12 @@ def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
 
 def migrate_keys(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Drop the PRIMARY KEY of ``ubi_events`` / ``ubi_queries`` in a store made before the key tables
-    (:mod:`store.keys`); returns the tables migrated.
+    (:mod:`ubi_pipeline.store.keys`); returns the tables migrated.
 
     DuckDB cannot drop a constraint, so the table is copied into one made by today's DDL, in its order (no
     row is ever deleted, so every ``rowid`` and the sealed segments' watermarks stay), in
     one transaction: a migration cut short leaves the old table as it was. The key table is filled after,
-    by :meth:`store.keys.KeyIndex.open`.
+    by :meth:`ubi_pipeline.store.keys.KeyIndex.open`.
     """
     done = []
     for table in (tables.QUERY_TABLE, tables.EVENT_TABLE):

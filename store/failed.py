@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from store.duckdb_store import Store
+from ubi_pipeline.store.duckdb_store import Store
 
 
 def raw_text(raw: bytes | None) -> tuple[str | None, str | None]:

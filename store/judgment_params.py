@@ -5,7 +5,7 @@ same for every row of the run: the model's fitted prior and position parameters,
 limits, the identifiability verdict, ``--model auto``'s selection (about 1.3 KB). Only ``observations`` and,
 with human grades, ``calibration_split`` are the pair's own. So the run-wide document is stored once, in
 ``judgment_runs`` under ``(source, run_id)``, and each row keeps its own keys and the ``run_id``
-(``schemas.tables``). At 20M events that is 416,660 rows: 540 MB of repeated JSON as Arrow before, more
+(``ubi_pipeline.schemas.tables``). At 20M events that is 416,660 rows: 540 MB of repeated JSON as Arrow before, more
 inside DuckDB's ``INSERT OR REPLACE`` transaction (which does not spill).
 
 Readers see one dict per row, the same as before the split: the run's keys in their order, then the row's
@@ -26,7 +26,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from schemas.errors import StoreError
+from ubi_pipeline.schemas.errors import StoreError
 
 #: The keys of a judgment's parameters that differ from row to row, in the order a row's dict ends with.
 PER_ROW_KEYS = ("calibration_split", "observations")
@@ -86,7 +86,7 @@ class ParameterMerger:
 
     ``share``: rows whose stored parts are the same text get the *same* dict object (a run's rows differ only in
     ``observations``: about 20 distinct dicts for 100,000 rows), for readers that hold every row at once and
-    only read the dicts (``reports.merge.labels_from_store``: about 1.3 KB a row otherwise).
+    only read the dicts (``ubi_pipeline.processors.labels.merge.labels_from_store``: about 1.3 KB a row otherwise).
     """
 
     def __init__(self, runs: Mapping[tuple[str, str], str], *, share: bool = False) -> None:
@@ -153,7 +153,7 @@ def stored_runs(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], str]:
 
 
 def arrow_runs(runs: pa.Table | None) -> dict[tuple[str, str], str]:
-    """The run-wide documents of an in-memory ``judgment_runs`` table (``processors.judgments.JudgmentRun.runs``)."""
+    """The run-wide documents of an in-memory ``judgment_runs`` table (``ubi_pipeline.processors.labels.implicit.JudgmentRun.runs``)."""
     if runs is None or not runs.num_rows:
         return {}
     return dict(zip(zip(runs.column("source").to_pylist(), runs.column("run_id").to_pylist(), strict=True),
@@ -180,11 +180,11 @@ def read_judgments(con: duckdb.DuckDBPyConnection, columns: Sequence[str], *, wh
     ``share``: rows with the same stored parameters share one dict object (:class:`ParameterMerger`); do not
     change the dicts then.
 
-    ``columns`` are checked against ``schemas.tables.JUDGMENT_COLUMNS`` and quoted; ``where`` and
+    ``columns`` are checked against ``ubi_pipeline.schemas.tables.JUDGMENT_COLUMNS`` and quoted; ``where`` and
     ``order_by`` are fixed SQL of the caller (never text from a request), ``params`` its values. Rows come in
     batches of 100,000 so a large store's rows are never all held as tuples at once.
     """
-    from store.duckdb_store import checked_columns  # store.duckdb_store imports this module
+    from ubi_pipeline.store.duckdb_store import checked_columns  # store.duckdb_store imports this module
 
     have = table_columns(con, "judgments")
     if not have:

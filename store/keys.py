@@ -3,7 +3,7 @@
 A DuckDB PRIMARY KEY keeps its ART index in memory whole and cannot evict it: about 125 bytes per stored
 event for the ``event_key`` strings (40 for a UBIGINT key), so a writer's memory grew with the store and a
 ``memory_limit`` made a long import fail ("failed to pin block"). Here ``ubi_events`` and ``ubi_queries``
-have no index. Beside each is a key table (``schemas.tables.EVENT_KEY_TABLE``): one row per stored row,
+have no index. Beside each is a key table (``ubi_pipeline.schemas.tables.EVENT_KEY_TABLE``): one row per stored row,
 ``md5_number_lower(key)`` and the stored row's ``rowid``. It lives in DuckDB's buffer pool like any table, so
 ``memory_limit`` bounds it and it is written, committed and recovered in the same transaction as the rows.
 
@@ -38,9 +38,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from schemas import tables
-from schemas.errors import StoreError
-from store.sql import quote_ident
+from ubi_pipeline.schemas import tables
+from ubi_pipeline.schemas.errors import StoreError
+from ubi_pipeline.store.sql import quote_ident
 
 #: Bits of filter per stored key and bits set per key (one 64-bit word per key: a blocked Bloom filter).
 BITS_PER_KEY = 16
@@ -188,7 +188,7 @@ def block_ranges(blocks: np.ndarray) -> list[tuple[int, int]]:
 
 class KeyIndex:
     """The key table of one keyed table (``ubi_events`` or ``ubi_queries``) and its filter; used by
-    :class:`store.duckdb_store.Store` under its write lock."""
+    :class:`ubi_pipeline.store.duckdb_store.Store` under its write lock."""
 
     def __init__(self, table: tables.Table) -> None:
         if table.key_table is None or len(table.key) != 1:

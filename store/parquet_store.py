@@ -16,7 +16,7 @@ Files are an append-only log: a record delivered twice (a batch re-delivered aft
 after a timeout) is in two files. The views of :func:`open_parquet_reader` apply the store's dedup keys,
 so what processors read is exactly-once: per ``query_key`` and per ``event_key`` the first one (earliest
 ``received_at``, then partition and offset), the others with different content (a different
-``content_hash``; for events :func:`store.rows.event_content_hash`) shown as ``conflict`` rows in
+``content_hash``; for events :func:`ubi_pipeline.store.rows.event_content_hash`) shown as ``conflict`` rows in
 ``failed_records``, as the DuckDB store keeps them.
 """
 
@@ -32,10 +32,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from duckdb import sqltypes
 
-from schemas import tables
-from schemas.errors import StoreError
-from store.files import fsync_dir
-from store.rows import EVENT_CONTENT_COLUMNS, event_content_digest
+from ubi_pipeline.schemas import tables
+from ubi_pipeline.schemas.errors import StoreError
+from ubi_pipeline.store.files import fsync_dir
+from ubi_pipeline.store.rows import EVENT_CONTENT_COLUMNS, event_content_digest
 
 TABLE_DIRS = ("ubi_queries", "ubi_events", "failed_records")
 #: Where a row came from (partition, offset, line in the message); kept in the Parquet files of
@@ -102,11 +102,11 @@ def open_parquet_reader(root: Path | str) -> duckdb.DuckDBPyConnection:
         con.execute(f"""CREATE VIEW ubi_events AS
             SELECT {_cols(tables.EVENT_COLUMNS)} FROM {read.format(e_glob)}
             QUALIFY row_number() OVER (PARTITION BY event_key {order}) = 1""")
-        # Another event under a taken event_key, as the DuckDB store judges it (store.duckdb_store): rows whose
+        # Another event under a taken event_key, as the DuckDB store judges it (ubi_pipeline.store.duckdb_store): rows whose
         # content differs from the first one's, compared key-order free by the store's own digest (a Python
         # function, called only on rows whose values differ), one conflict row per distinct content.
         content = _cols(EVENT_CONTENT_COLUMNS)
-        # The struct's type is the files' own (written from store.rows.EVENT_SCHEMA): no second type list.
+        # The struct's type is the files' own (written from ubi_pipeline.store.rows.EVENT_SCHEMA): no second type list.
         content_type = con.sql(f"SELECT struct_pack({content}) FROM {read.format(e_glob)} LIMIT 0").types[0]
         _register_event_digest(con, content_type)
         con.execute(f"""CREATE VIEW _event_conflicts AS

@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from schemas import tables
-from schemas.ubi import CANONICAL_OPTIONS, UbiEvent, UbiQuery
+from ubi_pipeline.schemas import tables
+from ubi_pipeline.schemas.ubi import CANONICAL_OPTIONS, UbiEvent, UbiQuery
 
 
 def utcnow() -> datetime:
@@ -86,7 +86,7 @@ class Counts:
 
 # ---------------------------------------------------------------- Arrow schemas of stored rows
 
-#: The Arrow type each DuckDB column type of ``schemas.tables`` travels as (JSON columns travel as strings).
+#: The Arrow type each DuckDB column type of ``ubi_pipeline.schemas.tables`` travels as (JSON columns travel as strings).
 ARROW_TYPES: dict[str, pa.DataType] = {
     "VARCHAR": pa.string(),
     "JSON": pa.string(),
@@ -151,7 +151,7 @@ def query_values(q: UbiQuery, received_at: datetime) -> tuple[Any, ...]:
 
 
 def event_values(e: UbiEvent, received_at: datetime, bulk_id: str | None) -> tuple[Any, ...]:
-    """One event in ``EVENT_SCHEMA`` column order; the key is ``schemas.ubi.event_key`` (computed once)."""
+    """One event in ``EVENT_SCHEMA`` column order; the key is ``ubi_pipeline.schemas.ubi.event_key`` (computed once)."""
     event_id = e.event_id or bulk_id
     attrs = e.event_attributes
     if event_id:
@@ -191,12 +191,12 @@ def event_values(e: UbiEvent, received_at: datetime, bulk_id: str | None) -> tup
 
 
 def query_row(q: UbiQuery, received_at: datetime) -> dict[str, Any]:
-    """The stored shape of a query record (``schemas.tables.UBI_QUERIES``)."""
+    """The stored shape of a query record (``ubi_pipeline.schemas.tables.UBI_QUERIES``)."""
     return dict(zip(QUERY_SCHEMA.names, query_values(q, received_at), strict=True))
 
 
 def event_row(e: UbiEvent, received_at: datetime, bulk_id: str | None = None) -> dict[str, Any]:
-    """The stored shape of an event (``schemas.tables.UBI_EVENTS``); ``bulk_id`` is a ``_bulk`` ``_id``."""
+    """The stored shape of an event (``ubi_pipeline.schemas.tables.UBI_EVENTS``); ``bulk_id`` is a ``_bulk`` ``_id``."""
     return dict(zip(EVENT_SCHEMA.names, event_values(e, received_at, bulk_id), strict=True))
 
 
@@ -251,7 +251,7 @@ def failed_row(
     received_at: datetime | None = None,
     kafka: tuple[str, int, int] | None = None,
 ) -> dict[str, Any]:
-    """One ``failed_records`` row as a dict (see ``schemas.tables.FAILED_RECORDS``)."""
+    """One ``failed_records`` row as a dict (see ``ubi_pipeline.schemas.tables.FAILED_RECORDS``)."""
     topic, partition, offset = kafka or (None, None, None)
     return {
         "failed_id": uuid.uuid4().hex,

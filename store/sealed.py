@@ -53,13 +53,13 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import pyarrow as pa
 
-from schemas import tables
-from schemas.errors import StoreError
-from store.files import fsync_dir
-from store.sql import quote_ident
+from ubi_pipeline.schemas import tables
+from ubi_pipeline.schemas.errors import StoreError
+from ubi_pipeline.store.files import fsync_dir
+from ubi_pipeline.store.sql import quote_ident
 
 if TYPE_CHECKING:
-    from store.duckdb_store import Store
+    from ubi_pipeline.store.duckdb_store import Store
 
 #: Append-only tables sealed into segments, with the key that names a row.
 SEALED_TABLES: dict[str, str] = {"ubi_queries": "query_key", "ubi_events": "event_key", "failed_records": "failed_id"}
@@ -434,7 +434,7 @@ def open_sealed(sealed: Sealed, *, threads: int | None = None) -> duckdb.DuckDBP
     ``threads``: DuckDB's worker threads (default: one per core), set when the database starts, so no more
     threads than that are ever started.
     """
-    from store.duckdb_store import checked_columns  # store.duckdb_store imports this module
+    from ubi_pipeline.store.duckdb_store import checked_columns  # store.duckdb_store imports this module
 
     con = duckdb.connect(config={"threads": int(threads)} if threads is not None else {})
     try:
@@ -447,7 +447,7 @@ def open_sealed(sealed: Sealed, *, threads: int | None = None) -> duckdb.DuckDBP
             if not files:
                 con.execute(DDL[table])
                 continue
-            # each column cast to its declared type (schemas.tables), whatever the files' own types
+            # each column cast to its declared type (ubi_pipeline.schemas.tables), whatever the files' own types
             cols = ", ".join(f"{quote_ident(c.name)}::{c.sql} AS {quote_ident(c.name)}"
                              for c in tables.TABLES[table].columns)
             listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)

@@ -1,7 +1,7 @@
 """Quoting of SQL identifiers, for every module of the store that builds a statement from a name.
 
-Names reach SQL only from the fixed declarations in :mod:`schemas.tables` (or after a check against them, see
-:func:`store.duckdb_store.checked_columns`), and always quoted, so a name is never read as SQL.
+Names reach SQL only from the fixed declarations in :mod:`ubi_pipeline.schemas.tables` (or after a check against them, see
+:func:`ubi_pipeline.store.duckdb_store.checked_columns`), and always quoted, so a name is never read as SQL.
 """
 
 from __future__ import annotations

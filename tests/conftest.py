@@ -19,7 +19,7 @@ settings.register_profile("ubi", deadline=None)
 settings.load_profile("ubi")
 
 # A test that reads a live store in this process would lower this process's priority for the rest of the run
-# (store.client.yield_to_writer: a nice value cannot be raised back), and every subprocess started after it
+# (ubi_pipeline.store.client.yield_to_writer: a nice value cannot be raised back), and every subprocess started after it
 # would inherit it. Tests of that step set the value they test, in a subprocess of their own.
 os.environ.setdefault("UBI_READER_NICE", "0")
 
@@ -135,12 +135,12 @@ SHARED_FIXTURE_GROUPS = {
 LONGEST_GROUPS = (
     "browser",  # 15 %
     "kafka",  # 13 %
-    "tests/processors/test_spark_sessions.py",  # 12 %
+    "tests/processors/clicks/test_spark_sessions.py",  # 12 %
     "tests/reports/test_report_command.py",  # 8 %
     "tests/collector/test_import_stream.py",  # 5 %
     "tests/reports/test_report_honest.py",  # 5 %
     "demo",  # 5 %
-    "tests/processors/test_selection.py",  # 4 %
+    "tests/processors/click_models/test_selection.py",  # 4 %
     "tests/reports/test_predict_command.py",  # 3 %
     "tests/collector/test_fastpath.py",  # 3 %
 )

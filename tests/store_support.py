@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from store.sealed import MANIFEST, default_root
+from ubi_pipeline.store.sealed import MANIFEST, default_root
 
 
 def only_store_files(db: Path) -> bool:

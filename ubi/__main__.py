@@ -1,3 +1,3 @@
-from ubi.cli import main
+from ubi_pipeline.cli import main
 
 raise SystemExit(main())

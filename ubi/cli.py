@@ -1,7 +1,7 @@
-"""``ubi``: one command whose subcommands map to the pipeline stages (:mod:`ubi.stages`), plus ``ubi demo``.
+"""``ubi``: one command whose subcommands map to the pipeline stages (:mod:`ubi_pipeline.stages`), plus ``ubi demo``.
 
 Exit codes: 0 done, 1 a gate fell short, 2 bad input or usage, 3 a bug, 130 interrupted (see
-:func:`ubi.stages.run`).
+:func:`ubi_pipeline.stages.run`).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ubi import demo
-from ubi.stages import run, stage_parser
+from ubi_pipeline import demo
+from ubi_pipeline.stages import run, stage_parser
 
 
 def build_parser() -> argparse.ArgumentParser:

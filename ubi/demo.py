@@ -27,8 +27,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from schemas.errors import UbiError
-from ubi.stages import main as ubi_main
+from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.stages import main as ubi_main
 
 #: Click models the demo derives candidate judgments with (each becomes a source ``implicit:<model>``).
 DEMO_MODELS = ("ctr", "coec", "pbm", "dbn")
@@ -58,7 +58,7 @@ def running_collector(db: Path, port: int, log: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", str(port)],
+            [sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(db), "--port", str(port)],
             stdout=out, stderr=subprocess.STDOUT,
         )
         try:
@@ -116,7 +116,7 @@ def prepare_workdir(workdir: Path) -> None:
 
 def unlogged_slots(catalog: Any, *, noise: float = UNLOGGED_NOISE, seed: int = 0, depth: int = 10) -> Any:
     """[Q, depth] doc slots of a ranker that never served: each catalog query's docs by grade + N(0, σ²)
-    (the simulator's ranker protocol, ``processors.simulation.traffic``)."""
+    (the simulator's ranker protocol, ``ubi_pipeline.processors.simulation.traffic``)."""
     import numpy as np
 
     rng = np.random.default_rng([seed, 0x0A11])
@@ -135,7 +135,7 @@ def write_run(catalog: Any, slots: Any, path: Path, tag: str = UNLOGGED) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     """The main job, shown in one command."""
-    from processors.simulation import SimConfig, simulate
+    from ubi_pipeline.processors.simulation import SimConfig, simulate
     console = Console(highlight=False)
     workdir = Path(args.dir)
     prepare_workdir(workdir)
@@ -219,7 +219,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def _truth_line(console: Console, traffic: Any, slots: Any) -> None:
     """What the simulator knows and the report had to predict: the unlogged ranker's exact CTR@10."""
-    from processors.counterfactual.validate import exact_metrics
+    from ubi_pipeline.processors.counterfactual.validate import exact_metrics
 
     if traffic.truth.config.model not in ("pbm", "cascade", "dbn"):
         return
@@ -240,7 +240,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise DemoError("--host, --port and --db are for `ubi demo --serve`; the batch demo uses a free "
                         "loopback port and <--dir>/ubi.duckdb")
     if args.serve:
-        from ubi.demo_serve import serve_demo
+        from ubi_pipeline.demo_serve import serve_demo
 
         return int(serve_demo(args) or 0)
     return run_demo(args)

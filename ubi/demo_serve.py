@@ -5,7 +5,7 @@ the page, the client and the collector share an origin and no CORS setting is ne
 gets one of two rankers (``ranker-a``, ``ranker-b``): the simulator's protocol, grade plus Gaussian noise
 (σ = 0.5 and 2.0), sorted. Everything a visitor does is stored in the DuckDB file like any other UBI data.
 
-Run standalone: ``python -m ubi.demo_serve --db demo.duckdb --port 8000``. ``/report`` renders the joint
+Run standalone: ``python -m ubi_pipeline.demo_serve --db demo.duckdb --port 8000``. ``/report`` renders the joint
 report (``ubi report --format html``) of what visitors did against the catalog's graded human judgments,
 when the reports stage is installed; otherwise the page shows no report link.
 """
@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-from collector.demo_site import DemoCatalog, DemoDoc, demo_router
-from collector.server import bind_socket, make_server, server_config
-from schemas.errors import UbiError
-from schemas.settings import Settings
-from store.duckdb_store import Store
-from store.sealed import open_sealed
+from ubi_pipeline.collector.server import bind_socket, make_server, server_config
+from ubi_pipeline.demo_site import DemoCatalog, DemoDoc, demo_router
+from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.sealed import open_sealed
 
 #: The two rankers of the demo, best first: name and noise σ (grade + N(0, σ²), as in the simulator).
 RANKERS: tuple[tuple[str, float], ...] = (("ranker-a", 0.5), ("ranker-b", 2.0))
@@ -40,7 +40,7 @@ def _title(query: str, doc_id: str) -> str:
 
 
 def _simulated(seed: int, queries: int, docs_per_query: int) -> Any:
-    from processors.simulation.catalog import build_catalog
+    from ubi_pipeline.processors.simulation.catalog import build_catalog
 
     return build_catalog(queries, docs_per_query, seed=seed)
 
@@ -69,8 +69,8 @@ def write_qrels(path: Path, seed: int = 0, *, queries: int = 40, docs_per_query:
 
 
 def report_available() -> bool:
-    """Whether the reports stage can render HTML here (``reports.render.html`` and the joint report)."""
-    for name in ("reports.render.html", "reports.joint", "reports.merge", "processors.qrels"):
+    """Whether the reports stage can render HTML here (``ubi_pipeline.reports.render.html`` and the joint report)."""
+    for name in ("ubi_pipeline.reports.render.html", "ubi_pipeline.reports.joint", "ubi_pipeline.processors.labels.merge", "ubi_pipeline.formats.qrels"):
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -82,10 +82,10 @@ def report_available() -> bool:
 
 def live_report_html(store: Store, qrels: Path, settings: Settings) -> str:
     """The joint report (``ubi report --format html``) of everything stored so far, from the sealed segments."""
-    from processors.qrels import load_qrels
-    from reports.joint import ReportConfig, build_report
-    from reports.merge import LabelSet, labels_from_human, labels_from_store
-    from reports.render.html import render_html
+    from ubi_pipeline.formats.qrels import load_qrels
+    from ubi_pipeline.processors.labels.merge import LabelSet, labels_from_human, labels_from_store
+    from ubi_pipeline.reports.joint import ReportConfig, build_report
+    from ubi_pipeline.reports.render.html import render_html
 
     labels = LabelSet()
     labels.add(labels_from_human(load_qrels(qrels).human_judgments()))
@@ -104,7 +104,7 @@ def live_report_html(store: Store, qrels: Path, settings: Settings) -> str:
 
 def build_demo_app(settings: Settings, *, catalog: DemoCatalog | None = None, sink: Any = None) -> Any:
     """The collector app for ``settings`` with the demo site, and ``/report`` when the reports stage is there."""
-    from collector.app import create_app
+    from ubi_pipeline.collector.app import create_app
 
     app = create_app(settings, sink)
     store = app.state.collector.sink.store
@@ -157,8 +157,8 @@ def serve_demo(settings: Settings | argparse.Namespace, *,
     acknowledged writes are committed and the store is closed before this returns.
     """
 
-    from collector.sinks import create_sink
-    from store.client import advertise
+    from ubi_pipeline.collector.sinks import create_sink
+    from ubi_pipeline.store.client import advertise
 
     if not isinstance(settings, Settings):
         settings = demo_settings(settings)
@@ -186,7 +186,7 @@ def serve_demo(settings: Settings | argparse.Namespace, *,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ubi.demo_serve",
+        prog="python -m ubi_pipeline.demo_serve",
         description="Serve the instrumented demo search page, the live report and the collector on one port "
                     "(what `ubi demo --serve` runs). Settings also come from UBI_* variables.",
     )

@@ -1,4 +1,4 @@
-"""``ubi``'s pipeline subcommands and the exit-code contract; :mod:`ubi.cli` adds ``ubi demo`` on top.
+"""``ubi``'s pipeline subcommands and the exit-code contract; :mod:`ubi_pipeline.cli` adds ``ubi demo`` on top.
 
 Each stage's command modules have ``register(subparsers)``, which adds their subcommands (listed in
 :func:`stage_parser`, in pipeline order); every subcommand sets ``func`` (taking the parsed namespace,
@@ -20,17 +20,20 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from collector import commands as collector_commands
-from loader import commands as loader_commands
-from processors import commands as processors_commands
-from processors import selection_commands, simulation_commands
-from reports import commands as reports_commands
-from reports import evaluate_commands, judgment_commands, predict_commands
-from schemas.errors import UbiError
+from ubi_pipeline.commands import collector as collector_commands
+from ubi_pipeline.commands import evaluate as evaluate_commands
+from ubi_pipeline.commands import judgments as judgment_commands
+from ubi_pipeline.commands import loader as loader_commands
+from ubi_pipeline.commands import predict as predict_commands
+from ubi_pipeline.commands import process as processors_commands
+from ubi_pipeline.commands import report as reports_commands
+from ubi_pipeline.commands import select as selection_commands
+from ubi_pipeline.commands import simulate as simulation_commands
+from ubi_pipeline.schemas.errors import UbiError
 
 
 def stage_parser(*more: Callable[[Any], None]) -> argparse.ArgumentParser:
-    """``ubi`` with the subcommands of every pipeline stage, then those ``more`` registers add (``ubi.cli``
+    """``ubi`` with the subcommands of every pipeline stage, then those ``more`` registers add (``ubi_pipeline.cli``
     adds ``ubi demo``, which runs the stages through :func:`main`)."""
     parser = argparse.ArgumentParser(
         prog="ubi",

@@ -1,8 +1,8 @@
 """Sinks: where validated records go. ``duckdb`` (the embedded store, default) and ``kafka``.
 
-Each sink module provides a :class:`~collector.sinks.base.Sink` subclass and ``create(settings) -> Sink``.
-The sinks' own ``ubi serve`` flags (their ``dest`` are :class:`~schemas.settings.Settings` field names) are
-defined in :mod:`collector.sinks.options`, which imports nothing heavy: building the ``ubi`` parser must not load
+Each sink module provides a :class:`~ubi_pipeline.collector.sinks.base.Sink` subclass and ``create(settings) -> Sink``.
+The sinks' own ``ubi serve`` flags (their ``dest`` are :class:`~ubi_pipeline.schemas.settings.Settings` field names) are
+defined in :mod:`ubi_pipeline.collector.sinks.options`, which imports nothing heavy: building the ``ubi`` parser must not load
 DuckDB, Arrow or the Kafka client (``ubi --help``, tests/ubi/test_cli_imports.py). This package imports a sink's
 module only when :func:`create_sink` builds that sink.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from collector.sinks.options import SINK_NAMES, add_kafka_arguments
-from schemas.errors import UbiError
+from ubi_pipeline.collector.sinks.options import SINK_NAMES, add_kafka_arguments
+from ubi_pipeline.schemas.errors import UbiError
 
 if TYPE_CHECKING:
-    from collector.sinks.base import Sink
-    from schemas.settings import Settings
+    from ubi_pipeline.collector.sinks.base import Sink
+    from ubi_pipeline.schemas.settings import Settings
 
 
 def available_sinks() -> list[str]:
@@ -33,11 +33,11 @@ def add_sink_arguments(parser: argparse.ArgumentParser) -> None:
 def create_sink(settings: Settings) -> Sink:
     """The sink named by ``settings.sink``, built from the settings."""
     if settings.sink == "duckdb":
-        from collector.sinks import duckdb as duckdb_sink
+        from ubi_pipeline.collector.sinks import duckdb as duckdb_sink
 
         return duckdb_sink.create(settings)
     if settings.sink == "kafka":
-        from collector.sinks import kafka as kafka_sink
+        from ubi_pipeline.collector.sinks import kafka as kafka_sink
 
         return kafka_sink.create(settings)
     raise UbiError(f"unknown sink {settings.sink!r}; available: {', '.join(SINK_NAMES)}")

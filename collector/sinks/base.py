@@ -1,9 +1,9 @@
 """What every sink does: take validated records, make them durable, say how it is doing.
 
 A sink has two verbs (house style, "Sinks are small"): :meth:`Sink.submit` adds one validated batch and
-returns a future that resolves, with the batch's :class:`~collector.ingest.IngestResult`, only once the batch
+returns a future that resolves, with the batch's :class:`~ubi_pipeline.collector.ingest.IngestResult`, only once the batch
 (valid records *and* rejected items) is durable; :meth:`Sink.close` flushes and stops. If making a batch
-durable fails, its future raises :class:`~collector.errors.SinkUnavailable` and nothing is acknowledged.
+durable fails, its future raises :class:`~ubi_pipeline.collector.errors.SinkUnavailable` and nothing is acknowledged.
 
 Routes only see this interface, so the same routes serve the embedded DuckDB store and Kafka. Routes that
 need the local database (``/v1/failed``, the store admin routes) use :attr:`Sink.store`, which is ``None``
@@ -17,8 +17,8 @@ import asyncio
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
-from collector.ingest import IngestResult, Validated
-from store.duckdb_store import Store
+from ubi_pipeline.collector.ingest import IngestResult, Validated
+from ubi_pipeline.store.duckdb_store import Store
 
 
 class Sink(abc.ABC):

@@ -27,12 +27,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from collector.errors import SinkUnavailable
-from collector.ingest import IngestResult, Prepared, Validated, ingest_many, prepare
-from collector.sinks.base import Sink
-from schemas.settings import Settings
-from store.duckdb_store import Store
-from store.rows import EVENT_SCHEMA, failed_row, rows_table
+from ubi_pipeline.collector.errors import SinkUnavailable
+from ubi_pipeline.collector.ingest import IngestResult, Prepared, Validated, ingest_many, prepare
+from ubi_pipeline.collector.sinks.base import Sink
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.rows import EVENT_SCHEMA, failed_row, rows_table
 
 log = logging.getLogger("ubi.collector.sink")
 
@@ -96,7 +96,7 @@ def _gil_handover() -> Iterator[None]:
 
 
 class DuckDBSink(Sink):
-    """Writes to a :class:`~store.duckdb_store.Store` through one group-committing writer thread."""
+    """Writes to a :class:`~ubi_pipeline.store.duckdb_store.Store` through one group-committing writer thread."""
 
     name = "duckdb"
 

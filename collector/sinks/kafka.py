@@ -5,7 +5,7 @@ Two ways a batch becomes durable, and a request waits for one of them before its
 * direct: every message is produced (``acks=all``, keyed by ``query_id``) and the broker acknowledged all
   of them;
 * spooled: the broker did not acknowledge within ``kafka_ack_timeout`` (down, slow, topic missing), so
-  the batch was appended to the local spool (:mod:`collector.spool`) and fsync'd.
+  the batch was appended to the local spool (:mod:`ubi_pipeline.collector.spool`) and fsync'd.
 
 Once one batch is spooled the sink stays in spooling mode: later batches go to the spool behind it, and a
 replay thread sends the spool to the broker in append order, moving the spool's cursor only after the
@@ -31,21 +31,29 @@ from typing import Any
 
 import orjson
 
-from collector.errors import SinkUnavailable
-from collector.ingest import IngestResult, ItemError, Validated
-from collector.sinks.base import Sink
-from collector.spool import Spool, SpoolError, SpoolLocked, claim, orphaned_slots
-from schemas.settings import Settings
-from store.kafka_client import ensure_topics, make_producer
-from store.rows import Counts, event_row, failed_row, query_row, utcnow
-from store.wire import TOPIC_KINDS, Message, Topics, failed_value, group_rows, row_line, topics
+from ubi_pipeline.collector.errors import SinkUnavailable
+from ubi_pipeline.collector.ingest import IngestResult, ItemError, Validated
+from ubi_pipeline.collector.sinks.base import Sink
+from ubi_pipeline.collector.spool import Spool, SpoolError, SpoolLocked, claim, orphaned_slots
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.rows import Counts, event_row, failed_row, query_row, utcnow
+from ubi_pipeline.transport.kafka_client import ensure_topics, make_producer
+from ubi_pipeline.transport.wire import (
+    TOPIC_KINDS,
+    Message,
+    Topics,
+    failed_value,
+    group_rows,
+    row_line,
+    topics,
+)
 
 log = logging.getLogger("ubi.collector.kafka")
 
 
 # ---------------------------------------------------------------- validated bodies as messages
 
-#: What building a stored row can raise for a record that validated (as in ``collector.ingest.prepare``).
+#: What building a stored row can raise for a record that validated (as in ``ubi_pipeline.collector.ingest.prepare``).
 _ROW_ERRORS = (orjson.JSONEncodeError, ValueError, OverflowError, TypeError)
 
 
@@ -59,7 +67,7 @@ class Encoded:
     errors: list[ItemError]
 
 
-#: What building a stored row can raise for a record that validated (as in ``collector.ingest.prepare``).
+#: What building a stored row can raise for a record that validated (as in ``ubi_pipeline.collector.ingest.prepare``).
 _ROW_ERRORS = (orjson.JSONEncodeError, ValueError, OverflowError, TypeError)
 
 
@@ -67,7 +75,7 @@ def encode(validated: Validated, *, source: str, received_at: datetime | None = 
     """The messages of one validated body: its stored rows, and its rejected items with their reasons.
 
     Rows go straight from the validated records to JSON (no Arrow round trip). A record that validated
-    but cannot be stored is rejected on its own, as :func:`collector.ingest.prepare` does.
+    but cannot be stored is rejected on its own, as :func:`ubi_pipeline.collector.ingest.prepare` does.
     """
     now = received_at or utcnow()
     errors = list(validated.errors)
@@ -484,7 +492,7 @@ class KafkaSink(Sink):
                 other.close()
 
 
-# ---------------------------------------------------------------- plug-in hooks (collector.sinks)
+# ---------------------------------------------------------------- plug-in hooks (ubi_pipeline.collector.sinks)
 
 
 def create(settings: Settings) -> KafkaSink:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from store.kafka_flags import add_kafka_connection_arguments
+from ubi_pipeline.transport.kafka_flags import add_kafka_connection_arguments
 
 #: the sinks ``--sink`` accepts (each is a module of this package with ``create(settings)``)
 SINK_NAMES: tuple[str, ...] = ("duckdb", "kafka")

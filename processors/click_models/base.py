@@ -8,8 +8,8 @@ from typing import Any, Protocol, Self, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.common import ClickModelError, check_rank, check_sessions
-from processors.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.click_models.common import ClickModelError, check_rank, check_sessions
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
 
 
 @dataclass(frozen=True)

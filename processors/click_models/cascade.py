@@ -12,7 +12,7 @@ held-out evaluation clamps to 1e-6 (``common.PROB_EPS``): that cost is the model
 
 :func:`cascade_family_probs` is the shared recursion of DCM, DBN and SDBN: after a click the user goes on
 with probability ``after_click``, after a skipped result with ``after_skip``.
-α carries a Beta prior (``prior``, ``processors.click_models.priors``): α_qd is the posterior mean
+α carries a Beta prior (``prior``, ``ubi_pipeline.processors.click_models.priors``): α_qd is the posterior mean
 (a + first clicks)/(a + b + examinations); the default empirical prior is rank-informed and fitted by
 maximum Beta-binomial marginal likelihood on those counts. Unseen pairs get the prior (at the rank they are
 shown at, when empirical) or α₀ = Σ first clicks / Σ examined impressions. Interval: the posterior Beta
@@ -26,21 +26,21 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import FittedModel, RelevanceEstimate
-from processors.click_models.common import (
+from ubi_pipeline.processors.click_models.base import FittedModel, RelevanceEstimate
+from ubi_pipeline.processors.click_models.common import (
     check_sessions,
     pair_support,
     safe_div,
     weighted_count,
     wilson_interval,
 )
-from processors.click_models.priors import (
+from ubi_pipeline.processors.click_models.priors import (
     DEFAULT_PRIOR,
     LogFeatures,
     beta_posterior_interval,
     check_prior,
 )
-from processors.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
 
 
 def click_extent(

@@ -10,7 +10,7 @@ it is unbounded above.
 As a click model it predicts P(C_k = 1) = min(COEC(q, d)·ρ_k, 1), independent across ranks, so the conditional
 probabilities equal the full ones. Unseen pairs get the prior COEC = 1 (an average result).
 
-Prior (``prior``, see ``processors.click_models.priors``): COEC is a rate ratio, so its conjugate prior is a
+Prior (``prior``, see ``ubi_pipeline.processors.click_models.priors``): COEC is a rate ratio, so its conjugate prior is a
 Gamma: c ~ Poisson(r·E), r ~ Gamma(m·s, s), score = posterior mean (m·s + c)/(s + E). The default empirical
 prior has a log-linear rank-informed mean m and strength s fitted by maximum negative-binomial marginal
 likelihood; ``pseudocount`` is one click in one expected click, (c + 1)/(E + 1) (prior COEC 1); ``none``
@@ -54,7 +54,7 @@ the impression features, whose stronger shrinkage orders sparse pairs better (Ke
 grade on the pairs with 1-9 impressions, 2,000 PBM searches, seed 0: 0.50, raw CTR 0.44, the lighter-shrinking
 quasi-Poisson posteriors 0.29-0.35), while the prediction's is calibrated for clicks. So COEC's held-out
 perplexity measures its predictor, not its scores, and ``--model auto`` does not choose COEC
-(``processors.selection.NOT_CANDIDATES``); ``--model coec`` grades with the score as before.
+(``ubi_pipeline.processors.click_models.selection.NOT_CANDIDATES``); ``--model coec`` grades with the score as before.
 """
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import gammaincinv
 
-from processors.click_models.base import RelevanceEstimate
-from processors.click_models.common import CONFIDENCE, AnyArray, safe_div
-from processors.click_models.ctr import _CountingModel, expected_clicks
-from processors.click_models.priors import (
+from ubi_pipeline.processors.click_models.base import RelevanceEstimate
+from ubi_pipeline.processors.click_models.common import CONFIDENCE, AnyArray, safe_div
+from ubi_pipeline.processors.click_models.ctr import _CountingModel, expected_clicks
+from ubi_pipeline.processors.click_models.priors import (
     RANKING_FEATURES,
     BetaPrior,
     LogFeatures,
@@ -79,7 +79,7 @@ from processors.click_models.priors import (
     ranked_unseen,
     unseen_ranking_features,
 )
-from processors.stats import SessionPatterns
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
 
 PRIOR_COEC = 1.0
 

@@ -14,8 +14,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.special import betaincinv, ndtri
 
-from processors.stats import CELL_CHUNK_PATTERNS, ClickCells, SessionPatterns, StatsError
-from schemas.errors import UbiError
+from ubi_pipeline.processors.clicks.stats import CELL_CHUNK_PATTERNS, ClickCells, SessionPatterns, StatsError
+from ubi_pipeline.schemas.errors import UbiError
 
 # Probabilities are clamped to [PROB_EPS, 1 - PROB_EPS] wherever a log is taken of a prediction, so that a
 # pair never seen clicked (α̂ = 0) costs log2(1e-6) ≈ -20 bits on a held-out click instead of -inf.

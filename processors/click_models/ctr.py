@@ -9,7 +9,7 @@ Counting models (Chuklin, Markov & de Rijke, *Click Models for Web Search*, 2015
 Clicks are independent of one another in all three, so the conditional click probabilities equal the full
 ones. Ranks never shown in training (RCTR) are predicted with the global CTR ρ.
 
-DCTR's ρ_qd carries a Beta prior (``prior``, see ``processors.click_models.priors``): the score is the
+DCTR's ρ_qd carries a Beta prior (``prior``, see ``ubi_pipeline.processors.click_models.priors``): the score is the
 posterior mean (a + clicks)/(a + b + impressions), exact here since the counts are the model's own trials;
 the default empirical prior is rank-informed and fitted by maximum Beta-binomial marginal likelihood. Unseen
 pairs get the prior at the rank they are shown at (empirical) or the global CTR ρ. GCTR and RCTR have no
@@ -23,21 +23,21 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import FittedModel, RelevanceEstimate
-from processors.click_models.common import (
+from ubi_pipeline.processors.click_models.base import FittedModel, RelevanceEstimate
+from ubi_pipeline.processors.click_models.common import (
     check_sessions,
     pair_support,
     safe_div,
     weighted_count,
     wilson_interval,
 )
-from processors.click_models.priors import (
+from ubi_pipeline.processors.click_models.priors import (
     DEFAULT_PRIOR,
     LogFeatures,
     beta_posterior_interval,
     check_prior,
 )
-from processors.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
 
 
 def _rank_counts(sessions: SessionPatterns) -> tuple[NDArray[np.float64], NDArray[np.float64]]:

@@ -45,9 +45,9 @@ from typing import Any, NamedTuple, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import FittedModel, RelevanceEstimate
-from processors.click_models.cascade import cascade_family_probs, click_extent
-from processors.click_models.common import (
+from ubi_pipeline.processors.click_models.base import FittedModel, RelevanceEstimate
+from ubi_pipeline.processors.click_models.cascade import cascade_family_probs, click_extent
+from ubi_pipeline.processors.click_models.common import (
     ClickModelError,
     beta_interval,
     check_sessions,
@@ -58,9 +58,9 @@ from processors.click_models.common import (
     squarem,
     weighted_count,
 )
-from processors.click_models.dcm import last_click_counts
-from processors.click_models.pbm import log_beta_kernel
-from processors.click_models.priors import (
+from ubi_pipeline.processors.click_models.dcm import last_click_counts
+from ubi_pipeline.processors.click_models.pbm import log_beta_kernel
+from ubi_pipeline.processors.click_models.priors import (
     DEFAULT_PRIOR,
     SYSTEM_FEATURE_PREFIX,
     BetaPrior,
@@ -77,7 +77,7 @@ from processors.click_models.priors import (
     unseen_ranking_features,
     votes_record,
 )
-from processors.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
 
 DEFAULT_MAX_ITER = 2000
 DEFAULT_TOL = 1e-7

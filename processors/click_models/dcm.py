@@ -11,7 +11,7 @@ in a session without clicks), ranks below the last click are left out (the user 
     α_qd = clicks on (q, d) / examined impressions of (q, d)
     λ_k  = 1 − (sessions whose last click is at rank k) / (clicks at rank k)
 
-α carries a Beta prior (``prior``, ``processors.click_models.priors``): α_qd is the posterior mean
+α carries a Beta prior (``prior``, ``ubi_pipeline.processors.click_models.priors``): α_qd is the posterior mean
 (a + clicks)/(a + b + examined impressions), the default empirical prior rank-informed and fitted by maximum
 Beta-binomial marginal likelihood on those counts. λ_k is per rank, not per pair (thousands of clicks per
 rank), and stays the counting estimate. Unseen pairs get the prior (at the rank they are shown at, when
@@ -26,22 +26,22 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import FittedModel, RelevanceEstimate
-from processors.click_models.cascade import cascade_family_probs, click_extent
-from processors.click_models.common import (
+from ubi_pipeline.processors.click_models.base import FittedModel, RelevanceEstimate
+from ubi_pipeline.processors.click_models.cascade import cascade_family_probs, click_extent
+from ubi_pipeline.processors.click_models.common import (
     check_sessions,
     pair_support,
     safe_div,
     weighted_count,
     wilson_interval,
 )
-from processors.click_models.priors import (
+from ubi_pipeline.processors.click_models.priors import (
     DEFAULT_PRIOR,
     LogFeatures,
     beta_posterior_interval,
     check_prior,
 )
-from processors.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
 
 
 def last_click_counts(

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import ClickModel
-from processors.click_models.common import ClickModelError, check_sessions, clamp
-from processors.stats import SessionPatterns
+from ubi_pipeline.processors.click_models.base import ClickModel
+from ubi_pipeline.processors.click_models.common import ClickModelError, check_sessions, clamp
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
 
 
 @dataclass(frozen=True)

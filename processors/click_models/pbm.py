@@ -24,8 +24,8 @@ from typing import Any, NamedTuple, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import FittedModel, RelevanceEstimate
-from processors.click_models.common import (
+from ubi_pipeline.processors.click_models.base import FittedModel, RelevanceEstimate
+from ubi_pipeline.processors.click_models.common import (
     AnyArray,
     ClickModelError,
     bernoulli_loglik,
@@ -39,7 +39,7 @@ from processors.click_models.common import (
     squarem,
     weighted_count,
 )
-from processors.click_models.priors import (
+from ubi_pipeline.processors.click_models.priors import (
     DEFAULT_PRIOR,
     FEATURES,
     SYSTEM_FEATURE_PREFIX,
@@ -59,8 +59,8 @@ from processors.click_models.priors import (
     unseen_ranking_features,
     votes_record,
 )
-from processors.identifiability import IDENTIFIED, UNIDENTIFIED, Identifiability, assess
-from processors.stats import ClickCells, PairIndex, SessionPatterns, cells_from_sessions
+from ubi_pipeline.processors.clicks.identifiability import IDENTIFIED, UNIDENTIFIED, Identifiability, assess
+from ubi_pipeline.processors.clicks.stats import ClickCells, PairIndex, SessionPatterns, cells_from_sessions
 
 DEFAULT_MAX_ITER = 500
 DEFAULT_TOL = 1e-8
@@ -244,7 +244,7 @@ class ExaminationEM(FittedModel):
     """What PBM and UBM share: P(C) = examination(group) · α(pair), fitted by :func:`factorised_em` on cells.
 
     The two differ only in what indexes examination (the rank; the rank and previous click rank) and in how
-    that examination is reported. ``prior`` (``processors.click_models.priors``) chooses the prior on α:
+    that examination is reported. ``prior`` (``ubi_pipeline.processors.click_models.priors``) chooses the prior on α:
     ``empirical`` alternates EM at a fixed prior with an empirical-Bayes refit of the rank-informed prior on
     (clicks, expected examinations), with a per-pair strength (``priors.fit_prior(varying_strength=True)``),
     on the pairs' features over the query's distinct rankings when fitted on session patterns
@@ -371,7 +371,7 @@ class ExaminationEM(FittedModel):
         out: dict[str, Any] = {"stopped": "two refits of the prior agreed" if settled else "round cap"}
         if fixed:
             out["examination"] = ("fixed before the rounds: the pair fixed-effects conditional likelihood "
-                                  "(processors.propensity.harvest)")
+                                  "(ubi_pipeline.processors.propensity.harvest)")
         else:
             out["examination"] = "fitted in the rounds"
             out["note"] = "early stopping: run to their limit the rounds measured worse (README, Click models)"
@@ -501,7 +501,7 @@ class PBM(ExaminationEM):
         """θ by the pair fixed-effects conditional likelihood when every displayed rank is linked to rank 1.
 
         Given a pair's total clicks, its clicks at the ranks it was shown at are multinomial in n_k·θ_k whatever
-        its attractiveness (Hausman, Hall & Griliches, Econometrica 1984; ``processors.propensity.harvest``), so
+        its attractiveness (Hausman, Hall & Griliches, Econometrica 1984; ``ubi_pipeline.processors.propensity.harvest``), so
         θ needs neither the per-pair α nor the prior. Fitted jointly with them instead, θ and the rank-informed
         prior mean trade off along a ridge (both fall with the rank), and the rounds creep along it towards a
         flatter curve. Measured on the hard scenario's PBM traffic (README, "Click models"; 6 logs): θ error 2-5
@@ -513,8 +513,8 @@ class PBM(ExaminationEM):
             return None
         # the propensity package builds on the click models (its EM is PBM's); its conditional likelihood
         # needs nothing of them, and is imported here, when used, to keep the module graph acyclic at load
-        from processors.propensity.common import PropensityError
-        from processors.propensity.harvest import pair_fixed_effects
+        from ubi_pipeline.processors.propensity.common import PropensityError
+        from ubi_pipeline.processors.propensity.harvest import pair_fixed_effects
 
         try:
             ratio = pair_fixed_effects(cells)

@@ -100,8 +100,8 @@ from numpy.typing import NDArray
 from scipy.optimize import minimize
 from scipy.special import betaincinv, digamma, expit, gammaincinv, gammaln
 
-from processors.click_models.common import CONFIDENCE, AnyArray, ClickModelError, weighted_count
-from processors.stats import SessionPatterns, cells_from_sessions
+from ubi_pipeline.processors.click_models.common import CONFIDENCE, AnyArray, ClickModelError, weighted_count
+from ubi_pipeline.processors.clicks.stats import SessionPatterns, cells_from_sessions
 
 PRIORS = ("empirical", "pseudocount", "none")
 DEFAULT_PRIOR = "empirical"
@@ -361,7 +361,7 @@ SYSTEM_FEATURE_PREFIX = "shown_by:"
 class SystemRankings:
     """The distinct rankings of a log with the system that showed each: a small aggregate beside the patterns.
 
-    A *system* is what ``reports.systems`` calls one (the application, split by the ``ranker`` and
+    A *system* is what ``ubi_pipeline.reports.systems`` calls one (the application, split by the ``ranker`` and
     ``experiment`` keys of ``query_attributes``); ``names[j]`` is system j. Row r is one distinct
     (query, system, list of docs) of the log: ``query[r]`` in the numbering of ``PairIndex.query_index``,
     ``docs[r, k-1]`` the pair shown at rank k (-1 where none). The session patterns do not carry the system

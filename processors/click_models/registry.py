@@ -8,22 +8,22 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from processors.click_models.base import ClickModel
-from processors.click_models.common import ClickModelError
+from ubi_pipeline.processors.click_models.base import ClickModel
+from ubi_pipeline.processors.click_models.common import ClickModelError
 
 # name -> "module:Class"; ``ctr`` is the per-pair CTR (what "the CTR of a result" usually means)
 _MODELS: dict[str, str] = {
-    "gctr": "processors.click_models.ctr:GCTR",
-    "rctr": "processors.click_models.ctr:RCTR",
-    "dctr": "processors.click_models.ctr:DCTR",
-    "ctr": "processors.click_models.ctr:DCTR",
-    "coec": "processors.click_models.coec:COEC",
-    "pbm": "processors.click_models.pbm:PBM",
-    "ubm": "processors.click_models.ubm:UBM",
-    "cascade": "processors.click_models.cascade:Cascade",
-    "dcm": "processors.click_models.dcm:DCM",
-    "sdbn": "processors.click_models.sdbn:SDBN",
-    "dbn": "processors.click_models.dbn:DBN",
+    "gctr": "ubi_pipeline.processors.click_models.ctr:GCTR",
+    "rctr": "ubi_pipeline.processors.click_models.ctr:RCTR",
+    "dctr": "ubi_pipeline.processors.click_models.ctr:DCTR",
+    "ctr": "ubi_pipeline.processors.click_models.ctr:DCTR",
+    "coec": "ubi_pipeline.processors.click_models.coec:COEC",
+    "pbm": "ubi_pipeline.processors.click_models.pbm:PBM",
+    "ubm": "ubi_pipeline.processors.click_models.ubm:UBM",
+    "cascade": "ubi_pipeline.processors.click_models.cascade:Cascade",
+    "dcm": "ubi_pipeline.processors.click_models.dcm:DCM",
+    "sdbn": "ubi_pipeline.processors.click_models.sdbn:SDBN",
+    "dbn": "ubi_pipeline.processors.click_models.dbn:DBN",
 }
 ALIASES: dict[str, str] = {"ctr": "dctr"}
 MODEL_NAMES: tuple[str, ...] = tuple(name for name in _MODELS if name not in ALIASES)

@@ -8,7 +8,7 @@ last click are left out, as in the paper's counting estimator:
     σ_qd = sessions whose last click is on (q, d) / clicks on (q, d)
 
 Relevance is α·σ. Predictions use the DBN recursions with γ = 1. Both α and σ carry Beta priors (``prior``,
-``processors.click_models.priors``; default: rank-informed, empirical Bayes by maximum Beta-binomial marginal
+``ubi_pipeline.processors.click_models.priors``; default: rank-informed, empirical Bayes by maximum Beta-binomial marginal
 likelihood, each on its own counts) and are posterior means. Unseen pairs get the prior (at the rank they are
 shown at, when empirical) or α₀ = Σ clicks / Σ examined impressions and σ₀ = Σ last clicks / Σ clicks.
 Interval: posterior Beta bounds of α and σ (Wilson with ``prior="none"``), multiplied bound by bound
@@ -22,22 +22,22 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import FittedModel, RelevanceEstimate
-from processors.click_models.common import (
+from ubi_pipeline.processors.click_models.base import FittedModel, RelevanceEstimate
+from ubi_pipeline.processors.click_models.common import (
     check_sessions,
     pair_support,
     weighted_count,
     wilson_interval,
 )
-from processors.click_models.dbn import dbn_click_probs
-from processors.click_models.dcm import last_click_counts
-from processors.click_models.priors import (
+from ubi_pipeline.processors.click_models.dbn import dbn_click_probs
+from ubi_pipeline.processors.click_models.dcm import last_click_counts
+from ubi_pipeline.processors.click_models.priors import (
     DEFAULT_PRIOR,
     LogFeatures,
     beta_posterior_interval,
     check_prior,
 )
-from processors.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
 
 
 class SDBN(FittedModel):

@@ -5,7 +5,7 @@
 where k' is the rank of the previous click (0 = no click above k). Given the clicks above, the E-step of
 a cell (pair, rank k, previous click k', clicked) is the PBM one with θ replaced by γ_{k,k'}:
 P(E = 1 | C = 0) = γ(1 − α)/(1 − γα), P(A = 1 | C = 0) = (1 − γ)α/(1 − γα); so EM runs over the
-(pair, k, k') cells with the same kernel as PBM (:func:`processors.click_models.pbm.factorised_em`).
+(pair, k, k') cells with the same kernel as PBM (:func:`ubi_pipeline.processors.click_models.pbm.factorised_em`).
 
 Only the products γ·α are identified: the model reports γ_{k,k'}/γ_{1,0} and the attractiveness on the
 γ_{1,0} = 1 scale, α·γ_{1,0} (click probability at rank 1). The full (unconditional) P(C_k = 1) sums over
@@ -21,8 +21,8 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.base import RelevanceEstimate
-from processors.click_models.common import (
+from ubi_pipeline.processors.click_models.base import RelevanceEstimate
+from ubi_pipeline.processors.click_models.common import (
     AnyArray,
     ClickModelError,
     check_sessions,
@@ -30,9 +30,9 @@ from processors.click_models.common import (
     safe_div,
     weighted_count,
 )
-from processors.click_models.pbm import ExaminationEM, initial_exam
-from processors.click_models.priors import SystemRankings
-from processors.stats import SessionPatterns, UbmCells, ubm_cells_from_sessions
+from ubi_pipeline.processors.click_models.pbm import ExaminationEM, initial_exam
+from ubi_pipeline.processors.click_models.priors import SystemRankings
+from ubi_pipeline.processors.clicks.stats import SessionPatterns, UbmCells, ubm_cells_from_sessions
 
 
 def _check_ubm_cells(cells: UbmCells) -> None:

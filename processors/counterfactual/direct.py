@@ -7,7 +7,7 @@ every metric below is a function of those two (click-model-based metrics, Chukli
 CIKM 2013):
 
     clicks@k      = Σ_{j<=k} P(C_j = 1)                      (expected clicks in the top k)
-    CTR@k         = Σ_q w_q clicks@k(q) / Σ_q w_q shown@k(q)  (pooled over searches, as ``reports.online``)
+    CTR@k         = Σ_q w_q clicks@k(q) / Σ_q w_q shown@k(q)  (pooled over searches, as ``ubi_pipeline.reports.online``)
     clicks/search = Σ_q w_q Σ_j P(C_j = 1) / Σ_q w_q
     abandonment   = Σ_q w_q (1 − Σ_j F_j(q)) / Σ_q w_q        (F_j = P(first click at rank j))
     RR first      = Σ_q w_q Σ_j F_j(q)/j / Σ_q w_q            (0 without a click)
@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.dbn import dbn_click_probs
+from ubi_pipeline.processors.click_models.dbn import dbn_click_probs
 
 METRICS: tuple[str, ...] = ("ctr@k", "clicks_per_search", "abandonment", "rr_first_click")
 #: metrics linear in the clicks of a search: what item-level IPS can estimate

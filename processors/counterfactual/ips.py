@@ -37,8 +37,8 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.cli_names import DEFAULT_CLIP
-from processors.stats import CELL_CHUNK_PATTERNS
+from ubi_pipeline.processors.clicks.stats import CELL_CHUNK_PATTERNS
+from ubi_pipeline.schemas.cli_names import DEFAULT_CLIP
 
 
 class LoggedArrays(NamedTuple):
@@ -79,7 +79,7 @@ def pair_log_counts(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
     """Per pair (E, C, Ĉ) and per query N: expected examinations Σ w θ_k, clicks, predicted clicks; searches.
 
-    Summed ``chunk`` patterns at a time (``processors.stats.CELL_CHUNK_PATTERNS``), so the per-slot temporaries
+    Summed ``chunk`` patterns at a time (``ubi_pipeline.processors.clicks.stats.CELL_CHUNK_PATTERNS``), so the per-slot temporaries
     stay small whatever the log's size (at 50M events they were the report's peak, README "scale")."""
     n_pairs = len(log.pair_query)
     k = log.docs.shape[1]

@@ -28,7 +28,7 @@ Each figure then carries three intervals:
 * the prior-free interval ``[bound_low, bound_high]``: the same with the unseen documents anywhere in [0, 1]
   (what the log alone can say).
 
-The kernels are :mod:`processors.counterfactual.direct` and :mod:`processors.counterfactual.ips`.
+The kernels are :mod:`ubi_pipeline.processors.counterfactual.direct` and :mod:`ubi_pipeline.processors.counterfactual.ips`.
 """
 
 from __future__ import annotations
@@ -40,13 +40,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.cli_names import COUNTERFACTUAL_METHODS as METHODS
-from processors.cli_names import DEFAULT_REPLICATES
-from processors.click_models import get_model
-from processors.click_models.common import gather
-from processors.click_models.evaluate import evaluate, split_sessions
-from processors.click_models.pbm import PBM
-from processors.counterfactual.direct import (
+from ubi_pipeline.processors.click_models import get_model
+from ubi_pipeline.processors.click_models.common import gather
+from ubi_pipeline.processors.click_models.evaluate import evaluate, split_sessions
+from ubi_pipeline.processors.click_models.pbm import PBM
+from ubi_pipeline.processors.clicks.stats import CELL_CHUNK_PATTERNS, SessionPatterns
+from ubi_pipeline.processors.counterfactual.direct import (
     LINEAR_METRICS,
     METRICS,
     PositionProbs,
@@ -56,11 +55,18 @@ from processors.counterfactual.direct import (
     prior_share,
     query_metrics,
 )
-from processors.counterfactual.ips import DEFAULT_CLIP, LoggedArrays, dr_metrics, ips_metrics, ips_totals
-from processors.propensity.common import PropensityError
-from processors.propensity.randomized import SwapSessions, arm_counts, swap_ratios
-from processors.stats import CELL_CHUNK_PATTERNS, SessionPatterns
-from schemas.errors import UbiError
+from ubi_pipeline.processors.counterfactual.ips import (
+    DEFAULT_CLIP,
+    LoggedArrays,
+    dr_metrics,
+    ips_metrics,
+    ips_totals,
+)
+from ubi_pipeline.processors.propensity.common import PropensityError
+from ubi_pipeline.processors.propensity.randomized import SwapSessions, arm_counts, swap_ratios
+from ubi_pipeline.schemas.cli_names import COUNTERFACTUAL_METHODS as METHODS
+from ubi_pipeline.schemas.cli_names import DEFAULT_REPLICATES
+from ubi_pipeline.schemas.errors import UbiError
 
 MODELS = ("pbm", "dbn")
 #: The click models are fitted without a prior on α by default: the rank-informed empirical prior shrinks a

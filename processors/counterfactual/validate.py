@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.counterfactual.direct import (
+from ubi_pipeline.processors.counterfactual.direct import (
     aggregate,
     dbn_position_probs,
     pbm_position_probs,
     query_metrics,
 )
-from processors.counterfactual.predict import Prediction, predict
-from processors.simulation import SimConfig, Truth, simulate
-from processors.simulation.clicks import simulate_clicks
-from schemas.text import normalize_query
+from ubi_pipeline.processors.counterfactual.predict import Prediction, predict
+from ubi_pipeline.processors.simulation import SimConfig, Truth, simulate
+from ubi_pipeline.processors.simulation.clicks import simulate_clicks
+from ubi_pipeline.schemas.text import normalize_query
 
 
 def exact_metrics(truth: Truth, query: NDArray[np.int64], slots: NDArray[np.int64], k: int = 10) -> dict[str, float]:
@@ -92,7 +92,7 @@ def run_pair(
 ) -> PairResult:
     """Log A (``epochs`` ranking changes, a ``randomize`` share of rank-1 swaps), predict B, measure B.
 
-    ``prior``: the click model's prior keyword (``processors.click_models.priors``; None: ``predict``'s default);
+    ``prior``: the click model's prior keyword (``ubi_pipeline.processors.click_models.priors``; None: ``predict``'s default);
     ``unseen``: what documents A never showed rest on (``predict``'s ``unseen``).
     """
     cfg = SimConfig(sessions=sessions, seed=seed, model=model, rankers=1, ranker_noise=(noise_a,), epochs=epochs,

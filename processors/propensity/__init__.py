@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from processors.propensity.common import METHODS, PropensityError, PropensityEstimate
-from processors.propensity.randomized import SwapSessions
+from ubi_pipeline.processors.propensity.common import METHODS, PropensityError, PropensityEstimate
+from ubi_pipeline.processors.propensity.randomized import SwapSessions
 
 _LAZY = {
-    "estimate_from_patterns": "processors.propensity.estimate",
-    "estimate_randomized": "processors.propensity.estimate",
-    "plot_curve": "processors.propensity.plot",
+    "estimate_from_patterns": "ubi_pipeline.processors.propensity.estimate",
+    "estimate_randomized": "ubi_pipeline.processors.propensity.estimate",
+    "plot_curve": "ubi_pipeline.processors.propensity.plot",
 }
 
 __all__ = ["METHODS", "PropensityError", "PropensityEstimate", "SwapSessions", *_LAZY]
@@ -28,4 +28,4 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'processors.propensity' has no attribute {name!r}")
+    raise AttributeError(f"module 'ubi_pipeline.processors.propensity' has no attribute {name!r}")

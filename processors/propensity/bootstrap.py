@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.propensity.common import PropensityError
-from processors.stats import ClickCells, SessionPatterns
+from ubi_pipeline.processors.clicks.stats import ClickCells, SessionPatterns
+from ubi_pipeline.processors.propensity.common import PropensityError
 
 SCHEME = "multinomial resampling of sessions (counts of distinct session patterns)"
 QUERY_SCHEME = "multinomial resampling of queries (clusters: each drawn query brings all its sessions)"

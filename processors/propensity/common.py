@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.cli_names import PROPENSITY_METHODS
-from schemas.errors import UbiError
+from ubi_pipeline.schemas.cli_names import PROPENSITY_METHODS
+from ubi_pipeline.schemas.errors import UbiError
 
-#: the estimators (defined in processors.cli_names so that the parser needs no numpy)
+#: the estimators (defined in ubi_pipeline.schemas.cli_names so that the parser needs no numpy)
 METHODS = PROPENSITY_METHODS
 
 

@@ -2,7 +2,7 @@
 
     P(C = 1 | q, d, k) = θ_k · α_qd
 
-The fit is :class:`processors.click_models.pbm.PBM` on aggregated (pair, rank) cells; θ is identifiable
+The fit is :class:`ubi_pipeline.processors.click_models.pbm.PBM` on aggregated (pair, rank) cells; θ is identifiable
 (up to scale) because the same pairs appear at several ranks, so the estimate rests on the pairs shown at two
 or more ranks and on the rank pairs they link. Only θ_k/θ_1 is reported.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.click_models.common import ClickModelError
-from processors.click_models.pbm import PBM
-from processors.propensity.common import PropensityError
-from processors.stats import ClickCells
+from ubi_pipeline.processors.click_models.common import ClickModelError
+from ubi_pipeline.processors.click_models.pbm import PBM
+from ubi_pipeline.processors.clicks.stats import ClickCells
+from ubi_pipeline.processors.propensity.common import PropensityError
 
 #: A tighter tolerance than the click model's default costs little on cells and steadies the curve's tail.
 EM_TOL = 1e-10

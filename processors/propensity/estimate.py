@@ -1,7 +1,7 @@
 """The propensity stage: one estimator by name, its bootstrap interval, and the evidence behind it.
 
 Stages are functions over typed inputs: :func:`estimate_from_patterns` takes the weighted session patterns
-(``processors.sessions`` builds them from the store, ``processors.simulation`` from known truth) and
+(``ubi_pipeline.processors.clicks.sessions`` builds them from the store, ``ubi_pipeline.processors.simulation`` from known truth) and
 :func:`estimate_randomized` the arms of a swap experiment. The numeric work is in ``em``, ``harvest``,
 ``randomized`` and ``bootstrap``.
 
@@ -38,15 +38,22 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.identifiability import UNIDENTIFIED as _NONE
-from processors.identifiability import assess
-from processors.propensity.bootstrap import SCHEME, UNITS, CellMap, basic_log_interval, bias_and_se, bootstrap
-from processors.propensity.common import METHODS, PropensityError, PropensityEstimate
-from processors.propensity.em import em_ratios
-from processors.propensity.harvest import harvest_stats, pair_fixed_effects
-from processors.propensity.marginal import marginal_ratios
-from processors.propensity.randomized import SwapSessions, arm_counts, swap_ratios
-from processors.stats import ClickCells, SessionPatterns
+from ubi_pipeline.processors.clicks.identifiability import UNIDENTIFIED as _NONE
+from ubi_pipeline.processors.clicks.identifiability import assess
+from ubi_pipeline.processors.clicks.stats import ClickCells, SessionPatterns
+from ubi_pipeline.processors.propensity.bootstrap import (
+    SCHEME,
+    UNITS,
+    CellMap,
+    basic_log_interval,
+    bias_and_se,
+    bootstrap,
+)
+from ubi_pipeline.processors.propensity.common import METHODS, PropensityError, PropensityEstimate
+from ubi_pipeline.processors.propensity.em import em_ratios
+from ubi_pipeline.processors.propensity.harvest import harvest_stats, pair_fixed_effects
+from ubi_pipeline.processors.propensity.marginal import marginal_ratios
+from ubi_pipeline.processors.propensity.randomized import SwapSessions, arm_counts, swap_ratios
 
 Progress = Callable[[int], None]
 

@@ -48,8 +48,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import minimize
 
-from processors.propensity.common import PropensityError
-from processors.stats import ClickCells
+from ubi_pipeline.processors.clicks.stats import ClickCells
+from ubi_pipeline.processors.propensity.common import PropensityError
 
 
 @dataclass(frozen=True)

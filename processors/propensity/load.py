@@ -1,8 +1,8 @@
 """Reading what the estimators need from the store: session patterns, and the arms of a swap experiment.
 
-Patterns come from :func:`processors.sessions.load_sessions` (aggregated in DuckDB). A swap experiment
+Patterns come from :func:`ubi_pipeline.processors.clicks.sessions.load_sessions` (aggregated in DuckDB). A swap experiment
 also needs each search's ``query_attributes``, which the patterns fold away: the marked searches are read
-with one SQL query, and their click rows are taken from :func:`processors.sessions.iter_sessions`, so the
+with one SQL query, and their click rows are taken from :func:`ubi_pipeline.processors.clicks.sessions.iter_sessions`, so the
 displayed ranks and the traffic filters are exactly those of every other estimator.
 """
 
@@ -14,13 +14,13 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from processors.bounded import apply_limits
-from processors.propensity.common import PropensityError
-from processors.propensity.randomized import SwapSessions
-from processors.sessions import SessionData, iter_sessions, load_sessions
-from schemas.errors import StoreError
-from schemas.settings import Settings
-from store.client import reading
+from ubi_pipeline.processors.clicks.sessions import SessionData, iter_sessions, load_sessions
+from ubi_pipeline.processors.propensity.common import PropensityError
+from ubi_pipeline.processors.propensity.randomized import SwapSessions
+from ubi_pipeline.schemas.errors import StoreError
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.bounded import apply_limits
+from ubi_pipeline.store.client import reading
 
 #: Where a swap is recorded: ``query_attributes.randomized.ranks`` = [i, j] (1-based; [1, 1] = control).
 _MARKED = """
@@ -34,7 +34,7 @@ GROUP BY query_id
 
 
 def read_patterns(db: Path | str, settings: Settings, max_rank: int) -> SessionData:
-    """Sessions of the store at ``db`` aggregated to patterns and cells (``processors.sessions``)."""
+    """Sessions of the store at ``db`` aggregated to patterns and cells (``ubi_pipeline.processors.clicks.sessions``)."""
     with reading(db, settings) as con:
         apply_limits(con, settings)
         return load_sessions(con, settings, max_rank=max_rank)

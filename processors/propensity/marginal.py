@@ -35,9 +35,9 @@ from scipy import sparse
 from scipy.optimize import minimize
 from scipy.special import expit, logsumexp
 
-from processors.click_models.pbm import initial_exam
-from processors.click_models.priors import _standardise, rank_features
-from processors.stats import ClickCells
+from ubi_pipeline.processors.click_models.pbm import initial_exam
+from ubi_pipeline.processors.click_models.priors import _standardise, rank_features
+from ubi_pipeline.processors.clicks.stats import ClickCells
 
 GRID = 40
 MAX_ITER = 1000

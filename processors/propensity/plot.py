@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.propensity.common import PropensityError, PropensityEstimate
+from ubi_pipeline.processors.propensity.common import PropensityError, PropensityEstimate
 
 _LABELS = {"em": "PBM EM", "marginal": "PBM, marginal likelihood", "harvest": "intervention harvesting (pair fixed effects)", "randomized": "randomised swaps"}
 

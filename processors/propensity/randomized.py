@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from processors.propensity.common import PropensityError
+from ubi_pipeline.processors.propensity.common import PropensityError
 
 
 @dataclass(frozen=True)

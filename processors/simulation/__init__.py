@@ -4,8 +4,8 @@
 the truth); ``simulate_patterns`` skips the records for benches; ``build_catalog`` is the built-in catalog.
 """
 
-from processors.simulation.catalog import Catalog, SimulationError, build_catalog
-from processors.simulation.traffic import (
+from ubi_pipeline.processors.simulation.catalog import Catalog, SimulationError, build_catalog
+from ubi_pipeline.processors.simulation.traffic import (
     SCENARIOS,
     PostError,
     PostResult,

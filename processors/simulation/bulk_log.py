@@ -17,8 +17,8 @@ from pathlib import Path
 
 import duckdb
 
-from schemas import tables
-from store.keys import KeyIndex
+from ubi_pipeline.schemas import tables
+from ubi_pipeline.store.keys import KeyIndex
 
 EVENTS_PER_SEARCH = 12.0  # about: 10 impressions, 1.5 clicks, 0.5 add_to_cart
 
@@ -97,7 +97,7 @@ def write_store(db: Path, events: int, *, seed: int = 0, chunk: int = STORE_CHUN
 
     The rows go straight into the store's tables with ``INSERT ... SELECT``, without the collector's validation
     (they are made in the stored shape), ``chunk`` searches at a time so that generating 50M events does not
-    hold them all in memory at once. The key tables are filled at the end (``store.keys.KeyIndex.open``), so the
+    hold them all in memory at once. The key tables are filled at the end (``ubi_pipeline.store.keys.KeyIndex.open``), so the
     store is what an import or a collector leaves: a bench's first writer (``ubi process`` storing judgments)
     does not pay the one-time fill of every key row (51 s of its 282 s at 50M events).
     """

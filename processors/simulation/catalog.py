@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from schemas.errors import UbiError
-from schemas.text import normalize_query
+from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.schemas.text import normalize_query
 
 
 class SimulationError(UbiError):

@@ -3,7 +3,7 @@
 Pure numpy, no I/O. ``simulate_clicks`` draws which displayed results a user clicks under one of the classic
 click models (Chuklin, Markov & de Rijke, *Click Models for Web Search*, 2015) or trust bias
 (Agarwal et al., WSDM 2019); ``dedupe_patterns`` folds identical (query, ranking, clicks) sessions into
-:class:`processors.stats.SessionPatterns`. The UBI-traffic simulator (catalog, rankers, records) is built
+:class:`ubi_pipeline.processors.clicks.stats.SessionPatterns`. The UBI-traffic simulator (catalog, rankers, records) is built
 on top of these; ``synthetic_rankings`` is only a minimal ranking generator for tests and benches.
 
 Conventions: ``docs[s, k-1]`` is the pair id shown at rank k of session s, -1 where nothing was shown
@@ -19,8 +19,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from processors.stats import PairIndex, SessionPatterns
-from schemas.errors import UbiError
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
+from ubi_pipeline.schemas.errors import UbiError
 
 ClickModelName = Literal["pbm", "cascade", "dcm", "dbn", "ubm", "trust"]
 CLICK_MODELS: tuple[str, ...] = ("pbm", "cascade", "dcm", "dbn", "ubm", "trust")

@@ -1,7 +1,7 @@
 """Interleaved traffic on the simulator: two rankers team-drafted per search, clicks from the same users.
 
 Each search draws a query from a distribution, interleaves the two rankers' lists for it with
-:func:`collector.interleaving.team_draft` (seeded by the search's query id, as the route does), and draws
+:func:`ubi_pipeline.schemas.interleaving.team_draft` (seeded by the search's query id, as the route does), and draws
 clicks on the interleaved list with the simulator's click kernel under the truth's click model. The same
 kernel on each ranker's own list gives the A/B traffic the bench compares with.
 """
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from collector.interleaving import team_draft
-from processors.simulation.catalog import SimulationError
-from processors.simulation.clicks import simulate_clicks
-from processors.simulation.traffic import Truth
+from ubi_pipeline.processors.simulation.catalog import SimulationError
+from ubi_pipeline.processors.simulation.clicks import simulate_clicks
+from ubi_pipeline.processors.simulation.traffic import Truth
+from ubi_pipeline.schemas.interleaving import team_draft
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The protocol is the standard one of ``docs/position-bias.md`` (after Agarwal et al., WSDM 2019, and the
 ULTRA toolkit): a catalog with graded relevance 0..G, several rankers of differing quality, examination
 θ_k = (1/k)^η and click-given-examination ε⁻ + (ε⁺ − ε⁻)(2^g − 1)/(2^G − 1). Clicks are drawn by the pure
-kernel :func:`processors.simulation.clicks.simulate_clicks`; this module decides *what* is shown to *whom*
+kernel :func:`ubi_pipeline.processors.simulation.clicks.simulate_clicks`; this module decides *what* is shown to *whom*
 and *when*, and writes it the way OpenSearch tooling does (0-based ``position.ordinal``, ``impression`` and
 ``click`` events linked to a query record whose ``query_response_hit_ids`` is the displayed ranking).
 
@@ -23,20 +23,20 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
-from collector.interleaving import Interleaved, team_draft
-from processors.cli_names import TRAFFIC_MODELS
-from processors.click_models.priors import SystemRankings
-from processors.propensity.randomized import SwapSessions
-from processors.simulation.catalog import Catalog, SimulationError, build_catalog
-from processors.simulation.clicks import (
+from ubi_pipeline.processors.click_models.priors import SystemRankings
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.propensity.randomized import SwapSessions
+from ubi_pipeline.processors.simulation.catalog import Catalog, SimulationError, build_catalog
+from ubi_pipeline.processors.simulation.clicks import (
     click_given_grade,
     dedupe_patterns,
     examination_curve,
     simulate_clicks,
     trust_bias_epsilons,
 )
-from processors.stats import PairIndex, SessionPatterns
-from schemas.text import normalize_query
+from ubi_pipeline.schemas.cli_names import TRAFFIC_MODELS
+from ubi_pipeline.schemas.interleaving import Interleaved, team_draft
+from ubi_pipeline.schemas.text import normalize_query
 
 #: Click models the traffic simulator offers (the kernel has more; these are the protocol's).
 
@@ -355,11 +355,11 @@ class SimulatedTraffic:
     def system_rankings(self, *, crawlers: bool = False, searches: NDArray[np.bool_] | None = None) -> SystemRankings:
         """Which system showed which ranking, over the searches :meth:`patterns` keeps (same masks, same pairs).
 
-        A system is named as ``reports.systems`` names it from the records :meth:`iter_searches` writes
+        A system is named as ``ubi_pipeline.reports.systems`` names it from the records :meth:`iter_searches` writes
         (``<application>/ranker=<name>``; an interleaved search is ranker ``interleaved``). One row per
         distinct (query, system, ranking).
         """
-        from reports.systems import system_name
+        from ubi_pipeline.reports.systems import system_name
 
         self.patterns(crawlers=crawlers, searches=searches)  # builds the pair index
         compact = self._cache["pairs"][1]
@@ -713,7 +713,7 @@ def _interleave(config: SimConfig, truth: Truth, rankings: NDArray[np.int64], qu
     """Replace a ``interleave_share`` of searches by the team-draft interleaving of the two named rankers.
 
     Each chosen search interleaves the two rankers' lists of its epoch with
-    :func:`collector.interleaving.team_draft`, seeded by the search's ``query_id`` as the collector's route
+    :func:`ubi_pipeline.schemas.interleaving.team_draft`, seeded by the search's ``query_id`` as the collector's route
     is; it leaves any swap experiment (swap 0) and its ranker becomes -1 (its records say ``interleaved``).
     """
     names = truth.ranker_names

@@ -11,18 +11,25 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from processors.qrels import Qrels
-from reports.cli_names import DEFAULT_METRICS
-from reports.metrics.ap import average_precision
-from reports.metrics.judged import judged_at_k
-from reports.metrics.matrices import RankedGrades, build_ranked_grades
-from reports.metrics.names import GAINS, KNOWN, MetricError, MetricSpec, parse_metric, parse_metrics
-from reports.metrics.ndcg import exponential_gain, linear_gain, ndcg
-from reports.metrics.precision import precision
-from reports.metrics.recall import recall
-from reports.metrics.rr import reciprocal_rank
-from reports.metrics.table import Aggregate, MetricTable
-from reports.runs import Run
+from ubi_pipeline.formats.qrels import Qrels
+from ubi_pipeline.formats.runs import Run
+from ubi_pipeline.reports.metrics.ap import average_precision
+from ubi_pipeline.reports.metrics.judged import judged_at_k
+from ubi_pipeline.reports.metrics.matrices import RankedGrades, build_ranked_grades
+from ubi_pipeline.reports.metrics.names import (
+    GAINS,
+    KNOWN,
+    MetricError,
+    MetricSpec,
+    parse_metric,
+    parse_metrics,
+)
+from ubi_pipeline.reports.metrics.ndcg import exponential_gain, linear_gain, ndcg
+from ubi_pipeline.reports.metrics.precision import precision
+from ubi_pipeline.reports.metrics.recall import recall
+from ubi_pipeline.reports.metrics.rr import reciprocal_rank
+from ubi_pipeline.reports.metrics.table import Aggregate, MetricTable
+from ubi_pipeline.schemas.cli_names import DEFAULT_METRICS
 
 __all__ = [
     "DEFAULT_METRICS", "GAINS", "KNOWN", "Aggregate", "MetricError", "MetricSpec", "MetricTable", "RankedGrades", "compute",

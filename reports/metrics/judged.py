@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reports.metrics.matrices import check_k, check_matrix
-from reports.metrics.names import MetricError
+from ubi_pipeline.reports.metrics.matrices import check_k, check_matrix
+from ubi_pipeline.reports.metrics.names import MetricError
 
 
 def _judged(judged: np.ndarray, lengths: np.ndarray, k: int | None) -> np.ndarray:

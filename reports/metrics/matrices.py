@@ -13,7 +13,7 @@ from itertools import chain, repeat
 
 import numpy as np
 
-from reports.metrics.names import MetricError
+from ubi_pipeline.reports.metrics.names import MetricError
 
 UNJUDGED = -1
 _MAX_GRADE = 2**31 - 1

@@ -6,8 +6,8 @@ import re
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
-from reports.cli_names import GAINS, KNOWN_METRICS
-from schemas.errors import UbiError
+from ubi_pipeline.schemas.cli_names import GAINS, KNOWN_METRICS
+from ubi_pipeline.schemas.errors import UbiError
 
 Gain = Literal["linear", "exponential"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reports.metrics.matrices import check_k, check_matrix
+from ubi_pipeline.reports.metrics.matrices import check_k, check_matrix
 
 
 def _reciprocal_rank(relevant: np.ndarray, k: int | None) -> np.ndarray:

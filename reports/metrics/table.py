@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from reports.metrics.names import MetricError, MetricSpec
+from ubi_pipeline.reports.metrics.names import MetricError, MetricSpec
 
 
 class Aggregate(NamedTuple):

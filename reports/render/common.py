@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from reports.compare import Ordering
-from reports.intervals import MIN_BOOTSTRAP_N, Interval, why_no_interval
-from reports.joint import NO_LOG, Report
-from reports.pairs import PairView
+from ubi_pipeline.reports.compare import Ordering
+from ubi_pipeline.reports.intervals import MIN_BOOTSTRAP_N, Interval, why_no_interval
+from ubi_pipeline.reports.joint import NO_LOG, Report
+from ubi_pipeline.reports.pairs import PairView
 
 Row = list[str]
 NO_COMMON = "no common queries"
@@ -29,7 +29,7 @@ def pval(p: float | None) -> str:
 
 def ci(iv: Interval | None, digits: int = 3) -> str:
     """``0.268 [0.190, 0.350]``; the bare value and why when n does not allow an interval
-    (:func:`reports.intervals.why_no_interval`: ``0.744 (no interval: n = 1: no spread to estimate)``)."""
+    (:func:`ubi_pipeline.reports.intervals.why_no_interval`: ``0.744 (no interval: n = 1: no spread to estimate)``)."""
     if iv is None or not math.isfinite(iv.value):
         return "–"
     why = why_no_interval(iv)

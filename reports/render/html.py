@@ -18,11 +18,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from reports import interleaving
-from reports.intervals import why_no_interval
-from reports.joint import Report
-from reports.pairs import PairView
-from reports.render import common
+from ubi_pipeline.reports import interleaving
+from ubi_pipeline.reports.intervals import why_no_interval
+from ubi_pipeline.reports.joint import Report
+from ubi_pipeline.reports.pairs import PairView
+from ubi_pipeline.reports.render import common
 
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 _RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "ubi-report", "font.size": 9, "axes.spines.top": False,
@@ -189,7 +189,7 @@ def confusion_svg(report: Report, source: str) -> str:
 def forest_svg(pair: PairView) -> str:
     """Forest plot of one pair: a row per line of evidence, its difference and interval, a line at 0.
 
-    The lines are on different scales (module ``reports.pairs``); the plot shows where each lies against 0,
+    The lines are on different scales (module ``ubi_pipeline.reports.pairs``); the plot shows where each lies against 0,
     which is what the joint view compares. A line without a figure is listed with why, at no position.
     """
     lines = list(pair.lines)

@@ -12,16 +12,16 @@ from typing import Any, BinaryIO
 import numpy as np
 import orjson
 
-from reports import interleaving
-from reports.intervals import Interval, why_no_interval
-from reports.joint import Report
+from ubi_pipeline.reports import interleaving
+from ubi_pipeline.reports.intervals import Interval, why_no_interval
+from ubi_pipeline.reports.joint import Report
 
 
 def _clean(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> Any:
     """JSON-ready data: NaN/inf -> null, numpy scalars -> numbers, tuples -> lists, datetimes -> ISO text.
 
     ``memo`` (id of a container -> (the container, its cleaned copy)) cleans a container that several values share
-    once: the label pairs' parameters share their run-wide part (``store.judgment_params``), 1.3 KB of nested
+    once: the label pairs' parameters share their run-wide part (``ubi_pipeline.store.judgment_params``), 1.3 KB of nested
     dicts per label. The memo holds each container it names, so no id is reused while it lives; the caller
     keeps it for a batch and must not change the values meanwhile.
     """
@@ -37,7 +37,7 @@ def _clean(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> Any:
 
 def _clean_one(value: Any, memo: dict[int, tuple[Any, Any]] | None) -> Any:
     if isinstance(value, Interval):
-        # bounds only where n allows an interval (reports.intervals.why_no_interval), else null and why
+        # bounds only where n allows an interval (ubi_pipeline.reports.intervals.why_no_interval), else null and why
         why = why_no_interval(value)
         return {"value": _clean(value.value), "low": None if why else _clean(value.low),
                 "high": None if why else _clean(value.high), "n": value.n, "method": value.method,

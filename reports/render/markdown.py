@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from reports import interleaving
-from reports.joint import Report
-from reports.render import common
+from ubi_pipeline.reports import interleaving
+from ubi_pipeline.reports.joint import Report
+from ubi_pipeline.reports.render import common
 
 
 def _escape(cell: str) -> str:

@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from reports import interleaving
-from reports.joint import Report
-from reports.render import common
+from ubi_pipeline.reports import interleaving
+from ubi_pipeline.reports.joint import Report
+from ubi_pipeline.reports.render import common
 
 
 def _table(title: str, head: common.Row, rows: list[common.Row]) -> Table:

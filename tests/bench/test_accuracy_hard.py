@@ -1,5 +1,5 @@
 """bench/accuracy_hard.py --models: only the models asked for are fitted, and the recommendation is among them
-(never COEC: the rule of ``processors.selection``)."""
+(never COEC: the rule of ``ubi_pipeline.processors.click_models.selection``)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_models_restricts_fits_and_recommendation() -> None:
     assert r["models"] == ["coec", "pbm"]
     assert set(r["perplexity"]) == {"coec", "pbm"}
     assert set(r["relevance"]) == {"raw CTR", "coec", "pbm"}
-    # COEC is fitted and scored but never recommended (processors.selection.NOT_CANDIDATES): pbm is the one left
+    # COEC is fitted and scored but never recommended (ubi_pipeline.processors.click_models.selection.NOT_CANDIDATES): pbm is the one left
     assert r["recommended"] == "pbm"
     table = bench.markdown([r], None)
     ubm_row = next(line for line in table.splitlines() if line.startswith("| ubm |"))

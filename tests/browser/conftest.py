@@ -43,7 +43,7 @@ SPEC = SHARED / "ubi-spec" / "1.3.0"
 
 @dataclass
 class DemoServer:
-    """A running ``python -m ubi.demo_serve`` on a free loopback port, storing into ``db``."""
+    """A running ``python -m ubi_pipeline.demo_serve`` on a free loopback port, storing into ``db``."""
 
     url: str
     db: Path
@@ -71,7 +71,7 @@ def start_demo_server(db: Path, port: int = 0, env: dict[str, str] | None = None
     ``env``: extra ``UBI_*`` settings for the server process (the one way settings reach a subprocess).
     """
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ubi.demo_serve", "--db", str(db), "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "ubi_pipeline.demo_serve", "--db", str(db), "--host", "127.0.0.1", "--port", str(port)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

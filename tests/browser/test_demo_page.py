@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from collector.demo_site import DemoCatalog, DemoDoc
+from ubi_pipeline.demo_site import DemoCatalog, DemoDoc
 
 
 def _footer_numbers(page: Any) -> tuple[int, int, int]:

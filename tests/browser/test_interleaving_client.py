@@ -26,7 +26,7 @@ import duckdb
 import pytest
 
 from tests.browser.test_reference_client import collector, shop_site
-from ubi.cli import main
+from ubi_pipeline.cli import main
 
 pytestmark = pytest.mark.browser
 

@@ -91,7 +91,7 @@ def shop_site(axios: Path, page: str = PAGE) -> Iterator[str]:
 def collector(db: Path, *flags: str) -> Iterator[tuple[str, list[str]]]:
     """A real ``ubi serve`` (subprocess, loopback); yields its URL and, once stopped, its log lines."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0", *flags],
+        [sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(db), "--port", "0", *flags],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

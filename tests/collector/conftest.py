@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from collector.app import create_app
-from schemas.settings import Settings
+from ubi_pipeline.collector.app import create_app
+from ubi_pipeline.schemas.settings import Settings
 
 
 @pytest.fixture
@@ -22,6 +22,6 @@ def db(tmp_path: Path) -> Path:
 def client(db: Path) -> Iterator[TestClient]:
     """The collector app (no extension modules) on a fresh DuckDB file, through the ASGI test client."""
     app = create_app(Settings(db=db), extensions=False)
-    # base_url: admin routes answer only to loopback host names (store.admin.refused_host), not "testserver"
+    # base_url: admin routes answer only to loopback host names (ubi_pipeline.transport.admin.refused_host), not "testserver"
     with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as c:
         yield c

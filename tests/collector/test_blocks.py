@@ -7,8 +7,8 @@ import io
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.blocks import block_lines
-from collector.formats import stream_lines
+from ubi_pipeline.collector.blocks import block_lines
+from ubi_pipeline.collector.bodies import stream_lines
 
 #: Bytes that sit on every edge of a line: each whitespace bytes.strip() removes, other control bytes it keeps,
 #: bytes that are not UTF-8, and line ends alone and doubled.

@@ -107,7 +107,7 @@ def test_schema_prints_both_models(capsys):
 def test_import_names_the_item_of_an_array_and_keeps_its_file_position(db, tmp_path, make_event, capsys):
     """Rejected items of a JSON array are named by index in both outputs; past the first 5,000-record
     chunk the index is still the file's (and is what failed_records keeps)."""
-    from collector.importer import CHUNK_ITEMS
+    from ubi_pipeline.collector.importer import CHUNK_ITEMS
 
     events = [make_event() for _ in range(CHUNK_ITEMS + 3)]
     events[2]["action_name"] = ""

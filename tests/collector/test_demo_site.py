@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from collector.app import create_app
-from collector.demo_site import DemoCatalog, DemoCatalogError, DemoDoc, demo_router
-from schemas.settings import Settings
+from ubi_pipeline.collector.app import create_app
+from ubi_pipeline.demo_site import DemoCatalog, DemoCatalogError, DemoDoc, demo_router
+from ubi_pipeline.schemas.settings import Settings
 
 
 def tiny() -> DemoCatalog:

@@ -25,13 +25,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector import blocks, fastpath, importer
-from collector.formats import _PLAIN_ACTION, bulk_items, bulk_records, json_item
-from collector.importer import import_files
-from processors.simulation.bulk_log import write_files
-from schemas.errors import InputFileError
-from schemas.ubi import UbiEvent, UbiQuery
 from tests.conftest import SAMPLE_LOG, shared_path
+from ubi_pipeline.collector import blocks, fastpath, importer
+from ubi_pipeline.collector.bodies import _PLAIN_ACTION, bulk_items, bulk_records, json_item
+from ubi_pipeline.collector.importer import import_files
+from ubi_pipeline.processors.simulation.bulk_log import write_files
+from ubi_pipeline.schemas.errors import InputFileError
+from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
 
 _TABLES = {
     "ubi_queries": "* EXCLUDE (received_at)",
@@ -182,7 +182,7 @@ _LINES = st.lists(st.one_of(event_line, event_line, query_line,
 
 
 #: Line ends and blank lines the block reader must treat as stream_lines does; block sizes (bytes read at a
-#: time, collector.blocks.LINE_BLOCK) that put block ends inside lines, and the default.
+#: time, ubi_pipeline.collector.blocks.LINE_BLOCK) that put block ends inside lines, and the default.
 _SEPARATORS = st.sampled_from(["\n", "\n", "\r\n", "\n\n \t\n", " \n"])
 _BLOCKS = st.sampled_from([7, 50, 333, 0])
 

@@ -29,8 +29,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from collector.app import create_app
-from schemas.settings import Settings
+from ubi_pipeline.collector.app import create_app
+from ubi_pipeline.schemas.settings import Settings
 
 KEY = "fuzz-key"
 INGEST = ("/v1/queries", "/v1/events", "/ubi_queries", "/ubi_events", "/v1/bulk")

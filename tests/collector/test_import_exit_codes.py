@@ -8,8 +8,8 @@ import orjson
 import pytest
 from tests_collector_support import count, run_ubi
 
-from collector.import_hints import likely_command
 from tests.conftest import ESCI_JUDGMENTS, shared_path
+from ubi_pipeline.collector.import_hints import likely_command
 
 QRELS_JSONL = b'{"query_id": "q01", "query": "red shoes", "relevant": {"d1": 2}}\n'
 

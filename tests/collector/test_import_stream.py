@@ -15,10 +15,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from collector.importer import import_files, iter_items
-from processors.simulation.bulk_log import write_files
+from ubi_pipeline.collector.importer import import_files, iter_items
+from ubi_pipeline.processors.simulation.bulk_log import write_files
 
-UBI = [sys.executable, "-m", "ubi.cli"]
+UBI = [sys.executable, "-m", "ubi_pipeline.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -74,7 +74,7 @@ def _records_read_under_cap(path: Path, whole_read: str) -> int:
     """Records ``ubi import``'s reader finds in ``path`` in a child process under :data:`CAP`, after checking
     that ``whole_read`` (code reading the file at once, ``sys.argv[1]``) fails under the same cap: the
     limit is real."""
-    code = ("import sys; from pathlib import Path; from collector.importer import iter_items, chunks; "
+    code = ("import sys; from pathlib import Path; from ubi_pipeline.collector.importer import iter_items, chunks; "
             "print(sum(len(c) for c in chunks(iter_items(Path(sys.argv[1]), 'event'))))")
     out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
                          timeout=900, env=_CHILD_ENV, preexec_fn=lambda: _limit_address_space(CAP))

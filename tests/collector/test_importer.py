@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collector.importer import import_files
+from ubi_pipeline.collector.importer import import_files
 
 
 def test_bulk_error_lines_come_from_parse_bulk_after_a_one_line_delete(tmp_path: Path) -> None:
@@ -32,9 +32,9 @@ def test_bulk_error_lines_come_from_parse_bulk_after_a_one_line_delete(tmp_path:
 
 
 def test_a_file_imported_twice_reports_its_counts_by_kind(tmp_path: Path) -> None:
-    """FileReport keeps one store.rows.Counts: the second import of a file of one query record and two events
+    """FileReport keeps one ubi_pipeline.store.rows.Counts: the second import of a file of one query record and two events
     (counted by hand) finds all three stored, and the counts say which kind each duplicate was."""
-    from store.rows import Counts
+    from ubi_pipeline.store.rows import Counts
 
     path = tmp_path / "log.ndjson"
     path.write_text("\n".join([

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.ingest import (
+from ubi_pipeline.collector.ingest import (
     BodyError,
     dropped_keys,
     ingest,
@@ -19,8 +19,8 @@ from collector.ingest import (
     prepare,
     validate_items,
 )
-from schemas.ubi import UbiEvent, event_key
-from store.duckdb_store import Store
+from ubi_pipeline.schemas.ubi import UbiEvent, event_key
+from ubi_pipeline.store.duckdb_store import Store
 
 
 def test_parse_one_object_array_and_ndjson(make_event):
@@ -156,7 +156,7 @@ def test_a_timestamp_out_of_range_rejects_its_item_only(tmp_path):
 
 
 def test_array_items_are_serialised_again_only_when_rejected(make_event, monkeypatch):
-    import collector.formats as formats
+    import ubi_pipeline.collector.bodies as formats
 
     calls = []
     real = formats._item_bytes
@@ -227,9 +227,9 @@ def test_the_fast_duplicate_key_check_agrees_with_an_exact_parse(data):
 
 
 def test_item_status_is_the_row_status_of_each_written_item(tmp_path, make_event, make_query):
-    """Items are reported by the store's RowStatus (one enum, store.rows), not by words: the second body
+    """Items are reported by the store's RowStatus (one enum, ubi_pipeline.store.rows), not by words: the second body
     holds a retry of e1 (DUPLICATE), a new event (INSERTED), and a conflict on e1 (no status: an error)."""
-    from store.rows import RowStatus
+    from ubi_pipeline.store.rows import RowStatus
 
     first = make_event(event_id="e1")
     with Store(tmp_path / "s.duckdb") as store:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collector.metrics import Metrics
+from ubi_pipeline.collector.metrics import Metrics
 
 
 def test_histogram_buckets_are_cumulative():

@@ -110,8 +110,8 @@ def test_index_names_come_from_settings_and_nothing_else_is_an_index(tmp_path: P
     import orjson
     from fastapi.testclient import TestClient
 
-    from collector.app import create_app
-    from schemas.settings import Settings
+    from ubi_pipeline.collector.app import create_app
+    from ubi_pipeline.schemas.settings import Settings
 
     settings = Settings(db=tmp_path / "ubi.duckdb", event_index="shop-events", query_index="shop-queries")
     with TestClient(create_app(settings)) as c:

@@ -12,12 +12,12 @@ import pytest
 from fastapi.testclient import TestClient
 from tests_collector_support import SAMPLE_EVENTS, SAMPLE_QUERIES
 
-from collector.app import create_app
-from collector.errors import RequestError, SinkUnavailable
-from collector.ingest import IngestContext, Validated
-from collector.sinks.base import Sink
-from schemas.settings import Settings
 from tests.conftest import SAMPLE_LOG, shared_path
+from ubi_pipeline.collector.app import create_app
+from ubi_pipeline.collector.errors import RequestError, SinkUnavailable
+from ubi_pipeline.collector.ingest import IngestContext, Validated
+from ubi_pipeline.collector.sinks.base import Sink
+from ubi_pipeline.schemas.settings import Settings
 
 NDJSON = {"content-type": "application/x-ndjson"}
 
@@ -262,7 +262,7 @@ def test_unforeseen_error_is_422_and_the_body_is_kept(client, monkeypatch):
     def broken(items):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("collector.deps.validate_items", broken)
+    monkeypatch.setattr("ubi_pipeline.collector.deps.validate_items", broken)
     r = client.post("/v1/events", content=b'{"action_name": "c"}')
     assert r.status_code == 422 and "boom" in r.json()["message"]
     assert [(k, raw) for k, _, _, _, raw in failed(client)] == [("unprocessable", b'{"action_name": "c"}')]
@@ -361,7 +361,7 @@ def test_openapi_documents_the_record_schemas(client):
 
 
 def test_admin_seal_lists_the_segments_and_a_second_seal_adds_only_new_rows(client, make_event, tmp_path):
-    from store.sealed import MEDIA_TYPE, decode_seal, open_sealed
+    from ubi_pipeline.store.sealed import MEDIA_TYPE, decode_seal, open_sealed
 
     client.post("/v1/events", json=[make_event() for _ in range(5)])
     r = client.post("/v1/admin/seal")
@@ -479,7 +479,7 @@ def test_an_unexpected_sink_error_is_422_and_the_body_is_kept(make_event):
 
 
 # ---------------------------------------------------------------- the two ways into an ingest route
-# Requests without an Origin header are served by collector.app.IngestFrontDoor, outside the middleware;
+# Requests without an Origin header are served by ubi_pipeline.collector.app.IngestFrontDoor, outside the middleware;
 # browser requests (Origin) go through the whole stack. Both must answer and count alike.
 
 
@@ -508,7 +508,7 @@ def test_browser_and_server_requests_get_the_same_answer(db, body):
 
 
 def test_an_unforeseen_error_outside_the_middleware_is_a_json_500_and_counted(db, make_event, monkeypatch):
-    from collector.deps import Collector
+    from ubi_pipeline.collector.deps import Collector
 
     async def broken(self, *args, **kwargs):
         raise RuntimeError("a bug")

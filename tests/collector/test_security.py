@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from collector import security
-from collector.app import create_app
-from collector.security import ApiKeys, RateLimiter, pseudonym
-from schemas.settings import Settings
+from ubi_pipeline.collector import security
+from ubi_pipeline.collector.app import create_app
+from ubi_pipeline.collector.security import ApiKeys, RateLimiter, pseudonym
+from ubi_pipeline.schemas.settings import Settings
 
 LOCAL = ("127.0.0.1", 50000)
 REMOTE = ("203.0.113.7", 50000)  # TEST-NET-3: a documentation address, never loopback
@@ -353,7 +353,7 @@ def test_allow_origin_is_a_flag_of_ubi_serve_and_origins_are_checked(tmp_path: P
     import subprocess
     import sys
 
-    from collector.commands import register
+    from ubi_pipeline.commands.collector import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
@@ -361,7 +361,7 @@ def test_allow_origin_is_a_flag_of_ubi_serve_and_origins_are_checked(tmp_path: P
     assert Settings.from_flags(args).cors_allow_origins == ["https://shop.example", "http://localhost:3000"]
     # A trailing slash is the usual mistake (browsers send none): exit 2, naming the flag and the fix.
     done = subprocess.run(
-        [sys.executable, "-m", "ubi", "serve", "--db", str(tmp_path / "x.duckdb"), "--port", "0",
+        [sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(tmp_path / "x.duckdb"), "--port", "0",
          "--allow-origin", "https://shop.example/"],
         capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
     )
@@ -655,7 +655,7 @@ def test_scrub_finds_records_in_every_shape_and_redacts_what_is_not_one() -> Non
 def test_browser_and_server_requests_of_one_client_share_its_rate_bucket(
     db: Path, make_event: Callable[..., Any]
 ) -> None:
-    # Server-side senders are checked outside the middleware (collector.app.IngestFrontDoor), browsers inside
+    # Server-side senders are checked outside the middleware (ubi_pipeline.collector.app.IngestFrontDoor), browsers inside
     # it: one Gate, so one bucket per client. Two buckets would let this client send 4 at once, not 2.
     own_page = {"origin": "http://localhost"}
     with collector(db, rate_limit_per_second=0.001, rate_limit_burst=2) as c:

@@ -12,7 +12,7 @@ def test_second_serve_names_the_running_collector(tmp_path):
     db = tmp_path / "ubi.duckdb"
     first = start_server(db)
     try:
-        proc = subprocess.run([sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0"], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(db), "--port", "0"], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2
         err = " ".join(proc.stderr.split())
@@ -26,13 +26,13 @@ def test_second_serve_names_the_running_collector(tmp_path):
 
 def _serve_with_failing_sink(monkeypatch, capsys, tmp_path, exc):
     """`ubi serve` whose sink fails to open with ``exc``: its exit code and what it printed."""
-    import collector.sinks
-    from ubi.cli import main
+    import ubi_pipeline.collector.sinks
+    from ubi_pipeline.cli import main
 
     def fail(settings):
         raise exc
 
-    monkeypatch.setattr(collector.sinks, "create_sink", fail)
+    monkeypatch.setattr(ubi_pipeline.collector.sinks, "create_sink", fail)
     code = main(["serve", "--db", str(tmp_path / "ubi.duckdb"), "--host", "127.0.0.1", "--port", "0"])
     return code, " ".join(capsys.readouterr().err.split())
 
@@ -42,7 +42,7 @@ def test_serve_tells_a_reader_from_a_writer_by_the_error_type(monkeypatch, capsy
     any other StoreLocked (a writer holds it) becomes the held-store message. Decided by type, not by the
     message's words (74e9b3e matched "open read-only by process" in the text, so a reworded store message
     would have blamed a collector)."""
-    from schemas.errors import StoreHeldByReader, StoreLocked
+    from ubi_pipeline.schemas.errors import StoreHeldByReader, StoreLocked
 
     code, err = _serve_with_failing_sink(monkeypatch, capsys, tmp_path, StoreHeldByReader("a reader (pid 7) holds it"))
     assert code == 2 and "a reader (pid 7) holds it" in err and "is already held by" not in err, err

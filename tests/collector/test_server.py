@@ -15,8 +15,8 @@ import pytest
 from tests_collector_support import SAMPLE_EVENTS, SAMPLE_QUERIES, start_server
 from tests_collector_support import run_ubi as ubi_main
 
-from store.client import load_derived, open_reader, sidecar_path
 from tests.conftest import SAMPLE_LOG, shared_path
+from ubi_pipeline.store.client import load_derived, open_reader, sidecar_path
 
 
 def stored_ids(db, table: str, column: str) -> set[str]:

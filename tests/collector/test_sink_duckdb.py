@@ -1,6 +1,6 @@
 """collector/sinks/duckdb.py: group commit (many requests, one transaction, each its own result), failure isolation.
 
-(Not in tests/collector/sinks/: pytest would register that folder as a namespace package `collector.sinks`,
+(Not in tests/collector/sinks/: pytest would register that folder as a namespace package `ubi_pipeline.collector.sinks`,
 shadowing the real one.)
 """
 
@@ -13,10 +13,10 @@ from concurrent.futures import wait
 import orjson
 import pytest
 
-from collector.errors import SinkUnavailable
-from collector.ingest import Prepared, Validated, parse_items, prepare, validate_items
-from collector.sinks.duckdb import DuckDBSink, _Job
-from store.duckdb_store import Store
+from ubi_pipeline.collector.errors import SinkUnavailable
+from ubi_pipeline.collector.ingest import Prepared, Validated, parse_items, prepare, validate_items
+from ubi_pipeline.collector.sinks.duckdb import DuckDBSink, _Job
+from ubi_pipeline.store.duckdb_store import Store
 
 
 def batch(*records) -> Validated:
@@ -164,7 +164,7 @@ def test_requests_from_an_event_loop_are_answered_by_the_commit_even_if_one_gave
 def test_large_groups_commit_with_a_short_gil_switch_interval_and_restore_it(sink, make_event, monkeypatch):
     import sys
 
-    import collector.sinks.duckdb as duckdb_sink
+    import ubi_pipeline.collector.sinks.duckdb as duckdb_sink
 
     seen = []
     real = duckdb_sink.ingest_many
@@ -185,7 +185,7 @@ def test_large_groups_commit_with_a_short_gil_switch_interval_and_restore_it(sin
 def test_the_short_switch_interval_lasts_until_the_last_user_leaves():
     import sys
 
-    from collector.sinks.duckdb import SHORT_SWITCH_INTERVAL, _gil_handover
+    from ubi_pipeline.collector.sinks.duckdb import SHORT_SWITCH_INTERVAL, _gil_handover
 
     before = sys.getswitchinterval()
     with _gil_handover():

@@ -24,8 +24,8 @@ def run_ubi(argv: list[str]) -> int:
     """Run a collector subcommand as ``ubi`` does (typed errors exit 2), without importing other stages."""
     import argparse
 
-    from collector.commands import register
-    from schemas.errors import UbiError
+    from ubi_pipeline.commands.collector import register
+    from ubi_pipeline.schemas.errors import UbiError
 
     parser = argparse.ArgumentParser(prog="ubi")
     register(parser.add_subparsers(dest="command"))
@@ -35,7 +35,7 @@ def run_ubi(argv: list[str]) -> int:
     # mid-word and the tests looking for it failed.
     wide = "COLUMNS" not in os.environ and not sys.stdout.isatty()
     if wide:
-        os.environ["COLUMNS"] = "10000"  # ubi.stages.LOG_WIDTH (not imported: it imports every stage)
+        os.environ["COLUMNS"] = "10000"  # ubi_pipeline.stages.LOG_WIDTH (not imported: it imports every stage)
     try:
         return int(args.func(args) or 0)
     except UbiError:
@@ -79,7 +79,7 @@ def start_server(db: Path, *extra: str, env: dict[str, str] | None = None) -> Se
 
     ``env``: extra ``UBI_*`` settings for the server process."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0", *extra],
+        [sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(db), "--port", "0", *extra],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -12,8 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ubi_records import build_store, make_event, make_query
 
-from processors.click_models.base import RelevanceEstimate
-from processors.grades import (
+from ubi_pipeline.processors.click_models.base import RelevanceEstimate
+from ubi_pipeline.processors.clicks.sessions import patterns_from_sessions
+from ubi_pipeline.processors.clicks.stats import PairIndex
+from ubi_pipeline.processors.labels.grades import (
     apply_thresholds,
     default_mapping,
     fit_thresholds,
@@ -22,7 +24,7 @@ from processors.grades import (
     satisfaction_curve,
     simulation_curve,
 )
-from processors.judgments import (
+from ubi_pipeline.processors.labels.implicit import (
     JudgmentError,
     build_judgments,
     calibrate,
@@ -37,14 +39,12 @@ from processors.judgments import (
     write_jsonl,
     write_trec,
 )
-from processors.sessions import patterns_from_sessions
-from processors.simulation import SimConfig, simulate
-from processors.stats import PairIndex
-from schemas.errors import InputFileError
-from schemas.judgments import Qrel
-from schemas.sessions import Session
-from schemas.settings import Settings
-from store.judgment_params import merged_from_arrow
+from ubi_pipeline.processors.simulation import SimConfig, simulate
+from ubi_pipeline.schemas.errors import InputFileError
+from ubi_pipeline.schemas.judgments import Qrel
+from ubi_pipeline.schemas.sessions import Session
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.judgment_params import merged_from_arrow
 
 LOOSE = Settings(min_support=1, max_ci_width=100.0)
 
@@ -64,7 +64,7 @@ def two_doc_log():
 
 
 def rows(run) -> dict[str, dict]:
-    """The run's rows by doc, ``parameters`` merged as every reader sees them (store.judgment_params)."""
+    """The run's rows by doc, ``parameters`` merged as every reader sees them (ubi_pipeline.store.judgment_params)."""
     merged = merged_from_arrow(run.table, run.runs)
     return {r["doc_id"]: {**r, "parameters": next(merged)} for r in run.table.to_pylist()}
 

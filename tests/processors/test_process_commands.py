@@ -12,9 +12,9 @@ import orjson
 import pytest
 from ubi_records import build_sample_store
 
-from processors.judgments import read_jsonl, read_trec, trec_query_id
 from tests.store_support import only_store_files
-from ubi.cli import main
+from ubi_pipeline.cli import main
+from ubi_pipeline.processors.labels.implicit import read_jsonl, read_trec, trec_query_id
 
 # The sample's hand-checked counts (tests/processors/test_sessions.py) are those of base 0 everywhere; with
 # the default, auto-detection, Chorus counts from 1 (test_process_names_the_base_in_use).
@@ -208,7 +208,7 @@ def test_help_texts_explain(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_process_while_a_collector_holds_the_store(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A real `ubi serve` process owns the file: sessions come from its sealed segments, judgments go through it."""
-    from ubi.demo import free_port, running_collector
+    from ubi_pipeline.demo import free_port, running_collector
 
     # A row of an earlier ctr run for a pair this run does not see: replacing the source must remove it.
     with duckdb.connect(str(db)) as con:

@@ -11,15 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.ingest import ingest, parse_bulk, validate_items
-from processors.propensity import (
+from ubi_pipeline.cli import main
+from ubi_pipeline.collector.ingest import ingest, parse_bulk, validate_items
+from ubi_pipeline.processors.clicks.sessions import patterns_from_sessions
+from ubi_pipeline.processors.clicks.stats import ClickCells, PairIndex, cells_from_sessions
+from ubi_pipeline.processors.propensity import (
     PropensityError,
     SwapSessions,
     estimate_from_patterns,
     estimate_randomized,
     plot_curve,
 )
-from processors.propensity.bootstrap import (
+from ubi_pipeline.processors.propensity.bootstrap import (
     BootstrapResult,
     CellMap,
     basic_log_interval,
@@ -28,15 +31,12 @@ from processors.propensity.bootstrap import (
     resample_clusters,
     resample_weights,
 )
-from processors.propensity.estimate import _bias_notes
-from processors.propensity.harvest import allpairs, harvest_stats, pair_fixed_effects
-from processors.propensity.randomized import randomized_ratios
-from processors.sessions import patterns_from_sessions
-from processors.simulation import SimConfig, simulate
-from processors.stats import ClickCells, PairIndex, cells_from_sessions
-from schemas.sessions import Session
-from store.duckdb_store import Store
-from ubi.cli import main
+from ubi_pipeline.processors.propensity.estimate import _bias_notes
+from ubi_pipeline.processors.propensity.harvest import allpairs, harvest_stats, pair_fixed_effects
+from ubi_pipeline.processors.propensity.randomized import randomized_ratios
+from ubi_pipeline.processors.simulation import SimConfig, simulate
+from ubi_pipeline.schemas.sessions import Session
+from ubi_pipeline.store.duckdb_store import Store
 
 TRUE = 1.0 / np.arange(1, 11)  # θ_k/θ_1 of the simulator's default (η = 1)
 
@@ -125,7 +125,7 @@ def test_pair_fixed_effects_is_not_biased_by_sparse_confounded_pairs() -> None:
     2.3% (its spread there is about 1.2%, from those seeds). Seed 0: each rank within 4% for the conditional
     estimate, EM's rank 3 more than 2.5% low and further from the truth than the conditional estimate.
     """
-    from processors.propensity.em import em_ratios
+    from ubi_pipeline.processors.propensity.em import em_ratios
 
     rng = np.random.default_rng(0)
     n_pairs, theta = 20_000, np.array([1.0, 0.5, 0.25])
@@ -482,9 +482,9 @@ def test_marginal_em_is_monotone_and_recovers_theta() -> None:
     """PBM with attractiveness integrated out: the marginal log-likelihood never decreases, and on 20,000
     simulated sessions (40 queries x 20 docs, 3 rankers, θ_k = 1/k) θ̂_k/θ̂_1 is within 0.05 of the truth at
     every rank (stated tolerance; ranks 2-10 measured 1-6% relative error at 50,000 sessions)."""
-    from processors.propensity.marginal import marginal_em
-    from processors.simulation import SimConfig, simulate
-    from processors.stats import cells_from_sessions
+    from ubi_pipeline.processors.clicks.stats import cells_from_sessions
+    from ubi_pipeline.processors.propensity.marginal import marginal_em
+    from ubi_pipeline.processors.simulation import SimConfig, simulate
 
     traffic = simulate(SimConfig(sessions=20_000, seed=4, model="pbm", rankers=3))
     fit = marginal_em(cells_from_sessions(traffic.patterns()))
@@ -496,8 +496,8 @@ def test_marginal_em_is_monotone_and_recovers_theta() -> None:
 
 
 def test_marginal_is_a_method_of_estimate_from_patterns() -> None:
-    from processors.propensity import estimate_from_patterns
-    from processors.simulation import SimConfig, simulate
+    from ubi_pipeline.processors.propensity import estimate_from_patterns
+    from ubi_pipeline.processors.simulation import SimConfig, simulate
 
     patterns = simulate(SimConfig(sessions=3000, seed=2, model="pbm", rankers=3)).patterns()
     # 2 replicates (was 5; each is a refit, ~2 s here): what is checked is the wiring (method, normalisation,

@@ -14,19 +14,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ubi_records import build_sample_store, build_store, make_event, make_query
 
-from processors.ordinal_base import suggestion
-from processors.sessions import (
+from ubi_pipeline.processors.clicks.ordinal_base import suggestion
+from ubi_pipeline.processors.clicks.sessions import (
     SessionError,
     iter_sessions,
     load_sessions,
     patterns_from_sessions,
     read_sessions,
 )
-from processors.stats import cells_from_sessions, ubm_cells_from_sessions
-from schemas.sessions import Session
-from schemas.settings import Settings
-from schemas.text import normalize_query
-from store.client import open_reader
+from ubi_pipeline.processors.clicks.stats import cells_from_sessions, ubm_cells_from_sessions
+from ubi_pipeline.schemas.sessions import Session
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.schemas.text import normalize_query
+from ubi_pipeline.store.client import open_reader
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ FIXED_BASE = Settings(position_base_auto=False)
 def reference(db: Path, settings: Settings, k: int) -> dict[str, Any]:
     """The documented session rules re-implemented record by record in plain Python (slow, obviously correct).
 
-    Reads the raw stored rows; shares no code with ``processors.sessions``.
+    Reads the raw stored rows; shares no code with ``ubi_pipeline.processors.clicks.sessions``.
     """
     con = duckdb.connect(str(db), read_only=True)
     qrows = con.execute("SELECT query_key, query_id, user_query, client_id, application, timestamp, "
@@ -523,7 +523,7 @@ def _same_sessions(a, b) -> None:
 
 def _strings_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the session build take its fallback: hit ranks from the lists of strings, as before hashing."""
-    import processors.sessions as sessions
+    import ubi_pipeline.processors.clicks.sessions as sessions
 
     monkeypatch.setattr(sessions, "_hashes_distinct", lambda con: False)
 
@@ -557,7 +557,7 @@ def test_hashed_scan_equals_string_scan_on_edge_cases(tmp_path: Path, monkeypatc
 def test_hash_check_counts_distinct_values_and_null() -> None:
     """The check's counting, with a deliberately weak hash (the string's length; NULL's is -1, as DuckDB's hash
     of NULL is a number too) standing in for the 64-bit one."""
-    from processors.sessions import _HASHES_DISTINCT
+    from ubi_pipeline.processors.clicks.sessions import _HASHES_DISTINCT
 
     assert "hash(d)" in _HASHES_DISTINCT
     weak = _HASHES_DISTINCT.replace("hash(d)", "coalesce(length(d), -1)")
@@ -580,7 +580,7 @@ def test_patterns_filled_in_batches_are_the_same(sample_db: Path, sample, monkey
     """The [n, K] pattern arrays filled from the signature codes a few rows at a time (1: every code its own
     batch; 7: batches that split a pattern's ranks) equal those of one batch, and the patterns built in Python
     from the same sessions (``iter_sessions``), with and without a held-out split."""
-    import processors.sessions as sessions
+    import ubi_pipeline.processors.clicks.sessions as sessions
 
     held = read_sessions(sample_db, FIXED_BASE, holdout=0.3)
     monkeypatch.setattr(sessions, "PATTERN_BATCH", batch)

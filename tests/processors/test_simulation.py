@@ -13,14 +13,20 @@ import numpy as np
 import orjson
 import pytest
 
-from collector.ingest import ingest, parse_bulk, validate_items
-from processors.sessions import read_sessions
-from processors.simulation import SimConfig, SimulationError, build_catalog, simulate, simulate_patterns
-from processors.stats import cells_from_sessions
-from schemas.settings import Settings
-from schemas.ubi import UbiEvent, UbiQuery
-from store.duckdb_store import Store
-from ubi.cli import main
+from ubi_pipeline.cli import main
+from ubi_pipeline.collector.ingest import ingest, parse_bulk, validate_items
+from ubi_pipeline.processors.clicks.sessions import read_sessions
+from ubi_pipeline.processors.clicks.stats import cells_from_sessions
+from ubi_pipeline.processors.simulation import (
+    SimConfig,
+    SimulationError,
+    build_catalog,
+    simulate,
+    simulate_patterns,
+)
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
+from ubi_pipeline.store.duckdb_store import Store
 
 N = 300  # sessions in the small logs below
 K = 10
@@ -161,7 +167,7 @@ def test_bulk_file_parses_with_the_collector(tmp_path: Path, small: object) -> N
 
 
 def test_store_round_trip_gives_the_in_memory_cells(tmp_path: Path) -> None:
-    """Records -> ingest -> processors.sessions gives exactly the cells of the simulated arrays."""
+    """Records -> ingest -> ubi_pipeline.processors.clicks.sessions gives exactly the cells of the simulated arrays."""
     traffic = simulate(sessions=600, seed=9, randomize=0.3)
     db = tmp_path / "sim.duckdb"
     path = tmp_path / "sim.ndjson"
@@ -279,7 +285,7 @@ def _free_port() -> int:
 def collector(tmp_path: Path) -> object:
     import uvicorn
 
-    from collector.app import create_app
+    from ubi_pipeline.collector.app import create_app
 
     db = tmp_path / "live.duckdb"
     port = _free_port()
@@ -315,7 +321,7 @@ def test_post_to_a_running_collector(collector: tuple[str, Path], capsys: pytest
 
 
 def test_hard_scenario_preset_and_overrides() -> None:
-    from processors.simulation import SCENARIOS, scenario
+    from ubi_pipeline.processors.simulation import SCENARIOS, scenario
 
     c = scenario("hard", sessions=100, model="dbn")
     assert (c.queries, c.query_skew, c.rankers, c.ranker_noise, c.crawler_share) == (1000, 1.0, 4, (0.3, 0.8, 1.5, 3.0), 0.05)
@@ -330,7 +336,7 @@ def test_hard_scenario_preset_and_overrides() -> None:
 def test_hard_scenario_has_a_long_tail_of_rare_queries() -> None:
     """Zipf (skew 1) over 1,000 queries: at 20,000 searches the most popular query expects 20,000 / H_1000 = 2,670
     searches (H_1000 = 7.485) and the rarest 2.7; most queries get fewer than 10."""
-    from processors.simulation import scenario
+    from ubi_pipeline.processors.simulation import scenario
 
     t = simulate(scenario("hard", sessions=20_000, seed=2, crawler_share=0.0))
     per_query = np.bincount(t.query, minlength=1000)
@@ -339,7 +345,7 @@ def test_hard_scenario_has_a_long_tail_of_rare_queries() -> None:
 
 
 def test_crawlers_are_exactly_what_the_session_filter_drops(tmp_path: Path) -> None:
-    from processors.simulation import scenario
+    from ubi_pipeline.processors.simulation import scenario
 
     t = simulate(scenario("hard", sessions=3000, seed=8))
     n_crawl = t.n_crawler_searches
@@ -392,7 +398,7 @@ def test_store_written_in_pieces_holds_exactly_the_rows_of_one_piece(tmp_path: P
     """write_store inserts ``chunk`` searches at a time (bounded memory at 50M events): same rows as one piece."""
     import duckdb
 
-    from processors.simulation.bulk_log import write_store
+    from ubi_pipeline.processors.simulation.bulk_log import write_store
 
     whole, parts = tmp_path / "whole.duckdb", tmp_path / "parts.duckdb"
     counts = write_store(whole, 24_000, seed=5, chunk=10_000_000)
@@ -409,7 +415,7 @@ def test_written_store_has_a_key_row_for_every_stored_row(tmp_path: Path) -> Non
     (the 64-bit hash of its key and its rowid), so the first writer to open it has nothing to fill."""
     import duckdb
 
-    from processors.simulation.bulk_log import write_store
+    from ubi_pipeline.processors.simulation.bulk_log import write_store
 
     db = tmp_path / "s.duckdb"
     nq, ne = write_store(db, 12_000, seed=4)

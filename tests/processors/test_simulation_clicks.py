@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.simulation.clicks import (
+from ubi_pipeline.processors.clicks.stats import PairIndex
+from ubi_pipeline.processors.simulation.clicks import (
     ClickSimulationError,
     click_given_grade,
     dedupe_patterns,
@@ -20,7 +21,6 @@ from processors.simulation.clicks import (
     synthetic_rankings,
     trust_bias_epsilons,
 )
-from processors.stats import PairIndex
 
 N = 40_000
 TOL = 5 * 0.5 / np.sqrt(N)  # 5 standard errors of a rate estimated from N sessions (0.0125)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from processors.counterfactual.validate import ranker_slots
-from processors.interleaving import outcomes, sign_test, win_rate
-from processors.simulation import SimConfig, simulate
-from processors.simulation.interleaved import simulate_interleaved
+from ubi_pipeline.processors.counterfactual.validate import ranker_slots
+from ubi_pipeline.processors.simulation import SimConfig, simulate
+from ubi_pipeline.processors.simulation.interleaved import simulate_interleaved
+from ubi_pipeline.reports.interleaving_outcomes import outcomes, sign_test, win_rate
 
 
 def _truth():  # type: ignore[no-untyped-def]
@@ -49,7 +49,7 @@ def test_cli_interleaved_traffic_reaches_the_report(tmp_path, capsys) -> None:  
     """
     import json
 
-    from ubi.cli import main
+    from ubi_pipeline.cli import main
 
     out, db = tmp_path / "il.ndjson", tmp_path / "ubi.duckdb"
     assert main(["simulate", "--sessions", "3000", "--seed", "5", "--interleave", "ranker-c,ranker-a", "--out",
@@ -88,7 +88,7 @@ def test_interleaving_leaves_the_other_searches_as_they_were() -> None:
     """The interleaving stream is a new one: queries, and the lists of the searches not interleaved, are unchanged."""
     import pytest
 
-    from processors.simulation.catalog import SimulationError
+    from ubi_pipeline.processors.simulation.catalog import SimulationError
 
     plain = simulate(SimConfig(sessions=2000, seed=4, randomize=0.1))
     il = simulate(SimConfig(sessions=2000, seed=4, randomize=0.1, interleave=("ranker-b", "ranker-a"),

@@ -9,10 +9,10 @@ from typing import Any
 
 import orjson
 
-from collector.ingest import ingest as ingest_validated
-from collector.ingest import parse_bulk, parse_items, validate_items
-from store.duckdb_store import Store
 from tests.conftest import SAMPLE_LOG, shared_path
+from ubi_pipeline.collector.ingest import ingest as ingest_validated
+from ubi_pipeline.collector.ingest import parse_bulk, parse_items, validate_items
+from ubi_pipeline.store.duckdb_store import Store
 
 #: ``../shared`` next to the repository (see the foundation issue)
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

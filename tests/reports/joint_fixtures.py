@@ -35,11 +35,11 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from collector.ingest import ingest, parse_items, validate_items
-from store.client import open_reader
-from store.duckdb_store import Store
-from store.rows import JUDGMENT_SCHEMA
 from tests.conftest import SAMPLE_LOG, shared_path
+from ubi_pipeline.collector.ingest import ingest, parse_items, validate_items
+from ubi_pipeline.store.client import open_reader
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.rows import JUDGMENT_SCHEMA
 
 T0 = datetime(2025, 1, 1, 10, 0, 0, tzinfo=UTC)
 _ids = itertools.count()
@@ -159,7 +159,7 @@ def write_human(path: Path) -> Path:
 
 def ingest_sample(path: Path) -> Path:
     """The real ESCI sample (`_bulk` export) ingested through the collector's own stage; skips when absent."""
-    from collector.ingest import parse_bulk
+    from ubi_pipeline.collector.ingest import parse_bulk
 
     with Store(path) as store:
         result = ingest(store, validate_items(parse_bulk(shared_path(SAMPLE_LOG).read_bytes())), source="sample")
@@ -181,15 +181,15 @@ def esci_con(esci_db: Path) -> Iterator[duckdb.DuckDBPyConnection]:
 
 
 def ubi(argv: list[str]) -> int:
-    """Run ``ubi report`` / ``ubi queryset`` as ``ubi.cli.main`` does (typed errors -> message, exit 2).
+    """Run ``ubi report`` / ``ubi queryset`` as ``ubi_pipeline.cli.main`` does (typed errors -> message, exit 2).
 
     Only this stage's commands are registered, so these tests do not depend on other stages importing cleanly.
     """
     import argparse
     import sys
 
-    from reports.commands import register
-    from schemas.errors import UbiError
+    from ubi_pipeline.commands.report import register
+    from ubi_pipeline.schemas.errors import UbiError
 
     parser = argparse.ArgumentParser(prog="ubi")
     register(parser.add_subparsers(dest="command"))
@@ -205,9 +205,9 @@ def hand_world_report(tmp: Path, config: Any, **build: Any) -> Any:
     """The report of the hand-checkable world (:func:`build_store` and :func:`write_human` under ``tmp``):
     its stored implicit labels and the human ones, built with ``config`` (a ``ReportConfig``) and ``build``
     (``build_report``'s other keywords)."""
-    from processors.qrels import load_qrels
-    from reports.joint import build_report
-    from reports.merge import LabelSet, labels_from_human, labels_from_store
+    from ubi_pipeline.formats.qrels import load_qrels
+    from ubi_pipeline.processors.labels.merge import LabelSet, labels_from_human, labels_from_store
+    from ubi_pipeline.reports.joint import build_report
 
     con = open_reader(build_store(tmp / "ubi.duckdb"))
     try:

@@ -8,10 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from joint_fixtures import build_store, write_human
 
-from processors.qrels import load_qrels
-from reports.agreement import AgreementError, agreement, agreement_all, quadratic_weighted_kappa
-from reports.merge import Label, LabelSet, labels_from_human, labels_from_store
-from store.client import open_reader
+from ubi_pipeline.formats.qrels import load_qrels
+from ubi_pipeline.processors.labels.merge import Label, LabelSet, labels_from_human, labels_from_store
+from ubi_pipeline.reports.agreement import AgreementError, agreement, agreement_all, quadratic_weighted_kappa
+from ubi_pipeline.store.client import open_reader
 
 
 def test_fixture_agreement_by_hand(tmp_path):

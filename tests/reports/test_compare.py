@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from reports.compare import (
+from ubi_pipeline.reports.compare import (
     CompareError,
     compare_block,
     compare_pair,
@@ -20,7 +20,7 @@ from reports.compare import (
     ordering,
     with_holm,
 )
-from reports.intervals import sign_flip_pvalue
+from ubi_pipeline.reports.intervals import sign_flip_pvalue
 
 
 def test_holm_by_hand():

@@ -1,7 +1,7 @@
 """``ubi evaluate`` end to end: files in, tables or JSON out, typed errors naming file and line.
 
-The command is driven through its own ``register`` on a fresh parser (the way ``ubi.cli`` mounts it), so
-these tests do not depend on every other stage importing cleanly; ``ubi.cli`` turns the typed errors
+The command is driven through its own ``register`` on a fresh parser (the way ``ubi_pipeline.cli`` mounts it), so
+these tests do not depend on every other stage importing cleanly; ``ubi_pipeline.cli`` turns the typed errors
 asserted here into exit code 2.
 """
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from processors.qrels import load_qrels
-from reports.evaluate_commands import register
-from reports.runs import write_jsonl_run
-from schemas.errors import UbiError
 from tests.conftest import ESCI_JUDGMENTS, shared_path
+from ubi_pipeline.commands.evaluate import register
+from ubi_pipeline.formats.qrels import load_qrels
+from ubi_pipeline.formats.runs import write_jsonl_run
+from ubi_pipeline.schemas.errors import UbiError
 
 
 def main(argv: list[str]) -> int:

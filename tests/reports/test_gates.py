@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from joint_fixtures import build_store, ubi, write_human
 
-from reports.gates import GateError, Threshold, check, load_thresholds, parse_flag, qualify
-from schemas.errors import InputFileError
+from ubi_pipeline.reports.gates import GateError, Threshold, check, load_thresholds, parse_flag, qualify
+from ubi_pipeline.schemas.errors import InputFileError
 
 VALUES = {
     "shop/ranker=a": {"human/ndcg@10": (0.8155, 2), "online/abandonment": (0.4, 5), "human/mrr": (float("nan"), 0)},
@@ -109,7 +109,7 @@ def test_cli_bad_threshold_is_a_usage_error(store, tmp_path, capsys):
 
 def test_unknown_metric_names_are_bad_input_listing_the_known(tmp_path):
     """Issue 12: a typo ("ndgc@10") is exit 2 with the known names, never a failed gate (exit 1)."""
-    from reports.gates import GateError, load_thresholds, parse_flag
+    from ubi_pipeline.reports.gates import GateError, load_thresholds, parse_flag
 
     with pytest.raises(GateError, match=r"unknown metric 'human/ndgc@10'.*known offline metrics: p@k, recall"):
         parse_flag("ndgc@10=0.5")
@@ -133,8 +133,8 @@ def test_report_with_a_misspelt_gate_exits_2(tmp_path, capsys):
 
 def test_interleaving_gate_names_are_known_and_typos_exit_as_bad_input() -> None:
     """Interleaving gates (reports/interleaving.gate_values) pass the name check; a misspelt statistic does not."""
-    from reports.gates import GateError, check_name
-    from reports.interleaving import GATE_STATISTICS
+    from ubi_pipeline.reports.gates import GateError, check_name
+    from ubi_pipeline.reports.interleaving import GATE_STATISTICS
 
     for name in GATE_STATISTICS:
         assert check_name(f"interleaving/candidate-vs-baseline/{name}") == f"interleaving/candidate-vs-baseline/{name}"

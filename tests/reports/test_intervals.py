@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from reports.intervals import (
+from ubi_pipeline.reports.intervals import (
     IntervalError,
     bootstrap_mean,
     bootstrap_means,

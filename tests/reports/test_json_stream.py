@@ -1,4 +1,4 @@
-"""The streamed JSON report (reports.render.json_out.write_json) is byte for byte the whole document dumped at once.
+"""The streamed JSON report (ubi_pipeline.reports.render.json_out.write_json) is byte for byte the whole document dumped at once.
 
 The reference in every test is what `ubi report --format json` wrote before the render was streamed:
 ``orjson.dumps(report_dict(report), option=OPT_INDENT_2 | OPT_SORT_KEYS) + b"\\n"``.
@@ -16,16 +16,16 @@ import orjson
 import pytest
 from joint_fixtures import build_store, hand_world_report, write_human
 
-from processors.judgments import process
-from processors.simulation.bulk_log import write_store
-from reports.joint import ReportConfig, build_report
-from reports.merge import LabelSet, labels_from_store
-from reports.render import json_out
-from reports.render.json_out import render_json, report_dict, write_json
-from schemas.settings import Settings
-from store.client import open_reader
+from ubi_pipeline.processors.labels.implicit import process
+from ubi_pipeline.processors.labels.merge import LabelSet, labels_from_store
+from ubi_pipeline.processors.simulation.bulk_log import write_store
+from ubi_pipeline.reports.joint import ReportConfig, build_report
+from ubi_pipeline.reports.render import json_out
+from ubi_pipeline.reports.render.json_out import render_json, report_dict, write_json
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.client import open_reader
 
-#: Generated events (processors.simulation.bulk_log, one search per 12 events): enough searches that PBM grades
+#: Generated events (ubi_pipeline.processors.simulation.bulk_log, one search per 12 events): enough searches that PBM grades
 #: a few thousand pairs whose parameters share their run-wide part, the shape of the 20M report's label pairs.
 EVENTS = 60_000
 
@@ -79,7 +79,7 @@ def test_pbm_labels_with_shared_parameters_stream_to_the_same_bytes(pbm_report):
     assert len(pairs) > 1_000  # 5,000 searches of bulk_log: a few thousand (query, doc) pairs
     params = [lab.parameters for p in pairs for lab in p.labels if lab.parameters]
     assert len(params) == len(pairs)  # every pair has its one PBM label, with parameters
-    # the run-wide part is shared between the labels' dicts (store.judgment_params): what the memo relies on
+    # the run-wide part is shared between the labels' dicts (ubi_pipeline.store.judgment_params): what the memo relies on
     shared = [k for k, v in params[0].items() if isinstance(v, dict | list) and params[-1].get(k) is v]
     assert shared
     ref = whole(pbm_report)

@@ -1,4 +1,4 @@
-"""`ubi judgments export` / `ubi judgments import` end to end, through `ubi.cli.main` (real DuckDB files).
+"""`ubi judgments export` / `ubi judgments import` end to end, through `ubi_pipeline.cli.main` (real DuckDB files).
 
 The small world is joint_fixtures': human JSONL q1 "red shoes" {d1: 3, d2: 1, d3: 0} (assessor ann), q2 "blue
 hat" {h1: 2, h2: 0}, q3 "green bag" {b1: 0}; implicit:ctr rows red shoes d1 3, d2 2, d4 1, blue hat h1 1,
@@ -16,10 +16,10 @@ import duckdb
 import pytest
 from joint_fixtures import HUMAN_JSONL, build_store
 
-from processors.qrels import load_qrels
 from tests.conftest import ESCI_JUDGMENTS, shared_path
 from tests.store_support import only_store_files
-from ubi.cli import main
+from ubi_pipeline.cli import main
+from ubi_pipeline.formats.qrels import load_qrels
 
 
 def rows(db: Path, sql: str = "SELECT query, doc_id, grade FROM human_judgments ORDER BY ALL") -> list[tuple]:
@@ -175,7 +175,7 @@ def test_replace_and_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_import_and_export_while_a_collector_holds_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ubi.demo import free_port, running_collector
+    from ubi_pipeline.demo import free_port, running_collector
 
     db = build_store(tmp_path / "ubi.duckdb")
     qrels = tmp_path / "h.jsonl"

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from joint_fixtures import build_store, write_human
 
-from processors.qrels import load_qrels
-from reports.merge import (
+from ubi_pipeline.formats.qrels import load_qrels
+from ubi_pipeline.processors.labels.merge import (
     Label,
     LabelSet,
     MergeError,
@@ -19,7 +19,7 @@ from reports.merge import (
     labels_from_store,
     merge_view,
 )
-from store.client import open_reader
+from ubi_pipeline.store.client import open_reader
 
 
 def _labels(tmp_path) -> LabelSet:
@@ -170,7 +170,7 @@ def test_stored_parameters_read_back_as_stored_with_the_run_wide_part_shared(tmp
 
     import duckdb
 
-    from schemas import tables
+    from ubi_pipeline.schemas import tables
 
     db = tmp_path / "p.duckdb"
     shared = {"model": {"model": "pbm", "theta_ratio": [1.0, 0.5]}, "grade_mapping": {"thresholds": [0.2, 0.4]}}

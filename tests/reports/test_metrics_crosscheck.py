@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from ir_measures import AP, RR, Judged, P, R, nDCG
 
-from reports.metrics import compute
-from reports.runs import load_trec_run
+from ubi_pipeline.formats.runs import load_trec_run
+from ubi_pipeline.reports.metrics import compute
 
 # ranx's metrics are numba functions; compiling them took 60-80 s of every clean-clone `make test` for 250
 # queries. With the JIT off numba runs the same Python source (ranx's definitions are unchanged), in well

@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from reports.metrics import MetricError, compute, parse_metric, parse_metrics
-from reports.metrics.ap import average_precision
-from reports.metrics.judged import judged_at_k
-from reports.metrics.ndcg import discounts, ndcg
-from reports.metrics.precision import precision
-from reports.metrics.recall import recall
-from reports.metrics.rr import reciprocal_rank
+from ubi_pipeline.reports.metrics import MetricError, compute, parse_metric, parse_metrics
+from ubi_pipeline.reports.metrics.ap import average_precision
+from ubi_pipeline.reports.metrics.judged import judged_at_k
+from ubi_pipeline.reports.metrics.ndcg import discounts, ndcg
+from ubi_pipeline.reports.metrics.precision import precision
+from ubi_pipeline.reports.metrics.recall import recall
+from ubi_pipeline.reports.metrics.rr import reciprocal_rank
 
 # q1: four judgments, positives (grade >= 1) are a, c, z; the run ranks a, b, c and an unjudged x.
 # q2: judged, nothing relevant (a labelled negative); the run still returns two docs.

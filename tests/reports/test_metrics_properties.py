@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reports.metrics import compute
+from ubi_pipeline.reports.metrics import compute
 
 METRICS = "ndcg@1,ndcg@5,ndcg,ndcg_exp@5,recall@1,recall@5,recall,p@1,p@5,mrr,rr@2,map,ap@3,judged@1,judged@5"
 DOCS = [f"d{i}" for i in range(10)]

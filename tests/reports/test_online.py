@@ -7,10 +7,10 @@ import orjson
 import pytest
 from joint_fixtures import build_store, event, query
 
-from reports.online import OnlineError, online_metrics
-from reports.systems import load_searches
-from store.client import open_reader
 from tests.conftest import SAMPLE_LOG, shared_path
+from ubi_pipeline.reports.online import OnlineError, online_metrics
+from ubi_pipeline.reports.systems import load_searches
+from ubi_pipeline.store.client import open_reader
 
 esci_db, esci_con = joint_fixtures.esci_db, joint_fixtures.esci_con  # the sample store, as fixtures
 

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from processors.interleaving import InterleavingResult, Tally
-from reports.intervals import Interval, wilson
-from reports.online import OnlineMetrics
-from reports.pairs import (
+from ubi_pipeline.reports.interleaving_outcomes import InterleavingResult, Tally
+from ubi_pipeline.reports.intervals import Interval, wilson
+from ubi_pipeline.reports.online import OnlineMetrics
+from ubi_pipeline.reports.pairs import (
     Line,
     PairView,
     interleaving_line,

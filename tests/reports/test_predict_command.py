@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collector.ingest import ingest, parse_bulk, validate_items
-from processors.counterfactual.direct import aggregate, pbm_position_probs, query_metrics
-from processors.simulation import simulate
-from store.duckdb_store import Store
-from ubi.cli import main
+from ubi_pipeline.cli import main
+from ubi_pipeline.collector.ingest import ingest, parse_bulk, validate_items
+from ubi_pipeline.processors.counterfactual.direct import aggregate, pbm_position_probs, query_metrics
+from ubi_pipeline.processors.simulation import simulate
+from ubi_pipeline.store.duckdb_store import Store
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, float]:
         assert ingest(s, validate_items(parse_bulk((d / "sim.ndjson").read_bytes())), source="test").rejected == 0
     cat, truth = traffic.truth.catalog, traffic.truth
     order = np.argsort(-cat.grades, axis=1, kind="stable")[:, :10]  # the ideal ranker: by true grade
-    # query texts hold spaces, which TREC run lines cannot: JSONL rankings (reports.runs)
+    # query texts hold spaces, which TREC run lines cannot: JSONL rankings (ubi_pipeline.formats.runs)
     run = d / "ideal.jsonl"
     run.write_text("".join(json.dumps({"query_id": cat.query_texts[q], "doc_ids": [str(cat.doc_ids[q, j])
                                        for j in order[q]]}) + "\n" for q in range(cat.n_queries)))

@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from processors.counterfactual.predict import predict
-from processors.counterfactual.validate import exact_metrics, ranker_slots
-from processors.simulation import SimConfig, simulate
-from reports.predicted import predicted_differences, predictions, shared_rankings
-from schemas.text import normalize_query
+from ubi_pipeline.processors.counterfactual.predict import predict
+from ubi_pipeline.processors.counterfactual.validate import exact_metrics, ranker_slots
+from ubi_pipeline.processors.simulation import SimConfig, simulate
+from ubi_pipeline.reports.predicted import predicted_differences, predictions, shared_rankings
+from ubi_pipeline.schemas.text import normalize_query
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_predictions_of_run_systems_and_the_reason_when_none(world) -> None:
 
 
 def test_budget_replicates_by_hand() -> None:
-    from reports.predicted import budget_replicates
+    from ubi_pipeline.reports.predicted import budget_replicates
 
     # 1 s per fit, 3 fits per replicate, 60 s: ⌊60 / 3⌋ = 20 replicates, below the 50 wanted
     assert budget_replicates(1.0, 3, wanted=50, budget=60.0) == 20

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from joint_fixtures import build_store, query, ubi
 
-from processors.qrels import load_queryset
-from reports.queryset import QuerySetError, SampledQuery, query_frequencies, sample
-from store.client import open_reader
 from tests.conftest import shared_path
+from ubi_pipeline.formats.qrels import load_queryset
+from ubi_pipeline.processors.labels.queryset import QuerySetError, SampledQuery, query_frequencies, sample
+from ubi_pipeline.store.client import open_reader
 
 esci_db = joint_fixtures.esci_db
 

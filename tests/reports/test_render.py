@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from joint_fixtures import hand_world_report
 
-from reports.gates import Threshold
-from reports.joint import ReportConfig
-from reports.render.html import render_html
-from reports.render.json_out import render_json
-from reports.render.markdown import render_markdown
-from reports.render.text import render_text
+from ubi_pipeline.reports.gates import Threshold
+from ubi_pipeline.reports.joint import ReportConfig
+from ubi_pipeline.reports.render.html import render_html
+from ubi_pipeline.reports.render.json_out import render_json
+from ubi_pipeline.reports.render.markdown import render_markdown
+from ubi_pipeline.reports.render.text import render_text
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -107,8 +107,8 @@ def test_html_renders_in_headless_chromium(report):
 
 
 def test_propensity_title_names_level_and_bootstrap_unit():
-    from processors.propensity.bootstrap import QUERY_SCHEME, SCHEME
-    from reports.render.html import propensity_interval_label
+    from ubi_pipeline.processors.propensity.bootstrap import QUERY_SCHEME, SCHEME
+    from ubi_pipeline.reports.render.html import propensity_interval_label
 
     assert propensity_interval_label(PROPENSITY) == " (95% interval)"
     assert propensity_interval_label({**PROPENSITY, "bootstrap": {"replicates": 200, "scheme": QUERY_SCHEME}}) == (

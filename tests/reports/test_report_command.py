@@ -263,14 +263,14 @@ def test_esci_online_order_keeps_systems_without_offline_values(esci_db, tmp_pat
 
 def test_a_crash_never_exits_1(tmp_path, monkeypatch, capsys):
     # exit 1 means "a gate failed" to CI; Python's exit code for an uncaught exception is 1 as well
-    import reports.joint
-    from ubi.cli import main
+    import ubi_pipeline.reports.joint
+    from ubi_pipeline.cli import main
 
     def boom(*_args, **_kwargs):
         raise RuntimeError("boom")
 
-    # `ubi report` imports build_report from reports.joint when it runs (the parser stays light)
-    monkeypatch.setattr(reports.joint, "build_report", boom)
+    # `ubi report` imports build_report from ubi_pipeline.reports.joint when it runs (the parser stays light)
+    monkeypatch.setattr(ubi_pipeline.reports.joint, "build_report", boom)
     db = build_store(tmp_path / "ubi.duckdb")
     assert main(["report", "--db", str(db), "--qrels", str(write_human(tmp_path / "h.jsonl"))]) == 3
     err = capsys.readouterr().err
@@ -280,7 +280,7 @@ def test_a_crash_never_exits_1(tmp_path, monkeypatch, capsys):
 
 
 def test_square_brackets_in_messages_and_names_survive(tmp_path, capsys):
-    from ubi.cli import main
+    from ubi_pipeline.cli import main
 
     db = build_store(tmp_path / "ubi.duckdb")
     gates = tmp_path / "gates.toml"
@@ -347,7 +347,7 @@ def test_esci_sample_end_to_end_with_hand_checks(esci_db, tmp_path):
 def test_reviewed_labels_class_key_and_propensity(tmp_path):
     import pyarrow as pa
 
-    from store.duckdb_store import Store
+    from ubi_pipeline.store.duckdb_store import Store
 
     queries = copy.deepcopy(joint_fixtures.QUERIES)
     for q in queries:  # a query class in query_attributes

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from joint_fixtures import build_store, query, ubi, write_human
 
-from reports.intervals import Interval, why_no_interval
-from reports.joint import OfflineResult, _shared_offline
-from reports.render.html import propensity_svg
 from tests.conftest import ESCI_JUDGMENTS, SAMPLE_LOG, shared_path
-from ubi.cli import main
+from ubi_pipeline.cli import main
+from ubi_pipeline.reports.intervals import Interval, why_no_interval
+from ubi_pipeline.reports.joint import OfflineResult, _shared_offline
+from ubi_pipeline.reports.render.html import propensity_svg
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The report reads its labels after its DuckDB steps (reports.joint.build_report with a label loader), so the
+"""The report reads its labels after its DuckDB steps (ubi_pipeline.reports.joint.build_report with a label loader), so the
 labels and the search temp tables are never held at once; the report is the same either way.
 
 Expected values come from the same report built the old way (labels given as a LabelSet), not from numbers
@@ -12,14 +12,14 @@ from datetime import UTC, datetime
 import pytest
 from joint_fixtures import build_store, write_human
 
-from processors.identifiability import PARTIAL, UNIDENTIFIED, Identifiability
-from processors.qrels import load_qrels
-from reports.joint import ReportConfig, build_report
-from reports.merge import Label, LabelSet, labels_from_human, labels_from_store
-from reports.recommend import withhold_unidentified, withhold_unidentified_in
-from reports.render.json_out import report_dict
-from reports.systems import drop_searches, prepare_searches
-from store.client import open_reader
+from ubi_pipeline.formats.qrels import load_qrels
+from ubi_pipeline.processors.clicks.identifiability import PARTIAL, UNIDENTIFIED, Identifiability
+from ubi_pipeline.processors.labels.merge import Label, LabelSet, labels_from_human, labels_from_store
+from ubi_pipeline.reports.joint import ReportConfig, build_report
+from ubi_pipeline.reports.recommend import withhold_unidentified, withhold_unidentified_in
+from ubi_pipeline.reports.render.json_out import report_dict
+from ubi_pipeline.reports.systems import drop_searches, prepare_searches
+from ubi_pipeline.store.client import open_reader
 
 SEARCH_TABLES = {"_ubi_records", "_ubi_inst", "_ubi_searches", "_ubi_search_events"}
 

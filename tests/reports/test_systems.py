@@ -7,7 +7,7 @@ import joint_fixtures
 import pytest
 from joint_fixtures import build_store, event, query
 
-from reports.systems import (
+from ubi_pipeline.reports.systems import (
     SearchCounts,
     SystemsError,
     classes_by_text,
@@ -16,7 +16,7 @@ from reports.systems import (
     logged_runs_in,
     search_counts,
 )
-from store.client import open_reader
+from ubi_pipeline.store.client import open_reader
 
 esci_db, esci_con = joint_fixtures.esci_db, joint_fixtures.esci_con  # the sample store, as fixtures
 
@@ -206,7 +206,7 @@ def test_the_record_picked_per_query_id_follows_the_rule_by_hand(tmp_path):
 
 def test_the_search_table_is_the_same_when_the_log_tables_are_views(tmp_path):
     """Readers of a live store or of the Kafka loader's Parquet see ubi_queries and ubi_events as views
-    (store.sealed, store.parquet_store): the search table must not need a base table's rowid."""
+    (ubi_pipeline.store.sealed, ubi_pipeline.store.parquet_store): the search table must not need a base table's rowid."""
     path = build_store(tmp_path / "v.duckdb")
     con = open_reader(path)
     try:

@@ -16,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from joint_fixtures import build_store, write_human
 
-from processors.qrels import (
+from ubi_pipeline.cli import main
+from ubi_pipeline.formats.qrels import (
     WORKBENCH_DESCRIPTION_MAX,
     WORKBENCH_NAME_MAX,
     WorkbenchTextError,
@@ -24,7 +25,6 @@ from processors.qrels import (
     workbench_safe,
     workbench_text_problem,
 )
-from ubi.cli import main
 
 # The Workbench's test, transcribed: text.matches(".*[\"\\\\<>]+.*"), length in UTF-16 units, not empty
 # (its request parsing trims and treats blank as absent).

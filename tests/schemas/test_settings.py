@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from schemas.errors import SettingsError
-from schemas.settings import Settings
-from ubi.cli import main
+from ubi_pipeline.cli import main
+from ubi_pipeline.schemas.errors import SettingsError
+from ubi_pipeline.schemas.settings import Settings
 
 
 def test_given_flags_win_unset_ones_fall_back_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

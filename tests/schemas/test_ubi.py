@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
-from schemas.ubi import (
+from tests.conftest import shared_path
+from ubi_pipeline.schemas.ubi import (
     EPOCH_MS_MAX,
     EPOCH_MS_MIN,
     UbiEvent,
@@ -23,7 +24,6 @@ from schemas.ubi import (
     parse_timestamp,
     query_key,
 )
-from tests.conftest import shared_path
 
 
 def field_of(exc: pytest.ExceptionInfo[ValidationError]) -> str:

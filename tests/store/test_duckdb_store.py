@@ -5,11 +5,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from schemas.errors import StoreError, StoreLocked
-from schemas.ubi import UbiEvent, UbiQuery
-from store.client import collector_url, open_reader
-from store.duckdb_store import Store
-from store.rows import (
+from ubi_pipeline.schemas.errors import StoreError, StoreLocked
+from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
+from ubi_pipeline.store.client import collector_url, open_reader
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.rows import (
     EVENT_SCHEMA,
     QUERY_SCHEMA,
     RowStatus,
@@ -169,7 +169,7 @@ def _serve(db, wait_seconds):
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "UBI_STORE_WAIT_SECONDS": str(wait_seconds)}
-    return subprocess.Popen([sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0"], cwd=root,
+    return subprocess.Popen([sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(db), "--port", "0"], cwd=root,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -222,7 +222,7 @@ def test_a_writer_holding_the_file_is_still_named_as_one(tmp_path):
         import subprocess
         import sys
 
-        code = ("import sys; from store.duckdb_store import Store\n"
+        code = ("import sys; from ubi_pipeline.store.duckdb_store import Store\n"
                 "try:\n    Store(sys.argv[1], wait_for_readers=5)\nexcept Exception as e:\n    print(type(e).__name__, e)")
         out = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=60,
                              cwd=__import__("pathlib").Path(__file__).resolve().parents[2]).stdout
@@ -232,7 +232,7 @@ def test_a_writer_holding_the_file_is_still_named_as_one(tmp_path):
 def test_a_store_held_only_by_a_reader_raises_the_reader_subclass(tmp_path):
     """Giving up on a read-only reader raises StoreHeldByReader (a StoreLocked), which `ubi serve` tells from a
     writer holding the file by its type (test_a_writer_holding_the_file_is_still_named_as_one: plain StoreLocked)."""
-    from schemas.errors import StoreHeldByReader
+    from ubi_pipeline.schemas.errors import StoreHeldByReader
 
     db = tmp_path / "ubi.duckdb"
     Store(db).close()

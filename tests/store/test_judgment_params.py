@@ -9,17 +9,17 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from processors.judgments import make_judgments, process, store_judgments, write_jsonl
-from processors.sessions import read_sessions
-from processors.simulation.bulk_log import write_store
-from reports.merge import labels_from_store
-from schemas import tables
-from schemas.errors import StoreError
-from schemas.settings import Settings
-from store.client import open_reader
-from store.duckdb_store import Store
-from store.judgment_params import merged_from_arrow, read_judgments
-from store.rows import JUDGMENT_RUN_SCHEMA
+from ubi_pipeline.processors.clicks.sessions import read_sessions
+from ubi_pipeline.processors.labels.implicit import make_judgments, process, store_judgments, write_jsonl
+from ubi_pipeline.processors.labels.merge import labels_from_store
+from ubi_pipeline.processors.simulation.bulk_log import write_store
+from ubi_pipeline.schemas import tables
+from ubi_pipeline.schemas.errors import StoreError
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.client import open_reader
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.judgment_params import merged_from_arrow, read_judgments
+from ubi_pipeline.store.rows import JUDGMENT_RUN_SCHEMA
 
 #: ``judgments`` as every store made before ``run_id`` declared it (schemas/tables.py before the split).
 OLD_JUDGMENTS_DDL = """CREATE TABLE judgments (
@@ -167,7 +167,7 @@ def test_rows_that_refer_to_a_run_not_stored_are_refused_and_nothing_is_written(
 def test_a_reader_of_sealed_segments_gets_the_runs_too(tmp_path: Path) -> None:
     db, settings = _small(tmp_path)
     run = make_judgments(read_sessions(db, settings), "ctr", Settings(min_support=1, max_ci_width=100.0))
-    from store.sealed import open_sealed
+    from ubi_pipeline.store.sealed import open_sealed
 
     with Store(db) as store:
         store.load_tables([("judgment_runs", run.runs, None), ("judgments", run.table, run.source)])

@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from schemas import tables
-from schemas.ubi import UbiEvent
-from store import keys as store_keys
-from store.duckdb_store import Store
-from store.keys import KeyFilter, KeyIndex, key_hashes
-from store.rows import EVENT_SCHEMA, RowStatus, event_row, failed_row, failed_table, utcnow
+from ubi_pipeline.schemas import tables
+from ubi_pipeline.schemas.ubi import UbiEvent
+from ubi_pipeline.store import keys as store_keys
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.keys import KeyFilter, KeyIndex, key_hashes
+from ubi_pipeline.store.rows import EVENT_SCHEMA, RowStatus, event_row, failed_row, failed_table, utcnow
 
 INSERTED, DUPLICATE, CONFLICT = RowStatus.INSERTED, RowStatus.DUPLICATE, RowStatus.CONFLICT
 
@@ -133,8 +133,8 @@ def test_a_key_table_that_does_not_match_its_rows_is_rebuilt(tmp_path, make_even
 
 
 def test_the_query_table_is_kept_unique_the_same_way(tmp_path, make_query):
-    from schemas.ubi import UbiQuery
-    from store.rows import QUERY_SCHEMA, query_row
+    from ubi_pipeline.schemas.ubi import UbiQuery
+    from ubi_pipeline.store.rows import QUERY_SCHEMA, query_row
 
     def queries(*records):
         return pa.Table.from_pylist([query_row(UbiQuery.model_validate(r), utcnow()) for r in records],
@@ -194,7 +194,7 @@ def test_rows_inserted_through_the_open_stores_transaction_are_found(tmp_path, m
 
 def test_the_writers_key_hashes_are_duckdbs_md5_number_lower() -> None:
     """The writer hashes keys in Python, the key table is filled by DuckDB's SQL on open: they must agree
-    (ASCII, accents, astral characters, the empty string, the key shapes of schemas.ubi)."""
+    (ASCII, accents, astral characters, the empty string, the key shapes of ubi_pipeline.schemas.ubi)."""
     keys = ["abc", "", "id:é€😀", "h:" + "f" * 32, "q1\x1fr1", "id:" + "x" * 100]
     con = duckdb.connect()
     expected = [h for (h,) in con.execute("SELECT md5_number_lower(k) FROM unnest(?) t(k)", [keys]).fetchall()]
@@ -203,7 +203,7 @@ def test_the_writers_key_hashes_are_duckdbs_md5_number_lower() -> None:
 
 
 def test_block_filters_have_no_false_negatives_and_few_false_positives() -> None:
-    """One filter per block of BLOCK_ROWS rowids (store.keys.BlockFilters): each stored hash finds its own
+    """One filter per block of BLOCK_ROWS rowids (ubi_pipeline.store.keys.BlockFilters): each stored hash finds its own
     block, and a hash never added passes 0.32 % of the blocks' filters (seed 11, measured: 252 of the 80,000
     checks of 20,000 such hashes against 4 full blocks; about KeyFilter's 0.4 % at 16 bits a key, above). The
     test allows 1 %."""

@@ -1,9 +1,9 @@
-"""``store.rows``: the one counts type and row status, and the stored shape's Arrow schemas."""
+"""``ubi_pipeline.store.rows``: the one counts type and row status, and the stored shape's Arrow schemas."""
 
 from __future__ import annotations
 
-from schemas import tables
-from store.rows import EVENT_SCHEMA, FAILED_SCHEMA, QUERY_SCHEMA, Counts, RowStatus
+from ubi_pipeline.schemas import tables
+from ubi_pipeline.store.rows import EVENT_SCHEMA, FAILED_SCHEMA, QUERY_SCHEMA, Counts, RowStatus
 
 INS, DUP, CON = RowStatus.INSERTED, RowStatus.DUPLICATE, RowStatus.CONFLICT
 

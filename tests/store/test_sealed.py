@@ -19,9 +19,16 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from store.client import reading
-from store.duckdb_store import Store
-from store.sealed import MANIFEST, SealFailed, decode_seal, default_root, encode_seal, open_sealed
+from ubi_pipeline.store.client import reading
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.sealed import (
+    MANIFEST,
+    SealFailed,
+    decode_seal,
+    default_root,
+    encode_seal,
+    open_sealed,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ("ubi_queries", "ubi_events", "failed_records", "judgments", "judgment_runs", "human_judgments")
@@ -287,7 +294,7 @@ def test_a_seal_holds_whole_commits_and_does_not_pause_writers(tmp_path: Path) -
 
 READER = """
 import sys, threading, time
-from store.client import reading
+from ubi_pipeline.store.client import reading
 with reading(sys.argv[1]) as con:
     n = con.execute("SELECT count(*) FROM ubi_events").fetchone()[0]
     print("open", n, flush=True)
@@ -300,7 +307,7 @@ with reading(sys.argv[1]) as con:
 @contextlib.contextmanager
 def serving(db: Path, env: dict[str, str]) -> Iterator[None]:
     """``ubi serve`` holding ``db`` (port 0) until the block ends."""
-    serve = subprocess.Popen([sys.executable, "-m", "ubi", "serve", "--db", str(db), "--port", "0"], cwd=ROOT,
+    serve = subprocess.Popen([sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(db), "--port", "0"], cwd=ROOT,
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert serve.stdout is not None
@@ -347,7 +354,7 @@ def test_a_reader_killed_mid_read_leaves_nothing_behind(tmp_path: Path) -> None:
         assert {p for p in after if p.endswith(".parquet")} == {f"ubi.duckdb.sealed/{f}" for f in named}
         # A second reader reuses the segments: it seals nothing new and adds no file
         with_second = subprocess.run(
-            [sys.executable, "-c", "import sys; from store.client import reading\n"
+            [sys.executable, "-c", "import sys; from ubi_pipeline.store.client import reading\n"
              "with reading(sys.argv[1]) as con: print(con.execute('SELECT count(*) FROM ubi_events').fetchone()[0])",
              str(db)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
         assert with_second.stdout.strip() == "50000", with_second.stderr
@@ -356,7 +363,7 @@ def test_a_reader_killed_mid_read_leaves_nothing_behind(tmp_path: Path) -> None:
 
 YIELDING = """
 import os, sys
-from store.client import reading
+from ubi_pipeline.store.client import reading
 for _ in range(2):  # a second read does not lower the priority further
     with reading(sys.argv[1]) as con:
         threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
@@ -402,9 +409,9 @@ def test_reading_a_free_store_opens_the_file_and_writes_nothing(tmp_path: Path) 
 
 
 def test_a_large_backlog_is_sealed_in_chunks_each_row_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import store.sealed
+    import ubi_pipeline.store.sealed
 
-    monkeypatch.setattr(store.sealed, "CHUNK_ROWS", 300)
+    monkeypatch.setattr(ubi_pipeline.store.sealed, "CHUNK_ROWS", 300)
     with Store(tmp_path / "s.duckdb") as store_:
         add_events(store_, 0, 1000)
         sealed = store_.seal()
@@ -426,7 +433,7 @@ def test_a_seal_cut_short_leaves_the_manifest_in_force(tmp_path: Path, monkeypat
         def full_disk(*args: object) -> None:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr("store.sealed.os.replace", full_disk)
+        monkeypatch.setattr("ubi_pipeline.store.sealed.os.replace", full_disk)
         with pytest.raises(SealFailed, match="No space left"):
             store.seal()
         monkeypatch.undo()
@@ -447,11 +454,11 @@ def test_a_large_chunk_is_sealed_within_the_writers_memory_limit(tmp_path: Path,
     a SealFailed naming the setting, with nothing sealed; at FLUSH_ROWS the same chunk is sealed whole. (The
     sizes were found by trying: the real case was a 1M-row chunk of a 20M-event store under the collector's
     256 MB, README "Reading without copying".)"""
-    import store.sealed
+    import ubi_pipeline.store.sealed
 
     with Store(tmp_path / "s.duckdb", memory_limit="16MB") as store_:
         add_events(store_, 0, 300_000)
-        monkeypatch.setattr(store.sealed, "FLUSH_ROWS", 524_288)
+        monkeypatch.setattr(ubi_pipeline.store.sealed, "FLUSH_ROWS", 524_288)
         with pytest.raises(SealFailed, match="UBI_WRITER_MEMORY_LIMIT"):
             store_.seal()
         assert sealed_files(default_root(tmp_path / "s.duckdb")) == set()

@@ -32,7 +32,7 @@ def _start(workdir: Path) -> subprocess.Popen[bytes]:
     """``ubi demo`` into ``workdir``, its output into files beside it (a pipe nobody reads yet would stall it)."""
     with open(workdir.parent / "stdout.txt", "wb") as out, open(workdir.parent / "stderr.txt", "wb") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "ubi", "demo", "--dir", str(workdir), "--sessions", str(DEMO_SESSIONS),
+            [sys.executable, "-m", "ubi_pipeline", "demo", "--dir", str(workdir), "--sessions", str(DEMO_SESSIONS),
              "--seed", str(DEMO_SEED)],
             stdout=out, stderr=err, cwd=workdir.parent, env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
         )

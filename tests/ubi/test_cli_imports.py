@@ -16,7 +16,7 @@ HEAVY = ("scipy", "pandas", "matplotlib", "duckdb", "fastapi", "pyarrow", "numpy
 # Prints the help of `ubi` and of every (nested) subcommand, then the heavy modules that got imported.
 _SCRIPT = """
 import argparse, contextlib, io, json, sys
-import ubi.cli
+import ubi_pipeline.cli
 
 def walk(parser, path):
     yield path
@@ -26,10 +26,10 @@ def walk(parser, path):
                 yield from walk(child, [*path, name])
 
 helped = []
-for path in walk(ubi.cli.build_parser(), []):
+for path in walk(ubi_pipeline.cli.build_parser(), []):
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        ubi.cli.main([*path, "--help"])
+        ubi_pipeline.cli.main([*path, "--help"])
     if out.getvalue().startswith("usage: ubi"):
         helped.append(" ".join(path))
 heavy = sorted({name.split(".")[0] for name in sys.modules} & set(sys.argv[1:]))
@@ -55,7 +55,7 @@ def test_help_of_every_command_imports_no_heavy_module() -> None:
 
 def test_the_check_sees_a_heavy_import() -> None:
     # the same check after running a handler's import: it must report what the handler loaded
-    script = "import sys, ubi.cli; ubi.cli.build_parser(); import reports.systems; " \
+    script = "import sys, ubi_pipeline.cli; ubi_pipeline.cli.build_parser(); import ubi_pipeline.reports.systems; " \
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'duckdb', 'pyarrow'}))"
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ubi.cli import main
+from ubi_pipeline.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "reports"))
@@ -16,7 +16,7 @@ from joint_fixtures import build_store, write_human  # noqa: E402
 
 def _ubi(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # as a CI job or a pipe would run it
-    return subprocess.run([sys.executable, "-m", "ubi", *argv], capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-m", "ubi_pipeline", *argv], capture_output=True, text=True, timeout=300,
                           cwd=cwd, env=env)
 
 

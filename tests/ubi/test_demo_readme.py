@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.ubi.demo_support import DemoRun
-from ubi.cli import main
-from ubi.demo import MARKER
+from ubi_pipeline.cli import main
+from ubi_pipeline.demo import MARKER
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -88,7 +88,7 @@ def test_demo_dir_refuses_a_folder_it_did_not_make(tmp_path: Path, capsys) -> No
 
 
 def test_demo_dir_reuses_its_own_folder(tmp_path: Path) -> None:
-    from ubi.demo import prepare_workdir
+    from ubi_pipeline.demo import prepare_workdir
 
     work = tmp_path / "demo-out"
     prepare_workdir(work)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from processors.simulation.catalog import build_catalog
-from schemas.settings import Settings
-from ubi.demo_serve import build_demo_app, demo_catalog, demo_settings, report_available, write_qrels
+from ubi_pipeline.demo_serve import build_demo_app, demo_catalog, demo_settings, report_available, write_qrels
+from ubi_pipeline.processors.simulation.catalog import build_catalog
+from ubi_pipeline.schemas.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def test_settings_from_the_ubi_demo_arguments(tmp_path: Path) -> None:
     assert demo_settings(argparse.Namespace(db=tmp_path / "x.duckdb", port=0)).port == 0
 
 
-@pytest.mark.skipif(not report_available(), reason="the reports stage (reports.render.html) is not installed")
+@pytest.mark.skipif(not report_available(), reason="the reports stage (ubi_pipeline.reports.render.html) is not installed")
 def test_the_live_report_renders_what_was_stored(tmp_path: Path) -> None:
     app = build_demo_app(Settings(db=tmp_path / "demo.duckdb"))
     with TestClient(app, client=("127.0.0.1", 50000)) as c:
@@ -71,7 +71,7 @@ def test_the_live_report_renders_what_was_stored(tmp_path: Path) -> None:
 
 def _ubi_demo_serve(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "ubi", "demo", "--serve", *args],
+        [sys.executable, "-m", "ubi_pipeline", "demo", "--serve", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -108,6 +108,6 @@ def test_ubi_demo_serve_on_a_taken_port_says_to_pick_another(tmp_path: Path) -> 
 
 
 def test_serve_options_belong_to_serve() -> None:
-    from ubi.cli import main
+    from ubi_pipeline.cli import main
 
     assert main(["demo", "--port", "0"]) == 2  # the batch demo picks its own port: refused, not ignored

@@ -67,7 +67,7 @@ class Serve:
         self.starts += 1
         log = open(self.log_dir / f"serve-{id(self)}-{self.starts}.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ubi", "serve", "--sink", "kafka", "--bootstrap", self.bootstrap,
+            [sys.executable, "-m", "ubi_pipeline", "serve", "--sink", "kafka", "--bootstrap", self.bootstrap,
              "--topic-prefix", self.prefix, "--port", str(self.port), "--spool", str(self.spool),
              "--ack-timeout", str(self.ack_timeout), "--log-level", "warning"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, env=_env())
@@ -135,7 +135,7 @@ class Consume:
 
     def args(self) -> list[str]:
         target = ["--db", str(self.db)] if self.db is not None else ["--parquet", str(self.parquet)]
-        return [sys.executable, "-m", "ubi", "consume", "--bootstrap", self.bootstrap, "--topic-prefix",
+        return [sys.executable, "-m", "ubi_pipeline", "consume", "--bootstrap", self.bootstrap, "--topic-prefix",
                 self.prefix, "--group", self.group, *target, "--json", "--max-poll-interval-ms", POLL_INTERVAL_MS,
                 *self.extra]
 

@@ -12,17 +12,17 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from collector.ingest import parse_bulk, parse_items, validate_items
-from collector.sinks.kafka import KafkaSink
-from loader.admin import serve_admin
-from loader.consumer import Consumer
-from loader.targets import DuckDBLoader, conflict_id
-from schemas.settings import Settings
-from store.client import failed_records, load_derived, request_seal
-from store.duckdb_store import Store
-from store.rows import event_content_hash, event_row, query_row, utcnow
-from store.sealed import open_sealed
 from tests.conftest import SAMPLE_LOG, shared_path
+from ubi_pipeline.collector.ingest import parse_bulk, parse_items, validate_items
+from ubi_pipeline.collector.sinks.kafka import KafkaSink
+from ubi_pipeline.loader.admin import serve_admin
+from ubi_pipeline.loader.consumer import Consumer
+from ubi_pipeline.loader.targets import DuckDBLoader, conflict_id
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.client import failed_records, load_derived, request_seal
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.rows import event_content_hash, event_row, query_row, utcnow
+from ubi_pipeline.store.sealed import open_sealed
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 
@@ -116,7 +116,7 @@ def test_one_duckdb_loader_per_store_and_readers_use_its_seals(broker, prefix, t
     consumer = Consumer(settings, DuckDBLoader(store), group=f"{prefix}-g")
     try:
         consumer.run(exit_idle=0.5)
-        second = subprocess.run([sys.executable, "-m", "ubi", "consume", "--bootstrap", broker.bootstrap,
+        second = subprocess.run([sys.executable, "-m", "ubi_pipeline", "consume", "--bootstrap", broker.bootstrap,
                                  "--db", str(db)], capture_output=True, text=True, timeout=60, check=False)
         assert second.returncode == 2 and "use --parquet DIR" in second.stderr.replace("\n", " ")
         # What open_reader does in another process when the file is locked: ask the loader to seal.
@@ -125,7 +125,7 @@ def test_one_duckdb_loader_per_store_and_readers_use_its_seals(broker, prefix, t
         con.close()
         # What `ubi process` does next: load its judgments through the loader, always with replace_source.
         # The loader's own http.server copy of the protocol read the table as "judgments?replace_source=..."
-        # and answered 400; it now serves store.admin's router, as the collector does.
+        # and answered 400; it now serves ubi_pipeline.transport.admin's router, as the collector does.
         rows = pa.table({"query": ["shoes", "boots"], "doc_id": ["d1", "d2"], "source": ["implicit:t"] * 2,
                          "created_at": pa.array([utcnow()] * 2, pa.timestamp("us"))})
         assert load_derived(db, "judgments", rows, replace_source="implicit:t") == 2

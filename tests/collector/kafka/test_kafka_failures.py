@@ -30,13 +30,13 @@ from kafka_support import (
     wait_for,
 )
 
-from collector.ingest import parse_bulk, parse_items, validate_items
-from collector.sinks.kafka import KafkaSink, encode
-from schemas.errors import StoreLocked
-from schemas.settings import Settings
-from store.client import open_reader
-from store.parquet_store import open_parquet_reader
 from tests.conftest import SAMPLE_LOG, shared_path
+from ubi_pipeline.collector.ingest import parse_bulk, parse_items, validate_items
+from ubi_pipeline.collector.sinks.kafka import KafkaSink, encode
+from ubi_pipeline.schemas.errors import StoreLocked
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.client import open_reader
+from ubi_pipeline.store.parquet_store import open_parquet_reader
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -306,7 +306,7 @@ def test_poison_records_go_to_failed_records_and_the_loader_keeps_going(broker, 
                                    b'"event_id":"e2","query_id":"q2"}]', "event"))
     good = [m.value for m in encode(v, source="test").msgs]  # two searches: two messages
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
-    from store.kafka_client import ensure_topics
+    from ubi_pipeline.transport.kafka_client import ensure_topics
 
     ensure_topics(Settings(kafka_bootstrap=broker.bootstrap, kafka_topic_prefix=prefix), [f"{prefix}.events",
                                                                                           f"{prefix}.failed"])

@@ -6,18 +6,18 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from collector.ingest import parse_bulk, parse_items, validate_items
-from collector.sinks.kafka import KafkaSink, encode
-from loader.consumer import Consumer
-from loader.decode import InRecord, decode
-from loader.targets import DuckDBLoader, ParquetLoader
-from schemas import tables
-from schemas.errors import StoreError
-from schemas.settings import Settings
-from store.duckdb_store import Store
-from store.parquet_store import is_parquet_store, open_parquet_reader
-from store.wire import topics
 from tests.conftest import SAMPLE_LOG, shared_path
+from ubi_pipeline.collector.ingest import parse_bulk, parse_items, validate_items
+from ubi_pipeline.collector.sinks.kafka import KafkaSink, encode
+from ubi_pipeline.loader.consumer import Consumer
+from ubi_pipeline.loader.decode import InRecord, decode
+from ubi_pipeline.loader.targets import DuckDBLoader, ParquetLoader
+from ubi_pipeline.schemas import tables
+from ubi_pipeline.schemas.errors import StoreError
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.parquet_store import is_parquet_store, open_parquet_reader
+from ubi_pipeline.transport.wire import topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 
@@ -88,8 +88,8 @@ def test_parquet_views_equal_the_duckdb_store_and_absorb_redelivery(broker, pref
         pq_con.close()
         db_con.close()
 
-    # The processors read the Parquet folder as they read the DuckDB store (store.client.open_reader).
-    from processors.sessions import read_sessions
+    # The processors read the Parquet folder as they read the DuckDB store (ubi_pipeline.store.client.open_reader).
+    from ubi_pipeline.processors.clicks.sessions import read_sessions
 
     from_parquet, from_duckdb = read_sessions(out), read_sessions(db)
     assert from_parquet.quality == from_duckdb.quality and from_parquet.filters == from_duckdb.filters

@@ -3,7 +3,7 @@
 The loader is DuckDB's one writer then, so ``ubi process`` must read the segments it seals and load its
 judgments through it, with the ``?replace_source=`` it always sends. The loader used to serve its own
 ``http.server`` copy of the admin protocol, which took the table name from the last path segment
-(``judgments?replace_source=implicit:ctr``) and answered 400; it now mounts ``store.admin``'s router.
+(``judgments?replace_source=implicit:ctr``) and answered 400; it now mounts ``ubi_pipeline.transport.admin``'s router.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import orjson
 import pytest
 from kafka_support import Consume, wait_for
 
-from store.client import sidecar_path
 from tests.processors.ubi_records import build_sample_store
 from tests.store_support import only_store_files
-from ubi.cli import main
+from ubi_pipeline.cli import main
+from ubi_pipeline.store.client import sidecar_path
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 

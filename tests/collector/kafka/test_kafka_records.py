@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.ingest import parse_bulk, parse_items, prepare, validate_items
-from collector.sinks.kafka import encode
-from loader.decode import InRecord, decode, poison_id
-from schemas.errors import UbiError
-from store.wire import topics
 from tests.conftest import SAMPLE_LOG, shared_path
+from ubi_pipeline.collector.ingest import parse_bulk, parse_items, prepare, validate_items
+from ubi_pipeline.collector.sinks.kafka import encode
+from ubi_pipeline.loader.decode import InRecord, decode, poison_id
+from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.transport.wire import topics
 
 NAMES = topics("ubi")
 
@@ -100,7 +100,7 @@ def test_rows_of_one_search_share_a_message_and_a_bad_line_costs_only_itself():
 
 
 def test_a_big_search_is_split_into_messages_under_the_size_limit():
-    from store.wire import MAX_VALUE_BYTES
+    from ubi_pipeline.transport.wire import MAX_VALUE_BYTES
 
     big = [{"action_name": "impression", "timestamp": "2024-05-16T12:00:00Z", "query_id": "q1", "message": "x" * 900,
             "event_id": f"e{i}"} for i in range(600)]

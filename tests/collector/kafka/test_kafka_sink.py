@@ -11,12 +11,12 @@ from conftest import Broker
 from fastapi.testclient import TestClient
 from kafka_support import read_topic, rows_of, wait_for
 
-from collector.app import create_app
-from collector.errors import SinkUnavailable
-from collector.ingest import parse_items, validate_items
-from collector.sinks.kafka import KafkaSink
-from collector.spool import SpoolFull
-from schemas.settings import Settings
+from ubi_pipeline.collector.app import create_app
+from ubi_pipeline.collector.errors import SinkUnavailable
+from ubi_pipeline.collector.ingest import parse_items, validate_items
+from ubi_pipeline.collector.sinks.kafka import KafkaSink
+from ubi_pipeline.collector.spool import SpoolFull
+from ubi_pipeline.schemas.settings import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.errors import SinkUnavailable
-from collector.sinks.kafka import decode_messages, encode_messages
-from collector.spool import HEADER, Spool, SpoolFull, SpoolLocked, claim, orphaned_slots
-from store.wire import Message
+from ubi_pipeline.collector.errors import SinkUnavailable
+from ubi_pipeline.collector.sinks.kafka import decode_messages, encode_messages
+from ubi_pipeline.collector.spool import HEADER, Spool, SpoolFull, SpoolLocked, claim, orphaned_slots
+from ubi_pipeline.transport.wire import Message
 
 
 def drain(spool: Spool, max_records: int = 7) -> list[bytes]:
@@ -111,7 +111,7 @@ def test_a_killed_process_releases_its_spool_and_keeps_what_it_acknowledged(tmp_
     """SIGKILL right after an append returned: the entry is on disk (fsync'd) and the lock is gone."""
     code = textwrap.dedent(f"""
         import os, signal
-        from collector.spool import Spool
+        from ubi_pipeline.collector.spool import Spool
         s = Spool({str(tmp_path / 's')!r})
         s.append([(3, b"acknowledged")])
         os.kill(os.getpid(), signal.SIGKILL)

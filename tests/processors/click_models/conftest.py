@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from click_logs import make_pairs
 
-from processors.stats import SessionPatterns
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from click_logs import simulate
 
-from processors.click_models.cascade import Cascade, click_extent
-from processors.stats import SessionPatterns
+from ubi_pipeline.processors.click_models.cascade import Cascade, click_extent
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
 
 # tiny_log under the cascade model (examined = at or above the first click; later clicks dropped):
 #   p1 [A, B] click A, w3 -> A examined 3, first clicks 3
@@ -43,7 +43,7 @@ def test_predictions_by_hand(tiny_log: SessionPatterns) -> None:
 def test_likelihood_factorises_at_the_first_click(tiny_log: SessionPatterns) -> None:
     # ln P(session) from the conditional probabilities = cascade part up to the first click + residual part
     # below it, by hand: p1 ln 0.6 + ln 0.75; p2 ln 1 + ln 0.25; p3 ln 0.4 + ln 1; p4 ln 1
-    from processors.click_models.evaluate import evaluate
+    from ubi_pipeline.processors.click_models.evaluate import evaluate
 
     m = Cascade(prior="none").fit(tiny_log)
     by_hand = 3 * (np.log(0.6) + np.log(0.75)) + np.log(0.25) + 2 * np.log(0.4)

@@ -8,8 +8,8 @@ from click_logs import rankings_shown_in
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.click_models.coec import COEC, dispersion, quasi_poisson_posterior
-from processors.click_models.priors import (
+from ubi_pipeline.processors.click_models.coec import COEC, dispersion, quasi_poisson_posterior
+from ubi_pipeline.processors.click_models.priors import (
     RANKING_FEATURES,
     BetaPrior,
     LogFeatures,
@@ -17,8 +17,8 @@ from processors.click_models.priors import (
     ranking_features,
     unseen_ranking_features,
 )
-from processors.simulation import scenario, simulate
-from processors.stats import SessionPatterns
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
+from ubi_pipeline.processors.simulation import scenario, simulate
 
 # ρ_1 = 0.4, ρ_2 = 1/6 (see test_ctr). Expected clicks sum ρ over every impression at its rank:
 #   A: 5 impressions at rank 1, 1 at rank 2 -> 5*0.4 + 1/6 = 13/6;  4 clicks -> COEC = 4/(13/6) = 24/13 ≈ 1.846

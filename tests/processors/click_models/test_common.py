@@ -1,4 +1,4 @@
-"""processors.click_models.common.gather: per-position values of a per-pair parameter, filled in row chunks."""
+"""ubi_pipeline.processors.click_models.common.gather: per-position values of a per-pair parameter, filled in row chunks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.click_models.common import gather
+from ubi_pipeline.processors.click_models.common import gather
 
 
 def _whole(values: np.ndarray, docs: np.ndarray, prior: float) -> np.ndarray:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from processors.click_models import get_model
-from processors.click_models.common import ClickModelError
-from processors.click_models.ctr import DCTR, GCTR, RCTR
-from processors.stats import SessionPatterns
+from ubi_pipeline.processors.click_models import get_model
+from ubi_pipeline.processors.click_models.common import ClickModelError
+from ubi_pipeline.processors.click_models.ctr import DCTR, GCTR, RCTR
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
 
 # Hand counts from tiny_log (weights 3, 1, 2, 4):
 #   rank 1: impressions 3+1+2+4 = 10, clicks 3 (A in p1) + 1 (B in p2) = 4   -> ρ_1 = 0.4

@@ -10,18 +10,18 @@ from click_logs import make_pairs, random_log, simulate, unseen_positions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.click_models.dbn import DBN, _layout, dbn_e_step, dbn_em
-from processors.click_models.evaluate import evaluate
-from processors.click_models.priors import (
+from ubi_pipeline.processors.click_models.dbn import DBN, _layout, dbn_e_step, dbn_em
+from ubi_pipeline.processors.click_models.evaluate import evaluate
+from ubi_pipeline.processors.click_models.priors import (
     RANKING_FEATURES,
     SYSTEM_FEATURE_PREFIX,
     SystemRankings,
     unseen_ranking_features,
 )
-from processors.sessions import holdout_flags
-from processors.simulation import scenario
-from processors.simulation import simulate as hard_simulate
-from processors.stats import SessionPatterns
+from ubi_pipeline.processors.clicks.sessions import holdout_flags
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
+from ubi_pipeline.processors.simulation import scenario
+from ubi_pipeline.processors.simulation import simulate as hard_simulate
 
 
 def _brute_force(alpha: np.ndarray, sigma: np.ndarray, gamma: float, clicks: tuple[bool, ...]) -> dict:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from click_logs import simulate
 
-from processors.click_models.dcm import DCM
-from processors.stats import SessionPatterns
+from ubi_pipeline.processors.click_models.dcm import DCM
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
 
 # tiny_log under DCM counting (examined = at or above the last click; every rank without clicks):
 #   p1 [A, B] click A (last at rank 1), w3 -> A examined 3, clicked 3

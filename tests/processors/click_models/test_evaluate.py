@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from click_logs import make_pairs, simulate
 
-from processors.click_models.base import RelevanceEstimate
-from processors.click_models.ctr import DCTR
-from processors.click_models.evaluate import evaluate, perplexity_per_rank, split_sessions
-from processors.stats import SessionPatterns
+from ubi_pipeline.processors.click_models.base import RelevanceEstimate
+from ubi_pipeline.processors.click_models.ctr import DCTR
+from ubi_pipeline.processors.click_models.evaluate import evaluate, perplexity_per_rank, split_sessions
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
 
 
 class Constant:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from click_logs import simulate
 
-from processors.click_models import MODEL_NAMES, get_model
-from processors.click_models.base import ClickModel
-from processors.click_models.evaluate import evaluate, split_sessions
-from processors.simulation.clicks import examination_curve
+from ubi_pipeline.processors.click_models import MODEL_NAMES, get_model
+from ubi_pipeline.processors.click_models.base import ClickModel
+from ubi_pipeline.processors.click_models.evaluate import evaluate, split_sessions
+from ubi_pipeline.processors.simulation.clicks import examination_curve
 
 LOG, _ = simulate("pbm", seed=81, n_sessions=3000, n_queries=20, theta=examination_curve(10))
 # ragged lists: every 7th pattern shows only 6 results

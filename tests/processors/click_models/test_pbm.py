@@ -8,9 +8,9 @@ from click_logs import random_log, simulate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.click_models.pbm import PBM, factorised_em
-from processors.simulation.clicks import examination_curve
-from processors.stats import cells_from_sessions
+from ubi_pipeline.processors.click_models.pbm import PBM, factorised_em
+from ubi_pipeline.processors.clicks.stats import cells_from_sessions
+from ubi_pipeline.processors.simulation.clicks import examination_curve
 
 
 def test_one_em_step_by_hand() -> None:
@@ -95,11 +95,11 @@ def test_predictions_shape_prior_and_nan(tiny_log) -> None:  # type: ignore[no-u
 
 
 def _unlinked_log(seed: int, n_queries: int = 60, searches: int = 40) -> tuple[object, np.ndarray]:
-    """The bench store's layout (processors.simulation.bulk_log): two rankers over 20 docs per query, one shows
+    """The bench store's layout (ubi_pipeline.processors.simulation.bulk_log): two rankers over 20 docs per query, one shows
     docs 0..9, the other doc (7j mod 20) at rank j + 1, so doc 0 is always first and no pair links rank 1 to
     another rank; PBM clicks with θ_k = 1/k and α independent of the ranks. Returns patterns and true α."""
-    from processors.simulation.clicks import dedupe_patterns, simulate_clicks
-    from processors.stats import PairIndex
+    from ubi_pipeline.processors.clicks.stats import PairIndex
+    from ubi_pipeline.processors.simulation.clicks import dedupe_patterns, simulate_clicks
 
     rng = np.random.default_rng(seed)
     n_pairs = n_queries * 20
@@ -116,7 +116,7 @@ def _unlinked_log(seed: int, n_queries: int = 60, searches: int = 40) -> tuple[o
 
 
 def test_unidentified_log_stops_after_one_round_and_says_why() -> None:
-    from processors.identifiability import assess
+    from ubi_pipeline.processors.clicks.identifiability import assess
 
     s, _ = _unlinked_log(3)
     assert assess(cells_from_sessions(s)).verdict == "unidentified"  # the premise: rank 1 is linked to nothing
@@ -138,7 +138,7 @@ def test_identified_log_stops_when_two_refits_agree() -> None:
 def test_theta_is_fixed_by_the_conditional_likelihood_on_a_linked_log() -> None:
     """On a log whose ranks are all linked, the empirical-prior PBM takes θ from the pair fixed-effects
     likelihood (``propensity.harvest``) and holds it through the rounds; the prior-free fits do not."""
-    from processors.propensity.harvest import pair_fixed_effects
+    from ubi_pipeline.processors.propensity.harvest import pair_fixed_effects
 
     theta = examination_curve(10, 1.0)
     s, _ = simulate("pbm", seed=11, n_sessions=20_000, theta=theta)
@@ -154,7 +154,7 @@ def test_joint_rounds_move_theta_away_from_the_truth(monkeypatch: pytest.MonkeyP
     few rounds θ creeps towards a flatter curve. Measured on this log (seed 11, 50k sessions, θ_k = 1/k) with
     θ fitted in the rounds: largest |θ̂_k/θ̂_1 − θ_k| 0.0114 after the early stop (4 rounds), 0.0150 after 40;
     with θ fixed by the conditional likelihood 0.0046. The test asserts the directions only."""
-    import processors.click_models.pbm as pbm
+    import ubi_pipeline.processors.click_models.pbm as pbm
 
     theta = examination_curve(10, 1.0)
     s, _ = simulate("pbm", seed=11, theta=theta)

@@ -13,11 +13,11 @@ from numpy.typing import NDArray
 from scipy.optimize import check_grad
 from scipy.special import betaln
 
-from processors.click_models import MODEL_NAMES, get_model
-from processors.click_models.common import ClickModelError
-from processors.click_models.dbn import _layout, dbn_em
-from processors.click_models.pbm import factorised_em
-from processors.click_models.priors import (
+from ubi_pipeline.processors.click_models import MODEL_NAMES, get_model
+from ubi_pipeline.processors.click_models.common import ClickModelError
+from ubi_pipeline.processors.click_models.dbn import _layout, dbn_em
+from ubi_pipeline.processors.click_models.pbm import factorised_em
+from ubi_pipeline.processors.click_models.priors import (
     RANKING_FEATURES,
     BetaPrior,
     _beta_binomial_objective,
@@ -29,10 +29,10 @@ from processors.click_models.priors import (
     unique_rows,
     unseen_ranking_features,
 )
-from processors.simulation import scenario
-from processors.simulation import simulate as simulate_traffic
-from processors.simulation.clicks import examination_curve
-from processors.stats import PairIndex, SessionPatterns, cells_from_sessions
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns, cells_from_sessions
+from ubi_pipeline.processors.simulation import scenario
+from ubi_pipeline.processors.simulation import simulate as simulate_traffic
+from ubi_pipeline.processors.simulation.clicks import examination_curve
 
 
 @settings(max_examples=60, deadline=None)

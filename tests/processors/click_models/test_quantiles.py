@@ -13,9 +13,9 @@ import sys
 import numpy as np
 from scipy import stats
 
-from processors.click_models.coec import poisson_ratio_interval
-from processors.click_models.common import beta_interval, wilson_interval
-from processors.click_models.priors import gamma_posterior_interval, posterior_interval
+from ubi_pipeline.processors.click_models.coec import poisson_ratio_interval
+from ubi_pipeline.processors.click_models.common import beta_interval, wilson_interval
+from ubi_pipeline.processors.click_models.priors import gamma_posterior_interval, posterior_interval
 
 RNG = np.random.default_rng(14)
 TAIL = (1.0 - 0.95) / 2.0  # CONFIDENCE 0.95, equal-tailed, computed as the models compute it (not 0.025)
@@ -66,8 +66,8 @@ def test_garwood_and_wilson_equal_scipy_stats():
 
 def test_fitting_a_model_does_not_import_scipy_stats():
     code = ("import sys\n"
-            "import processors.judgments, processors.sessions\n"
-            "from processors.click_models import registry\n"
+            "import ubi_pipeline.processors.labels.implicit, ubi_pipeline.processors.clicks.sessions\n"
+            "from ubi_pipeline.processors.click_models import registry\n"
             "for name in registry.MODEL_NAMES: registry.model_class(name)\n"
             "print(sorted(m for m in sys.modules if m == 'scipy.stats' or m.startswith('scipy.stats.')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

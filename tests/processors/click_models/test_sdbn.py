@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from click_logs import simulate
 
-from processors.click_models.sdbn import SDBN
-from processors.stats import SessionPatterns
+from ubi_pipeline.processors.click_models.sdbn import SDBN
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
 
 # tiny_log, examined = at or above the last click (see test_dcm): α_A = 4/6, α_B = 1, α_C = 0, α₀ = 5/13
 # σ = last clicks / clicks: A is the last click in p1 (w3) and p2 (w1) -> 4/4 = 1; B: 0/1 = 0;

@@ -9,11 +9,11 @@ import pytest
 from click_logs import make_pairs, rankings_shown_in, unseen_positions
 from scipy.special import betaln
 
-from collector.ingest import ingest, parse_bulk, validate_items
-from processors.click_models.common import ClickModelError, clamp
-from processors.click_models.evaluate import evaluate
-from processors.click_models.pbm import PBM
-from processors.click_models.priors import (
+from ubi_pipeline.collector.ingest import ingest, parse_bulk, validate_items
+from ubi_pipeline.processors.click_models.common import ClickModelError, clamp
+from ubi_pipeline.processors.click_models.evaluate import evaluate
+from ubi_pipeline.processors.click_models.pbm import PBM
+from ubi_pipeline.processors.click_models.priors import (
     MAX_SYSTEMS,
     RANKING_FEATURES,
     STRENGTH_SLOPE_SD,
@@ -25,15 +25,15 @@ from processors.click_models.priors import (
     unique_rows,
     unseen_ranking_features,
 )
-from processors.click_models.ubm import UBM
-from processors.sessions import holdout_flags, read_sessions
-from processors.simulation import scenario, simulate
-from processors.stats import SessionPatterns
-from processors.system_rankings import read_system_rankings
-from reports.systems import load_searches, system_name
-from schemas.settings import Settings
-from store.client import reading
-from store.duckdb_store import Store
+from ubi_pipeline.processors.click_models.ubm import UBM
+from ubi_pipeline.processors.clicks.sessions import holdout_flags, read_sessions
+from ubi_pipeline.processors.clicks.stats import SessionPatterns
+from ubi_pipeline.processors.clicks.system_rankings import read_system_rankings
+from ubi_pipeline.processors.simulation import scenario, simulate
+from ubi_pipeline.reports.systems import load_searches, system_name
+from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.client import reading
+from ubi_pipeline.store.duckdb_store import Store
 
 
 def _rankings(rows: list[tuple[int, int, list[int]]], names: tuple[str, ...], k: int = 3) -> SystemRankings:
@@ -109,8 +109,8 @@ def test_votes_raise_the_prior_mean_of_the_good_rankers_choices() -> None:
 
 
 def test_store_path_gives_the_simulators_rankings(tmp_path: Path) -> None:
-    """Records -> ingest -> processors.system_rankings gives the distinct (query, system, ranking) of the arrays,
-    with the system named as reports.systems names it."""
+    """Records -> ingest -> ubi_pipeline.processors.clicks.system_rankings gives the distinct (query, system, ranking) of the arrays,
+    with the system named as ubi_pipeline.reports.systems names it."""
     traffic = simulate(scenario("hard", sessions=800, seed=5, model="pbm", crawler_share=0.0))
     db, path = tmp_path / "sim.duckdb", tmp_path / "sim.ndjson"
     traffic.write_bulk(path)

@@ -8,9 +8,9 @@ from click_logs import random_log, simulate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.click_models.pbm import factorised_em
-from processors.click_models.ubm import UBM, previous_click_rank, ubm_full_click_probs
-from processors.stats import SessionPatterns, ubm_cells_from_sessions
+from ubi_pipeline.processors.click_models.pbm import factorised_em
+from ubi_pipeline.processors.click_models.ubm import UBM, previous_click_rank, ubm_full_click_probs
+from ubi_pipeline.processors.clicks.stats import SessionPatterns, ubm_cells_from_sessions
 
 K = 10
 

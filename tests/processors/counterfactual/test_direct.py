@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from processors.counterfactual.direct import (
+from ubi_pipeline.processors.counterfactual.direct import (
     aggregate,
     dbn_position_probs,
     pbm_position_probs,

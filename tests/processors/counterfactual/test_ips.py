@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.counterfactual.ips import LoggedArrays, dr_metrics, ips_metrics, ips_totals, pair_log_counts
+from ubi_pipeline.processors.counterfactual.ips import (
+    LoggedArrays,
+    dr_metrics,
+    ips_metrics,
+    ips_totals,
+    pair_log_counts,
+)
 
 # One query, docs a (pair 0) and b (pair 1), θ = (1, 0.5). Four logged searches:
 #   [a, b] click a;  [a, b] no click;  [b, a] click a (rank 2);  [b, a] click b (rank 1)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from processors.counterfactual.predict import PredictionError, candidate_arrays, predict
-from processors.sessions import patterns_from_sessions
-from schemas.sessions import Session
+from ubi_pipeline.processors.clicks.sessions import patterns_from_sessions
+from ubi_pipeline.processors.counterfactual.predict import PredictionError, candidate_arrays, predict
+from ubi_pipeline.schemas.sessions import Session
 
 MLE = {"prior": "none"}  # hand-worked numbers need the maximum-likelihood fit (no prior on α)
 

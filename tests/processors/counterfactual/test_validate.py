@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from processors.counterfactual.direct import aggregate, pbm_position_probs, query_metrics
-from processors.counterfactual.validate import exact_metrics, run_pair
-from processors.simulation import SimConfig, simulate
+from ubi_pipeline.processors.counterfactual.direct import aggregate, pbm_position_probs, query_metrics
+from ubi_pipeline.processors.counterfactual.validate import exact_metrics, run_pair
+from ubi_pipeline.processors.simulation import SimConfig, simulate
 
 
 def test_exact_metrics_by_hand() -> None:

@@ -1,0 +1,1 @@
+"""Click logs as arrays: sessions from the store, sufficient statistics, identifiability, ordinal base."""

@@ -1,0 +1,317 @@
+"""Judgments between files and the store: export stored labels, import a human qrels file.
+
+Export (:func:`export_judgments`) writes the graded labels of one source of the store (``human``,
+``reviewed``, one ``reviewed:<src>`` or ``implicit:<model>``, or ``merged``, the precedence view of
+:mod:`ubi_pipeline.processors.labels.merge`) in a judgment format of :mod:`ubi_pipeline.formats.qrels`:
+
+- ``jsonl``: one query a line with its text; the stored ``query_id`` when the query has exactly one (else the
+  text); ``assessor`` / ``rubric`` / ``judged_at`` when every human label of the query agrees on it (JSONL holds
+  them per query; queries whose labels differ are counted in :attr:`ExportSummary.mixed_provenance`).
+- ``trec``: ``query_id 0 doc_id grade`` with the query text as id, ``%`` and whitespace percent-escaped
+  (``red%20shoes``), as ``ubi process --out x.trec`` writes them, so the import below reads the text back.
+- ``workbench``: the Search Relevance Workbench judgment JSON, grades turned into ratings by a stated
+  :class:`~ubi_pipeline.formats.qrels.RatingMap` (default ESCI: 0 -> "0.000", 1 -> "1.000", 2 -> "10.000", 3 -> "100.000").
+
+The query text written is the wording the judgments were made on when the store kept it (a Workbench
+file's query is its ``query_id``) and the normalised text otherwise.
+
+Import (:func:`import_human`) validates a JSONL, TREC or Workbench file with :func:`ubi_pipeline.formats.qrels.load_qrels`
+(nothing skipped or coerced), gives every query its text (the file's; else a query set mapping ids to
+texts; else the id itself, percent-decoded for TREC), and stores the judgments in ``human_judgments`` as
+source ``human`` with their provenance (assessor, date and rubric from the file, else from the command line,
+and the file as origin), through ``ubi_pipeline.store.client.load_derived``: directly, or through the running
+collector that holds the store.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from ubi_pipeline.formats.qrels import (
+    ESCI_RATINGS,
+    Qrels,
+    QrelsError,
+    RatingMap,
+    format_qrels,
+    load_qrels,
+    load_queryset,
+    workbench_safe,
+)
+from ubi_pipeline.processors.labels.implicit import query_from_trec_id, trec_query_id
+from ubi_pipeline.processors.labels.merge import DEFAULT_PRECEDENCE, KINDS, Label, LabelSet, labels_from_store
+from ubi_pipeline.schemas.errors import StoreError, UbiError
+from ubi_pipeline.schemas.text import normalize_query
+from ubi_pipeline.store.client import load_derived, reading
+from ubi_pipeline.store.rows import HUMAN_JUDGMENT_SCHEMA
+
+HUMAN_SOURCE = "human"
+
+
+class JudgmentIOError(UbiError):
+    """Judgments cannot be exported or imported as asked (unknown source, nothing to export)."""
+
+
+def source_name(spec: str) -> str:
+    """``human``, ``reviewed``, ``implicit``, ``merged`` or an exact source; a bare model name means
+    ``implicit:<name>`` (``pbm`` -> ``implicit:pbm``)."""
+    text = spec.strip()
+    if not text:
+        raise JudgmentIOError("--source is empty; give human, merged, implicit:<model> or reviewed:<source>")
+    if text in (*KINDS, "merged") or ":" in text:
+        return text
+    return f"implicit:{text}"
+
+
+# ------------------------------------------------------------------------------------------------ export
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What an export wrote."""
+
+    source: str
+    format: str
+    queries: int
+    judgments: int
+    chosen_by_source: dict[str, int]  # where the exported labels came from (several sources for merged)
+    mixed_provenance: int  # JSONL: queries whose labels differ in assessor, rubric or date (left out)
+    rating_map: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _display_text(query: str, labels: Sequence[Label]) -> str:
+    """The wording judged when kept (a stored query_id that normalises to the query), else the query."""
+    wordings = Counter(lab.query_id for lab in labels if lab.query_id and normalize_query(lab.query_id) == query)
+    return min(wordings, key=lambda w: (-wordings[w], w)) if wordings else query
+
+
+def _meta(labels: Sequence[Label]) -> tuple[dict[str, Any], bool]:
+    """Per-query provenance for JSONL when every human label agrees; (meta, whether some was left out)."""
+    people = [lab for lab in labels if lab.kind != "implicit"]
+    if not people:
+        return {}, False
+    meta: dict[str, Any] = {}
+    mixed = False
+    for key in ("assessor", "rubric", "judged_at"):
+        values = {getattr(lab, key) for lab in people}
+        if len(values) == 1:
+            value = values.pop()
+            if value is not None:
+                meta[key] = value
+        else:
+            mixed = True
+    return meta, mixed
+
+
+def stored_qrels(
+    con: duckdb.DuckDBPyConnection, source: str = HUMAN_SOURCE, *, precedence: Sequence[str] = DEFAULT_PRECEDENCE,
+    trec_ids: bool = False,
+) -> tuple[Qrels, dict[str, int], int]:
+    """The graded labels of ``source`` in the store as :class:`Qrels` (ids: stored query_id or text, or the
+    percent-escaped text with ``trec_ids``), with the count of labels per source and of mixed-provenance queries.
+    """
+    labels = LabelSet().add(labels_from_store(con))
+    src = source_name(source)
+    chosen = labels.choose(precedence if src == "merged" else (src,))
+    if not chosen:
+        present = labels.sources()
+        ungraded = " (its rows have no grade: too little support; only graded rows are exported)" if src in present else ""
+        raise JudgmentIOError(f"the store holds no graded judgment of source {src!r}{ungraded}; sources present: "
+                              f"{', '.join(present) or 'none'}")
+    by_query: dict[str, list[Label]] = defaultdict(list)
+    for (query, _doc), lab in sorted(chosen.items()):
+        by_query[query].append(lab)
+    # a stored query_id names a query in JSONL only when it is that query's one id and no other query's
+    ids_of = {q: {lab.query_id for lab in labs} for q, labs in by_query.items()}
+    id_users = Counter(i for ids in ids_of.values() for i in ids if i)
+    shown = {q: _display_text(q, labs) for q, labs in by_query.items()}
+    all_texts = set(shown.values())  # distinct, since each normalises to its own query
+    grades: dict[str, dict[str, int]] = {}
+    texts: dict[str, str] = {}
+    meta: dict[str, dict[str, Any]] = {}
+    mixed = 0
+    for query, labs in by_query.items():
+        text = shown[query]
+        only = next(iter(ids_of[query])) if len(ids_of[query]) == 1 else None
+        if trec_ids:
+            qid = trec_query_id(text)  # injective, so distinct texts stay distinct ids
+        elif only and id_users[only] == 1 and (only == text or only not in all_texts):
+            qid = only
+        else:
+            qid = text
+        grades[qid] = {lab.doc_id: int(lab.grade) for lab in labs}  # type: ignore[arg-type]
+        texts[qid] = text
+        info, was_mixed = _meta(labs)
+        mixed += was_mixed
+        if info:
+            meta[qid] = info
+    by_source = Counter(lab.source for lab in chosen.values())
+    order = {s: i for i, s in enumerate(labels.sources())}
+    return (Qrels(grades=grades, texts=texts, meta=meta, path=None, format=None),
+            {s: by_source[s] for s in sorted(by_source, key=lambda s: order[s])}, mixed)
+
+
+def export_judgments(
+    con: duckdb.DuckDBPyConnection,
+    format: str,
+    *,
+    source: str = HUMAN_SOURCE,
+    precedence: Sequence[str] = DEFAULT_PRECEDENCE,
+    rating_map: RatingMap = ESCI_RATINGS,
+    name: str = "Judgments",
+    description: str | None = None,
+) -> tuple[str, ExportSummary]:
+    """The graded labels of ``source`` serialised as ``format`` (``jsonl``, ``trec`` or ``workbench``)."""
+    src = source_name(source)
+    qrels, by_source, mixed = stored_qrels(con, src, precedence=precedence, trec_ids=format == "trec")
+    # the Workbench refuses " \ < > in a description (ubi_pipeline.formats.qrels.workbench_text_problem): no ">" here
+    what = f"source {src}" + (f", precedence {' then '.join(precedence)}" if src == "merged" else "")
+    body = format_qrels(qrels, format, rating_map=rating_map, name=name,
+                        description=description or workbench_safe(f"Exported by ubi-pipeline from {what}"))
+    summary = ExportSummary(src, format, len(qrels), qrels.n_judgments(), by_source,
+                            mixed if format == "jsonl" else 0,
+                            rating_map.describe() if format == "workbench" else None)
+    return body, summary
+
+
+# ------------------------------------------------------------------------------------------------ import
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What an import read and stored."""
+
+    path: str
+    format: str
+    queries: int
+    judgments: int
+    replaced: int  # stored human labels of the same (query, doc) that these judgments replaced
+    removed: int  # with replace: stored human labels of other pairs that were deleted
+    unmatched_queries: int | None  # imported query texts the logs never saw (None: the store has no log)
+    rating_map: str | None
+    table: pa.Table
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "table"}
+
+
+def _with_texts(qrels: Qrels, queries: Mapping[str, str] | None, queries_path: str | None) -> Qrels:
+    """Every query gets a text: its own, else the query set's, else its id (percent-decoded in TREC)."""
+    name = qrels.path or "<qrels>"
+    texts = dict(qrels.texts)
+    seen: dict[str, tuple[str, int | None]] = {}
+    for query_id in qrels.grades:
+        line = qrels.lines.get(query_id)
+        if query_id not in texts:
+            if queries is not None:
+                if query_id not in queries:
+                    raise QrelsError(name, line, f"query {query_id!r} is not in the query set {queries_path}; "
+                                                 f"add it there (query_id and query text)")
+                texts[query_id] = queries[query_id]
+            elif qrels.format == "trec":
+                try:
+                    texts[query_id] = query_from_trec_id(query_id)
+                except UnicodeDecodeError as exc:
+                    raise QrelsError(name, line, f"query id {query_id!r} is not valid percent-escaped UTF-8; "
+                                                 f"give --queries FILE to map ids to texts") from exc
+            else:
+                texts[query_id] = query_id
+        key = normalize_query(texts[query_id])
+        if not key:
+            raise QrelsError(name, line, f"query {query_id!r} has an empty text; give it one (--queries FILE)")
+        if key in seen:
+            other, other_line = seen[key]
+            where = f" on line {other_line}" if other_line is not None else ""
+            raise QrelsError(name, line, f"query {query_id!r} has the text {key!r} of query {other!r}{where}; "
+                                         f"judgments are joined by normalised text, so merge the two")
+        seen[key] = (query_id, line)
+    return replace(qrels, texts=texts)
+
+
+def read_human_file(
+    path: str | Path,
+    *,
+    format: str = "auto",
+    rating_map: RatingMap = ESCI_RATINGS,
+    assessor: str | None = None,
+    rubric: str | None = None,
+    queries: str | Path | None = None,
+) -> tuple[Qrels, pa.Table]:
+    """Validate a judgments file into ``human_judgments`` rows (source ``human``); the first problem raises."""
+    qrels = load_qrels(path, format=format, rating_map=rating_map)
+    id_texts = None
+    if queries is not None:
+        id_texts = {q.query_id: q.query for q in load_queryset(queries)}
+    qrels = _with_texts(qrels, id_texts, None if queries is None else str(queries))
+    origin = str(Path(path).resolve())  # the provenance must still name the file when read from elsewhere
+    rows = [
+        {
+            "query_id": j.query_id, "query": j.query, "doc_id": j.doc_id, "grade": j.grade, "source": HUMAN_SOURCE,
+            "assessor": j.assessor or (assessor.strip() if assessor and assessor.strip() else None),
+            "judged_at": j.judged_at, "rubric": j.rubric or rubric or None, "origin": origin,
+        }
+        for j in qrels.human_judgments(source=HUMAN_SOURCE)
+    ]
+    return qrels, pa.Table.from_pylist(rows, schema=HUMAN_JUDGMENT_SCHEMA)
+
+
+def _stored_state(db: Path) -> tuple[set[tuple[str, str]], set[str] | None]:
+    """Stored human (query, doc) pairs and the normalised logged query texts (None: no query records)."""
+    if not db.exists():
+        return set(), None
+    with reading(db) as con:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        pairs: set[tuple[str, str]] = set()
+        if "human_judgments" in tables:
+            pairs = {(q, d) for q, d in con.execute(
+                "SELECT query, doc_id FROM human_judgments WHERE source = ?", [HUMAN_SOURCE]).fetchall()}
+        logged = None
+        if "ubi_queries" in tables:
+            raw = [r[0] for r in con.execute("SELECT DISTINCT user_query FROM ubi_queries").fetchall()]
+            logged = {normalize_query(t) for t in raw if t} or None
+    return pairs, logged
+
+
+def import_human(
+    db: str | Path,
+    path: str | Path,
+    *,
+    format: str = "auto",
+    rating_map: RatingMap = ESCI_RATINGS,
+    assessor: str | None = None,
+    rubric: str | None = None,
+    queries: str | Path | None = None,
+    replace_all: bool = False,
+) -> ImportResult:
+    """Validate ``path`` and store it in ``human_judgments`` (source ``human``).
+
+    Labels of the same (query, doc) are replaced; with ``replace_all`` every stored ``human`` label goes
+    first (one transaction), so the file becomes the whole human set. Works while a collector holds ``db``.
+    """
+    qrels, table = read_human_file(path, format=format, rating_map=rating_map, assessor=assessor, rubric=rubric,
+                                   queries=queries)
+    stored, logged = _stored_state(Path(db))
+    new = set(zip(table.column("query").to_pylist(), table.column("doc_id").to_pylist(), strict=True))
+    replaced = len(new & stored)
+    removed = len(stored - new) if replace_all else 0
+    try:
+        load_derived(db, "human_judgments", table, replace_source=HUMAN_SOURCE if replace_all else None)
+    except duckdb.Error as exc:
+        raise StoreError(f"{db}: could not store the judgments of {path}: {exc}") from exc
+    unmatched = None
+    if logged is not None:
+        unmatched = len({q for q, _d in new} - logged)
+    return ImportResult(
+        path=str(path), format=str(qrels.format), queries=len(qrels), judgments=table.num_rows, replaced=replaced,
+        removed=removed, unmatched_queries=unmatched,
+        rating_map=rating_map.describe() if qrels.format == "workbench" else None, table=table,
+    )

@@ -1,0 +1,353 @@
+"""Judgments merged with provenance: every label kept, one precedence view on top, coverage per system.
+
+A (query, doc) pair may carry several labels: human ones (from a qrels file or the ``human_judgments``
+table: assessor, date, rubric, origin), reviewed implicit ones (``reviewed:<source>``, a person confirmed or
+changed a candidate judgment) and implicit ones (``implicit:<model>`` from the ``judgments`` table: model
+version, support counts, interval; a grade only when the support sufficed). Nothing here overwrites a label:
+:class:`LabelSet` keeps all of them, and :meth:`LabelSet.merged` picks, per pair, the label that ranks first
+under a precedence list (default ``human > reviewed > implicit``). Entries of the list are label *kinds*
+(``human``, ``reviewed``, ``implicit``) or exact sources (``implicit:pbm``); a label ranks at the first entry
+that names its source or its kind; labels no entry names are kept but never chosen. Ties within an entry:
+labels from the qrels file given on the command line before those from the store, then the most recently
+judged, then the source name, so the choice is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import duckdb
+
+from ubi_pipeline.schemas.cli_names import DEFAULT_PRECEDENCE
+from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.schemas.judgments import HumanJudgment
+from ubi_pipeline.store.judgment_params import read_judgments
+
+KINDS = ("human", "reviewed", "implicit")
+
+
+class MergeError(UbiError):
+    """A precedence list or label that cannot be used (unknown kind, a negative grade)."""
+
+
+class Label(NamedTuple):
+    """One label of one (query, doc) with where it came from. ``grade`` is None for ungraded implicit rows."""
+
+    query: str
+    doc_id: str
+    grade: int | None
+    source: str  # human | reviewed:<src> | implicit:<model>
+    origin: str | None = None  # file, "store", ...
+    query_id: str | None = None
+    assessor: str | None = None
+    judged_at: datetime | None = None
+    rubric: str | None = None
+    model_version: str | None = None
+    score: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    impressions: int | None = None
+    clicks: int | None = None
+    sessions: int | None = None
+    parameters: Mapping[str, Any] | None = None
+
+    @property
+    def kind(self) -> str:
+        return label_kind(self.source)
+
+    @property
+    def from_file(self) -> bool:
+        return self.origin is not None and not self.origin.startswith("store")
+
+    def provenance(self) -> dict[str, Any]:
+        """The label as a JSON-ready dict, without empty fields."""
+        out = {k: v for k, v in self._asdict().items() if v is not None and k not in ("query", "doc_id")}
+        if isinstance(self.judged_at, datetime):
+            out["judged_at"] = self.judged_at.isoformat()
+        out["kind"] = self.kind
+        return out
+
+
+def label_kind(source: str) -> str:
+    """``human`` | ``reviewed`` | ``implicit`` from a source name (``reviewed:ctr`` -> ``reviewed``)."""
+    head = source.split(":", 1)[0]
+    if head not in KINDS:
+        raise MergeError(f"label source {source!r}: expected 'human', 'reviewed:<source>' or 'implicit:<model>'")
+    return head
+
+
+class MergedLabel(NamedTuple):
+    """The label the precedence chose for one pair, and every label the pair has (chosen one included)."""
+
+    query: str
+    doc_id: str
+    grade: int
+    source: str
+    labels: tuple[Label, ...]
+
+
+def _check_precedence(precedence: Sequence[str]) -> tuple[str, ...]:
+    if not precedence:
+        raise MergeError("the precedence list is empty; give e.g. human,reviewed,implicit")
+    for entry in precedence:
+        label_kind(entry)  # raises on anything that is neither a kind nor a source
+    if len(set(precedence)) != len(precedence):
+        raise MergeError(f"precedence {','.join(precedence)} names an entry twice")
+    return tuple(precedence)
+
+
+@dataclass
+class LabelSet:
+    """Every label of every pair, grouped by (query, doc). Labels are appended, never replaced."""
+
+    by_pair: dict[tuple[str, str], list[Label]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, labels: Iterable[Label]) -> LabelSet:
+        for lab in labels:
+            label_kind(lab.source)
+            if lab.grade is not None and lab.grade < 0:
+                raise MergeError(f"label {lab.source} for ({lab.query!r}, {lab.doc_id!r}) has grade {lab.grade} < 0")
+            self.by_pair[(lab.query, lab.doc_id)].append(lab)
+        return self
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.by_pair.values())
+
+    def sources(self) -> list[str]:
+        """Every source present, humans first, then reviewed, then implicit, each sorted."""
+        found = {lab.source for labs in self.by_pair.values() for lab in labs}
+        return sorted(found, key=lambda s: (KINDS.index(label_kind(s)), s))
+
+    def qrels(self, source: str) -> dict[str, dict[str, int]]:
+        """Graded labels of one source, or of one kind (``human``), as qrels keyed by query text.
+
+        When a kind has several labels for one pair (a file and the store disagree), the same tie rules as
+        :meth:`merged` pick one.
+        """
+        chosen = self._choose((source,))
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        for (query, doc), lab in chosen.items():
+            out[query][doc] = int(lab.grade)  # type: ignore[arg-type]
+        return dict(out)
+
+    def merged(self, precedence: Sequence[str] = DEFAULT_PRECEDENCE) -> dict[tuple[str, str], MergedLabel]:
+        """Per pair, the graded label ranking first under ``precedence``; pairs with none are absent."""
+        chosen = self._choose(_check_precedence(precedence))
+        return {
+            pair: MergedLabel(pair[0], pair[1], int(lab.grade), lab.source, tuple(self.by_pair[pair]))  # type: ignore[arg-type]
+            for pair, lab in chosen.items()
+        }
+
+    def choose(self, precedence: Sequence[str] = DEFAULT_PRECEDENCE) -> dict[tuple[str, str], Label]:
+        """Per pair, the graded label itself (provenance and all) ranking first under ``precedence``."""
+        return self._choose(_check_precedence(precedence))
+
+    def merged_qrels(self, precedence: Sequence[str] = DEFAULT_PRECEDENCE) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        for (query, doc), lab in self._choose(_check_precedence(precedence)).items():
+            out[query][doc] = int(lab.grade)  # type: ignore[arg-type]
+        return dict(out)
+
+    def _choose(self, precedence: Sequence[str]) -> dict[tuple[str, str], Label]:
+        prio = {entry: i for i, entry in enumerate(precedence)}
+
+        def tie(lab: Label) -> tuple[Any, ...]:
+            ts = lab.judged_at.timestamp() if isinstance(lab.judged_at, datetime) else float("-inf")
+            return (0 if lab.from_file else 1, -ts, lab.source, lab.origin or "")
+
+        out: dict[tuple[str, str], Label] = {}
+        for pair, labs in self.by_pair.items():
+            best: Label | None = None
+            best_rank = 0
+            for lab in labs:
+                if lab.grade is None:
+                    continue
+                rank = prio.get(lab.source)
+                if rank is None:
+                    rank = prio.get(lab.source.partition(":")[0])
+                    if rank is None:
+                        continue
+                if best is None or rank < best_rank or (rank == best_rank and tie(lab) < tie(best)):
+                    best, best_rank = lab, rank
+            if best is not None:
+                out[pair] = best
+        return out
+
+
+class PairLabels(NamedTuple):
+    """One (query, doc) in the merged view: the label the precedence chose (None when no label it names has
+    a grade) beside every label the pair has, and whether graded labels of the pair disagree."""
+
+    query: str
+    doc_id: str
+    chosen: Label | None
+    labels: tuple[Label, ...]
+    conflict: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: the chosen grade and source, then every label with its provenance."""
+        return {
+            "query": self.query,
+            "doc_id": self.doc_id,
+            "grade": None if self.chosen is None else self.chosen.grade,
+            "source": None if self.chosen is None else self.chosen.source,
+            "conflict": self.conflict,
+            "labels": [{**lab.provenance(), "grade": lab.grade} for lab in self.labels],
+        }
+
+
+@dataclass(frozen=True)
+class MergeSummary:
+    """What the precedence did over all pairs: where each chosen label came from, and where sources disagree.
+
+    A pair is a conflict when two of its graded labels differ, from two sources or from one source read
+    twice (a qrels file and the store); ``conflicts_by_sources`` counts each pair once per disagreeing
+    couple, named ``"A vs B"`` in :meth:`LabelSet.sources` order.
+    """
+
+    precedence: tuple[str, ...]
+    pairs: int
+    chosen_by_source: dict[str, int]
+    unresolved: int  # pairs with no graded label the precedence names: absent from the merged view
+    several_sources: int  # pairs with labels of more than one source
+    conflicts: int
+    conflicts_by_sources: dict[str, int]
+
+
+def _label_name(lab: Label, twice: bool) -> str:
+    return f"{lab.source} ({lab.origin or 'unknown origin'})" if twice else lab.source
+
+
+def merge_view(labels: LabelSet, precedence: Sequence[str] = DEFAULT_PRECEDENCE) -> tuple[list[PairLabels], MergeSummary]:
+    """Every pair with its chosen label and all its labels (sorted by query, doc), and the summary of the merge."""
+    prec = _check_precedence(precedence)
+    chosen = labels.choose(prec)
+    order = {s: i for i, s in enumerate(labels.sources())}
+    pairs: list[PairLabels] = []
+    by_source: dict[str, int] = defaultdict(int)
+    by_couple: dict[str, int] = defaultdict(int)
+    several = conflicts = 0
+    for pair in sorted(labels.by_pair):
+        labs = tuple(labels.by_pair[pair])
+        pick = chosen.get(pair)
+        if pick is not None:
+            by_source[pick.source] += 1
+        if len({lab.source for lab in labs}) > 1:
+            several += 1
+        graded = sorted((lab for lab in labs if lab.grade is not None),
+                        key=lambda lab: (order[lab.source], lab.origin or ""))
+        couples: set[str] = set()
+        for i, a in enumerate(graded):
+            for b in graded[i + 1:]:
+                if a.grade != b.grade:
+                    twice = a.source == b.source
+                    couples.add(f"{_label_name(a, twice)} vs {_label_name(b, twice)}")
+        for couple in couples:
+            by_couple[couple] += 1
+        conflicts += bool(couples)
+        pairs.append(PairLabels(pair[0], pair[1], pick, labs, bool(couples)))
+    summary = MergeSummary(
+        precedence=prec, pairs=len(pairs),
+        chosen_by_source={s: by_source[s] for s in sorted(by_source, key=lambda s: order[s])},
+        unresolved=len(pairs) - len(chosen), several_sources=several, conflicts=conflicts,
+        conflicts_by_sources=dict(sorted(by_couple.items(), key=lambda kv: (-kv[1], kv[0]))),
+    )
+    return pairs, summary
+
+
+def labels_from_human(records: Iterable[HumanJudgment]) -> list[Label]:
+    """Labels from human judgment records (``ubi_pipeline.formats.qrels.Qrels.human_judgments()``: keyed by query text)."""
+    return [
+        Label(r.query, r.doc_id, r.grade, r.source, origin=r.origin or "file", query_id=r.query_id,
+              assessor=r.assessor, judged_at=r.judged_at, rubric=r.rubric)
+        for r in records
+    ]
+
+
+def labels_from_store(con: duckdb.DuckDBPyConnection) -> list[Label]:
+    """Every row of ``human_judgments`` and ``judgments`` as labels (tables missing: none).
+
+    A judgment's ``parameters`` is the merged dict of ``ubi_pipeline.store.judgment_params`` (its run's keys, then its own),
+    with the run-wide part parsed once per run and shared between the rows' dicts: read it, do not change it.
+    At 20M events a run has about 400,000 judgments, and 1.3 KB of run-wide parameters parsed row by row took
+    more memory than everything else ``ubi report`` reads. So rows whose stored parameters are the same text
+    share one dict (``read_judgments(..., share=True)``: a run's rows differ only in ``observations``), and the
+    values most rows repeat (query text, source, model version, creation time) are one object each: at 5M
+    events 2.0 KB a label before, about 0.6 KB after.
+    """
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    out: list[Label] = []
+    if "human_judgments" in tables:
+        for query, doc, grade, source, qid, assessor, judged_at, rubric, origin in con.execute(
+            "SELECT query, doc_id, grade, source, query_id, assessor, judged_at, rubric, origin "
+            "FROM human_judgments ORDER BY query, doc_id, source"
+        ).fetchall():
+            out.append(Label(query, doc, grade, source, origin="store" if origin is None else f"store:{origin}",
+                             query_id=qid, assessor=assessor, judged_at=judged_at, rubric=rubric))
+    same: dict[Any, Any] = {}  # one object per distinct query text, source, version, time (equal values)
+    one = same.setdefault
+    for (query, doc, grade, source, version, score, lo, hi, imps, clicks, sessions, created,
+         parameters) in read_judgments(con, _LABEL_COLUMNS, share=True):
+        out.append(Label(one(query, query), doc, grade, one(source, source), origin="store",
+                         model_version=one(version, version), score=score, ci_low=lo, ci_high=hi, impressions=imps,
+                         clicks=clicks, sessions=sessions, parameters=parameters, judged_at=one(created, created)))
+    return out
+
+
+_LABEL_COLUMNS = ("query", "doc_id", "grade", "source", "model_version", "score", "ci_low", "ci_high", "impressions",
+                  "clicks", "sessions", "created_at")
+
+
+# ------------------------------------------------------------------------------------------ coverage
+
+
+class Coverage(NamedTuple):
+    """How much of one system's logged top k one source has labelled.
+
+    ``judged_at_k`` is the mean, over every query of the system's run (labelled or not), of the fraction
+    of its top k (its whole ranking when shorter, as ir_measures' Judged@k) that has a label of the source
+    (0 for an empty ranking);
+    ``queries_labelled`` counts the run's queries with at least one label of the source.
+    """
+
+    system: str
+    source: str
+    k: int
+    queries: int
+    queries_labelled: int
+    judged_at_k: float
+
+
+def _judged_fraction(ranking: Sequence[str], judged: Mapping[str, int] | None, k: int) -> float:
+    top = list(ranking[:k])
+    if not top or not judged:
+        return 0.0
+    # as ir_measures' Judged@k: the fraction of the docs actually in the top k (a short list can be fully judged)
+    return sum(1 for d in top if d in judged) / len(top)
+
+
+def coverage(
+    runs: Mapping[str, tuple[Mapping[str, Sequence[str]], Mapping[str, str]]],
+    qrels_by_source: Mapping[str, Mapping[str, Mapping[str, int]]],
+    k: int,
+) -> list[Coverage]:
+    """judged@k per system and source. ``runs[system] = (run, query_of)``, run keyed by query id."""
+    if k < 1:
+        raise MergeError(f"k must be >= 1, got {k}")
+    out = []
+    for system, (run, query_of) in runs.items():
+        for source, qrels in qrels_by_source.items():
+            fracs = []
+            labelled = 0
+            for qid, ranking in run.items():
+                judged = qrels.get(query_of.get(qid, qid))
+                if judged:
+                    labelled += 1
+                fracs.append(_judged_fraction(ranking, judged, k))
+            mean = sum(fracs) / len(fracs) if fracs else float("nan")
+            out.append(Coverage(system, source, k, len(run), labelled, mean))
+    return out
