@@ -39,7 +39,7 @@ from ubi_pipeline.store.judgment_params import table_columns
 from ubi_pipeline.store.keys import KeyIndex
 from ubi_pipeline.store.rows import EVENT_CONTENT_COLUMNS, Counts, RowStatus, event_content_digest
 from ubi_pipeline.store.sealed import Sealed, Sealer
-from ubi_pipeline.store.sql import quote_ident
+from ubi_pipeline.store.sql import checked_columns, quote_ident
 
 #: Derived tables other processes may load through a running collector.
 LOADABLE_TABLES = ("judgments", "judgment_runs", "human_judgments")
@@ -50,25 +50,6 @@ log = logging.getLogger("ubi.store")
 def is_lock_error(exc: Exception) -> bool:
     """Whether a DuckDB error says another process holds the file."""
     return "lock" in str(exc).lower()
-
-
-def checked_columns(table: str, names: Sequence[str]) -> str:
-    """``names`` quoted and joined, after checking each is a declared column of ``table`` (ubi_pipeline.schemas.tables).
-
-    Raises :class:`StoreError` naming the table or the first column that is not declared, so nothing taken
-    from a request or a file reaches SQL unless it is on the fixed list.
-    """
-    declared = tables.TABLE_COLUMNS.get(table)
-    if declared is None:
-        raise StoreError(f"unknown table {table!r}; expected one of {', '.join(tables.TABLE_COLUMNS)}")
-    unknown = [n for n in names if n not in declared]
-    if unknown:
-        raise StoreError(
-            f"table {table} has no column {unknown[0]!r}; its columns are {', '.join(declared)}"
-        )
-    if len(set(names)) != len(names):
-        raise StoreError(f"columns for table {table} are given more than once: {', '.join(names)}")
-    return ", ".join(quote_ident(n) for n in names)
 
 
 _FLOCK = "hhqqi4x"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid (+ padding)

@@ -27,6 +27,7 @@ import duckdb
 import pyarrow as pa
 
 from ubi_pipeline.schemas.errors import StoreError
+from ubi_pipeline.store.sql import checked_columns
 
 #: The keys of a judgment's parameters that differ from row to row, in the order a row's dict ends with.
 PER_ROW_KEYS = ("calibration_split", "observations")
@@ -184,7 +185,6 @@ def read_judgments(con: duckdb.DuckDBPyConnection, columns: Sequence[str], *, wh
     ``order_by`` are fixed SQL of the caller (never text from a request), ``params`` its values. Rows come in
     batches of 100,000 so a large store's rows are never all held as tuples at once.
     """
-    from ubi_pipeline.store.duckdb_store import checked_columns  # store.duckdb_store imports this module
 
     have = table_columns(con, "judgments")
     if not have:

@@ -46,9 +46,10 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import duckdb
 import pyarrow as pa
@@ -56,10 +57,16 @@ import pyarrow as pa
 from ubi_pipeline.schemas import tables
 from ubi_pipeline.schemas.errors import StoreError
 from ubi_pipeline.store.files import fsync_dir
-from ubi_pipeline.store.sql import quote_ident
+from ubi_pipeline.store.sql import checked_columns, quote_ident
 
-if TYPE_CHECKING:
-    from ubi_pipeline.store.duckdb_store import Store
+
+class SealedStore(Protocol):
+    """What a :class:`Sealer` reads of its store (:class:`ubi_pipeline.store.duckdb_store.Store` has it)."""
+
+    path: Path
+    memory_limit: str | None
+
+    def reading_cursor(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]: ...
 
 #: Append-only tables sealed into segments, with the key that names a row.
 SEALED_TABLES: dict[str, str] = {"ubi_queries": "query_key", "ubi_events": "event_key", "failed_records": "failed_id"}
@@ -152,7 +159,7 @@ def default_root(db: Path) -> Path:
 class Sealer:
     """Seals one store's append-only tables, incrementally; one seal at a time per process."""
 
-    def __init__(self, store: Store, root: Path | None = None) -> None:
+    def __init__(self, store: SealedStore, root: Path | None = None) -> None:
         self.store = store
         self.root = Path(root) if root is not None else default_root(store.path)
         self._lock = threading.Lock()
@@ -434,7 +441,6 @@ def open_sealed(sealed: Sealed, *, threads: int | None = None) -> duckdb.DuckDBP
     ``threads``: DuckDB's worker threads (default: one per core), set when the database starts, so no more
     threads than that are ever started.
     """
-    from ubi_pipeline.store.duckdb_store import checked_columns  # store.duckdb_store imports this module
 
     con = duckdb.connect(config={"threads": int(threads)} if threads is not None else {})
     try:
