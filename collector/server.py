@@ -23,6 +23,7 @@ import signal
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ubi_pipeline.schemas.errors import UbiError
@@ -165,3 +166,12 @@ def server_config(app: Any, settings: Settings, **options: Any) -> Any:
         lifespan="on",
         **options,
     )
+
+
+def close_serving(sock: socket.socket, sink: Any, advertised: Path | None) -> None:
+    """After the server stopped: withdraw the URL advertised beside the store (``store.client.advertise``), close
+    the sink (its last commit) and then the listening socket."""
+    if advertised is not None:
+        advertised.unlink(missing_ok=True)
+    sink.close()
+    sock.close()

@@ -766,20 +766,36 @@ class QuerySet:
         return iter(self.queries)
 
 
+#: query-set files read but not written: plain text, one query a line (blank lines and ``#`` comments skipped)
+QUERYSET_READ_FORMATS: tuple[str, ...] = (*QUERYSET_FORMATS, "lines")
+
+
 def load_queryset(path: str | Path, *, format: str = "auto") -> QuerySet:
-    """Load and validate a query set (``format``: ``auto``, ``jsonl`` or ``workbench``)."""
+    """Load and validate a query set (``format``: ``auto``, ``jsonl``, ``workbench`` or ``lines``).
+
+    ``auto`` reads the first non-blank line: a JSON object is JSONL (or a one-line Workbench query set), a line
+    opening a JSON document is a Workbench query set, anything else is plain text with one query a line (its
+    query ids are the texts; a text repeated after normalisation is kept once).
+    """
     name = str(path)
     text = read_input_text(path)
     fmt = format
     if fmt == "auto":
-        first = text.lstrip().split("\n", 1)[0]
+        first = next((line for line in text.splitlines() if line.strip()), "").strip()
         try:
             obj = json.loads(first)
             fmt = "workbench" if isinstance(obj, dict) and "querySetQueries" in obj else "jsonl"
         except json.JSONDecodeError:
-            fmt = "workbench"
-    if fmt not in QUERYSET_FORMATS:
-        raise QrelsError(name, None, f"unknown query-set format {format!r}; use one of auto, {', '.join(QUERYSET_FORMATS)}")
+            fmt = "workbench" if first.startswith(("{", "[")) else "lines"
+    if fmt not in QUERYSET_READ_FORMATS:
+        raise QrelsError(name, None, f"unknown query-set format {format!r}; use one of auto, "
+                                     f"{', '.join(QUERYSET_READ_FORMATS)}")
+    if fmt == "lines":
+        seen: dict[str, QuerySetQuery] = {}
+        for line in text.splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                seen.setdefault(normalize_query(line), QuerySetQuery(line.strip(), line.strip()))
+        return QuerySet(tuple(seen.values()), path=name)
     queries: list[QuerySetQuery] = []
     ids: dict[str, int] = {}
     by_text = _TextIndex(name)

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
 from scipy import stats
 
 from ubi_pipeline.processors.labels.grades import confusion_matrix, quadratic_kappa_from_confusion
@@ -44,23 +43,6 @@ class Agreement:
     kendall_p: float
     grades: list[int]
     confusion: list[list[int]]
-
-
-def quadratic_weighted_kappa(human: NDArray, implicit: NDArray, n_grades: int | None = None) -> float:
-    """Cohen's kappa with quadratic weights: κ = 1 − Σ w_ij O_ij / Σ w_ij E_ij, w_ij = (i−j)² / (G−1)².
-
-    O is the confusion matrix of the two raters, E = outer(row totals, column totals) / N the one expected
-    by chance; Cohen (1968), Psychological Bulletin 70:213. Grades are 0..G-1 (G defaults to max + 1).
-    Validates the grades, then runs the kernel :func:`ubi_pipeline.processors.labels.grades.quadratic_kappa_from_confusion`.
-    """
-    a = np.asarray(human, dtype=np.int64)
-    b = np.asarray(implicit, dtype=np.int64)
-    if a.shape != b.shape:
-        raise AgreementError(f"human ({a.shape}) and implicit ({b.shape}) grades differ in length")
-    if a.size and (a.min() < 0 or b.min() < 0):
-        raise AgreementError("grades must be non-negative integers")
-    g = n_grades if n_grades is not None else (int(max(a.max(), b.max())) + 1 if a.size else 0)
-    return quadratic_kappa_from_confusion(confusion_matrix(a, b, g))
 
 
 def _used_for_calibration(lab: Label) -> bool:

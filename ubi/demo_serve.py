@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ubi_pipeline.collector.server import bind_socket, make_server, server_config
+from ubi_pipeline.collector.server import bind_socket, close_serving, make_server, server_config
 from ubi_pipeline.demo_site import DemoCatalog, DemoDoc, demo_router
 from ubi_pipeline.schemas.errors import UbiError
 from ubi_pipeline.schemas.settings import Settings
@@ -177,10 +177,7 @@ def serve_demo(settings: Settings | argparse.Namespace, *,
             ready(url)
         server.run(sockets=[sock])
     finally:
-        if side is not None:
-            side.unlink(missing_ok=True)
-        sink.close()
-        sock.close()
+        close_serving(sock, sink, side)
     return 0
 
 

@@ -26,21 +26,13 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from ubi_pipeline.processors.click_models.base import FittedModel, RelevanceEstimate
+from ubi_pipeline.processors.click_models.base import RelevanceEstimate
 from ubi_pipeline.processors.click_models.common import (
-    check_sessions,
-    pair_support,
     safe_div,
     weighted_count,
-    wilson_interval,
 )
-from ubi_pipeline.processors.click_models.priors import (
-    DEFAULT_PRIOR,
-    LogFeatures,
-    beta_posterior_interval,
-    check_prior,
-)
-from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.click_models.counting import CountingRates
+from ubi_pipeline.processors.clicks.stats import SessionPatterns, SystemRankings
 
 
 def click_extent(
@@ -96,20 +88,15 @@ def residual_rank_ctr(
     return safe_div(((clicks & below) * w).sum(axis=0), (below * w).sum(axis=0), fill=0.0)
 
 
-class Cascade(FittedModel):
+class Cascade(CountingRates):
     """Cascade model: attractiveness per (query, doc), the user stops at the first click."""
 
     name = "cascade"
     version = "2"
 
-    def __init__(self, prior: str = DEFAULT_PRIOR) -> None:
-        self.prior = check_prior(prior, self.name)
-
-    def fit(self, sessions: SessionPatterns) -> Self:
+    def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:
         """α_qd = first clicks / impressions at or above the first click (all ranks if none)."""
-        check_sessions(sessions)
-        self.pairs: PairIndex = sessions.pairs
-        self.max_rank = sessions.max_rank
+        self._begin_fit(sessions)
         shown = sessions.docs >= 0
         first, _ = click_extent(sessions.clicks, shown)
         pos = np.arange(self.max_rank)[None, :]
@@ -119,19 +106,12 @@ class Cascade(FittedModel):
         n_pairs = len(self.pairs)
         self.examinations = weighted_count(sessions.docs[examined], w[examined], n_pairs)
         self.first_clicks = weighted_count(sessions.docs[first_click], w[first_click], n_pairs)
-        self.log_features = LogFeatures.from_sessions(sessions)
-        self.alpha_prior = self.log_features.prior(self.prior, self.first_clicks, self.examinations)
-        post = self.alpha_prior.posterior_mean(self.first_clicks, self.examinations)
-        self.alpha = np.where(self.examinations > 0, post, np.nan)
-        total = self.examinations.sum()
-        self.prior_alpha = float(self.first_clicks.sum() / total) if total > 0 else 0.5
+        self.alpha_prior, self.alpha, self.prior_alpha = self._rate(self.first_clicks, self.examinations)
         self.residual_ctr = residual_rank_ctr(sessions.clicks, shown, first, sessions.weight)
         n_clicks = (sessions.clicks & shown).sum(axis=1)
         self.multi_click_sessions = int(sessions.weight[n_clicks > 1].sum())
         self.n_sessions = sessions.n_sessions
-        self.impressions, self.clicks, self.sessions = pair_support(sessions)
-        self._fitted = True
-        return self
+        return self._end_fit(sessions)
 
     def _alpha(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         return self.log_features.gather(self.alpha, sessions, self.alpha_prior, self.prior_alpha)
@@ -164,20 +144,7 @@ class Cascade(FittedModel):
 
     def relevance(self) -> RelevanceEstimate:
         """Score = α_qd with its Wilson interval over (first clicks, examinations); observations = examinations."""
-        self._require_fit()
-        if self.prior == "none":
-            lo, hi = wilson_interval(self.first_clicks, self.examinations)
-        else:
-            lo, hi = beta_posterior_interval(self.alpha_prior, self.first_clicks, self.examinations)
-        score = np.where(np.isnan(self.alpha), self._unexamined_prior(), self.alpha)
-        return self._estimate(score, lo, hi, self.examinations, self.parameters())
-
-    def _unexamined_prior(self) -> NDArray[np.float64]:
-        """Score of pairs never examined: the empirical prior's own mean for them (it uses their display
-        ranks), else the pooled α₀."""
-        if self.alpha_prior.kind == "empirical":
-            return np.asarray(self.alpha_prior.mean)
-        return np.full(len(self.pairs), self.prior_alpha)
+        return self._alpha_estimate(self.first_clicks)
 
     def parameters(self) -> dict[str, Any]:
         return {

@@ -26,22 +26,14 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from ubi_pipeline.processors.click_models.base import FittedModel, RelevanceEstimate
+from ubi_pipeline.processors.click_models.base import RelevanceEstimate
 from ubi_pipeline.processors.click_models.cascade import cascade_family_probs, click_extent
 from ubi_pipeline.processors.click_models.common import (
-    check_sessions,
-    pair_support,
     safe_div,
     weighted_count,
-    wilson_interval,
 )
-from ubi_pipeline.processors.click_models.priors import (
-    DEFAULT_PRIOR,
-    LogFeatures,
-    beta_posterior_interval,
-    check_prior,
-)
-from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.click_models.counting import CountingRates
+from ubi_pipeline.processors.clicks.stats import SessionPatterns, SystemRankings
 
 
 def last_click_counts(
@@ -65,26 +57,18 @@ def last_click_counts(
     return exams, clicks, examined, is_last, last
 
 
-class DCM(FittedModel):
+class DCM(CountingRates):
     """Dependent click model: attractiveness per pair, continuation λ_k after a click at rank k."""
 
     name = "dcm"
     version = "1"
 
-    def __init__(self, prior: str = DEFAULT_PRIOR) -> None:
-        self.prior = check_prior(prior, self.name)
-
-    def fit(self, sessions: SessionPatterns) -> Self:
+    def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:
         """Counting estimates of α (ranks at or above the last click) and λ_k (1 − last clicks / clicks)."""
-        check_sessions(sessions)
-        self.pairs: PairIndex = sessions.pairs
-        self.max_rank = sessions.max_rank
+        self._begin_fit(sessions)
         exams, clk, _, is_last, _ = last_click_counts(sessions)
         self.examinations, self.examined_clicks = exams, clk
-        self.log_features = LogFeatures.from_sessions(sessions)
-        self.alpha_prior = self.log_features.prior(self.prior, clk, exams)
-        self.alpha = np.where(exams > 0, self.alpha_prior.posterior_mean(clk, exams), np.nan)
-        self.prior_alpha = float(clk.sum() / exams.sum()) if exams.sum() > 0 else 0.5
+        self.alpha_prior, self.alpha, self.prior_alpha = self._rate(clk, exams)
         w = sessions.weight.astype(np.float64)[:, None]
         shown = sessions.docs >= 0
         clicks_at = ((sessions.clicks & shown) * w).sum(axis=0)
@@ -93,9 +77,7 @@ class DCM(FittedModel):
         overall = 1.0 - float(last_at.sum() / clicks_at.sum()) if clicks_at.sum() > 0 else 0.5
         self.lam = np.where(np.isnan(lam), overall, lam)
         self.rank_clicks = clicks_at
-        self.impressions, self.clicks, self.sessions = pair_support(sessions)
-        self._fitted = True
-        return self
+        return self._end_fit(sessions)
 
     def _inputs(self, sessions: SessionPatterns) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         a = self.log_features.gather(self.alpha, sessions, self.alpha_prior, self.prior_alpha)
@@ -116,15 +98,7 @@ class DCM(FittedModel):
 
     def relevance(self) -> RelevanceEstimate:
         """Score = α_qd, Wilson interval over (clicks, examined impressions); observations = examined impressions."""
-        self._require_fit()
-        if self.prior == "none":
-            lo, hi = wilson_interval(self.examined_clicks, self.examinations)
-        else:
-            lo, hi = beta_posterior_interval(self.alpha_prior, self.examined_clicks, self.examinations)
-        unexamined = (np.asarray(self.alpha_prior.mean) if self.alpha_prior.kind == "empirical"
-                      else np.full(len(self.pairs), self.prior_alpha))
-        score = np.where(np.isnan(self.alpha), unexamined, self.alpha)
-        return self._estimate(score, lo, hi, self.examinations, self.parameters())
+        return self._alpha_estimate(self.examined_clicks)
 
     def parameters(self) -> dict[str, Any]:
         return {

@@ -22,52 +22,32 @@ from typing import Any, Self
 import numpy as np
 from numpy.typing import NDArray
 
-from ubi_pipeline.processors.click_models.base import FittedModel, RelevanceEstimate
+from ubi_pipeline.processors.click_models.base import RelevanceEstimate
 from ubi_pipeline.processors.click_models.common import (
-    check_sessions,
-    pair_support,
     weighted_count,
-    wilson_interval,
 )
+from ubi_pipeline.processors.click_models.counting import CountingRates
 from ubi_pipeline.processors.click_models.dbn import dbn_click_probs
 from ubi_pipeline.processors.click_models.dcm import last_click_counts
-from ubi_pipeline.processors.click_models.priors import (
-    DEFAULT_PRIOR,
-    LogFeatures,
-    beta_posterior_interval,
-    check_prior,
-)
-from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.clicks.stats import SessionPatterns, SystemRankings
 
 
-class SDBN(FittedModel):
+class SDBN(CountingRates):
     """Simplified DBN (γ = 1): attractiveness and satisfaction per pair by counting."""
 
     name = "sdbn"
     version = "1"
 
-    def __init__(self, prior: str = DEFAULT_PRIOR) -> None:
-        self.prior = check_prior(prior, self.name)
-
-    def fit(self, sessions: SessionPatterns) -> Self:
+    def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:
         """α = clicks / examined impressions, σ = last clicks / clicks (examined = at or above the last click)."""
-        check_sessions(sessions)
-        self.pairs: PairIndex = sessions.pairs
-        self.max_rank = sessions.max_rank
+        self._begin_fit(sessions)
         exams, clk, _, is_last, _ = last_click_counts(sessions)
         w = np.broadcast_to(sessions.weight[:, None], is_last.shape)
         last = weighted_count(sessions.docs[is_last], w[is_last], len(self.pairs))
         self.examinations, self.examined_clicks, self.last_clicks = exams, clk, last
-        self.log_features = feats = LogFeatures.from_sessions(sessions)
-        self.alpha_prior = feats.prior(self.prior, clk, exams)
-        self.sigma_prior = feats.prior(self.prior, last, clk)
-        self.alpha = np.where(exams > 0, self.alpha_prior.posterior_mean(clk, exams), np.nan)
-        self.sigma = np.where(clk > 0, self.sigma_prior.posterior_mean(last, clk), np.nan)
-        self.prior_alpha = float(clk.sum() / exams.sum()) if exams.sum() > 0 else 0.5
-        self.prior_sigma = float(last.sum() / clk.sum()) if clk.sum() > 0 else 0.5
-        self.impressions, self.clicks, self.sessions = pair_support(sessions)
-        self._fitted = True
-        return self
+        self.alpha_prior, self.alpha, self.prior_alpha = self._rate(clk, exams)
+        self.sigma_prior, self.sigma, self.prior_sigma = self._rate(last, clk)
+        return self._end_fit(sessions)
 
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]:
         """P(C_k = 1) = ε_k α_k, ε_1 = 1, ε_{k+1} = ε_k (1 − α_k σ_k)."""
@@ -89,15 +69,10 @@ class SDBN(FittedModel):
         Observations: the examined impressions α is counted on (at or above the last click).
         """
         self._require_fit()
-        emp = self.alpha_prior.kind == "empirical"
-        a = np.where(np.isnan(self.alpha), self.alpha_prior.mean if emp else self.prior_alpha, self.alpha)
-        s = np.where(np.isnan(self.sigma), self.sigma_prior.mean if emp else self.prior_sigma, self.sigma)
-        if self.prior == "none":
-            a_lo, a_hi = wilson_interval(self.examined_clicks, self.examinations)
-            s_lo, s_hi = wilson_interval(self.last_clicks, self.examined_clicks)
-        else:
-            a_lo, a_hi = beta_posterior_interval(self.alpha_prior, self.examined_clicks, self.examinations)
-            s_lo, s_hi = beta_posterior_interval(self.sigma_prior, self.last_clicks, self.examined_clicks)
+        a = np.where(np.isnan(self.alpha), self._unexamined(self.alpha_prior, self.prior_alpha), self.alpha)
+        s = np.where(np.isnan(self.sigma), self._unexamined(self.sigma_prior, self.prior_sigma), self.sigma)
+        a_lo, a_hi = self._interval(self.alpha_prior, self.examined_clicks, self.examinations)
+        s_lo, s_hi = self._interval(self.sigma_prior, self.last_clicks, self.examined_clicks)
         s_lo, s_hi = (
             np.where(self.examined_clicks > 0, s_lo, 0.0),
             np.where(self.examined_clicks > 0, s_hi, 1.0),

@@ -143,10 +143,22 @@ def quadratic_kappa_from_confusion(observed: NDArray[np.int64]) -> float:
     return 1.0 - float((w * o).sum()) / denom
 
 
-def quadratic_weighted_kappa(a: NDArray[np.int64], b: NDArray[np.int64], n_classes: int) -> float:
-    """Quadratic-weighted Cohen's kappa of two ratings with grades 0..n_classes-1: see
-    :func:`quadratic_kappa_from_confusion` for the formula and citation. NaN when there are no pairs."""
-    return quadratic_kappa_from_confusion(confusion_matrix(a, b, n_classes))
+def quadratic_weighted_kappa(a: NDArray[np.int64], b: NDArray[np.int64], n_classes: int | None = None) -> float:
+    """Cohen's kappa with quadratic weights of two ratings of the same items: κ = 1 − Σ w_ij O_ij / Σ w_ij E_ij,
+    w_ij = (i−j)² / (G−1)², O their confusion matrix, E = outer(row totals, column totals) / N the one expected
+    by chance (Cohen 1968, Psychological Bulletin 70:213; kernel :func:`quadratic_kappa_from_confusion`).
+
+    Grades are 0..G-1, G = ``n_classes`` or max + 1. NaN when there are no pairs or a single grade; raises
+    :class:`GradeError` when the two differ in length or hold a negative grade.
+    """
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    if a.shape != b.shape:
+        raise GradeError(f"the two ratings differ in length ({a.shape} and {b.shape}): kappa compares the same items")
+    if a.size and (a.min() < 0 or b.min() < 0):
+        raise GradeError("grades must be non-negative integers")
+    g = n_classes if n_classes is not None else (int(max(a.max(), b.max())) + 1 if a.size else 0)
+    return quadratic_kappa_from_confusion(confusion_matrix(a, b, g))
 
 
 def confusion(predicted: NDArray[np.int64], human: NDArray[np.int64], n_classes: int) -> list[list[int]]:

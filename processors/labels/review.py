@@ -28,6 +28,7 @@ import duckdb
 import orjson
 import pyarrow as pa
 
+from ubi_pipeline.formats.qrels import load_queryset
 from ubi_pipeline.processors.labels.implicit import SOURCE_PREFIX, trec_query_id
 from ubi_pipeline.schemas.errors import InputFileError, StoreError, UbiError
 from ubi_pipeline.schemas.settings import Settings
@@ -57,34 +58,9 @@ def _file_format(path: Path) -> str:
 
 
 def read_query_set(path: Path | str) -> list[str]:
-    """Normalised queries from a text file (one a line; blank lines and ``#`` comments skipped) or a Search
-    Relevance Workbench query set JSON (``querySetQueries[].queryText``); duplicates removed, order kept."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputFileError(str(p), None, f"cannot read: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise InputFileError(str(p), None, f"not UTF-8 text: {exc}") from exc
-    out: dict[str, None] = {}
-    if text.lstrip().startswith("{"):
-        try:
-            obj = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            raise InputFileError(str(p), exc.lineno, f"malformed JSON: {exc.msg}") from exc
-        items = obj.get("querySetQueries") if isinstance(obj, dict) else None
-        if not isinstance(items, list):
-            raise InputFileError(str(p), None, "expected a query set JSON with a 'querySetQueries' list")
-        for i, item in enumerate(items):
-            q = item.get("queryText") if isinstance(item, dict) else None
-            if not isinstance(q, str) or not normalize_query(q):
-                raise InputFileError(str(p), None, f"querySetQueries[{i}]: 'queryText' must be a non-empty string")
-            out[normalize_query(q)] = None
-        return list(out)
-    for line in text.splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            out[normalize_query(line)] = None
-    return list(out)
+    """The normalised queries of a query set file (:func:`ubi_pipeline.formats.qrels.load_queryset`: JSONL, a
+    Search Relevance Workbench query set, or plain text with one query a line), duplicates removed, order kept."""
+    return list(dict.fromkeys(normalize_query(q.query) for q in load_queryset(path).queries))
 
 
 def resolve_source(con: duckdb.DuckDBPyConnection, source: str | None) -> str:

@@ -358,3 +358,16 @@ def test_query_set_errors(tmp_path: Path) -> None:
             load_queryset(path)
         assert (info.value.path, info.value.line) == (str(path), line)
         assert fragment in info.value.message
+
+
+def test_a_plain_text_query_set_is_read_by_the_one_reader(tmp_path: Path) -> None:
+    # one reader for every query-set file (issue 28): `ubi review export --queries` reads plain text through it
+    path = tmp_path / "queries.txt"
+    path.write_text("# one query a line\nRed Shoes\n\nred  shoes\nblue jeans\n", encoding="utf-8")
+    qs = load_queryset(path)
+    assert [(q.query_id, q.query) for q in qs.queries] == [("Red Shoes", "Red Shoes"), ("blue jeans", "blue jeans")]
+    assert load_queryset(path, format="lines") == qs
+    # a Workbench file pretty-printed over several lines is still told apart from plain text
+    wb = tmp_path / "set.json"
+    wb.write_text('{\n  "querySetQueries": [{"queryText": "boots"}]\n}\n', encoding="utf-8")
+    assert [q.query for q in load_queryset(wb).queries] == ["boots"]

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from joint_fixtures import build_store, write_human
 
 from ubi_pipeline.formats.qrels import load_qrels
+from ubi_pipeline.processors.labels.grades import GradeError, quadratic_weighted_kappa
 from ubi_pipeline.processors.labels.merge import Label, LabelSet, labels_from_human, labels_from_store
-from ubi_pipeline.reports.agreement import AgreementError, agreement, agreement_all, quadratic_weighted_kappa
+from ubi_pipeline.reports.agreement import agreement, agreement_all
 from ubi_pipeline.store.client import open_reader
 
 
@@ -42,9 +43,9 @@ def test_kappa_known_values():
     assert quadratic_weighted_kappa(np.array([0, 1, 2]), np.array([0, 1, 2])) == pytest.approx(1.0)
     assert quadratic_weighted_kappa(np.array([0, 1, 2]), np.array([2, 1, 0])) == pytest.approx(-1.0)
     assert np.isnan(quadratic_weighted_kappa(np.array([1, 1]), np.array([1, 1])))  # one grade: undefined
-    with pytest.raises(AgreementError):
+    with pytest.raises(GradeError):
         quadratic_weighted_kappa(np.array([0, 1]), np.array([0]))
-    with pytest.raises(AgreementError):
+    with pytest.raises(GradeError):
         quadratic_weighted_kappa(np.array([-1]), np.array([0]))
 
 
