@@ -62,8 +62,8 @@ from ubi_pipeline.processors.click_models.selection import (  # noqa: E402
     exclusions,
     source_name,
 )
+from ubi_pipeline.processors.clicks.holdout import holdout_flags  # noqa: E402
 from ubi_pipeline.processors.clicks.identifiability import assess  # noqa: E402
-from ubi_pipeline.processors.clicks.sessions import holdout_flags  # noqa: E402
 from ubi_pipeline.processors.clicks.stats import cells_from_sessions  # noqa: E402
 from ubi_pipeline.processors.propensity import estimate_from_patterns  # noqa: E402
 from ubi_pipeline.processors.simulation import scenario, simulate  # noqa: E402
@@ -89,11 +89,9 @@ def make_model(name: str, prior: str | None) -> Any:
 
 
 def fit_model(model: Any, patterns: Any, systems: Any) -> Any:
-    """``model.fit(patterns)``, with ``systems`` (which system showed which ranking) for the models that take
-    them (PBM and UBM: the systems' votes in their empirical prior), as ``ubi process`` fits them."""
-    if systems is not None and "systems" in inspect.signature(model.fit).parameters:
-        return model.fit(patterns, systems)
-    return model.fit(patterns)
+    """``model.fit(patterns, systems)``, as ``ubi process`` fits every model (the systems' votes enter the empirical
+    prior of the models whose prior takes them)."""
+    return model.fit(patterns, systems)
 
 
 def tau_by_bucket(score: np.ndarray, grade: np.ndarray, query: np.ndarray, impressions: np.ndarray

@@ -51,7 +51,7 @@ before = peak_mb()
 model = get_model({name!r})
 systems = None
 if {systems!r} and "systems" in __import__("inspect").signature(model.fit).parameters:
-    from ubi_pipeline.processors.click_models.priors import SystemRankings
+    from ubi_pipeline.processors.clicks.stats import SystemRankings
     r = z["rankings"]
     systems = SystemRankings(tuple(f"ranker-{{j}}" for j in range(int(r[:, 1].max()) + 1)), r[:, 0], r[:, 1], r[:, 2:])
 t0, c0 = time.perf_counter(), time.process_time()

@@ -54,7 +54,7 @@ from ubi_pipeline.processors.click_models.coec import COEC, PRIOR_COEC  # noqa: 
 from ubi_pipeline.processors.click_models.common import pair_support  # noqa: E402
 from ubi_pipeline.processors.click_models.ctr import expected_clicks  # noqa: E402
 from ubi_pipeline.processors.click_models.evaluate import evaluate  # noqa: E402
-from ubi_pipeline.processors.clicks.sessions import holdout_flags  # noqa: E402
+from ubi_pipeline.processors.clicks.holdout import holdout_flags  # noqa: E402
 from ubi_pipeline.processors.clicks.stats import SessionPatterns  # noqa: E402
 from ubi_pipeline.processors.simulation import scenario, simulate  # noqa: E402
 
@@ -82,7 +82,7 @@ def fit_varying_gamma(x: NDArray[np.float64], e: NDArray[np.float64], feats: NDA
                       names: tuple[str, ...]) -> P.BetaPrior:
     """Gamma prior with log-linear mean and per-pair strength, maximising the negative-binomial marginal."""
     use = e > 0
-    design, f_mean, f_std = P._standardise(feats, use)
+    design, f_mean, f_std = P.standardise(feats, use)
     p = design.shape[1]
     xs, es, d = x[use], e[use], design[use]
     lo, hi = -4.0, float(np.log(max(es.sum(), 1.0)))

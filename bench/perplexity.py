@@ -124,7 +124,7 @@ def relevance_by_support(args: argparse.Namespace) -> int:
 
     from ubi_pipeline.processors.click_models import get_model
     from ubi_pipeline.processors.click_models.common import pair_support
-    from ubi_pipeline.processors.click_models.priors import SystemRankings
+    from ubi_pipeline.processors.clicks.stats import SystemRankings
 
     out = []
     for n in args.sessions:

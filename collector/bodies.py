@@ -402,7 +402,7 @@ def bulk_id(meta: Mapping[str, Any]) -> tuple[str | None, str | None]:
     if isinstance(doc_id, int) and not isinstance(doc_id, bool):
         doc_id = str(doc_id)
     if not isinstance(doc_id, str):
-        return None, f"_id must be a string (it becomes the event_id), got {_json_type(doc_id)}"
+        return None, f"_id must be a string (it becomes the event_id), got {json_type(doc_id)}"
     if not doc_id:
         return None, "_id must not be empty"
     try:
@@ -657,7 +657,8 @@ def _repeat_error(path: str) -> str:
     )
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """How a JSON value's type reads in an error message: "an array", "an object", "a string", ..."""
     return {
         list: "an array",
         dict: "an object",

@@ -23,9 +23,9 @@ from ubi_pipeline.collector.bodies import (  # noqa: F401  (re-exported: the par
     BodyError,
     Kind,
     RawItem,
-    _json_type,
     dropped_keys,
     duplicate_keys,
+    json_type,
     parse_bulk,
     parse_items,
     strip_bom,
@@ -230,7 +230,7 @@ def validate_items(items: Iterable[RawItem]) -> Validated:
                 ItemError(
                     item.index,
                     None,
-                    f"expected a JSON object, got {_json_type(item.value)}",
+                    f"expected a JSON object, got {json_type(item.value)}",
                     item.kind or "body",
                     item.raw_bytes(),
                 )

@@ -22,6 +22,7 @@ from ubi_pipeline.collector.deps import Collector, ORJSONResponse, error_answer,
 from ubi_pipeline.collector.errors import RequestError, TooLarge
 from ubi_pipeline.collector.ingest import APPLICATION_SCOPE_KEY, IngestContext
 from ubi_pipeline.collector.metrics import Labels
+from ubi_pipeline.schemas.interleaving import METHOD, InterleavingError, team_draft
 
 router = APIRouter()
 
@@ -309,8 +310,9 @@ class InterleaveResponse(BaseModel):
 @router.post("/v1/interleave", response_model=InterleaveResponse, tags=["interleaving"])
 async def interleave(body: InterleaveRequest, collector: CollectorDep) -> dict[str, Any]:
     """Team-draft interleave two rankings, seeded per query_id (a retry gets the same list)."""
-    from ubi_pipeline.schemas.interleaving import METHOD, team_draft
-
-    result = team_draft(body.query_id, body.rankings, size=body.size, seed=collector.settings.seed)
+    try:
+        result = team_draft(body.query_id, body.rankings, size=body.size, seed=collector.settings.seed)
+    except InterleavingError as exc:
+        raise RequestError(str(exc)) from exc
     return {"query_id": result.query_id, "hits": result.hits, "teams": result.teams, "method": METHOD,
             "query_attributes": result.query_attributes()}

@@ -18,9 +18,9 @@ from typing import Any
 import duckdb
 
 from ubi_pipeline.reports.interleaving_outcomes import InterleavedSearch, InterleavingResult, analyse
-from ubi_pipeline.reports.systems import _sql_list
 from ubi_pipeline.schemas.errors import StoreError
 from ubi_pipeline.schemas.text import normalize_query
+from ubi_pipeline.store.sql import sql_string_list
 
 _SQL = """
 WITH il AS (
@@ -52,7 +52,7 @@ def load_interleaved(con: duckdb.DuckDBPyConnection, click_actions: Sequence[str
     except duckdb.CatalogException:
         systems = "(SELECT NULL::VARCHAR AS query_id, NULL::VARCHAR AS system WHERE false)"
     try:
-        rows = con.execute(_SQL.format(clicks=_sql_list(click_actions), systems=systems)).fetchall()
+        rows = con.execute(_SQL.format(clicks=sql_string_list(click_actions), systems=systems)).fetchall()
     except duckdb.Error as exc:
         raise StoreError(f"reading interleaved searches failed in DuckDB: {exc}") from exc
     out: list[InterleavedSearch] = []

@@ -38,8 +38,9 @@ import duckdb
 import numpy as np
 
 from ubi_pipeline.reports.intervals import RESAMPLE_LIMIT, Interval, mean_interval, wilson, wilson_arrays
-from ubi_pipeline.reports.systems import DEFAULT_IMPRESSION_ACTIONS, _sql_list
+from ubi_pipeline.reports.systems import DEFAULT_IMPRESSION_ACTIONS
 from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.store.sql import sql_string_list
 
 DEFAULT_CLICK_ACTIONS: tuple[str, ...] = ("click",)
 
@@ -191,7 +192,7 @@ def online_metrics(
         con.execute("SELECT 1 FROM _ubi_searches LIMIT 0")
     except duckdb.CatalogException as exc:
         raise OnlineError("call ubi_pipeline.reports.systems.load_searches(con) before online_metrics(con)") from exc
-    clicks, imps = _sql_list(click_actions), _sql_list(impression_actions)
+    clicks, imps = sql_string_list(click_actions), sql_string_list(impression_actions)
     base = _base_sql(position_base, position_base_by_application, "s")
     # a search's system comes back as its 1-based position in ``names``, not as a string: at 50M events the
     # 4.17M searches' system names were 4.17M Python strings (about 270 MB) held beside the other columns

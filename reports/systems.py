@@ -33,7 +33,6 @@ the logs name queries). Two run query ids that land on one text are an error, ne
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,63 +43,12 @@ import pyarrow as pa
 
 from ubi_pipeline.formats.runs import Run, RunError
 from ubi_pipeline.schemas.cli_names import DEFAULT_SPLIT_KEYS
-from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.schemas.systems import SystemsError, json_path, system_sql
 from ubi_pipeline.schemas.text import normalize_query
+from ubi_pipeline.store.sql import sql_string_list
 
-NO_APPLICATION = "(no application)"
 DEFAULT_IMPRESSION_ACTIONS: tuple[str, ...] = ("impression",)
 RankingMode = Literal["modal", "each"]
-
-_KEY = re.compile(r"^[A-Za-z0-9_.\-]+$")
-
-
-class SystemsError(UbiError):
-    """Bad arguments for finding systems (an unusable attribute key, an unknown mode)."""
-
-
-def _json_path(key: str, what: str) -> str:
-    if not _KEY.match(key):
-        raise SystemsError(f"{what} {key!r}: use letters, digits, '_', '.', '-' only (a query_attributes key)")
-    return f'$."{key}"'
-
-
-def _sql_list(values: Sequence[str]) -> str:
-    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
-
-
-def system_name(application: str | None, attributes: Mapping[str, object] | None,
-                split_keys: Sequence[str] = DEFAULT_SPLIT_KEYS) -> str:
-    """The system of one query record, by the rule of :func:`load_searches` (module docstring), in Python:
-    the application (``(no application)`` without one), then ``/key=value`` for each split key present.
-
-    The click models' rank-informed prior takes the systems of a simulated log from here and those of a store
-    from :func:`system_sql`, so both name a system alike (``tests/reports/test_systems.py`` checks the two).
-    """
-    out = application if application is not None else NO_APPLICATION
-    for key in split_keys:
-        _json_path(key, "split key")
-        value = (attributes or {}).get(key)
-        if value is not None:
-            out += f"/{key}={value if isinstance(value, str) else _json_text(value)}"
-    return out
-
-
-def _json_text(value: object) -> str:
-    """How DuckDB's json_extract_string writes a non-string JSON value (numbers, booleans, objects)."""
-    import orjson
-
-    return orjson.dumps(value).decode()
-
-
-def system_sql(split_keys: Sequence[str] = DEFAULT_SPLIT_KEYS) -> tuple[str, list[str]]:
-    """The SQL expression of a query record's system over ``application`` and ``query_attributes`` (one
-    place for :func:`load_searches` and ``ubi_pipeline.processors.clicks.system_rankings``), and its parameters."""
-    parts = ["coalesce(application, '" + NO_APPLICATION + "')"]
-    params: list[str] = []
-    for key in split_keys:
-        parts.append(f"coalesce('/{key}=' || json_extract_string(query_attributes, ?), '')")
-        params.append(_json_path(key, "split key"))
-    return " || ".join(parts), params
 
 
 def _register_query_texts(con: duckdb.DuckDBPyConnection) -> None:
@@ -148,7 +96,7 @@ def prepare_searches(
     class_expr = "NULL::VARCHAR"
     if class_key:
         class_expr = "json_extract_string(query_attributes, ?)"
-        params.append(_json_path(class_key, "class key"))
+        params.append(json_path(class_key, "class key"))
     _register_query_texts(con)
     con.execute(
         f"""
@@ -200,7 +148,7 @@ def prepare_searches(
         FROM ubi_events e JOIN _ubi_inst i USING (query_id)
         """
     )
-    imp = _sql_list(impression_actions)
+    imp = sql_string_list(impression_actions)
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _ubi_searches AS

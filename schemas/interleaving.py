@@ -23,14 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ubi_pipeline.collector.errors import RequestError
+from ubi_pipeline.schemas.errors import UbiError
 
 METHOD = "team_draft"
 ATTRIBUTE = "interleaving"  # the query_attributes key
 
 
-class InterleavingError(RequestError):
-    """An interleaving request that cannot be served (400; names the field and what was expected)."""
+class InterleavingError(UbiError):
+    """Rankings that cannot be interleaved (names the field and what was expected; the collector answers 400)."""
 
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(f"field '{field}': {message}")

@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ubi_pipeline.processors.click_models.common import ClickModelError, check_rank, check_sessions
-from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns, SystemRankings
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,14 @@ class ClickModel(Protocol):
 
     name: str
     version: str
+    #: whether ``fit`` uses ``systems`` (a caller may skip reading them from the store when it does not)
+    uses_systems: bool
 
-    def fit(self, sessions: SessionPatterns) -> Self: ...
+    def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:
+        """Fit on the weighted patterns. ``systems`` (which system showed which ranking) feeds the empirical
+        prior of the models whose prior takes it (PBM, UBM, DBN, COEC: ``priors.system_features``); the
+        others accept and ignore it, so that every caller fits every model alike."""
+        ...
 
     def click_probs(self, sessions: SessionPatterns) -> NDArray[np.float64]: ...
 
@@ -71,6 +77,7 @@ class FittedModel:
     """
 
     name: str
+    uses_systems = False
     pairs: PairIndex
     max_rank: int
     impressions: NDArray[np.int64]

@@ -67,7 +67,7 @@ from scipy.special import gammaincinv
 
 from ubi_pipeline.processors.click_models.base import RelevanceEstimate
 from ubi_pipeline.processors.click_models.common import CONFIDENCE, AnyArray, safe_div
-from ubi_pipeline.processors.click_models.ctr import _CountingModel, expected_clicks
+from ubi_pipeline.processors.click_models.ctr import CountingModel, expected_clicks
 from ubi_pipeline.processors.click_models.priors import (
     RANKING_FEATURES,
     BetaPrior,
@@ -119,10 +119,11 @@ def quasi_poisson_posterior(prior: BetaPrior, clicks: AnyArray, expected: AnyArr
     return prior.posterior_mean(np.asarray(clicks, dtype=np.float64) / p, np.asarray(expected, dtype=np.float64) / p)
 
 
-class COEC(_CountingModel):
+class COEC(CountingModel):
     """Clicks over expected clicks per (query, doc), expected clicks from the global per-rank CTR."""
 
     name = "coec"
+    uses_systems = True  # the systems' votes enter the empirical prior (priors.system_features)
 
     def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:
         """ρ_k per rank, then COEC(q, d) = posterior mean of clicks(q, d) over Σ_impressions ρ_k (the score),

@@ -37,7 +37,7 @@ from ubi_pipeline.processors.click_models.priors import (
     beta_posterior_interval,
     check_prior,
 )
-from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns, SystemRankings
 
 
 def _rank_counts(sessions: SessionPatterns) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -47,7 +47,7 @@ def _rank_counts(sessions: SessionPatterns) -> tuple[NDArray[np.float64], NDArra
     return (shown * w).sum(axis=0), ((sessions.clicks & shown) * w).sum(axis=0)
 
 
-class _CountingModel(FittedModel):
+class CountingModel(FittedModel):
     """Shared state of the counting baselines: support per pair and per rank, global CTR."""
 
     name = "_counting"
@@ -88,12 +88,12 @@ class _CountingModel(FittedModel):
         return self._estimate(score, lo, hi, self.impressions.astype(np.float64), parameters)
 
 
-class GCTR(_CountingModel):
+class GCTR(CountingModel):
     """Global CTR: one click probability ρ for every result (the weakest baseline)."""
 
     name = "gctr"
 
-    def fit(self, sessions: SessionPatterns) -> Self:
+    def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:
         """ρ = Σ_s w_s·clicks_s / Σ_s w_s·shown_s."""
         self._fit_counts(sessions)
         return self
@@ -112,12 +112,12 @@ class GCTR(_CountingModel):
         )
 
 
-class RCTR(_CountingModel):
+class RCTR(CountingModel):
     """Rank CTR: click probability ρ_k per rank, the same for every document."""
 
     name = "rctr"
 
-    def fit(self, sessions: SessionPatterns) -> Self:
+    def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:
         """ρ_k = clicks at rank k / impressions at rank k (global CTR for ranks never shown)."""
         self._fit_counts(sessions)
         self.expected_clicks = expected_clicks(sessions, self.rank_ctr)
@@ -145,12 +145,12 @@ def expected_clicks(sessions: SessionPatterns, rank_ctr: NDArray[np.float64]) ->
     return weighted_count(d[shown], (per_pos * w)[shown], len(sessions.pairs))
 
 
-class DCTR(_CountingModel):
+class DCTR(CountingModel):
     """Document (pair) CTR: click probability ρ_qd per (query, doc), whatever the rank it was shown at."""
 
     name = "dctr"
 
-    def fit(self, sessions: SessionPatterns) -> Self:
+    def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:
         """ρ_qd = posterior mean of (clicks, impressions) of (q, d) under the prior (MLE with ``none``)."""
         self._fit_counts(sessions)
         self.log_features = LogFeatures.from_sessions(sessions)

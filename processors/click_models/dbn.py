@@ -308,6 +308,7 @@ class DBN(FittedModel):
     """Dynamic Bayesian network: attractiveness α and satisfaction σ per pair, persistence γ, fitted by EM."""
 
     name = "dbn"
+    uses_systems = True  # the systems' votes enter the empirical prior (priors.system_features)
     version = "1"
 
     def __init__(

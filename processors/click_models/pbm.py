@@ -59,6 +59,7 @@ from ubi_pipeline.processors.click_models.priors import (
     unseen_ranking_features,
     votes_record,
 )
+from ubi_pipeline.processors.clicks.fixed_effects import FixedEffectsError, pair_fixed_effects
 from ubi_pipeline.processors.clicks.identifiability import IDENTIFIED, UNIDENTIFIED, Identifiability, assess
 from ubi_pipeline.processors.clicks.stats import ClickCells, PairIndex, SessionPatterns, cells_from_sessions
 
@@ -463,6 +464,7 @@ class PBM(ExaminationEM):
     """Position-based model: examination θ_k per rank times attractiveness α per (query, doc), fitted by EM."""
 
     name = "pbm"
+    uses_systems = True  # the systems' votes enter the empirical prior (priors.system_features)
     version = "1"
 
     def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:
@@ -501,7 +503,7 @@ class PBM(ExaminationEM):
         """θ by the pair fixed-effects conditional likelihood when every displayed rank is linked to rank 1.
 
         Given a pair's total clicks, its clicks at the ranks it was shown at are multinomial in n_k·θ_k whatever
-        its attractiveness (Hausman, Hall & Griliches, Econometrica 1984; ``ubi_pipeline.processors.propensity.harvest``), so
+        its attractiveness (Hausman, Hall & Griliches, Econometrica 1984; ``ubi_pipeline.processors.clicks.fixed_effects``), so
         θ needs neither the per-pair α nor the prior. Fitted jointly with them instead, θ and the rank-informed
         prior mean trade off along a ridge (both fall with the rank), and the rounds creep along it towards a
         flatter curve. Measured on the hard scenario's PBM traffic (README, "Click models"; 6 logs): θ error 2-5
@@ -511,14 +513,9 @@ class PBM(ExaminationEM):
         """
         if ident.verdict != IDENTIFIED or len(ident.displayed_ranks) < 2:
             return None
-        # the propensity package builds on the click models (its EM is PBM's); its conditional likelihood
-        # needs nothing of them, and is imported here, when used, to keep the module graph acyclic at load
-        from ubi_pipeline.processors.propensity.common import PropensityError
-        from ubi_pipeline.processors.propensity.harvest import pair_fixed_effects
-
         try:
             ratio = pair_fixed_effects(cells)
-        except PropensityError:
+        except FixedEffectsError:
             return None
         shown = np.isin(np.arange(1, len(ratio) + 1), ident.displayed_ranks)
         if not np.all(np.isfinite(ratio[shown])) or np.any(ratio[shown] <= 0):

@@ -101,7 +101,7 @@ from scipy.optimize import minimize
 from scipy.special import betaincinv, digamma, expit, gammaincinv, gammaln
 
 from ubi_pipeline.processors.click_models.common import CONFIDENCE, AnyArray, ClickModelError, weighted_count
-from ubi_pipeline.processors.clicks.stats import SessionPatterns, cells_from_sessions
+from ubi_pipeline.processors.clicks.stats import SessionPatterns, SystemRankings, cells_from_sessions
 
 PRIORS = ("empirical", "pseudocount", "none")
 DEFAULT_PRIOR = "empirical"
@@ -357,36 +357,6 @@ MAX_SYSTEMS = 8
 SYSTEM_FEATURE_PREFIX = "shown_by:"
 
 
-@dataclass(frozen=True)
-class SystemRankings:
-    """The distinct rankings of a log with the system that showed each: a small aggregate beside the patterns.
-
-    A *system* is what ``ubi_pipeline.reports.systems`` calls one (the application, split by the ``ranker`` and
-    ``experiment`` keys of ``query_attributes``); ``names[j]`` is system j. Row r is one distinct
-    (query, system, list of docs) of the log: ``query[r]`` in the numbering of ``PairIndex.query_index``,
-    ``docs[r, k-1]`` the pair shown at rank k (-1 where none). The session patterns do not carry the system
-    (two systems showing the same list with the same clicks are one pattern), so it travels apart from them.
-    """
-
-    names: tuple[str, ...]
-    query: NDArray[np.int64]
-    system: NDArray[np.int64]
-    docs: NDArray[np.int64]
-
-    def check(self, n_pairs: int) -> None:
-        """Raise ``ClickModelError`` naming the first inconsistent field."""
-        if self.docs.ndim != 2 or len(self.query) != len(self.docs) or len(self.system) != len(self.docs):
-            raise ClickModelError(f"SystemRankings: query {self.query.shape}, system {self.system.shape} and docs "
-                                  f"{self.docs.shape} must have one row per ranking")
-        if len(self.system) and (self.system.min() < 0 or self.system.max() >= len(self.names)):
-            bad = int(np.flatnonzero((self.system < 0) | (self.system >= len(self.names)))[0])
-            raise ClickModelError(f"SystemRankings.system[{bad}] = {int(self.system[bad])}: expected a system "
-                                  f"number in 0..{len(self.names) - 1}")
-        if self.docs.size and self.docs.max() >= n_pairs:
-            bad = int(np.flatnonzero((self.docs >= n_pairs).any(axis=1))[0])
-            raise ClickModelError(f"SystemRankings.docs[{bad}] names a pair beyond the {n_pairs} pairs fitted")
-
-
 def system_features(systems: SystemRankings, query_of_pair: AnyArray, n_pairs: int
                     ) -> tuple[NDArray[np.float64], tuple[str, ...]]:
     """[n_pairs, S] *votes* of the systems for each pair, and the column names (S = 0 with fewer than 2 systems).
@@ -548,7 +518,7 @@ def unseen_ranking_features(ranks: AnyArray, queries: AnyArray, rankings: NDArra
     return np.column_stack([np.log(r), -np.log1p(n_r), np.full(len(r), np.nan)])
 
 
-def _standardise(feats: NDArray[np.float64], use: NDArray[np.bool_]
+def standardise(feats: NDArray[np.float64], use: NDArray[np.bool_]
                  ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
     """Design matrix [1, (z − mean)/std] (0 where a feature is NaN or constant), and the mean and std used."""
     f = feats[use]
@@ -565,6 +535,19 @@ def _standardise(feats: NDArray[np.float64], use: NDArray[np.bool_]
 
 
 # ----------------------------------------------------------------------------- empirical Bayes
+
+
+def _penalised(total: float, grad: NDArray[np.float64], lam: NDArray[np.float64], p: int, n: int,
+               slopes_given: bool) -> tuple[float, NDArray[np.float64]]:
+    """The objectives' common tail: with per-pair strengths, the N(0, :data:`STRENGTH_SLOPE_SD`²) hyperprior on
+    the slopes λ_j (j >= 1) added to the log-likelihood ``total`` and its gradient (whose first ``p`` entries are
+    β's); then both negated and scaled by 1/N, for a minimiser."""
+    if slopes_given:
+        slopes = lam[1:] / STRENGTH_SLOPE_SD**2
+        total -= 0.5 * float(lam[1:] @ slopes)
+        grad[p + 1:] -= slopes
+    scale = 1.0 / max(n, 1)
+    return -total * scale, -grad * scale
 
 
 def _beta_binomial_objective(
@@ -597,13 +580,7 @@ def _beta_binomial_objective(
         inside = (log_s_raw > log_s_range[0]) & (log_s_raw < log_s_range[1])
         d_logs = np.where(inside, a * da + b * db, 0.0)
         grad = np.concatenate([design.T @ d_eta, sd.T @ d_logs])
-        total = float(ll.sum())
-        if strength_design is not None:
-            slopes = lam[1:] / STRENGTH_SLOPE_SD**2
-            total -= 0.5 * float(lam[1:] @ slopes)
-            grad[p + 1:] -= slopes
-        scale = 1.0 / max(len(x), 1)
-        return -total * scale, -grad * scale
+        return _penalised(float(ll.sum()), grad, lam, p, len(x), strength_design is not None)
 
     return f
 
@@ -631,13 +608,7 @@ def _gamma_poisson_objective(
         ds = a / s - (a + x) / (s + e)
         inside = (log_s_raw > log_s_range[0]) & (log_s_raw < log_s_range[1])
         grad = np.concatenate([design.T @ (a * da), sd.T @ np.where(inside, a * da + s * ds, 0.0)])
-        total = float(ll.sum())
-        if strength_design is not None:
-            slopes = lam[1:] / STRENGTH_SLOPE_SD**2
-            total -= 0.5 * float(lam[1:] @ slopes)
-            grad[p + 1:] -= slopes
-        scale = 1.0 / max(len(x), 1)
-        return -total * scale, -grad * scale
+        return _penalised(float(ll.sum()), grad, lam, p, len(x), strength_design is not None)
 
     return f
 
@@ -682,7 +653,7 @@ def fit_prior(
     use = n > 0
     if use.sum() < MIN_PAIRS_PER_FEATURE * (features.shape[1] + 1):  # too few pairs for a regression
         features = np.full_like(features, np.nan)
-    design, f_mean, f_std = _standardise(features, use)
+    design, f_mean, f_std = standardise(features, use)
     p = design.shape[1]
     varying = varying_strength
     sp = p if strength_features is None else min(p, strength_features + 1)  # columns of the strength's design

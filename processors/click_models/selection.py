@@ -20,7 +20,6 @@ predictor, not the grades ``--model auto`` would store. Its row is still printed
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -171,20 +170,6 @@ def exclusions(models: Sequence[str], identifiability: Identifiability | None = 
     return {m: "; ".join(why) for m, why in out.items()}
 
 
-def takes_systems(model: Any) -> bool:
-    """Whether ``model.fit`` takes the systems that showed each ranking (PBM, UBM, DBN and COEC: the systems'
-    votes in the empirical prior, ``priors.system_features``)."""
-    return "systems" in inspect.signature(model.fit).parameters
-
-
-def fit_with_systems(model: Any, sessions: SessionPatterns, systems: Any) -> Any:
-    """``model.fit(sessions)``, with ``systems`` (which system showed which ranking) for a model whose ``fit``
-    takes them (:func:`takes_systems`)."""
-    if systems is not None and takes_systems(model):
-        return model.fit(sessions, systems)
-    return model.fit(sessions)
-
-
 def select(train: SessionPatterns, test: SessionPatterns, *, models: Sequence[str] = SELECT_MODELS,
            identifiability: Identifiability | None = None, holdout: float = DEFAULT_HOLDOUT,
            application: str | None = None, progress: Callable[[str], None] | None = None,
@@ -193,7 +178,7 @@ def select(train: SessionPatterns, test: SessionPatterns, *, models: Sequence[st
 
     ``train`` and ``test`` must share one :class:`~ubi_pipeline.processors.clicks.stats.PairIndex` (pairs of the held-out searches
     that training never saw get each model's prior). ``model_options`` maps a model to constructor options.
-    ``systems`` (``priors.SystemRankings``) goes to the models that take it (:func:`fit_with_systems`); given
+    ``systems`` (``SystemRankings``) goes to every model's fit (those whose prior takes it use it); given
     for every search (``--model auto`` does), the held-out searches' rankings enter the prior's features too
     (``priors.prior_features``): what a search showed is known before its clicks, and only clicks are held out.
     """
@@ -209,7 +194,7 @@ def select(train: SessionPatterns, test: SessionPatterns, *, models: Sequence[st
         say(f"fitting {name} on {train.n_sessions:,} searches")
         t0 = time.perf_counter()
         try:
-            model = fit_with_systems(get_model(name, **(model_options or {}).get(name, {})), train, systems)
+            model = get_model(name, **(model_options or {}).get(name, {})).fit(train, systems)
             fitted = time.perf_counter() - t0
             ev = evaluate(model, test)
         except (ClickModelError, FloatingPointError, ValueError) as exc:

@@ -31,8 +31,12 @@ from ubi_pipeline.processors.click_models.common import (
     weighted_count,
 )
 from ubi_pipeline.processors.click_models.pbm import ExaminationEM, initial_exam
-from ubi_pipeline.processors.click_models.priors import SystemRankings
-from ubi_pipeline.processors.clicks.stats import SessionPatterns, UbmCells, ubm_cells_from_sessions
+from ubi_pipeline.processors.clicks.stats import (
+    SessionPatterns,
+    SystemRankings,
+    UbmCells,
+    ubm_cells_from_sessions,
+)
 
 
 def _check_ubm_cells(cells: UbmCells) -> None:
@@ -86,6 +90,7 @@ class UBM(ExaminationEM):
     """User browsing model: examination γ_{k,k'} by rank and previous click rank, attractiveness α per pair."""
 
     name = "ubm"
+    uses_systems = True  # the systems' votes enter the empirical prior (priors.system_features)
     version = "1"
 
     def fit(self, sessions: SessionPatterns, systems: SystemRankings | None = None) -> Self:

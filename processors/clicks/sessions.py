@@ -44,6 +44,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from ubi_pipeline.processors.clicks.holdout import ALL_APPLICATIONS, holdout_cut
 from ubi_pipeline.processors.clicks.ordinal_base import (
     BaseChoice,
     BaseEvidence,
@@ -55,21 +56,17 @@ from ubi_pipeline.processors.clicks.stats import (
     PairIndex,
     SessionPatterns,
     StatsError,
+    SystemRankings,
     UbmCells,
     ubm_cells_from_sessions,
 )
+from ubi_pipeline.processors.clicks.system_rankings import keep_shown_by, shown_rankings
 from ubi_pipeline.schemas.errors import StoreError, UbiError
 from ubi_pipeline.schemas.sessions import Session
 from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.bounded import apply_limits
 from ubi_pipeline.store.client import reading
-
-if TYPE_CHECKING:  # the priors module imports scipy.optimize: only the models need it at run time
-    from ubi_pipeline.processors.click_models.priors import SystemRankings
-
-#: ``load_sessions(application=...)`` default: every application
-ALL_APPLICATIONS = object()
 
 
 class SessionError(UbiError):
@@ -510,8 +507,6 @@ def _build_displayed(con: duckdb.DuckDBPyConnection, settings: Settings,
     c: dict[str, Any] = {}
     con.execute(_SEARCH.format(extra=", q.query_attributes" if shown_by is not None else ""))
     if shown_by is not None:
-        from ubi_pipeline.processors.clicks.system_rankings import keep_shown_by
-
         keep_shown_by(con, *shown_by)
     scan = {"imp": settings.impression_action, "clicks": list(settings.click_actions)}
     con.execute(_EVENTS_HASHED, scan)
@@ -725,8 +720,6 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
         docs, clicks = _fill_patterns(con, wt.num_rows, k, n_pairs["n_pairs"])
         shown = train_shown = None
         if systems:
-            from ubi_pipeline.processors.clicks.system_rankings import shown_rankings
-
             shown = shown_rankings(con, k, application=application)
             if holdout is not None:
                 train_shown = shown_rankings(con, k, application=application, train_only=True)
@@ -746,23 +739,6 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
     app = None if every else cast("str | None", application)
     return SessionData(pairs, cells, None, patterns, quality, filters, k, held,  # type: ignore[arg-type]
                        app, shown, train_shown)
-
-
-#: held-out flags use the first 32 bits of md5(query_id)
-_HASH_SPACE = 1 << 32
-
-
-def holdout_cut(fraction: float) -> int:
-    """The 32-bit threshold below which a search's hash puts it in the held-out split."""
-    return int(round(fraction * _HASH_SPACE))
-
-
-def holdout_flags(query_ids: Iterable[str], fraction: float) -> np.ndarray:
-    """Per search: held out? The first 32 bits of md5(query_id) below ``fraction`` of 2^32 (as the SQL does)."""
-    import hashlib
-
-    cut = holdout_cut(fraction)
-    return np.fromiter((int(hashlib.md5(q.encode()).hexdigest()[:8], 16) < cut for q in query_ids), dtype=bool)
 
 
 def applications(con: duckdb.DuckDBPyConnection) -> list[str | None]:

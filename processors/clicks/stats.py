@@ -169,3 +169,33 @@ def ubm_cells_from_sessions(s: SessionPatterns, chunk: int = CELL_CHUNK_PATTERNS
     rest = uniq // (k + 1)
     return UbmCells(s.pairs, (rest // (k + 1)).astype(np.int64), (rest % (k + 1)).astype(np.int64),
                     pc_u.astype(np.int64), imps, clk, k)
+
+
+@dataclass(frozen=True)
+class SystemRankings:
+    """The distinct rankings of a log with the system that showed each: a small aggregate beside the patterns.
+
+    A *system* is what ``ubi_pipeline.reports.systems`` calls one (the application, split by the ``ranker`` and
+    ``experiment`` keys of ``query_attributes``); ``names[j]`` is system j. Row r is one distinct
+    (query, system, list of docs) of the log: ``query[r]`` in the numbering of ``PairIndex.query_index``,
+    ``docs[r, k-1]`` the pair shown at rank k (-1 where none). The session patterns do not carry the system
+    (two systems showing the same list with the same clicks are one pattern), so it travels apart from them.
+    """
+
+    names: tuple[str, ...]
+    query: NDArray[np.int64]
+    system: NDArray[np.int64]
+    docs: NDArray[np.int64]
+
+    def check(self, n_pairs: int) -> None:
+        """Raise ``StatsError`` naming the first inconsistent field."""
+        if self.docs.ndim != 2 or len(self.query) != len(self.docs) or len(self.system) != len(self.docs):
+            raise StatsError(f"SystemRankings: query {self.query.shape}, system {self.system.shape} and docs "
+                                  f"{self.docs.shape} must have one row per ranking")
+        if len(self.system) and (self.system.min() < 0 or self.system.max() >= len(self.names)):
+            bad = int(np.flatnonzero((self.system < 0) | (self.system >= len(self.names)))[0])
+            raise StatsError(f"SystemRankings.system[{bad}] = {int(self.system[bad])}: expected a system "
+                                  f"number in 0..{len(self.names) - 1}")
+        if self.docs.size and self.docs.max() >= n_pairs:
+            bad = int(np.flatnonzero((self.docs >= n_pairs).any(axis=1))[0])
+            raise StatsError(f"SystemRankings.docs[{bad}] names a pair beyond the {n_pairs} pairs fitted")

@@ -27,11 +27,10 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ubi_pipeline.processors.click_models.priors import SystemRankings
-from ubi_pipeline.processors.clicks.sessions import ALL_APPLICATIONS, holdout_cut
-from ubi_pipeline.processors.clicks.stats import PairIndex
-from ubi_pipeline.reports.systems import system_sql
+from ubi_pipeline.processors.clicks.holdout import ALL_APPLICATIONS, holdout_cut
+from ubi_pipeline.processors.clicks.stats import PairIndex, SystemRankings
 from ubi_pipeline.schemas.errors import StoreError
+from ubi_pipeline.schemas.systems import system_sql
 from ubi_pipeline.schemas.text import normalize_query
 
 _RANKINGS = """

@@ -50,14 +50,11 @@ from pydantic import ValidationError
 
 from ubi_pipeline.formats.qrels import load_qrels
 from ubi_pipeline.processors.click_models.base import ClickModel, RelevanceEstimate
-from ubi_pipeline.processors.click_models.priors import SystemRankings
 from ubi_pipeline.processors.click_models.selection import (
     CHOOSABLE,
     DEFAULT_HOLDOUT,
     Selection,
-    fit_with_systems,
     select,
-    takes_systems,
 )
 from ubi_pipeline.processors.clicks.identifiability import (
     IDENTIFIED,
@@ -66,7 +63,12 @@ from ubi_pipeline.processors.clicks.identifiability import (
     is_position_debiased,
 )
 from ubi_pipeline.processors.clicks.sessions import SessionData, applications, read_sessions
-from ubi_pipeline.processors.clicks.stats import ClickCells, SessionPatterns, cells_from_sessions
+from ubi_pipeline.processors.clicks.stats import (
+    ClickCells,
+    SessionPatterns,
+    SystemRankings,
+    cells_from_sessions,
+)
 from ubi_pipeline.processors.labels.grades import (
     Agreement,
     GradeMapping,
@@ -374,7 +376,7 @@ def make_judgments(data: SessionData | SessionPatterns, model_name: str, setting
     support, width = check_limits(settings.min_support if min_support is None else min_support,
                                   settings.max_ci_width if max_ci_width is None else max_ci_width)
     source_name, model = resolve_model(model_name, prior)
-    fit_with_systems(model, patterns, systems)
+    model.fit(patterns, systems)
     estimate = model.relevance()
     kind = score_kind(source_name, model)
     ok = eligible(estimate, min_support=support, max_ci_width=width, kind=kind, grade_max=settings.grade_max)
@@ -497,7 +499,7 @@ def process(db: Path | str, model_name: str, settings: Settings | None = None, *
         # the systems that showed each ranking, for the PBM/UBM prior, from the same session build (one read of
         # ubi_queries); sessions built elsewhere (Spark) come without them and the prior says so in its parameters
         # ("system_features": "not given ...")
-        wants = takes_systems(resolve_model(model_name, prior)[1])
+        wants = resolve_model(model_name, prior)[1].uses_systems
         data = sessions() if sessions is not None else read_sessions(db, settings, max_rank=max_rank, systems=wants)
         systems = data.systems if sessions is None and wants else None
         say(f"fitting {model_name} on {data.filters.sessions:,} sessions ({data.patterns.docs.shape[0]:,} patterns)")

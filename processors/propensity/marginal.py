@@ -36,7 +36,7 @@ from scipy.optimize import minimize
 from scipy.special import expit, logsumexp
 
 from ubi_pipeline.processors.click_models.pbm import initial_exam
-from ubi_pipeline.processors.click_models.priors import _standardise, rank_features
+from ubi_pipeline.processors.click_models.priors import rank_features, standardise
 from ubi_pipeline.processors.clicks.stats import ClickCells
 
 GRID = 40
@@ -79,7 +79,7 @@ def marginal_em(cells: ClickCells, *, max_iter: int = MAX_ITER, tol: float = TOL
     clk = cells.clicks.astype(np.float64)
     non = imps - clk
     feats = rank_features(pair, cells.rank, imps, cells.pairs.query_index[used], n_pairs)
-    design, _, _ = _standardise(feats, np.ones(n_pairs, dtype=bool))
+    design, _, _ = standardise(feats, np.ones(n_pairs, dtype=bool))
     alpha, la, l1a = _grid()
     to_pair = sparse.csr_matrix((np.ones(len(pair)), (pair, np.arange(len(pair)))), shape=(n_pairs, len(pair)))
     rank_imps = np.bincount(rank0, weights=imps, minlength=k)

@@ -23,8 +23,7 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
-from ubi_pipeline.processors.click_models.priors import SystemRankings
-from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
+from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns, SystemRankings
 from ubi_pipeline.processors.propensity.randomized import SwapSessions
 from ubi_pipeline.processors.simulation.catalog import Catalog, SimulationError, build_catalog
 from ubi_pipeline.processors.simulation.clicks import (
@@ -36,6 +35,7 @@ from ubi_pipeline.processors.simulation.clicks import (
 )
 from ubi_pipeline.schemas.cli_names import TRAFFIC_MODELS
 from ubi_pipeline.schemas.interleaving import Interleaved, team_draft
+from ubi_pipeline.schemas.systems import system_name
 from ubi_pipeline.schemas.text import normalize_query
 
 #: Click models the traffic simulator offers (the kernel has more; these are the protocol's).
@@ -355,12 +355,10 @@ class SimulatedTraffic:
     def system_rankings(self, *, crawlers: bool = False, searches: NDArray[np.bool_] | None = None) -> SystemRankings:
         """Which system showed which ranking, over the searches :meth:`patterns` keeps (same masks, same pairs).
 
-        A system is named as ``ubi_pipeline.reports.systems`` names it from the records :meth:`iter_searches` writes
+        A system is named as ``ubi_pipeline.schemas.systems`` names it from the records :meth:`iter_searches` writes
         (``<application>/ranker=<name>``; an interleaved search is ranker ``interleaved``). One row per
         distinct (query, system, ranking).
         """
-        from ubi_pipeline.reports.systems import system_name
-
         self.patterns(crawlers=crawlers, searches=searches)  # builds the pair index
         compact = self._cache["pairs"][1]
         keep = np.ones(self.n_sessions, dtype=bool) if searches is None else np.asarray(searches, dtype=bool)

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from ubi_pipeline.reports.joint import Report
-from ubi_pipeline.reports.systems import NO_APPLICATION
+from ubi_pipeline.schemas.systems import NO_APPLICATION
 
 DEFAULT_INDEX = "sqe_metrics"
 _NAMESPACE = uuid.UUID("6f1c3f2e-2b9e-4d3b-9a57-3c0f6f0c9a11")

@@ -126,7 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ubi_pipeline.collector.app import create_app, tune_gc
-    from ubi_pipeline.collector.server import bind_socket, make_server, server_config
+    from ubi_pipeline.collector.server import bind_socket, close_serving, make_server, server_config
     from ubi_pipeline.collector.sinks import create_sink
     from ubi_pipeline.schemas.settings import Settings
     from ubi_pipeline.store.client import advertise
@@ -160,10 +160,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         make_server(config).run(sockets=[sock])
     finally:
-        if side is not None:
-            side.unlink(missing_ok=True)
-        sink.close()
-        sock.close()
+        close_serving(sock, sink, side)
     return 0
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from ubi_pipeline.commands.report import _write
+from ubi_pipeline.commands.common import csv_list, write_output
 from ubi_pipeline.schemas.cli_names import DEFAULT_PRECEDENCE, QRELS_FORMATS
 from ubi_pipeline.schemas.errors import UbiError
 
@@ -59,13 +59,6 @@ def _rating_map(text: str | None) -> RatingMap:
         raise UbiError(f"--rating-map: {exc}") from exc
 
 
-def _csv(text: str) -> tuple[str, ...]:
-    items = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not items:
-        raise argparse.ArgumentTypeError("expected a comma-separated list")
-    return items
-
-
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "judgments",
@@ -84,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--format", required=True, choices=QRELS_FORMATS, help="jsonl, trec or workbench")
     e.add_argument("--source", default="human", metavar="SOURCE",
                    help="human (default), reviewed[:SRC], implicit[:MODEL] (or the model name), or merged")
-    e.add_argument("--precedence", type=_csv, default=DEFAULT_PRECEDENCE, metavar="LIST",
+    e.add_argument("--precedence", type=csv_list, default=DEFAULT_PRECEDENCE, metavar="LIST",
                    help="for --source merged: label kinds or sources in order (default human,reviewed,implicit)")
     e.add_argument("--rating-map", metavar="MAP", help=_MAP_HELP)
     e.add_argument("--name", default="Judgments", help="Workbench: the judgment list's name (default Judgments)")
@@ -128,7 +121,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     with reading(settings.db, settings) as con:
         body, summary = export_judgments(con, args.format, source=args.source, precedence=tuple(args.precedence),
                                          rating_map=_rating_map(args.rating_map), name=args.name)
-    _write(args.out, body)
+    write_output(args.out, body)
     err = Console(stderr=True, highlight=False)
     if args.json:
         err.print_json(json.dumps(summary.as_dict()))

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ubi_pipeline.commands.report import _run_arg, _write
+from ubi_pipeline.commands.common import run_arg, write_output
 from ubi_pipeline.schemas.cli_names import COUNTERFACTUAL_METHODS as METHODS
 from ubi_pipeline.schemas.cli_names import DEFAULT_CLIP, DEFAULT_REPLICATES, DEFAULT_SPLIT_KEYS
 from ubi_pipeline.schemas.errors import UbiError
@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--db", type=Path, help="DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)")
-    p.add_argument("--run", type=_run_arg, required=True, metavar="FILE[=NAME]",
+    p.add_argument("--run", type=run_arg, required=True, metavar="FILE[=NAME]",
                    help="the candidate's rankings: a TREC run or JSONL rankings. A query id that is the query_id of "
                         "a human judgment stands for that query's text; any other id is the query text itself")
     p.add_argument("--qrels", type=Path, metavar="FILE", help="human judgments whose query ids the run uses (optional)")
@@ -210,11 +210,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
                    model_options=None if args.prior is None else {"prior": args.prior})
     inputs = {"db": str(settings.db), "run": f"{path} ({len(run)} queries, {run.n_docs()} ranked docs)"}
     if args.json:
-        _write(args.out, json.dumps(prediction_json(name, pred, logged, inputs), indent=2) + "\n")
+        write_output(args.out, json.dumps(prediction_json(name, pred, logged, inputs), indent=2) + "\n")
     elif args.out is not None:
         console = Console(record=True, width=160, file=io.StringIO())
         print_prediction(name, pred, logged, console)
-        _write(args.out, console.export_text())
+        write_output(args.out, console.export_text())
     else:
         print_prediction(name, pred, logged, Console())
     return 0

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
+from ubi_pipeline.commands.common import csv_list, run_arg, write_output
 from ubi_pipeline.schemas.cli_names import (
     DEFAULT_PRECEDENCE,
     DEFAULT_REPORT_REPLICATES,
@@ -58,27 +59,6 @@ only when the thresholds file names it.
 """
 
 
-def _csv(text: str) -> tuple[str, ...]:
-    items = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not items:
-        raise argparse.ArgumentTypeError("expected a comma-separated list")
-    return items
-
-
-def _run_arg(text: str) -> tuple[Path, str | None]:
-    """``FILE`` or ``FILE=NAME``: a path that exists as given is a FILE, else the split at the first ``=``
-    whose left part is an existing file (names like ``shop/ranker=x`` hold ``=`` too), else the first ``=``.
-    """
-    if Path(text).exists() or "=" not in text:
-        return Path(text), None
-    cuts = [i for i, ch in enumerate(text) if ch == "="]
-    cut = next((i for i in cuts if Path(text[:i]).is_file()), cuts[0])
-    path, name = text[:cut], text[cut + 1:].strip()
-    if not path or not name:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected FILE or FILE=NAME")
-    return Path(path), name
-
-
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "report",
@@ -104,24 +84,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--rating-map", default=None, metavar="MAP",
                    help="Workbench ratings to grades: esci (default: 0->0, 1->1, 10->2, 100->3), integer, or "
                         "pairs such as 0:0,1:1,10:2,100:3")
-    p.add_argument("--run", dest="runs", type=_run_arg, action="append", default=[], metavar="FILE[=NAME]",
+    p.add_argument("--run", dest="runs", type=run_arg, action="append", default=[], metavar="FILE[=NAME]",
                    help="a TREC run file (or JSONL rankings) evaluated as one more system, named NAME, else its "
                         "run tag, else the file stem (repeatable). A run query id that is a query_id of the human "
                         "judgments stands for that query's text; any other id is the query text itself. No online "
                         "metrics (shown as 'no log'). See below")
     p.add_argument("--k", type=int, default=10, help="cutoff of the default metrics, coverage and CTR@k (default 10)")
-    p.add_argument("--metrics", type=_csv, metavar="LIST",
+    p.add_argument("--metrics", type=csv_list, metavar="LIST",
                    help="offline metrics (default: ndcg@K,recall@K,mrr,p@K,map,judged@K)")
     p.add_argument("--gain", choices=GAINS, default="linear",
                    help="nDCG gain: linear (trec_eval ndcg_cut, default) or exponential (2^g-1)")
     p.add_argument("--mode", choices=("modal", "each"), default="modal",
                    help="repeated searches of one query by one system: modal = its most frequent ranking "
                         "(default), each = every search evaluated on its own (traffic-weighted)")
-    p.add_argument("--split-keys", type=_csv, default=DEFAULT_SPLIT_KEYS, metavar="KEYS",
+    p.add_argument("--split-keys", type=csv_list, default=DEFAULT_SPLIT_KEYS, metavar="KEYS",
                    help="query_attributes keys that split an application into systems (default ranker,experiment)")
-    p.add_argument("--sources", type=_csv, metavar="LIST",
+    p.add_argument("--sources", type=csv_list, metavar="LIST",
                    help="implicit (or reviewed) sources to evaluate, e.g. implicit:ctr,implicit:pbm (default: all)")
-    p.add_argument("--precedence", type=_csv, default=DEFAULT_PRECEDENCE, metavar="LIST",
+    p.add_argument("--precedence", type=csv_list, default=DEFAULT_PRECEDENCE, metavar="LIST",
                    help="merged view: label kinds or sources in order (default human,reviewed,implicit)")
     cls = p.add_mutually_exclusive_group()
     cls.add_argument("--class-key", metavar="KEY", help="query class from this query_attributes key")
@@ -239,7 +219,7 @@ def _sessions(con: Any, settings: Settings) -> Any:
     """The logged sessions with a held-out split (for identifiability and the recommended source), or None.
 
     With the systems that showed each ranking, so the recommendation fits PBM/UBM with the same prior covariates
-    as ``ubi process`` and ``ubi select`` do (``ubi_pipeline.processors.click_models.selection.fit_with_systems``)."""
+    as ``ubi process`` and ``ubi select`` do (every model's ``fit(sessions, systems)``)."""
     from ubi_pipeline.processors.click_models.selection import DEFAULT_HOLDOUT
     from ubi_pipeline.processors.clicks.sessions import SessionError, load_sessions
 
@@ -247,23 +227,6 @@ def _sessions(con: Any, settings: Settings) -> Any:
         return load_sessions(con, settings, holdout=DEFAULT_HOLDOUT, systems=True)
     except SessionError:  # a store without UBI tables: the report of run files and labels alone still works
         return None
-
-
-def _write(path: Path | None, data: str | bytes) -> None:
-    if path is None:
-        if isinstance(data, bytes):
-            sys.stdout.buffer.write(data)
-            sys.stdout.flush()
-        else:
-            sys.stdout.write(data)
-        return
-    try:
-        if isinstance(data, bytes):
-            path.write_bytes(data)
-        else:
-            path.write_text(data, encoding="utf-8")
-    except OSError as exc:
-        raise UbiError(f"{path}: cannot write: {exc.strerror or exc}") from exc
 
 
 def _write_json(path: Path | None, report: Any, *, label_pairs: bool) -> None:
@@ -387,18 +350,18 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.out is None:
             print_report(report, Console())
         else:
-            _write(args.out, render_text(report))
+            write_output(args.out, render_text(report))
     elif fmt == "json":
         # streamed: at 20M events the label pairs alone make a 1.59 GB document (ubi_pipeline.reports.render.json_out)
         _write_json(args.out, report, label_pairs=args.label_pairs)
     elif fmt == "md":
-        _write(args.out, render_markdown(report))
+        write_output(args.out, render_markdown(report))
     else:
-        _write(args.out, render_html(report))
+        write_output(args.out, render_html(report))
     if args.html is not None:
-        _write(args.html, render_html(report))
+        write_output(args.html, render_html(report))
     if args.dashboard is not None:
-        _write(args.dashboard, render_dashboard(report, index=args.dashboard_index))
+        write_output(args.dashboard, render_dashboard(report, index=args.dashboard_index))
     failed = report.failed_gates
     if failed:
         for g in failed:
@@ -418,7 +381,7 @@ def cmd_queryset(args: argparse.Namespace) -> int:
         population = query_frequencies(con, application=args.application)
     chosen = sample(population, args.strategy, args.size, seed=settings.seed)
     qs = to_queryset(chosen, strategy=args.strategy, seed=settings.seed, name=args.name)
-    _write(args.out, format_queryset(qs, args.format))
+    write_output(args.out, format_queryset(qs, args.format))
     if args.out is not None:
         Console(stderr=True).print(
             escape(f"wrote {len(chosen)} of {len(population)} distinct queries ({args.strategy}) to {args.out}"),

@@ -69,7 +69,7 @@ def unseen_positions(model, test):
 def rankings_shown_in(systems, patterns):
     """The rows of ``systems`` (``priors.SystemRankings``) whose (query, ranking) ``patterns`` show: the systems of
     those searches only, as ``traffic.system_rankings(searches=mask)`` would give for the same mask."""
-    from ubi_pipeline.processors.click_models.priors import SystemRankings
+    from ubi_pipeline.processors.clicks.stats import SystemRankings
 
     width = systems.docs.shape[1]
     shown = {(int(q), tuple(int(x) for x in d[:width])) for q, d in zip(patterns.query, patterns.docs, strict=True)}

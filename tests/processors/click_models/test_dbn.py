@@ -18,7 +18,7 @@ from ubi_pipeline.processors.click_models.priors import (
     SystemRankings,
     unseen_ranking_features,
 )
-from ubi_pipeline.processors.clicks.sessions import holdout_flags
+from ubi_pipeline.processors.clicks.holdout import holdout_flags
 from ubi_pipeline.processors.clicks.stats import SessionPatterns
 from ubi_pipeline.processors.simulation import scenario
 from ubi_pipeline.processors.simulation import simulate as hard_simulate

@@ -138,7 +138,7 @@ def test_identified_log_stops_when_two_refits_agree() -> None:
 def test_theta_is_fixed_by_the_conditional_likelihood_on_a_linked_log() -> None:
     """On a log whose ranks are all linked, the empirical-prior PBM takes θ from the pair fixed-effects
     likelihood (``propensity.harvest``) and holds it through the rounds; the prior-free fits do not."""
-    from ubi_pipeline.processors.propensity.harvest import pair_fixed_effects
+    from ubi_pipeline.processors.clicks.fixed_effects import pair_fixed_effects
 
     theta = examination_curve(10, 1.0)
     s, _ = simulate("pbm", seed=11, n_sessions=20_000, theta=theta)

@@ -21,8 +21,9 @@ from ubi_pipeline.processors.click_models.selection import (
     exclusions,
     select,
 )
+from ubi_pipeline.processors.clicks.holdout import holdout_flags
 from ubi_pipeline.processors.clicks.identifiability import assess
-from ubi_pipeline.processors.clicks.sessions import holdout_flags, read_sessions
+from ubi_pipeline.processors.clicks.sessions import read_sessions
 from ubi_pipeline.processors.clicks.stats import cells_from_sessions
 from ubi_pipeline.processors.simulation import SimConfig, scenario, simulate
 from ubi_pipeline.schemas.settings import Settings

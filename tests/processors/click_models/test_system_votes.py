@@ -10,7 +10,7 @@ from click_logs import make_pairs, rankings_shown_in, unseen_positions
 from scipy.special import betaln
 
 from ubi_pipeline.collector.ingest import ingest, parse_bulk, validate_items
-from ubi_pipeline.processors.click_models.common import ClickModelError, clamp
+from ubi_pipeline.processors.click_models.common import clamp
 from ubi_pipeline.processors.click_models.evaluate import evaluate
 from ubi_pipeline.processors.click_models.pbm import PBM
 from ubi_pipeline.processors.click_models.priors import (
@@ -26,12 +26,14 @@ from ubi_pipeline.processors.click_models.priors import (
     unseen_ranking_features,
 )
 from ubi_pipeline.processors.click_models.ubm import UBM
-from ubi_pipeline.processors.clicks.sessions import holdout_flags, read_sessions
-from ubi_pipeline.processors.clicks.stats import SessionPatterns
+from ubi_pipeline.processors.clicks.holdout import holdout_flags
+from ubi_pipeline.processors.clicks.sessions import read_sessions
+from ubi_pipeline.processors.clicks.stats import SessionPatterns, StatsError
 from ubi_pipeline.processors.clicks.system_rankings import read_system_rankings
 from ubi_pipeline.processors.simulation import scenario, simulate
-from ubi_pipeline.reports.systems import load_searches, system_name
+from ubi_pipeline.reports.systems import load_searches
 from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.schemas.systems import system_name
 from ubi_pipeline.store.client import reading
 from ubi_pipeline.store.duckdb_store import Store
 
@@ -88,9 +90,10 @@ def test_systems_past_the_cap_get_no_column() -> None:
 
 def test_bad_system_rankings_are_named() -> None:
     sr = _rankings([(0, 2, [0])], ("A", "B"))
-    with pytest.raises(ClickModelError, match=r"system\[0\] = 2"):
+    # SystemRankings is a click-log record (processors.clicks.stats): its errors are the statistics' own
+    with pytest.raises(StatsError, match=r"system\[0\] = 2"):
         sr.check(3)
-    with pytest.raises(ClickModelError, match="beyond the 1 pairs"):
+    with pytest.raises(StatsError, match="beyond the 1 pairs"):
         _rankings([(0, 0, [0, 1])], ("A",)).check(1)
 
 

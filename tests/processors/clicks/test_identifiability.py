@@ -17,7 +17,6 @@ import pytest
 from tests.conftest import SAMPLE_LOG, shared_path
 from ubi_pipeline.cli import main
 from ubi_pipeline.processors.click_models import get_model
-from ubi_pipeline.processors.click_models.selection import fit_with_systems
 from ubi_pipeline.processors.clicks.identifiability import FEW_LINKING_PAIRS, assess, is_position_debiased
 from ubi_pipeline.processors.clicks.sessions import patterns_from_sessions, read_sessions
 from ubi_pipeline.processors.clicks.stats import ClickCells, PairIndex
@@ -143,7 +142,7 @@ def test_esci_sample_verdict_is_the_same_in_process_propensity_and_report(
     settings = Settings(db=esci)
     # fitted as `process` fits pbm: with the systems that showed each ranking as the prior's covariates
     data = read_sessions(esci, settings, systems=True)
-    estimate = fit_with_systems(get_model("pbm"), data.patterns, data.systems).relevance()
+    estimate = get_model("pbm").fit(data.patterns, data.systems).relevance()
     would = int(eligible(estimate, min_support=settings.min_support, max_ci_width=settings.max_ci_width).sum())
     assert would > 0 and pbm["graded"] == 0 and pbm["withheld_unidentified"] == would
     # raw CTR is not gated (with the default limits no pair of this small sample is narrow enough to grade)

@@ -11,14 +11,14 @@ import orjson
 import pytest
 
 from ubi_pipeline.collector.ingest import ingest, parse_bulk, validate_items
-from ubi_pipeline.processors.click_models.priors import MAX_SYSTEMS, SystemRankings
+from ubi_pipeline.processors.click_models.priors import MAX_SYSTEMS
 from ubi_pipeline.processors.clicks import system_rankings
 from ubi_pipeline.processors.clicks.sessions import read_sessions
-from ubi_pipeline.processors.clicks.stats import PairIndex
+from ubi_pipeline.processors.clicks.stats import PairIndex, SystemRankings
 from ubi_pipeline.processors.labels import implicit as judgments
 from ubi_pipeline.processors.simulation import scenario, simulate
-from ubi_pipeline.reports.systems import system_name
 from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.schemas.systems import system_name
 from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.client import reading
 from ubi_pipeline.store.duckdb_store import Store
