@@ -21,7 +21,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def readme_commands() -> list[str]:
     """The code block after the README's sentence about commands that work after `make demo`."""
     text = README.read_text(encoding="utf-8")
-    start = text.index("so every command\nbelow works on `demo-out/ubi.duckdb` after `make demo`")
+    start = text.index("so every command below works on\n`demo-out/ubi.duckdb` after `make demo`")
     block = re.search(r"```\n(.*?)```", text[start:], re.S)
     assert block is not None
     return [line for line in block.group(1).splitlines() if line.startswith("ubi ")]
@@ -64,8 +64,12 @@ def test_readme_command_after_the_demo(demo_dir: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(demo_dir)
     argv = shlex.split(command)[1:]
     assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    # run from the repository root as written, a command may write into demo-out/ (git-ignored, emptied by the
+    # next demo) and nowhere else
+    assert sorted(p.name for p in demo_dir.iterdir()) == ["demo-out", "demo-stdout.txt"]
     if "--out" in argv:
         out = demo_dir / argv[argv.index("--out") + 1]
+        assert out.parent == demo_dir / "demo-out"
         assert out.stat().st_size > 0
         if argv[:2] == ["judgments", "export"] and "workbench" in argv:
             doc = json.loads(out.read_text())
