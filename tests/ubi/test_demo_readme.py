@@ -7,6 +7,8 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,30 @@ def test_demo_predicts_the_ranker_that_never_served(demo_dir: Path) -> None:
     # the terminal may fold long table cells; the HTML report never does
     html = (demo_dir / "demo-out" / "report.html").read_text()
     assert "<h2>Joint view: each pair of systems</h2>" in html and "unlogged-next never served (no log)" in html
+
+
+def readme_demo_excerpt() -> list[str]:
+    """The lines of the README's demo excerpt, without the "..." that mark what was left out."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("## What the demo prints (an excerpt)")
+    block = re.search(r"```\n(.*?)```", text[start:], re.S)
+    assert block is not None
+    return [line.rstrip() for line in block.group(1).splitlines() if line.strip() and line.strip() != "..."]
+
+
+def test_readme_demo_excerpt_is_what_make_demo_prints(tmp_path: Path) -> None:
+    """The excerpt is real output of `make demo` (6,000 searches, seed 7: deterministic), not a stale copy.
+
+    Every excerpt line, but its last character, starts a line of the output: the README cuts the joint view's last
+    column for width, so its table lines are prefixes of the printed ones ending one box character early."""
+    proc = subprocess.run([sys.executable, "-m", "ubi_pipeline", "demo", "--dir", str(tmp_path / "demo-out")],
+                          cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [line.rstrip() for line in proc.stdout.splitlines()]
+    excerpt = readme_demo_excerpt()
+    assert len(excerpt) >= 30 and any("implicit:pbm    526     396" in line for line in excerpt)
+    missing = [line for line in excerpt if not any(out.startswith(line[:-1]) for out in printed)]
+    assert not missing, "README demo excerpt lines the demo no longer prints:\n" + "\n".join(missing)
 
 
 def test_readme_lists_the_commands() -> None:
