@@ -1,5 +1,5 @@
-"""Every command the README lists for after `make demo` works on the demo's store (issue 12, item 5), and
-`ubi demo --dir` deletes only a folder it made itself (item 6)."""
+"""Every command the README lists for after `make demo` works on the demo's store and writes only into `demo-out/`, the
+README's demo excerpt is what `make demo` prints, and `ubi demo --dir` deletes only a folder it made itself."""
 
 from __future__ import annotations
 
