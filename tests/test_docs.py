@@ -1,8 +1,10 @@
 """The documentation resolves: every ``docs/...`` path cited in the code and the docs exists, every link between
-the Markdown files lands on a file and a heading, and docs/settings.md lists every setting with its default."""
+the Markdown files lands on a file and a heading, every file and module the docs name exists, and docs/settings.md lists
+every setting with its default."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -119,3 +121,36 @@ def test_readme_is_for_users() -> None:
     # no history in the front door: no commit ids, branch names or diary
     assert not re.search(r"\b(this session|this branch|before \([0-9a-f]{7})", text, re.I)
     assert "source .venv/bin/activate" in text and ".venv/bin/ubi" in text
+
+
+#: a repository path the docs name in passing: ``processors/clicks/sessions.py``, ``tests/ubi/``
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:" + "|".join(CODE_FOLDERS) + r")/[\w/.-]*\w)")
+#: a module or an attribute of one: ``ubi_pipeline.store.sealed.FLUSH_ROWS``
+MODULE_REF = re.compile(r"ubi_pipeline(?:\.\w+)+")
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is a module, or a module and attributes of it."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 1, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_every_path_and_module_the_docs_name_exists() -> None:
+    """The docs name real files and modules: a file moved or renamed in the code shows up here."""
+    named = {(m, str(p.relative_to(ROOT))) for p in doc_files() for m in REPO_PATH.findall(p.read_text("utf-8"))}
+    assert ("processors/clicks/sessions.py", "docs/architecture.md") in named
+    assert not sorted(n for n in named if not (ROOT / n[0]).exists())
+    modules = {(m, str(p.relative_to(ROOT))) for p in doc_files() for m in MODULE_REF.findall(p.read_text("utf-8"))}
+    assert ("ubi_pipeline.store.sealed.FLUSH_ROWS", "docs/collector.md") in modules
+    assert not sorted(n for n in modules if not resolves(n[0]))
+    assert not resolves("ubi_pipeline.store.sealed.NO_SUCH_NAME") and not resolves("ubi_pipeline.nowhere")
