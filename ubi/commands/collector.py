@@ -201,7 +201,7 @@ def _non_negative_seconds(text: str) -> float:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from ubi_pipeline.collector.app import extension_filters
-    from ubi_pipeline.collector.import_hints import likely_command
+    from ubi_pipeline.collector.import_hints import likely_command, not_ubi_records
     from ubi_pipeline.collector.importer import import_files
     from ubi_pipeline.schemas.settings import Settings
     from ubi_pipeline.store.rows import Counts
@@ -210,6 +210,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     for path in args.files:
         if not path.is_file():
             raise UbiError(f"{path}: no such file")
+    # before anything is stored: a file that is certainly something else is named, not rejected item by item
+    others = [what for what in map(not_ubi_records, args.files) if what]
+    if others:
+        raise UbiError("; ".join(others) + ". Nothing was imported")
     console = Console(stderr=True)
     progress = Progress(
         TextColumn("{task.description}"),
