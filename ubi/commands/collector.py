@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "exports), and OpenSearch's own /_bulk, /{index}/_bulk, /{index}/_doc[/{id}] and /{index}/_create/{id} "
             "for the UBI indices (answered in OpenSearch's shapes). A 202 is sent only once the records are committed. The collector holds the DuckDB "
             "file; `ubi process`, `ubi report` and `ubi import` keep working while it runs (they read a "
-            "sealed Parquet segments of it and write through it). A request whose every item is rejected gets 422 "
-            "naming the first errors. GET / and HEAD / (the OpenSearch identity and ping) and HEAD /{index} "
+            "sealed Parquet segments of it and write through it). A request to /v1/* or /ubi_* whose every item is "
+            "rejected gets 422 naming the first errors (/v1/bulk: 202 with its counts). GET / and HEAD / (the OpenSearch identity and ping) and HEAD /{index} "
             "answer OpenSearch clients' connectivity checks. GET /healthz, /metrics, /v1/failed, /docs."
         ),
     )
