@@ -41,8 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "for the UBI indices (answered in OpenSearch's shapes). A 202 is sent only once the records are committed. The collector holds the DuckDB "
             "file; `ubi process`, `ubi report` and `ubi import` keep working while it runs (they read a "
             "sealed Parquet segments of it and write through it). A request to /v1/* or /ubi_* whose every item is "
-            "rejected gets 422 naming the first errors (/v1/bulk: 202 with its counts). GET / and HEAD / (the OpenSearch identity and ping) and HEAD /{index} "
-            "answer OpenSearch clients' connectivity checks. GET /healthz, /metrics, /v1/failed, /docs."
+            "rejected gets 422 naming the first errors (/v1/bulk: 202 with its counts). GET / and HEAD / (the "
+            "OpenSearch identity and ping) and HEAD /{index} answer OpenSearch clients' connectivity checks. "
+            "GET /healthz, /metrics, /v1/failed, /docs."
         ),
     )
     p.add_argument("--db", type=Path, help=_DB_HELP)
