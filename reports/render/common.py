@@ -38,6 +38,20 @@ def ci(iv: Interval | None, digits: int = 3) -> str:
     return f"{num(iv.value, digits)} [{num(iv.low, digits)}, {num(iv.high, digits)}]"
 
 
+def verdict_parts(report: Report) -> tuple[str, list[str], list[str]]:
+    """(headline, one line per finding, one line per thing the report could not decide with what would decide it)."""
+    v = report.verdict
+    if v is None:
+        return "no verdict (nothing was compared)", [], []
+    return v.headline, [f.text for f in v.findings], list(v.undecided)
+
+
+VERDICT_NOTE = ("A line of evidence counts when its interval excludes 0 (none below n = 5); a predicted line only when "
+                "no document of either top k rests on the click model's prior; a never-served candidate is ordered "
+                "against a logged system only when its primary (calibrated) interval and the logged interval are "
+                "disjoint. Anything else is undetermined.")
+
+
 def unit(report: Report) -> str:
     """What one evaluated row of a system is: ``queries`` (mode modal) or ``searches`` (mode each)."""
     return "searches" if report.config.mode == "each" else "queries"
@@ -61,7 +75,7 @@ def header_lines(report: Report) -> list[str]:
         lines.append(f"identifiability: {report.identifiability['verdict']} ({report.identifiability['reason']})")
     rec = report.recommendation
     if rec is not None:
-        lines.append(f"recommended implicit source: {rec['source'] or 'none'} ({rec['why']})")
+        lines.append(f"recommended implicit source: {rec['source'] or 'no recommendation'} ({rec['why']})")
         for source, why in rec["not_recommended"].items():
             lines.append(f"not recommended: {source} ({why})")
     return lines
@@ -185,8 +199,27 @@ def online_table(report: Report) -> tuple[Row, list[Row]]:
         return f"{ci(iv)} (n={iv.n})"
 
     rows = [["searches", *[str(online[s].searches) if s in online else NO_LOG for s in systems]]]
+    if any(om.left_out for om in online.values()):
+        rows.append(["left out (session filter)", *[_left_out(online[s].left_out) if s in online else NO_LOG
+                                                    for s in systems]])
     rows += [[n, *[cell(s, n) for s in systems]] for n in names]
     return ["", *systems], rows
+
+
+def _left_out(counts: dict[str, int]) -> str:
+    """``251 (bot 151, click_all 100)``: the searches the session filter dropped, by reason."""
+    total = sum(counts.values())
+    return "0" if not total else f"{total} (" + ", ".join(f"{r} {n}" for r, n in sorted(counts.items())) + ")"
+
+
+def left_out_note(report: Report) -> str | None:
+    """One sentence under the online table: how many searches the session filter left out per system."""
+    counts = {s: om.searches_left_out for s, om in report.online.items()}
+    if not any(counts.values()):
+        return None
+    return ("Left out of every online figure, the A/B lines and the prediction baselines, as `ubi process` leaves them "
+            "out of the judgments (bots, searches with a click on every result, empty queries): "
+            + ", ".join(f"{s} {n}" for s, n in counts.items()) + " searches; 'searches' counts the searches kept.")
 
 
 def agreement_table(report: Report) -> tuple[Row, list[Row]]:

@@ -31,6 +31,15 @@ def print_report(report: Report, console: Console) -> None:
         console.rule("[bold]ubi report")
     else:  # a rule spans the whole (log-wide) width
         console.print("== ubi report ==", highlight=False)
+    headline, findings, undecided = common.verdict_parts(report)
+    console.print(f"[bold]Verdict:[/] {escape(headline)}", highlight=False)
+    for line in findings:
+        console.print(f"  - {escape(line)}", highlight=False)
+    if undecided:
+        console.print("[bold]Could not decide[/] (and what would decide it):", highlight=False)
+        for line in undecided:
+            console.print(f"  - {escape(line)}", highlight=False)
+    console.print(f"[dim]{escape(common.VERDICT_NOTE)}[/]", highlight=False)
     for line in common.header_lines(report):
         console.print(escape(line), highlight=False)
     for warning in report.warnings:
@@ -48,6 +57,9 @@ def print_report(report: Report, console: Console) -> None:
         console.print(_table(f"By query class ({source})", head, rows))
     if report.online:
         console.print(_table("Online metrics from the event log (value [CI])", *common.online_table(report)))
+        left = common.left_out_note(report)
+        if left:
+            console.print(f"[dim]{escape(left)}[/]", highlight=False)
     if report.interleaving:
         console.print(_table("Interleaving (team draft): the challenger against the reference",
                              *interleaving.table(report.interleaving)))

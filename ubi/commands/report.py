@@ -220,6 +220,32 @@ def _propensity(path: Path | None) -> dict[str, Any] | None:
     return doc
 
 
+#: An application's ordinal base is reported, even when the data's majority agrees with it, once at least this share
+#: of its checked ordinals fits the other base: a producer that changed its mind (Chorus in the ESCI sample: 40%
+#: of its ordinals fit base 0, 60% base 1) must not hide behind a one-word verdict.
+MIXED_BASE_SHARE = 0.10
+
+
+def _base_line(choice: Any) -> str:
+    """The ordinal-base verdict of one application with the share of its evidence against the base in use."""
+    from ubi_pipeline.processors.clicks.ordinal_base import describe
+
+    line = describe(choice)
+    ev = choice.evidence
+    if ev is not None and ev.checked:
+        fits, against = (ev.base0, ev.base1) if choice.base == 0 else (ev.base1, ev.base0)
+        line += (f"; {against / ev.checked:.0%} of the checked ordinals fit base {1 - choice.base}, against the base "
+                 f"in use ({fits / ev.checked:.0%} fit it)")
+    return line
+
+
+def _against_share(choice: Any) -> float:
+    ev = choice.evidence
+    if ev is None or not ev.checked:
+        return 0.0
+    return (ev.base1 if choice.base == 0 else ev.base0) / ev.checked
+
+
 def _has_log(con: Any) -> bool:
     tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     return {"ubi_queries", "ubi_events"} <= tables
@@ -287,7 +313,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ubi_pipeline.formats.qrels import ESCI_RATINGS, RatingMap, load_qrels
     from ubi_pipeline.formats.runs import load_run
     from ubi_pipeline.processors.clicks.ordinal_base import (
-        describe,
         effective_bases,
         position_base_flags,
         suggestion,
@@ -354,9 +379,11 @@ def cmd_report(args: argparse.Namespace) -> int:
             # the online metrics place clicks by ordinal with the same bases `ubi process` uses
             bases = position_bases(con, settings)
             config.position_base_by_application = effective_bases(bases)
-            # a base detected as the default changes nothing: only a change or a disagreement is worth a warning
-            warnings = [describe(c) for c in bases.values()
-                        if c.disagrees or (c.how == "detected" and c.base != settings.position_base)]
+            # a base detected as the default changes nothing: only a change, a disagreement or mixed evidence is
+            # worth a warning, and each says how much of the evidence goes against the base in use
+            warnings = [_base_line(c) for c in bases.values()
+                        if c.disagrees or (c.how == "detected" and c.base != settings.position_base)
+                        or _against_share(c) >= MIXED_BASE_SHARE]
             hint = suggestion(bases, settings)
             if hint:
                 warnings.append(f"suggested setting: {hint}")
