@@ -31,7 +31,7 @@ import re
 import time
 import tomllib
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -416,9 +416,10 @@ def query_id_texts(labels: LabelSet) -> dict[str, set[str]]:
 
 def _file_systems(
     file_runs: Sequence[tuple[str, Run]], logged: Mapping[str, SystemRun], labels: LabelSet,
-    class_of_text: Mapping[str, str | None],
+    class_of_text: Mapping[str, str | None], queryset: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, SystemRun]:
-    texts = query_id_texts(labels)
+    # a judgment's query id first, then the query set's (the order `ubi judgments import` reads them in)
+    texts = {**(queryset or {}), **query_id_texts(labels)}
     out: dict[str, SystemRun] = {}
     for name, run in file_runs:
         where = run.path or "a run"
@@ -692,6 +693,7 @@ def build_report(
     warnings: Sequence[str] = (),
     sessions: SessionData | None = None,
     swaps: SwapSessions | None = None,
+    queryset: Mapping[str, Collection[str]] | None = None,
 ) -> Report:
     """Build the joint report from a store connection and the labels (see the module docstring).
 
@@ -703,7 +705,8 @@ def build_report(
     and the held-out comparison behind the recommended source (``ubi_pipeline.reports.recommend``), and the logs that the
     run systems' online metrics and the joint view's predicted differences are predicted from
     (``ubi_pipeline.reports.predicted``); without them the report has none of these. ``swaps``: the log's randomised
-    swap experiment, when it has one (IPS then takes its propensities from it).
+    swap experiment, when it has one (IPS then takes its propensities from it). ``queryset``: normalised query
+    text per query-set id, for run files keyed by those ids (``ubi report --queries``).
 
     ``labels`` may be a function that reads them: it is called once the steps that need the connection's
     search tables (systems, online metrics, interleaving, warnings) are done and those tables are dropped, so
@@ -763,7 +766,7 @@ def build_report(
             kept, withheld = withhold_unidentified((lab for ls in labels.by_pair.values() for lab in ls), ident)
             if withheld:
                 labels = LabelSet().add(kept)
-    from_files = _file_systems(file_runs, logged, labels, class_of_text)
+    from_files = _file_systems(file_runs, logged, labels, class_of_text, queryset)
     # logged systems sorted by name, then run files in the order given: every table keeps this order
     runs = {**dict(sorted(logged.items())), **from_files}
     step("merged view of the labels")

@@ -247,9 +247,10 @@ def decide(pairs: Sequence[PairView], contexts: Mapping[tuple[str, str], PairCon
     findings = [pair_finding(p, contexts.get((p.reference, p.challenger), PairContext())) for p in pairs]
     findings += list(candidates)
     decided = [f for f in findings if f.decided]
-    undecided = [f"{f.text}; would decide: {'; '.join(f.would_decide)}" if f.would_decide else f.text
+    undecided = [f"{f.challenger} vs {f.reference}: " + ("; ".join(f.would_decide) if f.would_decide else
+                                                          "nothing in reach of this report")
                  for f in findings if not f.decided]
-    undecided += [f"{f.challenger} vs {f.reference}: firmer evidence: {'; '.join(f.would_decide)}"
+    undecided += [f"{f.challenger} vs {f.reference}, more firmly: {'; '.join(f.would_decide)}"
                   for f in decided if f.would_decide]
     if recommendation is not None and recommendation.get("source") is None and recommendation.get("leader"):
         undecided.append(f"which implicit source to trust: {recommendation['why']}")
@@ -257,8 +258,9 @@ def decide(pairs: Sequence[PairView], contexts: Mapping[tuple[str, str], PairCon
     if not findings:
         headline = "no two systems to compare: nothing to decide"
     elif not decided:
-        headline = (f"{UNDETERMINED}: the evidence orders none of the {len(findings)} comparison"
-                    f"{'s' if len(findings) != 1 else ''}")
+        headline = (f"{UNDETERMINED}: the evidence cannot order {findings[0].challenger} and {findings[0].reference}"
+                    if len(findings) == 1 else
+                    f"{UNDETERMINED}: the evidence orders none of the {len(findings)} comparisons")
     else:
         rest = len(findings) - len(decided)
         headline = "; ".join(f.text.split(": ", 1)[-1] if f.kind == "prediction" else f.text for f in decided)

@@ -60,7 +60,7 @@ def unit(report: Report) -> str:
 def header_lines(report: Report) -> list[str]:
     cfg = report.config
     lines = [f"created {report.created_at.isoformat()}"]
-    for key in ("db", "qrels", "rating_map", "thresholds"):
+    for key in ("db", "qrels", "rating_map", "queries", "thresholds"):
         if report.inputs.get(key):
             lines.append(f"{key}: {report.inputs[key]}")
     for run in report.inputs.get("runs") or ():
@@ -75,7 +75,9 @@ def header_lines(report: Report) -> list[str]:
         lines.append(f"identifiability: {report.identifiability['verdict']} ({report.identifiability['reason']})")
     rec = report.recommendation
     if rec is not None:
-        lines.append(f"recommended implicit source: {rec['source'] or 'no recommendation'} ({rec['why']})")
+        lines.append(f"recommended implicit source: {rec['source']} ({rec['why']})" if rec["source"] else
+                     f"recommended implicit source: {rec['why']}" if rec["why"].startswith("no recommendation") else
+                     f"recommended implicit source: none ({rec['why']})")
         for source, why in rec["not_recommended"].items():
             lines.append(f"not recommended: {source} ({why})")
     return lines
@@ -378,8 +380,10 @@ def predicted_table(report: Report) -> tuple[Row, list[Row]]:
                 cal = f"\n{{{num(cal_low)}, {num(cal_high)}}}" if math.isfinite(cal_low) else ""
                 free = f"\n<{num(f.bound_low)}, {num(f.bound_high)}>" if math.isfinite(f.bound_low) else ""
                 cells.append(f"{num(f.value)} [{num(f.low)}, {num(f.high)}]{cal}{free}")
+            shares = getattr(pred, "evidence_shares", None)  # per kind of evidence, when the predictor gives them
+            extra = "".join(f"\n{kind} {num(v * 100, 1)}%" for kind, v in shares.items()) if shares else ""
             rows.append([p.system, method, f"{pred.searches} of {pred.logged_searches}", *cells,
-                         f"{num(pred.prior_share * 100, 1)}%", f"{pred.model}, {pred.propensity}"])
+                         f"{num(pred.prior_share * 100, 1)}%{extra}", f"{pred.model}, {pred.propensity}"])
     for system, om in report.online.items():
         cells = []
         for m in names:
@@ -397,9 +401,18 @@ def pair_title(pair: PairView) -> str:
     return f"{pair.challenger} − {pair.reference}"
 
 
+def _count_unit(n: int | None, unit: str) -> str:
+    if n == 1 and unit.startswith("queries"):
+        unit = "query" + unit[len("queries"):]
+    return f"{n} {unit}"
+
+
 def pair_tables(report: Report) -> Iterator[tuple[str, Row, list[Row], str]]:
-    """One table per pair of systems: a row per line of evidence (challenger − reference), and the verdict."""
+    """One table per pair of systems: a row per line of evidence (challenger − reference), then the signs of the
+    lines and the pair's outcome in the report's verdict (``ubi_pipeline.reports.verdict``)."""
     head = ["evidence", "measure", "difference [95% CI]", "n", "sign", "excludes 0", "interval, or why none"]
+    outcomes = {(f.reference, f.challenger): f.text for f in (report.verdict.findings if report.verdict else ())
+                if f.kind == "pair"}
     for pair in report.pairs:
         rows = []
         for ln in pair.lines:
@@ -410,9 +423,11 @@ def pair_tables(report: Report) -> Iterator[tuple[str, Row, list[Row], str]]:
                       else " (no interval)")
             sign = {1: "+", -1: "−", 0: "0"}[ln.sign]
             clear = {True: "yes", False: "no", None: "–"}[ln.clear]
-            rows.append([ln.evidence, ln.measure, _diff(ln.diff) + bounds, f"{ln.n} {ln.unit}", sign, clear,
+            rows.append([ln.evidence, ln.measure, _diff(ln.diff) + bounds, _count_unit(ln.n, ln.unit), sign, clear,
                          ln.interval])
-        yield pair_title(pair), head, rows, pair.verdict()
+        outcome = outcomes.get((pair.reference, pair.challenger))
+        yield (pair_title(pair), head, rows,
+               f"signs of the lines: {pair.verdict()}" + (f". Outcome: {outcome}" if outcome else ""))
 
 
 JOINT_NOTE = ("Each line is challenger − reference on its own scale (an nDCG difference, a CTR difference, a win "

@@ -50,8 +50,9 @@ run files (--run FILE[=NAME]): TREC runs ('query_id Q0 doc_id rank score tag', o
 JSONL rankings ({"query_id": ..., "doc_ids": [...]}, detected by a leading '{'). Each is one more system, named
 NAME, else its run tag, else the file name without extension. Judgments are joined by normalised query text,
 so each run query id is mapped to a text: an id that is a query_id of the human judgments (--qrels first,
-then the store's human_judgments) stands for that query's text; any other id is taken as the query text itself
-(normalised), which is how Workbench judgments, implicit judgments and the logs name queries. A run is
+then the store's human_judgments) or of the query set (--queries) stands for that query's text; any other id is
+taken as the query text itself (normalised; percent-decoded in a TREC run, red%20shoes, as `ubi judgments
+import` reads TREC qrels), which is how Workbench judgments, implicit judgments and the logs name queries. A run is
 evaluated offline like a logged system (every source, coverage, per query, --baseline, gates); it has no
 online metrics ("no log"), takes no part in the offline-vs-online ordering, and an online gate applies to it
 only when the thresholds file names it.
@@ -109,6 +110,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "run tag, else the file stem (repeatable). A run query id that is a query_id of the human "
                         "judgments stands for that query's text; any other id is the query text itself. No online "
                         "metrics (shown as 'no log'). See below")
+    p.add_argument("--queries", type=Path, metavar="FILE",
+                   help="query set mapping query ids to texts (JSONL {\"query_id\", \"query\"} or Workbench), for "
+                        "--run files whose query ids are not texts")
     p.add_argument("--k", type=int, default=10, help="cutoff of the default metrics, coverage and CTR@k (default 10)")
     p.add_argument("--metrics", type=_csv, metavar="LIST",
                    help="offline metrics (default: ndcg@K,recall@K,mrr,p@K,map,judged@K)")
@@ -310,7 +314,7 @@ def _write_json(path: Path | None, report: Any, *, label_pairs: bool) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ubi_pipeline.formats.qrels import ESCI_RATINGS, RatingMap, load_qrels
+    from ubi_pipeline.formats.qrels import ESCI_RATINGS, RatingMap, load_qrels, load_queryset
     from ubi_pipeline.formats.runs import load_run
     from ubi_pipeline.processors.clicks.ordinal_base import (
         effective_bases,
@@ -362,6 +366,12 @@ def cmd_report(args: argparse.Namespace) -> int:
             inputs["rating_map"] = rating_map.describe()
     if args.thresholds is not None:
         inputs["thresholds"] = str(args.thresholds)
+    queryset = None
+    if args.queries is not None:
+        from ubi_pipeline.schemas.text import normalize_query
+
+        queryset = {q.query_id: {normalize_query(q.query)} for q in load_queryset(args.queries)}
+        inputs["queries"] = f"{args.queries} ({len(queryset)} queries)"
     file_runs = []
     for path, name in args.runs:
         run = load_run(path)
@@ -408,7 +418,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             task = bar.add_task("report", total=None)
             report = build_report(con, read_labels, config, thresholds=thresholds, propensity=propensity, inputs=inputs,
                                   progress=lambda name: bar.update(task, description=name), file_runs=file_runs,
-                                  warnings=warnings, sessions=sessions, swaps=swaps)
+                                  warnings=warnings, sessions=sessions, swaps=swaps, queryset=queryset)
 
     if fmt == "text":
         if args.out is None:
