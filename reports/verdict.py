@@ -203,9 +203,11 @@ def assumption_shares(pred: Any) -> dict[str, float]:
     return out
 
 
-def candidate_findings(name: str, pred: Any, logged: Mapping[str, OnlineMetrics], k: int) -> list[Finding]:
-    """A predicted candidate against every logged system with a CTR@k (module docstring)."""
-    primary = _primary(pred)
+def candidate_findings(name: str, pred: Any, logged: Mapping[str, OnlineMetrics], k: int,
+                       veto: str | None = None) -> list[Finding]:
+    """A predicted candidate against every logged system with a CTR@k (module docstring); ``veto``: why the click
+    model cannot be trusted on this log (the identifiability verdict), which leaves every comparison undetermined."""
+    primary = None if veto is not None else _primary(pred)
     shares = assumption_shares(pred)
     share_text = ", ".join(f"{kind} {_pct(v)}" for kind, v in shares.items())
     out = []
@@ -216,7 +218,7 @@ def candidate_findings(name: str, pred: Any, logged: Mapping[str, OnlineMetrics]
         decide = (f"interleaving {name} with {system} (team draft)", f"an A/B test of {name} against {system}")
         if primary is None:
             out.append(Finding(system, name, "prediction", None, UNDETERMINED, (),
-                               f"{name} vs {system}: {UNDETERMINED}: no predicted CTR@{k}", decide, shares))
+                               f"{name} vs {system}: {UNDETERMINED}: {veto or f'no predicted CTR@{k}'}", decide, shares))
             continue
         method, fig = primary
         lo, hi, which = fig.cal_low, fig.cal_high, "calibrated"

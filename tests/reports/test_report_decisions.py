@@ -114,6 +114,15 @@ def test_no_predicted_line_from_an_unidentified_model(report: Callable[..., str]
     assert _line(rev, "predicted online")["missing"].startswith("pbm is not identified")
     (f,) = [f for f in with_run["verdict"]["findings"] if {f["reference"], f["challenger"]} == {"esci_ubi_sample", "rev"}]
     assert f["winner"] is None and any("on the 3 queries both rank" in w for w in f["would_decide"])
+    # `ubi predict` prints what the model says, but orders the candidate against no logged system
+    out = tmp_path / "p.json"
+    assert main(["predict", "--db", str(sample), "--run", str(run), "--replicates", "0", "--json", "--out", str(out)]) == 0
+    pred = json.loads(out.read_text())
+    assert pred["model_ruled_out"].startswith("pbm is not identified on this log")
+    (cand,) = pred["candidates"]
+    assert cand["prediction"]["covered_queries"] == 3  # the escaped ids found their logged queries
+    assert {v["logged"] for v in cand["verdict"]} == {"Chorus", "esci_ubi_sample"}
+    assert all(v["winner"] is None and "pbm is not identified" in v["text"] for v in cand["verdict"])
 
 
 def test_no_recommendation_on_65_held_out_searches(report: Callable[..., str]) -> None:

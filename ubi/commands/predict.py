@@ -142,11 +142,12 @@ def _num_or_none(x: float) -> float | None:
     return x if x == x and x not in (float("inf"), float("-inf")) else None
 
 
-def candidate_json(name: str, run: str, pred: Prediction, logged: dict[str, OnlineMetrics]) -> dict[str, Any]:
+def candidate_json(name: str, run: str, pred: Prediction, logged: dict[str, OnlineMetrics],
+                   veto: str | None = None) -> dict[str, Any]:
     """One candidate: its prediction and its verdict against each logged system (``ubi_pipeline.reports.verdict``)."""
     from ubi_pipeline.reports.verdict import candidate_findings
 
-    findings = candidate_findings(name, pred, logged, pred.k)
+    findings = candidate_findings(name, pred, logged, pred.k, veto)
     return {"candidate": name, "run": run, "prediction": pred.to_json(),
             "verdict": [{"logged": f.reference, "winner": f.winner, "firmness": f.firmness, "text": f.text,
                          "would_decide": list(f.would_decide), "shares": {k: _num_or_none(v) for k, v in f.shares.items()}}
@@ -163,7 +164,8 @@ def _num(x: float | None, digits: int = 4) -> str:
     return "-" if x is None or x != x else f"{x:.{digits}f}"
 
 
-def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetrics], console: Console) -> None:
+def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetrics], console: Console,
+                     veto: str | None = None) -> None:
     from ubi_pipeline.processors.counterfactual.direct import METRICS
 
     names = [m.replace("@k", f"@{pred.k}") for m in METRICS]
@@ -210,7 +212,9 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
         console.print(f"note: {escape(note)}", highlight=False)
     from ubi_pipeline.reports.verdict import candidate_findings
 
-    for f in candidate_findings(name, pred, logged, pred.k):
+    if veto is not None:
+        console.print(f"[bold]warning:[/] {escape(veto)}", highlight=False)
+    for f in candidate_findings(name, pred, logged, pred.k, veto):
         decide = f" Would decide: {'; '.join(f.would_decide)}." if f.would_decide else ""
         console.print(f"[bold]verdict:[/] {escape(f.text)}.{escape(decide)}", highlight=False)
     left = {s: om.searches_left_out for s, om in logged.items() if om.searches_left_out}
@@ -222,10 +226,11 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
 def cmd_predict(args: argparse.Namespace) -> int:
     from ubi_pipeline.formats.qrels import load_qrels, load_queryset
     from ubi_pipeline.formats.runs import load_run
+    from ubi_pipeline.processors.clicks.identifiability import assess
     from ubi_pipeline.processors.clicks.sessions import load_sessions
     from ubi_pipeline.processors.counterfactual.predict import predict
     from ubi_pipeline.processors.labels.merge import LabelSet, labels_from_human, labels_from_store
-    from ubi_pipeline.reports.joint import query_id_texts
+    from ubi_pipeline.reports.joint import query_id_texts, ruled_out
     from ubi_pipeline.reports.predicted import load_swap_experiment
     from ubi_pipeline.reports.systems import file_run, run_system_name
     from ubi_pipeline.schemas.settings import Settings
@@ -255,6 +260,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         texts = {**queryset, **query_id_texts(labels)}
         systems = [(name, path, run, file_run(name, run, texts)) for name, path, run in runs]
         data = load_sessions(con, settings, max_rank=k_model)
+        # the verdict `ubi process` and `ubi report` use: on a log that cannot tell position from relevance the
+        # figures are still printed (they are what the model says), but no candidate is ordered by them
+        veto = ruled_out(args.model, assess(data.cells)) if len(data.cells.pair) else None
         swaps = load_swap_experiment(con, settings, k_model)
         logged = logged_figures(con, settings, args.k, settings.seed, data.dropped)
     preds = []
@@ -266,12 +274,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
         preds.append((name, f"{path} ({len(run)} queries, {run.n_docs()} ranked docs)", pred))
     inputs = {"db": str(settings.db), "runs": [r for _, r, _ in preds]}
     if args.json:
-        doc = prediction_json([candidate_json(name, r, pred, logged) for name, r, pred in preds], logged, inputs, args.k)
+        doc = prediction_json([candidate_json(name, r, pred, logged, veto) for name, r, pred in preds], logged, inputs,
+                              args.k)
+        doc["model_ruled_out"] = veto  # why the identifiability verdict rules the click model out, or null
         _write(args.out, json.dumps(doc, indent=2) + "\n")
         return 0
     console = Console(record=True, width=160, file=io.StringIO()) if args.out is not None else Console()
     for name, _, pred in preds:
-        print_prediction(name, pred, logged, console)
+        print_prediction(name, pred, logged, console, veto)
     if args.out is not None:
         _write(args.out, console.export_text())
     return 0
