@@ -830,8 +830,11 @@ def build_report(
     pairs, pair_notes = _joint(runs, interleaved, offline, sources, rec, online, pred_diff, sessions, cfg, served,
                                shared_queries, ruled_out(cfg.predict_model, ident))
     id_notes = identifiability_notes(ident, sources, withheld) if ident is not None else []
+    # against the logged systems that are one ranker each: an interleaved system is a mix of two (as in the pairs)
+    mixed = _interleaved_systems(interleaved)
+    single = {s: om for s, om in online.items() if s not in mixed}
     candidates = [f for ps in predicted if ps.prediction is not None
-                  for f in candidate_findings(ps.system, ps.prediction, online, cfg.k)]
+                  for f in candidate_findings(ps.system, ps.prediction, single, cfg.k)]
     contexts = _pair_contexts(pairs, runs, qrels_by_source.get("human", {}), pred_diff, cfg.k)
     veto = ruled_out(cfg.predict_model, ident) if sessions is not None else None
     rec_dict = rec.as_dict() if rec is not None else None

@@ -82,8 +82,8 @@ def _supported(rec: Recommendation, labels: list[Label], held_out_searches: int)
     support = {"held_out_searches": held_out_searches, "graded_pairs": len(graded), "labelled_pairs": len(pairs)}
     short = []
     if held_out_searches < MIN_HELD_OUT_SEARCHES:
-        short.append(f"its lead rests on {held_out_searches:,} held-out searches (at least {MIN_HELD_OUT_SEARCHES} "
-                     "needed)")
+        short.append(f"its lead rests on {held_out_searches:,} held-out search{'es' if held_out_searches != 1 else ''} "
+                     f"(at least {MIN_HELD_OUT_SEARCHES} needed)")
     if len(graded) < MIN_GRADED_PAIRS:
         short.append(f"it grades {len(graded):,} of {len(pairs):,} pairs (at least {MIN_GRADED_PAIRS} needed)")
     if not short:

@@ -91,6 +91,10 @@ class Verdict:
                 "undecided": list(self.undecided)}
 
 
+def _queries(n: int) -> str:
+    return f"{n:,} quer{'y' if n == 1 else 'ies'}" if n != 1 else "one query"
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:.0f}%"
 
@@ -136,8 +140,8 @@ def would_decide(pair: PairView, ctx: PairContext) -> tuple[str, ...]:
         if ctx.shared_queries == 0:
             out.append(f"human judgments on queries both {a} and {b} rank (they share none)")
         elif ctx.unjudged_pairs:
-            out.append(f"human judgments for {ctx.unjudged_pairs:,} (query, doc) pairs of their top {ctx.k} on the "
-                       f"{ctx.shared_queries:,} queries both rank")
+            out.append(f"human judgments for {ctx.unjudged_pairs:,} (query, doc) pair{'s' if ctx.unjudged_pairs != 1 else ''} "
+                       f"of their top {ctx.k} on the {_queries(ctx.shared_queries)} both rank")
         elif (human.n or 0) < MIN_BOOTSTRAP_N:
             out.append(f"human judgments on at least {MIN_BOOTSTRAP_N} queries both rank (now {human.n or 0})")
     return tuple(out)
@@ -249,8 +253,8 @@ def decide(pairs: Sequence[PairView], contexts: Mapping[tuple[str, str], PairCon
     findings = [pair_finding(p, contexts.get((p.reference, p.challenger), PairContext())) for p in pairs]
     findings += list(candidates)
     decided = [f for f in findings if f.decided]
-    undecided = [f"{f.challenger} vs {f.reference}: " + ("; ".join(f.would_decide) if f.would_decide else
-                                                          "nothing in reach of this report")
+    undecided = [f"{f.challenger} vs {f.reference}{' (its prediction)' if f.kind == 'prediction' else ''}: "
+                 + ("; ".join(f.would_decide) if f.would_decide else "nothing in reach of this report")
                  for f in findings if not f.decided]
     undecided += [f"{f.challenger} vs {f.reference}, more firmly: {'; '.join(f.would_decide)}"
                   for f in decided if f.would_decide]

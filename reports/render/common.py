@@ -434,7 +434,10 @@ JOINT_NOTE = ("Each line is challenger − reference on its own scale (an nDCG d
               "rate minus 1/2), so only the signs are compared. Offline: paired over the queries both were "
               "evaluated on. Predicted: doubly robust CTR@k of both on the logged queries every system ranks, the "
               "same bootstrap resamples of the log for both (the model refitted on each); '≤ x% on the prior' is "
-              "the larger share of the two top k that rests on the model's prior only. Observed: logged CTR@k of "
-              "both, MOVER interval of the difference (Newcombe 1998, method 10). Interleaving: the challenger's "
-              "win rate over searches with a winner, minus 1/2. Systems whose searches were interleaved are a mix "
+              "the larger share of the two top k that rests on the model's prior only; none when the identifiability "
+              "verdict rules the click model out. Observed: logged CTR@k of both, MOVER interval of the difference "
+              "(Newcombe 1998, method 10), only when the two served one application at overlapping times on shared "
+              "queries (an A/B comparison; anything else compares different traffic); the session filter's searches "
+              "left out. Interleaving: the challenger's win rate over searches with a winner, minus 1/2. No interval "
+              "and no 'excludes 0' on fewer than 5 units. Systems whose searches were interleaved are a mix "
               "of two rankers and get no pair.")
