@@ -77,15 +77,20 @@ def _supported(rec: Recommendation, labels: list[Label], held_out_searches: int)
     """``rec`` when its source rests on enough evidence (module docstring), else "no recommendation" and why."""
     if rec.source is None:
         return rec
-    pairs = {(lab.query, lab.doc_id) for lab in labels if lab.source == rec.source}
-    graded = {(lab.query, lab.doc_id) for lab in labels if lab.source == rec.source and lab.grade is not None}
-    support = {"held_out_searches": held_out_searches, "graded_pairs": len(graded), "labelled_pairs": len(pairs)}
+    # counted, not collected: a source labels each (query, doc) pair once, and at 50M events the report holds
+    # about 1M labels, whose pairs as sets of tuples would add some 150 MB to its peak
+    n_pairs = n_graded = 0
+    for lab in labels:
+        if lab.source == rec.source:
+            n_pairs += 1
+            n_graded += lab.grade is not None
+    support = {"held_out_searches": held_out_searches, "graded_pairs": n_graded, "labelled_pairs": n_pairs}
     short = []
     if held_out_searches < MIN_HELD_OUT_SEARCHES:
         short.append(f"its lead rests on {held_out_searches:,} held-out search{'es' if held_out_searches != 1 else ''} "
                      f"(at least {MIN_HELD_OUT_SEARCHES} needed)")
-    if len(graded) < MIN_GRADED_PAIRS:
-        short.append(f"it grades {len(graded):,} of {len(pairs):,} pairs (at least {MIN_GRADED_PAIRS} needed)")
+    if n_graded < MIN_GRADED_PAIRS:
+        short.append(f"it grades {n_graded:,} of {n_pairs:,} pairs (at least {MIN_GRADED_PAIRS} needed)")
     if not short:
         return replace(rec, support=support, leader=rec.source)
     why = (f"no recommendation: {rec.source} led ({rec.why}), but {' and '.join(short)}; more logged traffic would "
