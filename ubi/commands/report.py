@@ -35,6 +35,13 @@ _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb); works w
 _FORMATS = ("text", "json", "md", "html")
 
 _EPILOG = """\
+verdict (first in every format): which system wins on which evidence and how firmly, or "undetermined" and
+what would decide it. A line of evidence counts only when its interval excludes 0 (no interval below n = 5);
+an observed A/B line exists only for systems that served one application at overlapping times on shared
+queries; no prediction rests on a click model the identifiability verdict rules out; the online figures leave
+out the searches the session filter drops (bots, click-on-everything), counted per system; no implicit source
+is recommended on fewer than 200 held-out searches or 30 graded pairs.
+
 exit codes: 0 report written (gates passed or none given), 1 a gate failed (each shortfall is named),
 2 bad input (the message names the file and line), 3 internal error (a bug: the traceback is printed; never
 mistaken for a failed gate).
