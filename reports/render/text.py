@@ -13,13 +13,16 @@ from ubi_pipeline.reports.joint import Report
 from ubi_pipeline.reports.render import common
 
 
-def _table(title: str, head: common.Row, rows: list[common.Row]) -> Table:
+def _table(title: str, head: common.Row, rows: list[common.Row], *, wrap_last: int | None = None) -> Table:
     # every string is escaped: system names, sources and queries are user text, and rich would take a
     # "[min]" or "[ranker=a]" in them for markup and drop it
     t = Table(title=escape(title), title_justify="left", show_lines=False, header_style="bold")
     for i, h in enumerate(head):
         numeric = i > 0 and all(not r[i] or r[i][0] in "0123456789+-–<" for r in rows)
-        t.add_column(escape(h), justify="right" if numeric else "left", overflow="fold")
+        # a column of sentences (why a line has no figure, which traffic an A/B rests on) wraps instead of widening
+        # the table past a screen
+        limit = wrap_last if i == len(head) - 1 else None
+        t.add_column(escape(h), justify="right" if numeric else "left", overflow="fold", max_width=limit)
     for r in rows:
         t.add_row(*[escape(c) for c in r])
     return t
@@ -70,7 +73,7 @@ def print_report(report: Report, console: Console) -> None:
         console.print(escape("Joint view: every kind of evidence on each pair of systems (challenger − reference)"),
                       highlight=False)
         for title, head, rows, verdict in common.pair_tables(report):
-            console.print(_table(title, head, rows))
+            console.print(_table(title, head, rows, wrap_last=60))
             console.print(escape(f"{title}: {verdict}"), highlight=False)
         console.print(f"[dim]{escape(common.JOINT_NOTE)}[/]", highlight=False)
     if report.agreement:
