@@ -34,6 +34,10 @@ class Run(Mapping[str, list[str]]):
     tag: str | None = None
     path: str | None = None
     lines: dict[str, int] = field(default_factory=dict)
+    #: "trec" or "jsonl" when read from a file (None: built in memory). A TREC query id cannot hold whitespace,
+    #: so a query text in it is percent-escaped (``red%20shoes``) and decoded when mapped to a query
+    #: (``ubi_pipeline.reports.systems.file_run``), as TREC qrels ids are.
+    format: str | None = None
 
     def __getitem__(self, query_id: str) -> list[str]:
         return self.rankings[query_id]
@@ -116,7 +120,7 @@ def _fast_trec_run(name: str, text: str) -> Run | None:
         ordered = sorted(zip(scores_by_query[query_id], docs, strict=True), reverse=True)
         rankings[query_id] = [d for _, d in ordered]
         scores[query_id] = [sc for sc, _ in ordered]
-    return Run(rankings=rankings, scores=scores, tag=tag, path=name, lines=lines)
+    return Run(rankings=rankings, scores=scores, tag=tag, path=name, lines=lines, format="trec")
 
 
 def _strict_trec_run(name: str, text: str) -> Run:
@@ -163,7 +167,7 @@ def _strict_trec_run(name: str, text: str) -> Run:
         ordered = trec_order(items)
         rankings[query_id] = [d for d, _ in ordered]
         scores[query_id] = [s for _, s in ordered]
-    return Run(rankings=rankings, scores=scores, tag=tag, path=name, lines=lines)
+    return Run(rankings=rankings, scores=scores, tag=tag, path=name, lines=lines, format="trec")
 
 
 def load_jsonl_run(path: str | Path) -> Run:
@@ -195,7 +199,7 @@ def _parse_jsonl_run(name: str, text: str) -> Run:
             first[doc_id] = rank
         rankings[query_id] = list(docs)
         lines[query_id] = number
-    return Run(rankings=rankings, path=name, lines=lines)
+    return Run(rankings=rankings, path=name, lines=lines, format="jsonl")
 
 
 def load_run(path: str | Path, *, format: str = "auto") -> Run:

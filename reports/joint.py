@@ -31,7 +31,7 @@ import re
 import time
 import tomllib
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,7 +41,12 @@ import duckdb
 import numpy as np
 
 from ubi_pipeline.formats.runs import Run
-from ubi_pipeline.processors.clicks.identifiability import assess
+from ubi_pipeline.processors.clicks.identifiability import (
+    UNIDENTIFIED,
+    Identifiability,
+    assess,
+    is_position_debiased,
+)
 from ubi_pipeline.processors.clicks.sessions import SessionData
 from ubi_pipeline.processors.counterfactual.predict import PredictionError, predict
 from ubi_pipeline.processors.labels.merge import (
@@ -64,7 +69,7 @@ from ubi_pipeline.reports.interleaving_outcomes import InterleavingResult
 from ubi_pipeline.reports.intervals import RESAMPLE_LIMIT, Interval, mean_intervals
 from ubi_pipeline.reports.metrics import MetricTable, compute
 from ubi_pipeline.reports.online import DEFAULT_CLICK_ACTIONS, ONLINE_METRICS, OnlineMetrics, online_metrics
-from ubi_pipeline.reports.pairs import MAX_PAIRS, PairView, joint_view, pairs_of
+from ubi_pipeline.reports.pairs import MAX_PAIRS, PairView, Served, joint_view, pairs_of
 from ubi_pipeline.reports.predicted import (
     DEFAULT_REPORT_REPLICATES,
     JOINT_METHOD,
@@ -96,6 +101,7 @@ from ubi_pipeline.reports.systems import (
     prepare_searches,
     search_counts,
 )
+from ubi_pipeline.reports.verdict import PairContext, Verdict, candidate_findings, decide
 from ubi_pipeline.schemas.errors import InputFileError, UbiError
 
 OTHER_CLASS = "other"
@@ -260,6 +266,7 @@ class Report:
     predicted: list[PredictedSystem] = field(default_factory=list)
     predicted_differences: PredictedDifferences | None = None  # the joint view's predicted CTR@k per system
     pairs: list[PairView] = field(default_factory=list)  # the joint view (ubi_pipeline.reports.pairs)
+    verdict: Verdict | None = None  # first in every format (ubi_pipeline.reports.verdict)
 
     @property
     def run_systems(self) -> list[str]:
@@ -409,9 +416,10 @@ def query_id_texts(labels: LabelSet) -> dict[str, set[str]]:
 
 def _file_systems(
     file_runs: Sequence[tuple[str, Run]], logged: Mapping[str, SystemRun], labels: LabelSet,
-    class_of_text: Mapping[str, str | None],
+    class_of_text: Mapping[str, str | None], queryset: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, SystemRun]:
-    texts = query_id_texts(labels)
+    # a judgment's query id first, then the query set's (the order `ubi judgments import` reads them in)
+    texts = {**(queryset or {}), **query_id_texts(labels)}
     out: dict[str, SystemRun] = {}
     for name, run in file_runs:
         where = run.path or "a run"
@@ -500,7 +508,7 @@ def _shared_offline(results: Sequence[OfflineResult], metric: str) -> tuple[dict
     return {s: float(np.mean([v[t] for t in texts])) for s, v in per_text.items()}, len(texts), None
 
 
-def _bot_warnings(con: duckdb.DuckDBPyConnection, max_per_minute: float) -> list[str]:
+def _bot_warnings(con: duckdb.DuckDBPyConnection, max_per_minute: float, *, filtered: bool = False) -> list[str]:
     """Clients whose logged searches exceed ``max_per_minute`` in some 60 s window (as ``ubi process`` filters)."""
     rows = con.execute("""
         SELECT count(*), coalesce(sum(n), 0), coalesce(max(peak), 0) FROM (
@@ -514,8 +522,29 @@ def _bot_warnings(con: duckdb.DuckDBPyConnection, max_per_minute: float) -> list
     clients, searches, peak = (int(x) for x in rows[0])
     if not clients:
         return []
+    where = ("left out of the online metrics, as `ubi process` leaves them out of the judgments" if filtered else
+             "the online metrics here include them (no sessions were read); `ubi process` filters them")
     return [f"{clients} client(s) sent more than {max_per_minute:g} searches in a minute (peak {peak}; {searches} "
-            f"searches in all): bots? The online metrics here include them; `ubi process` filters them"]
+            f"searches in all): bots? {where[0].upper() + where[1:]}"]
+
+
+_SERVED = """
+SELECT system, list(DISTINCT coalesce(application, '(no application)')), min(ts), max(ts), count(DISTINCT query)
+FROM _ubi_searches WHERE system IS NOT NULL GROUP BY system
+"""
+_SHARED_QUERIES = """
+WITH q AS (SELECT DISTINCT system, query FROM _ubi_searches WHERE system IS NOT NULL AND coalesce(query, '') <> '')
+SELECT a.system, b.system, count(*) FROM q a JOIN q b ON a.query = b.query AND a.system < b.system GROUP BY ALL
+"""
+
+
+def _served(con: duckdb.DuckDBPyConnection) -> tuple[dict[str, Served], dict[frozenset[str], int]]:
+    """What each logged system served (application, time span, queries) and the queries each pair shares: what
+    decides which pairs are an A/B comparison (``ubi_pipeline.reports.pairs.ab_comparability``)."""
+    served = {system: Served(tuple(sorted(apps)), first, last, int(n))
+              for system, apps, first, last, n in con.execute(_SERVED).fetchall()}
+    shared = {frozenset((a, b)): int(n) for a, b, n in con.execute(_SHARED_QUERIES).fetchall()}
+    return served, shared
 
 
 def _rankings_by_text(run: SystemRun) -> dict[str, list[str]]:
@@ -531,15 +560,33 @@ def _interleaved_systems(interleaved: Sequence[InterleavingResult]) -> set[str]:
     return {s for r in interleaved for s in r.systems}
 
 
+def ruled_out(model: str, ident: Identifiability | None) -> str | None:
+    """Why the identifiability verdict rules out predictions by click model ``model`` (None: it does not).
+
+    Every model ``ubi predict`` offers separates position from relevance (its IPS propensities come from the PBM
+    fit), so on a log where no (query, doc) pair was shown at two ranks its predictions rest on nothing."""
+    if ident is None or ident.verdict != UNIDENTIFIED:
+        return None
+    if model != "auto" and not is_position_debiased(model):
+        return None
+    return (f"{model} is not identified on this log (no (query, doc) pair was shown at two ranks, so position "
+            "cannot be told apart from relevance): no prediction rests on it")
+
+
 def _predictions(
     runs: Mapping[str, SystemRun], from_files: Mapping[str, SystemRun], interleaved: Sequence[InterleavingResult],
     sessions: SessionData | None, swaps: SwapSessions | None, cfg: ReportConfig, step: Callable[[str], None],
+    ident: Identifiability | None = None,
 ) -> tuple[list[PredictedSystem], PredictedDifferences | None, list[str], int | None]:
     """The run systems' predicted online metrics, every pairable system's predicted CTR@k (ubi_pipeline.reports.predicted),
-    notes, and the bootstrap replicates used (``cfg.predict_replicates``, else the budget's count)."""
+    notes, and the bootstrap replicates used (``cfg.predict_replicates``, else the budget's count). None of them
+    when the identifiability verdict rules the click model out (:func:`ruled_out`)."""
     if sessions is None or sessions.patterns.n_sessions == 0:
         why = ["run systems: the store holds no logged sessions to predict their online metrics from"]
         return [], None, why if from_files else [], cfg.predict_replicates
+    veto = ruled_out(cfg.predict_model, ident)
+    if veto is not None:
+        return [], None, [f"predictions: {veto}"], cfg.predict_replicates
     from ubi_pipeline.processors.counterfactual.predict import query_texts
 
     patterns = sessions.patterns
@@ -588,6 +635,8 @@ def _joint(
     runs: Mapping[str, SystemRun], interleaved: Sequence[InterleavingResult], offline: Sequence[OfflineResult],
     sources: Sequence[str], rec: Any, online: Mapping[str, OnlineMetrics],
     pred_diff: PredictedDifferences | None, sessions: SessionData | None, cfg: ReportConfig,
+    served: Mapping[str, Served] | None = None, shared_queries: Mapping[frozenset[str], int] | None = None,
+    veto: str | None = None,
 ) -> tuple[list[PairView], list[str]]:
     """The joint view over the systems that are one ranker each (ubi_pipeline.reports.pairs), and a note when cut short."""
     mixed = _interleaved_systems(interleaved)
@@ -603,12 +652,32 @@ def _joint(
         return {r.system: _per_text(r, main) for r in offline if r.source == source and r.n_queries > 0}
 
     why = ("no logged sessions to predict from" if sessions is None or sessions.patterns.n_sessions == 0
-           else "no logged query is ranked by both")
+           else veto or "no logged query is ranked by both")
     pairs = joint_view(systems, baseline=cfg.baseline, metric=main, k=cfg.k, human=per_text("human"),
                        implicit_source=implicit_source, implicit=per_text(implicit_source),
                        predicted=pred_diff, predicted_missing=why, online=online, interleaving=interleaved,
-                       has_human="human" in sources, n_boot=cfg.n_boot, seed=cfg.seed)
+                       has_human="human" in sources, n_boot=cfg.n_boot, seed=cfg.seed, served=served,
+                       shared_queries=shared_queries)
     return pairs, notes
+
+
+def _pair_contexts(pairs: Sequence[PairView], runs: Mapping[str, SystemRun],
+                   human: Mapping[str, Mapping[str, int]], pred: PredictedDifferences | None,
+                   k: int) -> dict[tuple[str, str], PairContext]:
+    """Per pair: the queries both rank, their top-k (query, doc) pairs without a human grade there, and the larger
+    share of the two top k on the model's prior (what ``ubi_pipeline.reports.verdict`` says would decide it)."""
+    out = {}
+    by_text = {name: _rankings_by_text(runs[name]) for name in {s for p in pairs for s in (p.reference, p.challenger)}
+               if name in runs}
+    for p in pairs:
+        a, b = by_text.get(p.reference, {}), by_text.get(p.challenger, {})
+        shared = set(a) & set(b)
+        unjudged = sum(len((set(a[t][:k]) | set(b[t][:k])) - set(human.get(t, {}))) for t in shared)
+        share = 0.0
+        if pred is not None:
+            share = max(pred.prior_share.get(p.reference, 0.0), pred.prior_share.get(p.challenger, 0.0))
+        out[(p.reference, p.challenger)] = PairContext(len(shared), unjudged, share, k)
+    return out
 
 
 def build_report(
@@ -624,6 +693,7 @@ def build_report(
     warnings: Sequence[str] = (),
     sessions: SessionData | None = None,
     swaps: SwapSessions | None = None,
+    queryset: Mapping[str, Collection[str]] | None = None,
 ) -> Report:
     """Build the joint report from a store connection and the labels (see the module docstring).
 
@@ -635,7 +705,8 @@ def build_report(
     and the held-out comparison behind the recommended source (``ubi_pipeline.reports.recommend``), and the logs that the
     run systems' online metrics and the joint view's predicted differences are predicted from
     (``ubi_pipeline.reports.predicted``); without them the report has none of these. ``swaps``: the log's randomised
-    swap experiment, when it has one (IPS then takes its propensities from it).
+    swap experiment, when it has one (IPS then takes its propensities from it). ``queryset``: normalised query
+    text per query-set id, for run files keyed by those ids (``ubi report --queries``).
 
     ``labels`` may be a function that reads them: it is called once the steps that need the connection's
     search tables (systems, online metrics, interleaving, warnings) are done and those tables are dropped, so
@@ -674,11 +745,14 @@ def build_report(
         click_actions=cfg.click_actions, impression_actions=cfg.impression_actions,
         reformulation_window_s=cfg.reformulation_window_s, max_rank=cfg.max_rank, confidence=cfg.confidence,
         n_boot=cfg.n_boot, seed=cfg.seed, resample_limit=cfg.resample_limit,
+        excluded=sessions.dropped if sessions is not None else None,
     )
     step("interleaving")
     interleaved, interleaving_notes = interleaving_results(con, cfg.click_actions, n_boot=cfg.n_boot,
                                                            confidence=cfg.confidence, seed=cfg.seed)
-    store_warnings = [*_orphan_notes(con), *_bot_warnings(con, cfg.max_client_queries_per_minute)]
+    store_warnings = [*_orphan_notes(con), *_bot_warnings(con, cfg.max_client_queries_per_minute,
+                                                          filtered=sessions is not None)]
+    served, shared_queries = _served(con) if n_searches else ({}, {})
     drop_searches(con)
     owned = callable(labels)
     if callable(labels):
@@ -692,7 +766,7 @@ def build_report(
             kept, withheld = withhold_unidentified((lab for ls in labels.by_pair.values() for lab in ls), ident)
             if withheld:
                 labels = LabelSet().add(kept)
-    from_files = _file_systems(file_runs, logged, labels, class_of_text)
+    from_files = _file_systems(file_runs, logged, labels, class_of_text, queryset)
     # logged systems sorted by name, then run files in the order given: every table keeps this order
     runs = {**dict(sorted(logged.items())), **from_files}
     step("merged view of the labels")
@@ -750,11 +824,23 @@ def build_report(
         rec = recommend((lab for ls in labels.by_pair.values() for lab in ls), sources, sessions, ident, agree,
                         selection=early)
     predicted, pred_diff, pred_notes, replicates = _predictions(runs, from_files, interleaved, sessions, swaps, cfg,
-                                                                step)
+                                                                step, ident)
     cfg = replace(cfg, predict_replicates=replicates)  # what the sections say they rest on
     step("joint view")
-    pairs, pair_notes = _joint(runs, interleaved, offline, sources, rec, online, pred_diff, sessions, cfg)
+    pairs, pair_notes = _joint(runs, interleaved, offline, sources, rec, online, pred_diff, sessions, cfg, served,
+                               shared_queries, ruled_out(cfg.predict_model, ident))
     id_notes = identifiability_notes(ident, sources, withheld) if ident is not None else []
+    # against the logged systems that are one ranker each: an interleaved system is a mix of two (as in the pairs)
+    mixed = _interleaved_systems(interleaved)
+    single = {s: om for s, om in online.items() if s not in mixed}
+    candidates = [f for ps in predicted if ps.prediction is not None
+                  for f in candidate_findings(ps.system, ps.prediction, single, cfg.k)]
+    contexts = _pair_contexts(pairs, runs, qrels_by_source.get("human", {}), pred_diff, cfg.k)
+    veto = ruled_out(cfg.predict_model, ident) if sessions is not None else None
+    rec_dict = rec.as_dict() if rec is not None else None
+    verdict = decide(pairs, contexts, candidates, rec_dict,
+                     [f"predictions of the run systems: {veto}; interleaving them or an A/B test would decide"]
+                     if veto is not None and from_files else [])
     report = Report(
         created_at=datetime.now(UTC).replace(microsecond=0), config=cfg,
         systems=_summaries(counts, logged) + _run_summaries(from_files),
@@ -765,8 +851,8 @@ def build_report(
         inputs=dict(inputs or {}),
         warnings=[*warnings, *store_warnings],
         identifiability=ident.as_dict() if ident is not None else None,
-        recommendation=rec.as_dict() if rec is not None else None,
-        interleaving=interleaved, predicted=predicted, predicted_differences=pred_diff, pairs=pairs,
+        recommendation=rec_dict,
+        interleaving=interleaved, predicted=predicted, predicted_differences=pred_diff, pairs=pairs, verdict=verdict,
     )
     if thresholds:
         with_interleaving = sorted({s for r in interleaved for s in (r.systems or ("(interleaving)",))})

@@ -23,6 +23,12 @@ Means get a percentile bootstrap interval up to ``resample_limit`` searches and 
   with a different query text / searches with a session. Wilson. The session is the events' ``session_id``,
   else the query record's ``client_id``.
 
+**Filtered searches.** ``excluded`` (query_id, reason) is the session filter's verdict
+(``ubi_pipeline.processors.clicks.sessions.SessionData.dropped``: bot clients, searches with a click on every
+displayed result, empty queries): those searches are left out of every figure, as they are left out of the
+click models and so of the implicit judgments, and each system's :attr:`OnlineMetrics.left_out` counts them
+by reason. A crawler then moves no online figure, nor the A/B lines and prediction baselines built on them.
+
 A click's rank is its doc's place in the logged ranking; else ``position.ordinal`` with ``position_base``
 (per application when ``position_base_by_application`` says so).
 Wilson intervals treat each unit (result or search) as an independent trial; results of one search are not
@@ -36,6 +42,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 
 from ubi_pipeline.reports.intervals import RESAMPLE_LIMIT, Interval, mean_interval, wilson, wilson_arrays
 from ubi_pipeline.reports.systems import DEFAULT_IMPRESSION_ACTIONS
@@ -83,6 +90,12 @@ class OnlineMetrics:
     metrics: dict[str, Interval] = field(default_factory=dict)
     ctr_by_rank: RankCtr | None = None
     notes: dict[str, int] = field(default_factory=dict)
+    #: searches the session filter dropped, left out of every figure here, by reason (module docstring)
+    left_out: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def searches_left_out(self) -> int:
+        return sum(self.left_out.values())
 
 
 def _base_sql(base: int, by_application: Mapping[str, int] | None, alias: str) -> str:
@@ -95,7 +108,7 @@ def _base_sql(base: int, by_application: Mapping[str, int] | None, alias: str) -
     return f"(CASE {alias}.application {whens} ELSE {int(base)} END)"
 
 
-def _exposure_ctes(base: str, clicks: str, imps: str) -> str:
+def _exposure_ctes(base: str, clicks: str, imps: str, searches: str = "_ubi_searches") -> str:
     """CTEs ``ev`` (events with click / impression flags) and ``exposure`` (one row per search and result)."""
     return f"""
     ev AS (
@@ -109,33 +122,33 @@ def _exposure_ctes(base: str, clicks: str, imps: str) -> str:
         FROM ev WHERE (is_imp OR is_click) AND object_id IS NOT NULL GROUP BY instance, object_id
         UNION ALL
         SELECT s.instance, unnest(s.ranking) AS doc_id, NULL::INTEGER AS ord, false AS clicked
-        FROM _ubi_searches s ANTI JOIN has_imp h USING (instance)
+        FROM {searches} s ANTI JOIN has_imp h USING (instance)
     ), exposure AS (
         SELECT d.instance, d.doc_id, d.clicked,
                coalesce(list_position(s.ranking, d.doc_id),
                         CASE WHEN d.ord - {base} + 1 >= 1 THEN d.ord - {base} + 1 END) AS rank
         FROM (SELECT instance, doc_id, bool_or(clicked) AS clicked, min(ord) AS ord FROM docs
               GROUP BY instance, doc_id) d
-        JOIN _ubi_searches s USING (instance)
+        JOIN {searches} s USING (instance)
         -- an impression of a doc outside the hit list belongs to another sub-search (ubi_pipeline.processors.clicks.sessions)
         WHERE d.clicked OR s.ranking_source <> 'hits' OR list_position(s.ranking, d.doc_id) IS NOT NULL
     )"""
 
 
-def _per_search_sql(base: str, clicks: str, imps: str) -> str:
-    return "WITH " + _exposure_ctes(base, clicks, imps) + f""", click_ranked AS (
+def _per_search_sql(base: str, clicks: str, imps: str, searches: str = "_ubi_searches") -> str:
+    return "WITH " + _exposure_ctes(base, clicks, imps, searches) + f""", click_ranked AS (
         SELECT e.instance, e.timestamp,
                coalesce(list_position(s.ranking, e.object_id),
                         CASE WHEN e.position_ordinal - {base} + 1 >= 1 THEN e.position_ordinal - {base} + 1 END) AS rank,
                list_position(s.ranking, e.object_id) IS NULL AND e.object_id IS NOT NULL AS off_list
-        FROM ev e JOIN _ubi_searches s USING (instance) WHERE e.is_click
+        FROM ev e JOIN {searches} s USING (instance) WHERE e.is_click
     ), first_click AS (
         SELECT instance, rank AS first_rank, timestamp AS first_ts, count(*) OVER (PARTITION BY instance) AS n_clicks,
                sum(off_list::INTEGER) OVER (PARTITION BY instance) AS off_list,
                row_number() OVER (PARTITION BY instance ORDER BY timestamp, rank NULLS LAST) AS rn
         FROM click_ranked
     ), reform AS (
-        SELECT DISTINCT a.instance FROM _ubi_searches a JOIN _ubi_searches b
+        SELECT DISTINCT a.instance FROM {searches} a JOIN {searches} b
           ON a.session = b.session AND b.instance <> a.instance AND b.query <> a.query
          AND b.ts >= a.ts AND b.ts <= a.ts + to_microseconds(CAST($window * 1e6 AS BIGINT))
          AND (b.ts > a.ts OR b.instance > a.instance)
@@ -151,7 +164,7 @@ def _per_search_sql(base: str, clicks: str, imps: str) -> str:
            epoch(f.first_ts - s.ts) AS first_secs, coalesce(f.off_list, 0) AS off_list,
            coalesce(x.shown, 0) AS shown, coalesce(x.clicked_docs, 0) AS clicked_docs,
            coalesce(x.shown_k, 0) AS shown_k, coalesce(x.clicked_k, 0) AS clicked_k
-    FROM _ubi_searches s
+    FROM {searches} s
     LEFT JOIN (SELECT * FROM first_click WHERE rn = 1) f USING (instance)
     LEFT JOIN reform r USING (instance)
     LEFT JOIN expo x USING (instance)
@@ -159,13 +172,48 @@ def _per_search_sql(base: str, clicks: str, imps: str) -> str:
     """
 
 
-def _rank_sql(base: str, clicks: str, imps: str) -> str:
-    return "WITH " + _exposure_ctes(base, clicks, imps) + """
+def _rank_sql(base: str, clicks: str, imps: str, searches: str = "_ubi_searches") -> str:
+    return "WITH " + _exposure_ctes(base, clicks, imps, searches) + f"""
     SELECT s.system, e.rank, count(*) AS shown, sum(e.clicked::INTEGER) AS clicked
-    FROM exposure e JOIN _ubi_searches s USING (instance)
+    FROM exposure e JOIN {searches} s USING (instance)
     WHERE e.rank IS NOT NULL AND e.rank <= $max_rank
     GROUP BY s.system, e.rank ORDER BY s.system, e.rank
     """
+
+
+# The searches the online figures are computed on: every search instance but the filtered ones (a view, so
+# the rankings are not copied), and the filtered ones counted per system and reason.
+_ONLINE_VIEW = """
+CREATE OR REPLACE TEMP VIEW _ubi_online AS
+SELECT s.* FROM _ubi_searches s ANTI JOIN _ubi_excluded x USING (query_id)
+"""
+_LEFT_OUT = """
+SELECT s.system, x.reason, count(*) FROM _ubi_searches s
+JOIN (SELECT query_id, min(reason) AS reason FROM _ubi_excluded GROUP BY query_id) x USING (query_id)
+WHERE s.system IS NOT NULL GROUP BY ALL ORDER BY ALL
+"""
+
+
+def _exclude(con: duckdb.DuckDBPyConnection, excluded: pa.Table) -> dict[str, dict[str, int]]:
+    """Temp table ``_ubi_excluded`` and view ``_ubi_online`` (module docstring); the left-out counts per system."""
+    if set(excluded.column_names) != {"query_id", "reason"}:
+        raise OnlineError(f"excluded searches need the columns query_id and reason, got {excluded.column_names}")
+    con.register("_ubi_excluded_in", excluded)
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE _ubi_excluded AS SELECT CAST(query_id AS VARCHAR) AS query_id, "
+                    "CAST(reason AS VARCHAR) AS reason FROM _ubi_excluded_in")
+    finally:
+        con.unregister("_ubi_excluded_in")
+    con.execute(_ONLINE_VIEW)
+    out: dict[str, dict[str, int]] = {}
+    for system, reason, n in con.execute(_LEFT_OUT).fetchall():
+        out.setdefault(system, {})[reason] = int(n)
+    return out
+
+
+def _drop_exclusion(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("DROP VIEW IF EXISTS temp._ubi_online")
+    con.execute("DROP TABLE IF EXISTS temp._ubi_excluded")
 
 
 def online_metrics(
@@ -182,8 +230,10 @@ def online_metrics(
     n_boot: int = 2_000,
     seed: int = 0,
     resample_limit: int = RESAMPLE_LIMIT,
+    excluded: pa.Table | None = None,
 ) -> dict[str, OnlineMetrics]:
-    """Online metrics of every system on ``con`` (call :func:`ubi_pipeline.reports.systems.load_searches` first)."""
+    """Online metrics of every system on ``con`` (call :func:`ubi_pipeline.reports.systems.load_searches` first),
+    leaving out the searches of ``excluded`` (query_id, reason; module docstring)."""
     if k < 1 or max_rank < 1:
         raise OnlineError(f"k and max_rank must be >= 1, got k={k}, max_rank={max_rank}")
     if reformulation_window_s <= 0:
@@ -198,17 +248,26 @@ def online_metrics(
     # 4.17M searches' system names were 4.17M Python strings (about 270 MB) held beside the other columns
     names = [r[0] for r in con.execute("SELECT DISTINCT system FROM _ubi_searches WHERE system IS NOT NULL "
                                        "ORDER BY system").fetchall()]
-    cols = con.execute(
-        _per_search_sql(base, clicks, imps),
-        {"window": float(reformulation_window_s), "k": int(k), "systems": names},
-    ).fetchnumpy()
-    rank_rows = con.execute(_rank_sql(base, clicks, imps), {"max_rank": int(max_rank)}).fetchall()
+    left_out: dict[str, dict[str, int]] = {}
+    searches = "_ubi_searches"
+    try:
+        if excluded is not None and excluded.num_rows:
+            left_out, searches = _exclude(con, excluded), "_ubi_online"
+        cols = con.execute(
+            _per_search_sql(base, clicks, imps, searches),
+            {"window": float(reformulation_window_s), "k": int(k), "systems": names},
+        ).fetchnumpy()
+        rank_rows = con.execute(_rank_sql(base, clicks, imps, searches), {"max_rank": int(max_rank)}).fetchall()
+    finally:
+        if searches != "_ubi_searches":
+            _drop_exclusion(con)
     codes = np.asarray(cols.pop("system_code"))
     out: dict[str, OnlineMetrics] = {}
     for code, name in enumerate(names, start=1):
         m = codes == code
         out[name] = _system_metrics(name, {c: v[m] for c, v in cols.items()}, k, confidence,
                                     {"n_boot": n_boot, "seed": seed, "resample_limit": resample_limit})
+        out[name].left_out = left_out.get(name, {})
     for name in out:
         rows = [r for r in rank_rows if r[0] == name]
         shown = np.zeros(max_rank, dtype=np.int64)

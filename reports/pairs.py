@@ -8,7 +8,9 @@ reference* with its interval and the number of units it rests on:
 - implicit-label offline difference: the same on the recommended implicit source (else the first one);
 - predicted online difference: CTR@k of both systems predicted from the log by one counterfactual method on
   the queries every system ranks, paired bootstrap over the same resamples (``ubi_pipeline.reports.predicted``);
-- observed online difference (A/B): logged CTR@k of the two, when both served; the interval is the MOVER
+- observed online difference (A/B): logged CTR@k of the two, only when they are an A/B comparison: both served
+  the same application's traffic over overlapping time on queries they share (:func:`ab_comparability`; two
+  shops with different queries are not an experiment, whatever their CTRs); the interval is the MOVER
   difference of the two independent Wilson intervals (Newcombe, Stat. Med. 1998, method 10; Zou & Donner,
   Stat. Med. 2008): L = d − √((p₂ − l₂)² + (u₁ − p₁)²), U = d + √((u₂ − p₂)² + (p₁ − l₁)²) for d = p₂ − p₁;
 - interleaving preference: the challenger's win rate over searches with a winner, minus ½, with the
@@ -16,7 +18,10 @@ reference* with its interval and the number of units it rests on:
 
 The lines are on different scales (an nDCG difference, a CTR difference, a win rate), so only their signs
 are compared: the pair *agrees* when every line with a figure points the same way (an exact tie points
-nowhere). A line whose interval holds 0 is still counted by its sign, and its "excludes 0" says no.
+nowhere). A line whose interval holds 0 is still counted by its sign, and its "excludes 0" says no. A line
+resting on fewer than :data:`~ubi_pipeline.reports.intervals.MIN_BOOTSTRAP_N` units has no interval and no
+"excludes 0" (a bootstrap of one query is the query itself); which system wins, and how firmly, is
+:mod:`ubi_pipeline.reports.verdict`'s to say.
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 
 from ubi_pipeline.reports.compare import compare_pair
 from ubi_pipeline.reports.interleaving_outcomes import InterleavingResult
-from ubi_pipeline.reports.intervals import Interval
+from ubi_pipeline.reports.intervals import MIN_BOOTSTRAP_N, Interval
 from ubi_pipeline.reports.online import OnlineMetrics
 from ubi_pipeline.reports.predicted import PredictedDifferences
 
@@ -61,8 +67,10 @@ class Line:
 
     @property
     def clear(self) -> bool | None:
-        """Whether the interval excludes 0 (None without an interval)."""
+        """Whether the interval excludes 0 (None without an interval, or on fewer than ``MIN_BOOTSTRAP_N`` units)."""
         if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            return None
+        if self.n is not None and self.n < MIN_BOOTSTRAP_N:
             return None
         return self.low > 0 or self.high < 0
 
@@ -139,6 +147,9 @@ def offline_line(evidence: str, source: str | None, metric: str,
                      n_boot=n_boot, n_perm=1, seed=seed)
     if c.queries == 0:
         return Line(evidence, measure, n=0, unit="queries", missing="no query evaluated for both")
+    if c.queries < MIN_BOOTSTRAP_N:
+        return Line(evidence, measure, c.diff, n=c.queries, unit="queries",
+                    interval=f"no interval: {c.queries} quer{'y' if c.queries == 1 else 'ies'} < {MIN_BOOTSTRAP_N}")
     return Line(evidence, measure, c.diff, c.diff_low, c.diff_high, c.queries, "queries",
                 "paired bootstrap over queries")
 
@@ -153,17 +164,67 @@ def predicted_line(pred: PredictedDifferences | None, reference: str, challenger
                 "logged searches", how)
 
 
-def observed_line(online: Mapping[str, OnlineMetrics], metric: str, reference: str, challenger: str) -> Line:
+@dataclass(frozen=True)
+class Served:
+    """What one logged system served: its application(s), the time span of its searches, its query count."""
+
+    applications: tuple[str, ...]
+    first: datetime | None
+    last: datetime | None
+    queries: int
+
+
+def _span(s: Served) -> str:
+    if s.first is None or s.last is None:
+        return "no timestamps"
+    return f"{s.first:%Y-%m-%d %H:%M} to {s.last:%Y-%m-%d %H:%M}"
+
+
+def ab_comparability(reference: str, challenger: str, served: Mapping[str, Served],
+                     shared_queries: Mapping[frozenset[str], int]) -> tuple[bool, str]:
+    """Whether two logged systems form an A/B comparison, and the sentence that says which and how many, or why not.
+
+    Both must have served one and the same application, over time spans that overlap, and share at least one
+    query (normalised text). Anything else compares different traffic, not different rankers.
+    """
+    a, b = served.get(reference), served.get(challenger)
+    if a is None or b is None:
+        absent = [s for s, v in ((reference, a), (challenger, b)) if v is None]
+        return False, f"{' and '.join(absent)} never served (no log)"
+    if len(a.applications) != 1 or a.applications != b.applications:
+        return False, (f"not an A/B comparison: different applications ({reference}: "
+                       f"{', '.join(a.applications) or 'none'}; {challenger}: {', '.join(b.applications) or 'none'})")
+    app = a.applications[0]
+    if a.first is None or a.last is None or b.first is None or b.last is None:
+        return False, "not an A/B comparison: no timestamps show that the two served at the same time"
+    start, end = max(a.first, b.first), min(a.last, b.last)
+    if start > end:
+        return False, (f"not an A/B comparison: they served {app} at different times ({reference}: {_span(a)}; "
+                       f"{challenger}: {_span(b)})")
+    shared = shared_queries.get(frozenset((reference, challenger)), 0)
+    if shared == 0:
+        return False, f"not an A/B comparison: no query in common ({reference}: {a.queries}, {challenger}: {b.queries})"
+    return True, (f"A/B: both served {app} from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}, on {shared} shared "
+                  f"quer{'y' if shared == 1 else 'ies'}")
+
+
+def observed_line(online: Mapping[str, OnlineMetrics], metric: str, reference: str, challenger: str,
+                  comparable: tuple[bool, str] | None = None) -> Line:
+    """The logged difference, when the two are an A/B comparison (``comparable``: :func:`ab_comparability`;
+    None: not checked, as for a caller without the log's spans)."""
     absent = [s for s in (reference, challenger) if s not in online]
     if absent:
         return Line("observed online (A/B)", metric,
                     missing=f"{' and '.join(absent)} never served (no log)")
+    if comparable is not None and not comparable[0]:
+        return Line("observed online (A/B)", metric, missing=comparable[1])
     a, b = online[reference].metrics.get(metric), online[challenger].metrics.get(metric)
     if a is None or b is None or not (math.isfinite(a.value) and math.isfinite(b.value)):
         return Line("observed online (A/B)", metric, missing=f"no {metric} for both")
     d, lo, hi = mover_difference(a, b)
+    how = "MOVER of the two Wilson intervals" + (f"; {comparable[1]}" if comparable is not None else "")
     return Line("observed online (A/B)", metric, d, lo, hi, online[reference].searches + online[challenger].searches,
-                "searches", "MOVER of the two Wilson intervals")
+                "searches", how)
 
 
 def interleaving_line(results: Sequence[InterleavingResult], systems: Sequence[str], reference: str,
@@ -178,7 +239,11 @@ def interleaving_line(results: Sequence[InterleavingResult], systems: Sequence[s
         d, lo, hi = t.win_rate - 0.5, t.ci_low - 0.5, t.ci_high - 0.5
         if flip:
             d, lo, hi = -d, -hi, -lo
-        return Line("interleaving", measure, d, lo, hi, t.wins + t.losses, "searches with a winner",
+        n = t.wins + t.losses
+        if n < MIN_BOOTSTRAP_N:
+            return Line("interleaving", measure, d, n=n, unit="searches with a winner",
+                        interval=f"no interval: {n} searches with a winner < {MIN_BOOTSTRAP_N} ({r.experiment})")
+        return Line("interleaving", measure, d, lo, hi, n, "searches with a winner",
                     f"bootstrap of the win rate ({r.experiment})")
     return Line("interleaving", measure, missing="not interleaved against each other")
 
@@ -214,17 +279,23 @@ def joint_view(
     has_human: bool,
     n_boot: int = 2000,
     seed: int = 0,
+    served: Mapping[str, Served] | None = None,
+    shared_queries: Mapping[frozenset[str], int] | None = None,
 ) -> list[PairView]:
-    """One :class:`PairView` per pair of ``systems`` (see the module docstring)."""
+    """One :class:`PairView` per pair of ``systems`` (see the module docstring). ``served`` and ``shared_queries``
+    (per logged system, and per pair of them) decide which pairs are an A/B comparison; without them every pair of
+    logged systems is taken as one (for callers that know it is)."""
     out = []
     for ref, cha in pairs_of(systems, baseline):
+        comparable = (ab_comparability(ref, cha, served, shared_queries or {}) if served is not None
+                      and ref in online and cha in online else None)
         lines = (
             offline_line("human offline", "human" if has_human else None, metric, human, ref, cha,
                          n_boot=n_boot, seed=seed, why_none="no human labels"),
             offline_line("implicit offline", implicit_source, metric, implicit, ref, cha, n_boot=n_boot, seed=seed,
                          why_none="no implicit labels"),
             predicted_line(predicted, ref, cha, predicted_missing),
-            observed_line(online, f"ctr@{k}", ref, cha),
+            observed_line(online, f"ctr@{k}", ref, cha, comparable),
             interleaving_line(interleaving, systems, ref, cha),
         )
         out.append(PairView(ref, cha, lines))

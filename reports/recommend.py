@@ -14,12 +14,17 @@ Two checks on the stored implicit sources, both from the same sessions ``ubi pro
   (``ubi_pipeline.processors.click_models.selection.NOT_CANDIDATES``: its click predictions and its scores are different posteriors).
   Agreement with human grades, when there are any, is quoted beside the choice: held-out likelihood and agreement with labels do not always
   point the same way (Hager et al., SIGIR 2024), and the report shows both.
+* **Support**: a choice is only made on enough evidence. The winner must rest on at least
+  :data:`MIN_HELD_OUT_SEARCHES` held-out searches (all applications together) and grade at least
+  :data:`MIN_GRADED_PAIRS` (query, doc) pairs; otherwise the report says "no recommendation", names the source
+  that led and why it is not enough. On the ESCI sample the leader rested on 19 and 46 held-out searches
+  and graded 4 of 1,004 pairs: no comparison of click models means anything there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ubi_pipeline.processors.click_models.selection import DEFAULT_HOLDOUT, Selection, select
@@ -36,6 +41,17 @@ from ubi_pipeline.reports.agreement import Agreement
 
 AUTO_SOURCE = "implicit:auto"
 
+#: Fewest held-out searches a recommendation rests on. Held-out perplexities of click models differ in the third
+#: decimal (README, "Click models": 0.0017 between PBM variants at 2,000 searches), and the spread of a mean over
+#: n searches shrinks as 1/sqrt(n): with 200 searches a model's mean held-out log-likelihood per search is known
+#: to about 7% of one search's spread, already coarse beside differences that small. A choice, not a measurement:
+#: below it the report says "no recommendation".
+MIN_HELD_OUT_SEARCHES = 200
+#: Fewest graded (query, doc) pairs of the recommended source: a source that grades a handful of pairs gives the
+#: offline metrics nothing to rest on, however well its model predicts clicks (30: the usual floor for a
+#: proportion's normal approximation, and six times the MIN_BOOTSTRAP_N queries an interval needs).
+MIN_GRADED_PAIRS = 30
+
 
 @dataclass(frozen=True)
 class Recommendation:
@@ -46,10 +62,40 @@ class Recommendation:
     held_out: dict[str, float] = field(default_factory=dict)  # source -> mean held-out conditional perplexity
     not_recommended: dict[str, str] = field(default_factory=dict)  # source -> why it was left out
     selections: list[dict[str, Any]] = field(default_factory=list)  # implicit:auto's per-application choices
+    #: what the leading source rests on: held_out_searches, graded_pairs, labelled_pairs (None: not measured)
+    support: dict[str, int] | None = None
+    leader: str | None = None  # the source that led the comparison (== source unless support was too thin)
 
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "why": self.why, "held_out_conditional_perplexity": self.held_out,
-                "not_recommended": self.not_recommended, "selections": self.selections}
+                "not_recommended": self.not_recommended, "selections": self.selections, "support": self.support,
+                "leader": self.leader,
+                "minimum_support": {"held_out_searches": MIN_HELD_OUT_SEARCHES, "graded_pairs": MIN_GRADED_PAIRS}}
+
+
+def _supported(rec: Recommendation, labels: list[Label], held_out_searches: int) -> Recommendation:
+    """``rec`` when its source rests on enough evidence (module docstring), else "no recommendation" and why."""
+    if rec.source is None:
+        return rec
+    # counted, not collected: a source labels each (query, doc) pair once, and at 50M events the report holds
+    # about 1M labels, whose pairs as sets of tuples would add some 150 MB to its peak
+    n_pairs = n_graded = 0
+    for lab in labels:
+        if lab.source == rec.source:
+            n_pairs += 1
+            n_graded += lab.grade is not None
+    support = {"held_out_searches": held_out_searches, "graded_pairs": n_graded, "labelled_pairs": n_pairs}
+    short = []
+    if held_out_searches < MIN_HELD_OUT_SEARCHES:
+        short.append(f"its lead rests on {held_out_searches:,} held-out search{'es' if held_out_searches != 1 else ''} "
+                     f"(at least {MIN_HELD_OUT_SEARCHES} needed)")
+    if n_graded < MIN_GRADED_PAIRS:
+        short.append(f"it grades {n_graded:,} of {n_pairs:,} pairs (at least {MIN_GRADED_PAIRS} needed)")
+    if not short:
+        return replace(rec, support=support, leader=rec.source)
+    why = (f"no recommendation: {rec.source} led ({rec.why}), but {' and '.join(short)}; more logged traffic would "
+           "decide")
+    return replace(rec, source=None, why=why, support=support, leader=rec.source)
 
 
 def _model_of(source: str) -> str:
@@ -182,7 +228,8 @@ def recommend(labels: Iterable[Label], sources: Iterable[str], sessions: Session
         why = ("chosen per application by held-out conditional perplexity (`ubi process --model auto`): "
                + "; ".join(_selection_text(s) for s in sels)) if sels else \
             "made by `ubi process --model auto` (its rows carry no selection figures)"
-        return Recommendation(AUTO_SOURCE, why + agree, {}, left_out, sels)
+        searches = sum(int(s.get("test_sessions") or 0) for s in sels)
+        return _supported(Recommendation(AUTO_SOURCE, why + agree, {}, left_out, sels), labels, searches)
     if sessions is None or sessions.held_out is None or sessions.patterns.n_sessions == 0:
         return Recommendation(None, "no sessions to compare the sources' models on" + agree, {}, left_out)
     models = {_model_of(s): s for s in implicit}
@@ -207,4 +254,4 @@ def recommend(labels: Iterable[Label], sources: Iterable[str], sessions: Session
     why = (f"lowest held-out conditional perplexity ({held[best]:.4f}"
            + (f"; next {runner[0][1]} {runner[0][0]:.4f}" if runner else "")
            + f") on {sel.test_sessions:,} searches held out by query_id hash")
-    return Recommendation(best, why + agree, held, left_out)
+    return _supported(Recommendation(best, why + agree, held, left_out), labels, int(sel.test_sessions))

@@ -26,9 +26,12 @@ more: a traffic-weighted view.
 
 **Run files** (:func:`file_run`) are systems too, evaluated offline like the logged ones. Judgments are keyed by
 normalised query text, so each run query id is mapped to a text by one rule: an id that is the ``query_id``
-of a human judgment (a qrels file or the ``human_judgments`` table) stands for that judgment's query text;
-any other id is taken as the query text itself, normalised (how Workbench judgments, implicit judgments and
-the logs name queries). Two run query ids that land on one text are an error, never merged.
+of a human judgment (a qrels file or the ``human_judgments`` table) or of a query set stands for that query's
+text; any other id is taken as the query text itself, normalised (how Workbench judgments, implicit judgments
+and the logs name queries), percent-decoded first in a TREC run (``red%20shoes``: a TREC id holds no
+whitespace, so ``ubi judgments export --format trec`` writes texts that way, and ``ubi judgments import`` reads
+them back with the same function, ``ubi_pipeline.processors.labels.implicit.query_from_trec_id``). Two run query
+ids that land on one text are an error, never merged.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import duckdb
 import pyarrow as pa
 
 from ubi_pipeline.formats.runs import Run, RunError
+from ubi_pipeline.processors.labels.implicit import query_from_trec_id
 from ubi_pipeline.schemas.cli_names import DEFAULT_SPLIT_KEYS
 from ubi_pipeline.schemas.systems import SystemsError, json_path, system_sql
 from ubi_pipeline.schemas.text import normalize_query
@@ -351,6 +355,17 @@ def run_system_name(run: Run, name: str | None = None) -> str:
     raise SystemsError("a run without a tag or a file needs a name")
 
 
+def _run_query_text(qid: str, run: Run, path: str, line: int | None) -> str:
+    """A run query id that names no judged query, as query text: percent-decoded in a TREC run (module docstring)."""
+    if run.format != "trec":
+        return qid
+    try:
+        return query_from_trec_id(qid)
+    except UnicodeDecodeError as exc:
+        raise RunError(path, line, f"query id {qid!r} is not valid percent-escaped UTF-8; write the text escaped "
+                                   f"as `ubi judgments export --format trec` does, or give a query set") from exc
+
+
 def file_run(
     name: str,
     run: Run,
@@ -372,7 +387,7 @@ def file_run(
         if len(texts) > 1:
             raise RunError(path, line, f"query id {qid!r} is the query_id of {len(texts)} judged queries "
                                        f"({', '.join(map(repr, texts))}); make the judgments' query ids unique")
-        text = texts[0] if texts else normalize_query(qid)
+        text = texts[0] if texts else normalize_query(_run_query_text(qid, run, path, line))
         if not text:
             raise RunError(path, line, f"query id {qid!r} is blank once normalised; give a query id or text")
         if text in first:

@@ -188,6 +188,9 @@ class SessionData:
     #: which system showed which ranking (``load_sessions(..., systems=True)``), and the training fold's
     systems: SystemRankings | None = None
     train_systems: SystemRankings | None = None
+    #: the searches the filters dropped, as (query_id, reason: empty_query | bot | click_all), so the report's online
+    #: metrics leave out the searches the judgments leave out (``ubi_pipeline.reports.online``); None when not read
+    dropped: pa.Table | None = None
 
     def split(self) -> tuple[SessionPatterns, SessionPatterns]:
         """(training, held-out) patterns of a log read with ``holdout``; both keep the same pair index."""
@@ -367,6 +370,16 @@ CREATE OR REPLACE TEMP TABLE _ubi_kept AS
 SELECT d.sid, s.qkey, d.rank, d.doc_id, d.clicked
 FROM _ubi_disp d JOIN _ubi_sess s USING (sid)
 WHERE s.dropped IS NULL AND d.rank <= $k AND ($all_apps OR s.application IS NOT DISTINCT FROM $app)
+"""
+
+# The filters' verdict per search, by query_id: the dropped ranked searches, and every other search of a client
+# dropped as a bot (the rate filter judges the client, and its unranked searches are no less a bot's).
+_DROPPED = """
+SELECT q.query_id, s.dropped AS reason FROM _ubi_sess s JOIN _ubi_search q USING (sid) WHERE s.dropped IS NOT NULL
+UNION ALL
+SELECT q.query_id, 'bot' AS reason FROM _ubi_search q
+WHERE q.client_id IN (SELECT client_id FROM _ubi_sess WHERE dropped = 'bot')
+  AND q.sid NOT IN (SELECT sid FROM _ubi_sess)
 """
 
 # Held-out flag per search for model selection: the first 32 bits of md5(query_id), below the cut-off, are
@@ -698,6 +711,7 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
             con.execute(_FOLD, {"cut": holdout_cut(holdout)})
         con.execute(_KEPT, {"k": k, "all_apps": every, "app": None if every else application})
         filters = _filters(con, k, quality)
+        dropped = con.sql(_DROPPED).to_arrow_table()
         _drop(con, "_ubi_disp")
         con.execute(_PAIRS)
         con.execute(_KEPT_P)
@@ -738,7 +752,7 @@ def load_sessions(con: duckdb.DuckDBPyConnection, settings: Settings | None = No
     held = wt.column("fold").to_numpy(zero_copy_only=False).astype(bool) if holdout is not None else None
     app = None if every else cast("str | None", application)
     return SessionData(pairs, cells, None, patterns, quality, filters, k, held,  # type: ignore[arg-type]
-                       app, shown, train_shown)
+                       app, shown, train_shown, dropped)
 
 
 def applications(con: duckdb.DuckDBPyConnection) -> list[str | None]:

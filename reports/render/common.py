@@ -38,6 +38,20 @@ def ci(iv: Interval | None, digits: int = 3) -> str:
     return f"{num(iv.value, digits)} [{num(iv.low, digits)}, {num(iv.high, digits)}]"
 
 
+def verdict_parts(report: Report) -> tuple[str, list[str], list[str]]:
+    """(headline, one line per finding, one line per thing the report could not decide with what would decide it)."""
+    v = report.verdict
+    if v is None:
+        return "no verdict (nothing was compared)", [], []
+    return v.headline, [f.text for f in v.findings], list(v.undecided)
+
+
+VERDICT_NOTE = ("A line of evidence counts when its interval excludes 0 (none below n = 5); a predicted line only when "
+                "no document of either top k rests on the click model's prior; a never-served candidate is ordered "
+                "against a logged system only when its primary (calibrated) interval and the logged interval are "
+                "disjoint. Anything else is undetermined.")
+
+
 def unit(report: Report) -> str:
     """What one evaluated row of a system is: ``queries`` (mode modal) or ``searches`` (mode each)."""
     return "searches" if report.config.mode == "each" else "queries"
@@ -46,7 +60,7 @@ def unit(report: Report) -> str:
 def header_lines(report: Report) -> list[str]:
     cfg = report.config
     lines = [f"created {report.created_at.isoformat()}"]
-    for key in ("db", "qrels", "rating_map", "thresholds"):
+    for key in ("db", "qrels", "rating_map", "queries", "thresholds"):
         if report.inputs.get(key):
             lines.append(f"{key}: {report.inputs[key]}")
     for run in report.inputs.get("runs") or ():
@@ -61,7 +75,9 @@ def header_lines(report: Report) -> list[str]:
         lines.append(f"identifiability: {report.identifiability['verdict']} ({report.identifiability['reason']})")
     rec = report.recommendation
     if rec is not None:
-        lines.append(f"recommended implicit source: {rec['source'] or 'none'} ({rec['why']})")
+        lines.append(f"recommended implicit source: {rec['source']} ({rec['why']})" if rec["source"] else
+                     f"recommended implicit source: {rec['why']}" if rec["why"].startswith("no recommendation") else
+                     f"recommended implicit source: none ({rec['why']})")
         for source, why in rec["not_recommended"].items():
             lines.append(f"not recommended: {source} ({why})")
     return lines
@@ -185,8 +201,27 @@ def online_table(report: Report) -> tuple[Row, list[Row]]:
         return f"{ci(iv)} (n={iv.n})"
 
     rows = [["searches", *[str(online[s].searches) if s in online else NO_LOG for s in systems]]]
+    if any(om.left_out for om in online.values()):
+        rows.append(["left out (session filter)", *[_left_out(online[s].left_out) if s in online else NO_LOG
+                                                    for s in systems]])
     rows += [[n, *[cell(s, n) for s in systems]] for n in names]
     return ["", *systems], rows
+
+
+def _left_out(counts: dict[str, int]) -> str:
+    """``251 (bot 151, click_all 100)``: the searches the session filter dropped, by reason."""
+    total = sum(counts.values())
+    return "0" if not total else f"{total} (" + ", ".join(f"{r} {n}" for r, n in sorted(counts.items())) + ")"
+
+
+def left_out_note(report: Report) -> str | None:
+    """One sentence under the online table: how many searches the session filter left out per system."""
+    counts = {s: om.searches_left_out for s, om in report.online.items()}
+    if not any(counts.values()):
+        return None
+    return ("Left out of every online figure, the A/B lines and the prediction baselines, as `ubi process` leaves them "
+            "out of the judgments (bots, searches with a click on every result, empty queries): "
+            + ", ".join(f"{s} {n}" for s, n in counts.items()) + " searches; 'searches' counts the searches kept.")
 
 
 def agreement_table(report: Report) -> tuple[Row, list[Row]]:
@@ -345,8 +380,10 @@ def predicted_table(report: Report) -> tuple[Row, list[Row]]:
                 cal = f"\n{{{num(cal_low)}, {num(cal_high)}}}" if math.isfinite(cal_low) else ""
                 free = f"\n<{num(f.bound_low)}, {num(f.bound_high)}>" if math.isfinite(f.bound_low) else ""
                 cells.append(f"{num(f.value)} [{num(f.low)}, {num(f.high)}]{cal}{free}")
+            shares = getattr(pred, "evidence_shares", None)  # per kind of evidence, when the predictor gives them
+            extra = "".join(f"\n{kind} {num(v * 100, 1)}%" for kind, v in shares.items()) if shares else ""
             rows.append([p.system, method, f"{pred.searches} of {pred.logged_searches}", *cells,
-                         f"{num(pred.prior_share * 100, 1)}%", f"{pred.model}, {pred.propensity}"])
+                         f"{num(pred.prior_share * 100, 1)}%{extra}", f"{pred.model}, {pred.propensity}"])
     for system, om in report.online.items():
         cells = []
         for m in names:
@@ -364,9 +401,18 @@ def pair_title(pair: PairView) -> str:
     return f"{pair.challenger} − {pair.reference}"
 
 
+def _count_unit(n: int | None, unit: str) -> str:
+    if n == 1 and unit.startswith("queries"):
+        unit = "query" + unit[len("queries"):]
+    return f"{n} {unit}"
+
+
 def pair_tables(report: Report) -> Iterator[tuple[str, Row, list[Row], str]]:
-    """One table per pair of systems: a row per line of evidence (challenger − reference), and the verdict."""
+    """One table per pair of systems: a row per line of evidence (challenger − reference), then the signs of the
+    lines and the pair's outcome in the report's verdict (``ubi_pipeline.reports.verdict``)."""
     head = ["evidence", "measure", "difference [95% CI]", "n", "sign", "excludes 0", "interval, or why none"]
+    outcomes = {(f.reference, f.challenger): f.text for f in (report.verdict.findings if report.verdict else ())
+                if f.kind == "pair"}
     for pair in report.pairs:
         rows = []
         for ln in pair.lines:
@@ -377,16 +423,21 @@ def pair_tables(report: Report) -> Iterator[tuple[str, Row, list[Row], str]]:
                       else " (no interval)")
             sign = {1: "+", -1: "−", 0: "0"}[ln.sign]
             clear = {True: "yes", False: "no", None: "–"}[ln.clear]
-            rows.append([ln.evidence, ln.measure, _diff(ln.diff) + bounds, f"{ln.n} {ln.unit}", sign, clear,
+            rows.append([ln.evidence, ln.measure, _diff(ln.diff) + bounds, _count_unit(ln.n, ln.unit), sign, clear,
                          ln.interval])
-        yield pair_title(pair), head, rows, pair.verdict()
+        outcome = outcomes.get((pair.reference, pair.challenger))
+        yield (pair_title(pair), head, rows,
+               f"signs of the lines: {pair.verdict()}" + (f". Outcome: {outcome}" if outcome else ""))
 
 
 JOINT_NOTE = ("Each line is challenger − reference on its own scale (an nDCG difference, a CTR difference, a win "
               "rate minus 1/2), so only the signs are compared. Offline: paired over the queries both were "
               "evaluated on. Predicted: doubly robust CTR@k of both on the logged queries every system ranks, the "
               "same bootstrap resamples of the log for both (the model refitted on each); '≤ x% on the prior' is "
-              "the larger share of the two top k that rests on the model's prior only. Observed: logged CTR@k of "
-              "both, MOVER interval of the difference (Newcombe 1998, method 10). Interleaving: the challenger's "
-              "win rate over searches with a winner, minus 1/2. Systems whose searches were interleaved are a mix "
+              "the larger share of the two top k that rests on the model's prior only; none when the identifiability "
+              "verdict rules the click model out. Observed: logged CTR@k of both, MOVER interval of the difference "
+              "(Newcombe 1998, method 10), only when the two served one application at overlapping times on shared "
+              "queries (an A/B comparison; anything else compares different traffic); the session filter's searches "
+              "left out. Interleaving: the challenger's win rate over searches with a winner, minus 1/2. No interval "
+              "and no 'excludes 0' on fewer than 5 units. Systems whose searches were interleaved are a mix "
               "of two rankers and get no pair.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import io
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,10 @@ th{background:#f6f8fa}td:first-child,th:first-child{text-align:left}
 .plot svg{display:block;max-width:100%;height:auto}
 .fail{color:#cf222e;font-weight:600}.pass{color:#1a7f37;font-weight:600}
 .note{color:#57606a;font-size:.85em}.warn{color:#9a6700}
+.verdict{border:2px solid #0969da;border-radius:6px;padding:8px 16px;background:#f6f8fa}
+.verdict .headline{font-size:1.1em}
+nav.toc{border:1px solid #d0d7de;border-radius:6px;padding:4px 16px;margin:12px 0;font-size:.9em}
+nav.toc ol{margin:4px 0;padding-left:20px;columns:2}
 """
 
 
@@ -236,11 +241,49 @@ def _plot(svg: str | None) -> str:
     return f'<div class="plot">{svg}</div>' if svg else ""
 
 
+def verdict_html(report: Report) -> str:
+    """The verdict block, first under the title: the headline, every finding, what was not decided and what would."""
+    headline, findings, undecided = common.verdict_parts(report)
+    out = ['<div class="verdict"><h2>Verdict</h2>', f'<p class="headline"><strong>{html.escape(headline)}</strong></p>']
+    if findings:
+        out += ["<ul>", *[f"<li>{html.escape(f)}</li>" for f in findings], "</ul>"]
+    if undecided:
+        out += ["<p>Could not decide (and what would decide it):</p><ul>",
+                *[f"<li>{html.escape(u)}</li>" for u in undecided], "</ul>"]
+    out += [f'<p class="note">{html.escape(common.VERDICT_NOTE)}</p></div>']
+    return "".join(out)
+
+
+_H2 = re.compile(r"<h2>(.*?)</h2>", re.S)
+
+
+def _with_contents(body: str) -> tuple[str, str]:
+    """``body`` with an anchor before each ``<h2>``, and the table of contents linking to them."""
+    entries: list[tuple[str, str]] = []
+    used: set[str] = set()
+
+    def anchor(m: re.Match[str]) -> str:
+        title = re.sub(r"<[^>]+>", "", m.group(1))
+        slug = re.sub(r"[^a-z0-9]+", "-", html.unescape(title).lower()).strip("-") or "section"
+        base, i = slug, 2
+        while slug in used:
+            slug, i = f"{base}-{i}", i + 1
+        used.add(slug)
+        entries.append((slug, title))
+        return f'<a id="{slug}"></a>{m.group(0)}'
+
+    body = _H2.sub(anchor, body)
+    toc = ('<nav class="toc"><strong>Contents</strong><ol>'
+           + "".join(f'<li><a href="#{slug}">{title}</a></li>' for slug, title in entries) + "</ol></nav>")
+    return body, toc
+
+
 def render_html(report: Report) -> str:
-    """The whole report as one HTML document (a string)."""
-    parts = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
-             "<title>ubi report</title><style>", _CSS, "</style></head><body>", "<h1>ubi report</h1>"]
+    """The whole report as one HTML document (a string): the verdict first, then a table of contents."""
+    preamble = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+                "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
+                "<title>ubi report</title><style>", _CSS, "</style></head><body>", "<h1>ubi report</h1>"]
+    parts = [verdict_html(report)]
     parts += [f'<p class="meta">{html.escape(line)}</p>' for line in common.header_lines(report)]
     if report.warnings:
         parts += ["<h2>Data-quality warnings</h2>", "<ul>",
@@ -265,8 +308,10 @@ def render_html(report: Report) -> str:
                   _table(*common.merge_table(report))]
     parts.append(_table(*common.coverage_table(report)))
     if report.online:
+        left = common.left_out_note(report)
         parts += ["<h2>Online metrics</h2>", '<div class="plots">', _plot(ctr_by_rank_svg(report)),
-                  _plot(propensity_svg(report.propensity)), "</div>", _table(*common.online_table(report))]
+                  _plot(propensity_svg(report.propensity)), "</div>", _table(*common.online_table(report)),
+                  f'<p class="note">{html.escape(left)}</p>' if left else ""]
     if report.interleaving:
         parts += ["<h2>Interleaving (team draft)</h2>",
                   '<p class="note">The challenger against the reference: each click credits the ranker that '
@@ -302,4 +347,7 @@ def render_html(report: Report) -> str:
     if report.notes:
         parts += ["<h2>Notes</h2>", "<ul>", *[f"<li class=\"note\">{html.escape(n)}</li>" for n in report.notes], "</ul>"]
     parts += [f'<p class="meta">{html.escape(common.summary_line(report))}</p>', "</body></html>\n"]
-    return "".join(parts)
+    body, toc = _with_contents("".join(parts))
+    # the verdict block is the body's first part: the contents come right after it
+    cut = body.index("</div>", body.index('class="verdict"')) + len("</div>")
+    return "".join(preamble) + body[:cut] + toc + body[cut:]

@@ -115,6 +115,26 @@ def _joint(report: Report) -> dict[str, Any]:
     }
 
 
+def _comparison(c: Any) -> dict[str, Any]:
+    """A paired comparison; below the bootstrap's minimum n its bounds are null, as every interval's are."""
+    why = why_no_interval(Interval(c.diff, c.diff_low, c.diff_high, c.queries, "bootstrap"))
+    out = {**_clean(c), "significant": c.significant(), "no_interval": why}
+    if why is not None:
+        out["diff_low"] = out["diff_high"] = None
+    return out
+
+
+def dumps(doc: dict[str, Any]) -> bytes:
+    """The report document as bytes: ``verdict`` first (every format leads with it), then every other key sorted,
+    indented by two (``orjson.OPT_INDENT_2 | OPT_SORT_KEYS``)."""
+    rest = {k: v for k, v in doc.items() if k != "verdict"}
+    text = orjson.dumps(rest, option=_OPTIONS)
+    if "verdict" not in doc:
+        return text
+    head = orjson.dumps({"verdict": doc["verdict"]}, option=_OPTIONS)  # b'{\n  "verdict": ...\n}'
+    return head[:-2] + (b",\n" + text[2:] if rest else b"\n}")
+
+
 def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
     """Everything in the report, per query and per labelled pair included, as plain JSON-ready data.
 
@@ -142,7 +162,8 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
     online: dict[str, Any] = {}
     for system, om in report.online.items():
         online[system] = {
-            "searches": om.searches,
+            "searches": om.searches,  # the searches the figures rest on: the session filter's are left out
+            "searches_left_out": {"total": om.searches_left_out, "by_reason": om.left_out},
             "searches_with_results": om.searches_with_results,
             "metrics": _clean(om.metrics),
             "ctr_by_rank": _clean(om.ctr_by_rank),
@@ -151,6 +172,7 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
     for system in report.run_systems:
         online.setdefault(system, None)  # a run file was never shown to users: absent, not zero
     return {
+        "verdict": _clean(report.verdict.as_dict()) if report.verdict is not None else None,
         "created_at": report.created_at.isoformat(),
         "inputs": _clean(report.inputs),
         "config": _config(report),
@@ -166,10 +188,7 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
         "agreement": {s: {**_clean(a), "confusion": _clean(a.confusion) if a.pairs else None,
                           "no_overlap": None if a.pairs else "no implicit label overlaps a human one"}
                       for s, a in report.agreement.items()},
-        "comparisons": [{**_clean(c), "significant": c.significant(),
-                         "no_interval": why_no_interval(Interval(c.diff, c.diff_low, c.diff_high, c.queries,
-                                                                 "bootstrap"))}
-                        for c in report.comparisons],
+        "comparisons": [_comparison(c) for c in report.comparisons],
         "orderings": _clean(report.orderings),
         "gates": {
             "passed": not report.failed_gates,
@@ -199,7 +218,7 @@ def render_json(report: Report, *, label_pairs: bool = True) -> bytes:
 def write_json(report: Report, out: BinaryIO, *, label_pairs: bool = True, batch: int = PAIR_BATCH) -> int:
     """Write the report's JSON to ``out``, the label pairs :data:`PAIR_BATCH` at a time; returns the bytes written.
 
-    The bytes are those of ``orjson.dumps(report_dict(report), option=OPT_INDENT_2 | OPT_SORT_KEYS) + b"\\n"``
+    The bytes are those of ``dumps(report_dict(report)) + b"\\n"`` (the verdict first, then the keys sorted)
     (tests/reports/test_json_stream.py compares them), but the whole document is never held: at 20M events the
     label pairs (416,660 labels, each with its merged parameters) made a 1.59 GB document that took 1.6 GB more
     than the rest of ``ubi report`` to build as Python objects. The document is dumped with a placeholder in
@@ -209,13 +228,13 @@ def write_json(report: Report, out: BinaryIO, *, label_pairs: bool = True, batch
     """
     doc = report_dict(report, label_pairs=False)
     if not label_pairs:
-        text = orjson.dumps(doc, option=_OPTIONS) + b"\n"
+        text = dumps(doc) + b"\n"
         out.write(text)
         return len(text)
     while True:  # a placeholder no string of the report happens to equal
         marker = f"ubi-label-pairs-{uuid.uuid4().hex}"
         doc["labels"]["pairs"], doc["labels"]["pairs_omitted"] = marker, False
-        text = orjson.dumps(doc, option=_OPTIONS) + b"\n"
+        text = dumps(doc) + b"\n"
         quoted = orjson.dumps(marker)
         if text.count(quoted) == 1:
             break

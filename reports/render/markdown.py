@@ -21,6 +21,11 @@ def _table(head: common.Row, rows: list[common.Row]) -> str:
 def render_markdown(report: Report) -> str:
     """Every section of the report as Markdown."""
     out = ["# ubi report", ""]
+    headline, findings, undecided = common.verdict_parts(report)
+    out += ["## Verdict", "", f"**{headline}**", ""] + [f"- {line}" for line in findings] + [""]
+    if undecided:
+        out += ["Could not decide (and what would decide it):", ""] + [f"- {line}" for line in undecided] + [""]
+    out += [common.VERDICT_NOTE, ""]
     out += [f"- {line}" for line in common.header_lines(report)] + [""]
     if report.warnings:
         out += ["## Data-quality warnings", ""] + [f"- **warning:** {w}" for w in report.warnings] + [""]
@@ -39,6 +44,9 @@ def render_markdown(report: Report) -> str:
         out += [f"### By query class ({source})", "", _table(head, rows)]
     if report.online:
         out += ["## Online metrics", "", _table(*common.online_table(report))]
+        left = common.left_out_note(report)
+        if left:
+            out += [left, ""]
     if report.interleaving:
         out += ["## Interleaving", "", _table(*interleaving.table(report.interleaving))]
     if report.predicted:

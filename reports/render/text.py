@@ -13,13 +13,16 @@ from ubi_pipeline.reports.joint import Report
 from ubi_pipeline.reports.render import common
 
 
-def _table(title: str, head: common.Row, rows: list[common.Row]) -> Table:
+def _table(title: str, head: common.Row, rows: list[common.Row], *, wrap_last: int | None = None) -> Table:
     # every string is escaped: system names, sources and queries are user text, and rich would take a
     # "[min]" or "[ranker=a]" in them for markup and drop it
     t = Table(title=escape(title), title_justify="left", show_lines=False, header_style="bold")
     for i, h in enumerate(head):
         numeric = i > 0 and all(not r[i] or r[i][0] in "0123456789+-–<" for r in rows)
-        t.add_column(escape(h), justify="right" if numeric else "left", overflow="fold")
+        # a column of sentences (why a line has no figure, which traffic an A/B rests on) wraps instead of widening
+        # the table past a screen
+        limit = wrap_last if i == len(head) - 1 else None
+        t.add_column(escape(h), justify="right" if numeric else "left", overflow="fold", max_width=limit)
     for r in rows:
         t.add_row(*[escape(c) for c in r])
     return t
@@ -31,6 +34,15 @@ def print_report(report: Report, console: Console) -> None:
         console.rule("[bold]ubi report")
     else:  # a rule spans the whole (log-wide) width
         console.print("== ubi report ==", highlight=False)
+    headline, findings, undecided = common.verdict_parts(report)
+    console.print(f"[bold]Verdict:[/] {escape(headline)}", highlight=False)
+    for line in findings:
+        console.print(f"  - {escape(line)}", highlight=False)
+    if undecided:
+        console.print("[bold]Could not decide[/] (and what would decide it):", highlight=False)
+        for line in undecided:
+            console.print(f"  - {escape(line)}", highlight=False)
+    console.print(f"[dim]{escape(common.VERDICT_NOTE)}[/]", highlight=False)
     for line in common.header_lines(report):
         console.print(escape(line), highlight=False)
     for warning in report.warnings:
@@ -48,6 +60,9 @@ def print_report(report: Report, console: Console) -> None:
         console.print(_table(f"By query class ({source})", head, rows))
     if report.online:
         console.print(_table("Online metrics from the event log (value [CI])", *common.online_table(report)))
+        left = common.left_out_note(report)
+        if left:
+            console.print(f"[dim]{escape(left)}[/]", highlight=False)
     if report.interleaving:
         console.print(_table("Interleaving (team draft): the challenger against the reference",
                              *interleaving.table(report.interleaving)))
@@ -58,7 +73,7 @@ def print_report(report: Report, console: Console) -> None:
         console.print(escape("Joint view: every kind of evidence on each pair of systems (challenger − reference)"),
                       highlight=False)
         for title, head, rows, verdict in common.pair_tables(report):
-            console.print(_table(title, head, rows))
+            console.print(_table(title, head, rows, wrap_last=60))
             console.print(escape(f"{title}: {verdict}"), highlight=False)
         console.print(f"[dim]{escape(common.JOINT_NOTE)}[/]", highlight=False)
     if report.agreement:

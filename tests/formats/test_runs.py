@@ -132,7 +132,10 @@ def test_jsonl_runs_hold_ids_with_spaces(tmp_path: Path) -> None:
     )
     run = load_run(path)  # sniffed as JSONL: starts with "{"
     assert dict(run) == rankings and run.lines == {"red shoes": 1, "t towels kitchen": 2}
-    assert dict(load_run(write(tmp_path, "q1 Q0 a 1 1 t\n"))) == {"q1": ["a"]}  # sniffed as TREC
+    trec = load_run(write(tmp_path, "q1 Q0 a 1 1 t\n"))
+    assert dict(trec) == {"q1": ["a"]}  # sniffed as TREC
+    # the format travels with the run: a TREC query id is percent-escaped text, a JSONL one is the text itself
+    assert (run.format, trec.format, run_from_scored([]).format) == ("jsonl", "trec", None)
     with pytest.raises(RunError, match="unknown run format"):
         load_run(path, format="csv")
 

@@ -441,11 +441,18 @@ def test_filters_bots_click_all_and_empty_queries(tmp_path: Path) -> None:
     queries.append(make_query("one", "single", ["a"], at=5000, client_id="other"))  # one result, clicked: kept
     events.append(make_event("click", "one", "a", 0, at=5001))
     queries.append(make_query("blank", "   ", ["a"], at=5000, client_id="other"))
+    queries.append(make_query("b-none", "cheap", None, at=30.0, client_id="bot"))  # the bot's unranked search
     data, db = _load(tmp_path, queries, events)
     f = data.filters
     assert (f.bot_clients, f.bot_searches, f.click_all_searches, f.empty_query_searches) == (1, 61, 1, 1)
     # 61 bot + 61 human + 3 others ranked; kept: the 61 human searches and "single"
     assert (f.ranked_searches, f.sessions) == (125, 61 + 1)
+    # the verdict per search (issue 24: the report's online metrics leave out exactly these): the 61 bot searches,
+    # "all" and "blank", by query_id; and the bot's unranked search, which no filter count holds (it is not ranked),
+    # but which is a bot's search all the same
+    dropped = dict(zip(data.dropped.column("query_id").to_pylist(), data.dropped.column("reason").to_pylist(), strict=True))
+    assert dropped == {**{f"b{i}": "bot" for i in range(61)}, "b-none": "bot", "all": "click_all",
+                       "blank": "empty_query"}
     # the same log with the filters relaxed keeps everything but the empty query
     relaxed = read_sessions(db, Settings(max_client_queries_per_minute=1000, filter_click_all=False))
     assert (relaxed.filters.sessions, relaxed.filters.bot_searches, relaxed.filters.click_all_searches) == (124, 0, 0)

@@ -84,8 +84,13 @@ def test_offline_line_pairs_common_queries() -> None:
     per_text = {"ref": (["a", "b", "c"], np.array([0.5, 0.2, 0.9])), "cha": (["a", "b", "d"], np.array([0.7, 0.2, 0.1]))}
     ln = offline_line("human offline", "human", "ndcg@10", per_text, "ref", "cha", n_boot=200, seed=0, why_none="-")
     assert ln.diff == pytest.approx(0.1) and ln.n == 2 and ln.unit == "queries"
-    # bootstrap means of {0.2, 0} resamples lie in [0, 0.2]
-    assert 0.0 <= ln.low <= ln.diff <= ln.high <= 0.2
+    # two queries: no interval and no "excludes 0" (issue 24: none below MIN_BOOTSTRAP_N = 5, as the README says;
+    # before, the resamples of {0.2, 0} gave an interval)
+    assert math.isnan(ln.low) and math.isnan(ln.high) and ln.clear is None and ln.interval == "no interval: 2 queries < 5"
+    # five common queries: differences 0.2, 0, 0.1, 0.3, 0.1, mean 0.14; bootstrap means lie in [0, 0.3]
+    five = {"ref": (list("abcef"), np.array([0.5, 0.2, 0.3, 0.1, 0.4])), "cha": (list("abcef"), np.array([0.7, 0.2, 0.4, 0.4, 0.5]))}
+    ln5 = offline_line("human offline", "human", "ndcg@10", five, "ref", "cha", n_boot=200, seed=0, why_none="-")
+    assert ln5.diff == pytest.approx(0.14) and ln5.n == 5 and 0.0 <= ln5.low <= ln5.diff <= ln5.high <= 0.3
     absent = offline_line("human offline", None, "ndcg@10", per_text, "ref", "cha", n_boot=10, seed=0,
                           why_none="no human labels")
     assert absent.missing == "no human labels"

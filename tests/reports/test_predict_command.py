@@ -43,8 +43,10 @@ def test_predict_json(store: tuple[Path, Path, float], capsys: pytest.CaptureFix
     code = main(["predict", "--db", str(db), "--run", f"{run}=ideal", "--replicates", "40", "--json"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["candidate"] == "ideal"
-    pred = out["prediction"]
+    # issue 24: one document lists every candidate (before, it held one, and `--run A --run B` predicted B alone)
+    (cand,) = out["candidates"]
+    assert cand["candidate"] == "ideal"
+    pred = cand["prediction"]
     assert set(pred["methods"]) == {"dm", "ips", "snips", "dr"}
     assert set(pred["methods"]["dm"]) == {"ctr@10", "clicks_per_search", "abandonment", "rr_first_click"}
     assert set(pred["methods"]["ips"]) == {"ctr@10", "clicks_per_search"}
@@ -73,3 +75,51 @@ def test_predict_table_and_errors(store: tuple[Path, Path, float], tmp_path: Pat
     other.write_text(json.dumps({"query_id": "no such query", "doc_ids": ["x"]}) + "\n")
     assert main(["predict", "--db", str(db), "--run", str(other), "--replicates", "0"]) == 2
     assert "none of the candidate's 1 queries" in capsys.readouterr().err
+
+
+def test_every_run_is_predicted_and_trec_ids_are_percent_decoded(store: tuple[Path, Path, float], tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # issue 24: `--run A --run B` predicted B only, silently; and a TREC run whose query ids are percent-escaped
+    # texts (what `ubi judgments export --format trec` writes) matched no logged query. The TREC run below is the
+    # ideal run's rankings with each text escaped, so it must be predicted exactly as the JSONL one is.
+    from ubi_pipeline.processors.labels.implicit import trec_query_id
+
+    db, run, _ = store
+    rows = [json.loads(line) for line in run.read_text().splitlines()]
+    assert any(" " in r["query_id"] for r in rows)  # the texts hold spaces: escaping is needed
+    trec = tmp_path / "ideal.trec"
+    trec.write_text("".join(f"{trec_query_id(r['query_id'])} Q0 {d} {i + 1} {len(r['doc_ids']) - i} ideal\n"
+                            for r in rows for i, d in enumerate(r["doc_ids"])))
+    assert main(["predict", "--db", str(db), "--run", f"{run}=ideal-jsonl", "--run", f"{trec}=ideal-trec",
+                 "--replicates", "0", "--method", "dm", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = [c["candidate"] for c in out["candidates"]]
+    assert names == ["ideal-jsonl", "ideal-trec"] and len(out["inputs"]["runs"]) == 2
+    a, b = (c["prediction"] for c in out["candidates"])
+    assert a["covered_queries"] == b["covered_queries"] == 40  # every escaped id found its logged query
+    assert a["methods"]["dm"]["ctr@10"]["value"] == pytest.approx(b["methods"]["dm"]["ctr@10"]["value"], abs=1e-12)
+    # each candidate has a verdict against each logged system
+    assert {v["logged"] for v in out["candidates"][0]["verdict"]} == set(out["logged"])
+    # the text output lists both candidates too
+    text = tmp_path / "p.txt"
+    assert main(["predict", "--db", str(db), "--run", f"{run}=ideal-jsonl", "--run", f"{trec}=ideal-trec",
+                 "--replicates", "0", "--method", "dm", "--out", str(text)]) == 0
+    t = text.read_text()
+    assert "ideal-jsonl · dm" in t and "ideal-trec · dm" in t and t.count("verdict:") == 2 * len(out["logged"])
+
+
+def test_a_query_set_maps_run_ids_to_texts(store: tuple[Path, Path, float], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # the query-set ids `ubi judgments import --queries` accepts: a run keyed by q0, q1, ... and the set mapping them
+    db, run, _ = store
+    rows = [json.loads(line) for line in run.read_text().splitlines()]
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text("".join(json.dumps({"query_id": f"q{i}", "doc_ids": r["doc_ids"]}) + "\n" for i, r in enumerate(rows)))
+    qs = tmp_path / "qs.jsonl"
+    qs.write_text("".join(json.dumps({"query_id": f"q{i}", "query": r["query_id"]}) + "\n" for i, r in enumerate(rows)))
+    assert main(["predict", "--db", str(db), "--run", str(ids), "--replicates", "0", "--method", "dm", "--json"]) == 2
+    capsys.readouterr()  # without the set no id is a logged query ("none of the candidate's 40 queries")
+    assert main(["predict", "--db", str(db), "--run", str(ids), "--queries", str(qs), "--replicates", "0",
+                 "--method", "dm", "--json"]) == 0
+    (cand,) = json.loads(capsys.readouterr().out)["candidates"]
+    assert cand["prediction"]["covered_queries"] == 40

@@ -143,10 +143,14 @@ def test_bot_like_clients_are_warned_about(tmp_path: Path, capsys: pytest.Captur
     human = write_human(tmp_path / "h.jsonl")
     out = tmp_path / "r.json"
     assert ubi(["report", "--db", str(db), "--qrels", str(human), "--json", "--out", str(out)]) == 0
-    warnings = json.loads(out.read_text())["warnings"]
-    assert [w for w in warnings if "bots?" in w] == [
-        "1 client(s) sent more than 60 searches in a minute (peak 61; 70 searches in all): bots? The online metrics "
-        "here include them; `ubi process` filters them"]
+    doc = json.loads(out.read_text())
+    # issue 24: the online metrics used to include the bot's searches ("The online metrics here include them"); now
+    # the session filter's verdict applies to them too, and the report says how many it left out per system
+    assert [w for w in doc["warnings"] if "bots?" in w] == [
+        "1 client(s) sent more than 60 searches in a minute (peak 61; 70 searches in all): bots? Left out of the "
+        "online metrics, as `ubi process` leaves them out of the judgments"]
+    online = doc["online"]["shop/ranker=a"]
+    assert online["searches"] == 0 and online["searches_left_out"] == {"total": 70, "by_reason": {"bot": 70}}
 
 
 # ------------------------------------------------------------------------------------------- propensity

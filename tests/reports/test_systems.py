@@ -246,3 +246,23 @@ def test_modal_runs_past_one_batch_share_each_doc_id_string():
     assert len(runs["a"].run) == len(runs["b"].run) == n
     # e<k> (7 distinct ids) is one object across every query of both systems
     assert len({id(r[1]) for r in runs["a"].run.values()} | {id(r[0]) for r in runs["b"].run.values()}) == 7
+
+
+def test_trec_run_ids_are_percent_decoded_as_qrels_ids_are(tmp_path) -> None:
+    # issue 24: `red%20shoes` (what `ubi judgments export --format trec` writes for "red shoes") matched no logged
+    # query in a run, though `ubi judgments import` decodes it; a judged query id still wins over decoding
+    from ubi_pipeline.formats.runs import RunError, load_run
+    from ubi_pipeline.reports.systems import file_run
+
+    trec = tmp_path / "r.trec"
+    trec.write_text("red%20shoes Q0 d1 1 1 t\nq1 Q0 d2 1 1 t\n100%25%20cotton Q0 d3 1 1 t\n")
+    s = file_run("t", load_run(trec), {"q1": {"blue hat"}})
+    assert s.query_of == {"red%20shoes": "red shoes", "q1": "blue hat", "100%25%20cotton": "100% cotton"}
+    # JSONL ids hold spaces already: taken as they are
+    jsonl = tmp_path / "r.jsonl"
+    jsonl.write_text('{"query_id": "red%20shoes", "doc_ids": ["d1"]}\n')
+    assert file_run("j", load_run(jsonl), {}).query_of == {"red%20shoes": "red%20shoes"}
+    bad = tmp_path / "bad.trec"
+    bad.write_text("ok Q0 d1 1 1 t\n%FF%FE Q0 d1 1 1 t\n")
+    with pytest.raises(RunError, match=r"bad.trec:2: query id '%FF%FE' is not valid percent-escaped UTF-8"):
+        file_run("b", load_run(bad), {})

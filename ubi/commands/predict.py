@@ -19,6 +19,7 @@ from ubi_pipeline.schemas.errors import UbiError
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
 
     from ubi_pipeline.processors.counterfactual.predict import Prediction
     from ubi_pipeline.reports.online import OnlineMetrics
@@ -43,9 +44,20 @@ interval by letting the documents the log never showed range over the 25%-75% qu
 click probabilities; the prior-free interval <lo, hi> lets them take any click probability in [0, 1]: what
 the log alone can say.
 
+candidates: --run is repeatable; each run is predicted on its own (the click model refitted for each) and
+every candidate is listed, with its verdict against each logged system: ahead or behind only when its
+primary interval (the calibrated one) and the logged system's interval are disjoint, else "undetermined"
+with the share of its top k resting on assumptions. Run query ids: an id that is a query_id of the human
+judgments (--qrels, else the store's) or of the query set (--queries) stands for that query's text; any
+other id is the query text itself, percent-decoded in a TREC run (red%20shoes), as `ubi judgments import`
+reads TREC qrels.
+
+logged systems: their figures leave out the searches the session filter drops (bots, searches with a click
+on every result, empty queries), as `ubi process` leaves them out of the judgments; the count is printed.
+
 examples:
   ubi predict --run ltr-v3.trec
-  ubi predict --run ltr-v3.trec=ltr-v3 --model auto --method all --json
+  ubi predict --run ltr-v3.trec=ltr-v3 --run bm25.trec --model auto --method all --json
 """
 
 
@@ -62,10 +74,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--db", type=Path, help="DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)")
-    p.add_argument("--run", type=run_arg, required=True, metavar="FILE[=NAME]",
-                   help="the candidate's rankings: a TREC run or JSONL rankings. A query id that is the query_id of "
-                        "a human judgment stands for that query's text; any other id is the query text itself")
+    p.add_argument("--run", dest="runs", type=run_arg, action="append", required=True, metavar="FILE[=NAME]",
+                   help="a candidate's rankings: a TREC run or JSONL rankings (repeatable: each run is predicted). A "
+                        "query id that is the query_id of a human judgment or of the query set stands for that "
+                        "query's text; any other id is the query text itself (percent-decoded in a TREC run)")
     p.add_argument("--qrels", type=Path, metavar="FILE", help="human judgments whose query ids the run uses (optional)")
+    p.add_argument("--queries", type=Path, metavar="FILE",
+                   help="query set mapping query ids to texts (JSONL {\"query_id\", \"query\"} or Workbench), for runs "
+                        "whose query ids are not texts")
     p.add_argument("--model", choices=("pbm", "dbn", "auto"), default="pbm",
                    help="click model of the direct method (auto: the better held-out log-likelihood; default pbm)")
     p.add_argument("--prior", choices=("empirical", "pseudocount", "none"),
@@ -95,8 +111,10 @@ def _methods(text: str) -> tuple[str, ...]:
     return items
 
 
-def logged_figures(con: duckdb.DuckDBPyConnection, settings: Settings, k: int, seed: int) -> dict[str, OnlineMetrics]:
-    """The logged systems' online metrics (``ubi_pipeline.reports.online``), the figures a prediction stands beside."""
+def logged_figures(con: duckdb.DuckDBPyConnection, settings: Settings, k: int, seed: int,
+                   excluded: pa.Table | None = None) -> dict[str, OnlineMetrics]:
+    """The logged systems' online metrics (``ubi_pipeline.reports.online``), the figures a prediction stands beside,
+    without the searches of ``excluded`` (the session filter's verdict, ``SessionData.dropped``)."""
     from ubi_pipeline.reports.online import online_metrics
     from ubi_pipeline.reports.systems import load_searches
 
@@ -105,32 +123,49 @@ def logged_figures(con: duckdb.DuckDBPyConnection, settings: Settings, k: int, s
                           position_base_by_application=settings.position_base_by_application,
                           click_actions=tuple(settings.click_actions),
                           impression_actions=(settings.impression_action,),
-                          reformulation_window_s=settings.reformulation_window_s, seed=seed)
+                          reformulation_window_s=settings.reformulation_window_s, seed=seed, excluded=excluded)
 
 
-def prediction_json(name: str, pred: Prediction, logged: dict[str, OnlineMetrics], inputs: dict[str, Any]) -> dict[str, Any]:
-    """The prediction and the logged systems' actual figures of the same metrics, as one JSON document."""
+def _logged_json(logged: dict[str, OnlineMetrics], k: int) -> dict[str, Any]:
     from ubi_pipeline.processors.counterfactual.direct import METRICS
 
-    names = [m.replace("@k", f"@{pred.k}") for m in METRICS]
+    names = [m.replace("@k", f"@{k}") for m in METRICS]
     return {
-        "candidate": name,
-        "inputs": inputs,
-        "prediction": pred.to_json(),
-        "logged": {
-            system: {"searches": om.searches,
-                     **{m: {"value": om.metrics[m].value, "ci_low": om.metrics[m].low, "ci_high": om.metrics[m].high}
-                        for m in names if m in om.metrics}}
-            for system, om in sorted(logged.items())
-        },
+        system: {"searches": om.searches, "searches_left_out": {"total": om.searches_left_out, "by_reason": om.left_out},
+                 **{m: {"value": om.metrics[m].value, "ci_low": om.metrics[m].low, "ci_high": om.metrics[m].high}
+                    for m in names if m in om.metrics}}
+        for system, om in sorted(logged.items())
     }
+
+
+def _num_or_none(x: float) -> float | None:
+    return x if x == x and x not in (float("inf"), float("-inf")) else None
+
+
+def candidate_json(name: str, run: str, pred: Prediction, logged: dict[str, OnlineMetrics],
+                   veto: str | None = None) -> dict[str, Any]:
+    """One candidate: its prediction and its verdict against each logged system (``ubi_pipeline.reports.verdict``)."""
+    from ubi_pipeline.reports.verdict import candidate_findings
+
+    findings = candidate_findings(name, pred, logged, pred.k, veto)
+    return {"candidate": name, "run": run, "prediction": pred.to_json(),
+            "verdict": [{"logged": f.reference, "winner": f.winner, "firmness": f.firmness, "text": f.text,
+                         "would_decide": list(f.would_decide), "shares": {k: _num_or_none(v) for k, v in f.shares.items()}}
+                        for f in findings]}
+
+
+def prediction_json(candidates: list[dict[str, Any]], logged: dict[str, OnlineMetrics], inputs: dict[str, Any],
+                    k: int) -> dict[str, Any]:
+    """Every candidate (:func:`candidate_json`) and the logged systems' actual figures of the same metrics."""
+    return {"inputs": inputs, "candidates": candidates, "logged": _logged_json(logged, k)}
 
 
 def _num(x: float | None, digits: int = 4) -> str:
     return "-" if x is None or x != x else f"{x:.{digits}f}"
 
 
-def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetrics], console: Console) -> None:
+def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetrics], console: Console,
+                     veto: str | None = None) -> None:
     from ubi_pipeline.processors.counterfactual.direct import METRICS
 
     names = [m.replace("@k", f"@{pred.k}") for m in METRICS]
@@ -175,46 +210,78 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
         f"{pred.replicates} bootstrap replicates", highlight=False)
     for note in pred.notes:
         console.print(f"note: {escape(note)}", highlight=False)
+    from ubi_pipeline.reports.verdict import candidate_findings
+
+    if veto is not None:
+        console.print(f"[bold]warning:[/] {escape(veto)}", highlight=False)
+    for finding in candidate_findings(name, pred, logged, pred.k, veto):
+        decide = f" Would decide: {'; '.join(finding.would_decide)}." if finding.would_decide else ""
+        console.print(f"[bold]verdict:[/] {escape(finding.text)}.{escape(decide)}", highlight=False)
+    left = {s: om.searches_left_out for s, om in logged.items() if om.searches_left_out}
+    if left:
+        console.print("logged figures leave out the searches the session filter drops (as `ubi process` does): "
+                      + ", ".join(f"{escape(s)} {n}" for s, n in sorted(left.items())), highlight=False)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ubi_pipeline.formats.qrels import load_qrels
+    from ubi_pipeline.formats.qrels import load_qrels, load_queryset
     from ubi_pipeline.formats.runs import load_run
+    from ubi_pipeline.processors.clicks.identifiability import assess
     from ubi_pipeline.processors.clicks.sessions import load_sessions
     from ubi_pipeline.processors.counterfactual.predict import predict
     from ubi_pipeline.processors.labels.merge import LabelSet, labels_from_human, labels_from_store
-    from ubi_pipeline.reports.joint import query_id_texts
+    from ubi_pipeline.reports.joint import query_id_texts, ruled_out
     from ubi_pipeline.reports.predicted import load_swap_experiment
     from ubi_pipeline.reports.systems import file_run, run_system_name
     from ubi_pipeline.schemas.settings import Settings
+    from ubi_pipeline.schemas.text import normalize_query
     from ubi_pipeline.store.client import reading
 
     settings = Settings.from_flags(args)
     methods = _methods(args.method)
-    path, given = args.run
-    run = load_run(path)
-    name = run_system_name(run, given)
+    runs: list[tuple[str, Path, Any]] = []
+    for path, given in args.runs:
+        run = load_run(path)
+        name = run_system_name(run, given)
+        if any(name == other for other, _, _ in runs):
+            raise UbiError(f"{path}: candidate name {name!r} is already used by another --run; name them apart "
+                           "with --run FILE=NAME")
+        runs.append((name, path, run))
     labels = LabelSet()
     if args.qrels is not None:
         labels.add(labels_from_human(load_qrels(args.qrels).human_judgments()))
+    queryset = {}
+    if args.queries is not None:
+        queryset = {q.query_id: {normalize_query(q.query)} for q in load_queryset(args.queries)}
     k_model = max(settings.max_rank, args.k)
     with reading(settings.db, settings) as con:
         labels.add(labels_from_store(con))
-        system = file_run(name, run, query_id_texts(labels))
-        rankings = {system.query_of[qid]: docs for qid, docs in system.run.items()}
+        # a judgment's query id first, then the query set's (the order `ubi judgments import` reads them in)
+        texts = {**queryset, **query_id_texts(labels)}
+        systems = [(name, path, run, file_run(name, run, texts)) for name, path, run in runs]
         data = load_sessions(con, settings, max_rank=k_model)
+        # the verdict `ubi process` and `ubi report` use: on a log that cannot tell position from relevance the
+        # figures are still printed (they are what the model says), but no candidate is ordered by them
+        veto = ruled_out(args.model, assess(data.cells)) if len(data.cells.pair) else None
         swaps = load_swap_experiment(con, settings, k_model)
-        logged = logged_figures(con, settings, args.k, settings.seed)
-    pred = predict(data.patterns, rankings, model=args.model, methods=methods, k=args.k, clip=args.clip,
-                   replicates=args.replicates, seed=settings.seed, swaps=swaps,
-                   model_options=None if args.prior is None else {"prior": args.prior})
-    inputs = {"db": str(settings.db), "run": f"{path} ({len(run)} queries, {run.n_docs()} ranked docs)"}
+        logged = logged_figures(con, settings, args.k, settings.seed, data.dropped)
+    preds = []
+    for name, path, run, system in systems:
+        rankings = {system.query_of[qid]: docs for qid, docs in system.run.items()}
+        pred = predict(data.patterns, rankings, model=args.model, methods=methods, k=args.k, clip=args.clip,
+                       replicates=args.replicates, seed=settings.seed, swaps=swaps,
+                       model_options=None if args.prior is None else {"prior": args.prior})
+        preds.append((name, f"{path} ({len(run)} queries, {run.n_docs()} ranked docs)", pred))
+    inputs = {"db": str(settings.db), "runs": [r for _, r, _ in preds]}
     if args.json:
-        write_output(args.out, json.dumps(prediction_json(name, pred, logged, inputs), indent=2) + "\n")
-    elif args.out is not None:
-        console = Console(record=True, width=160, file=io.StringIO())
-        print_prediction(name, pred, logged, console)
+        doc = prediction_json([candidate_json(name, r, pred, logged, veto) for name, r, pred in preds], logged, inputs,
+                              args.k)
+        doc["model_ruled_out"] = veto  # why the identifiability verdict rules the click model out, or null
+        write_output(args.out, json.dumps(doc, indent=2) + "\n")
+        return 0
+    console = Console(record=True, width=160, file=io.StringIO()) if args.out is not None else Console()
+    for name, _, pred in preds:
+        print_prediction(name, pred, logged, console, veto)
+    if args.out is not None:
         write_output(args.out, console.export_text())
-    else:
-        print_prediction(name, pred, logged, Console())
     return 0

@@ -37,6 +37,13 @@ _FORMATS = ("text", "json", "md", "html")
 _FORMAT_NAMES = {"text": "text", "json": "JSON", "md": "Markdown", "html": "HTML"}
 
 _EPILOG = """\
+verdict (first in every format): which system wins on which evidence and how firmly, or "undetermined" and
+what would decide it. A line of evidence counts only when its interval excludes 0 (no interval below n = 5);
+an observed A/B line exists only for systems that served one application at overlapping times on shared
+queries; no prediction rests on a click model the identifiability verdict rules out; the online figures leave
+out the searches the session filter drops (bots, click-on-everything), counted per system; no implicit source
+is recommended on fewer than 200 held-out searches or 30 graded pairs.
+
 exit codes: 0 report written (gates passed or none given), 1 a gate failed (each shortfall is named),
 2 bad input (the message names the file and line), 3 internal error (a bug: the traceback is printed; never
 mistaken for a failed gate).
@@ -52,8 +59,9 @@ run files (--run FILE[=NAME]): TREC runs ('query_id Q0 doc_id rank score tag', o
 JSONL rankings ({"query_id": ..., "doc_ids": [...]}, detected by a leading '{'). Each is one more system, named
 NAME, else its run tag, else the file name without extension. Judgments are joined by normalised query text,
 so each run query id is mapped to a text: an id that is a query_id of the human judgments (--qrels first,
-then the store's human_judgments) stands for that query's text; any other id is taken as the query text itself
-(normalised), which is how Workbench judgments, implicit judgments and the logs name queries. A run is
+then the store's human_judgments) or of the query set (--queries) stands for that query's text; any other id is
+taken as the query text itself (normalised; percent-decoded in a TREC run, red%20shoes, as `ubi judgments
+import` reads TREC qrels), which is how Workbench judgments, implicit judgments and the logs name queries. A run is
 evaluated offline like a logged system (every source, coverage, per query, --baseline, gates); it has no
 online metrics ("no log"), takes no part in the offline-vs-online ordering, and an online gate applies to it
 only when the thresholds file names it.
@@ -90,6 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "run tag, else the file stem (repeatable). A run query id that is a query_id of the human "
                         "judgments stands for that query's text; any other id is the query text itself. No online "
                         "metrics (shown as 'no log'). See below")
+    p.add_argument("--queries", type=Path, metavar="FILE",
+                   help="query set mapping query ids to texts (JSONL {\"query_id\", \"query\"} or Workbench), for "
+                        "--run files whose query ids are not texts")
     p.add_argument("--k", type=int, default=10, help="cutoff of the default metrics, coverage and CTR@k (default 10)")
     p.add_argument("--metrics", type=csv_list, metavar="LIST",
                    help="offline metrics (default: ndcg@K,recall@K,mrr,p@K,map,judged@K)")
@@ -201,6 +212,32 @@ def _propensity(path: Path | None) -> dict[str, Any] | None:
     return doc
 
 
+#: An application's ordinal base is reported, even when the data's majority agrees with it, once at least this share
+#: of its checked ordinals fits the other base: a producer that changed its mind (Chorus in the ESCI sample: 40%
+#: of its ordinals fit base 0, 60% base 1) must not hide behind a one-word verdict.
+MIXED_BASE_SHARE = 0.10
+
+
+def _base_line(choice: Any) -> str:
+    """The ordinal-base verdict of one application with the share of its evidence against the base in use."""
+    from ubi_pipeline.processors.clicks.ordinal_base import describe
+
+    line = describe(choice)
+    ev = choice.evidence
+    if ev is not None and ev.checked:
+        fits, against = (ev.base0, ev.base1) if choice.base == 0 else (ev.base1, ev.base0)
+        line += (f"; {against / ev.checked:.0%} of the checked ordinals fit base {1 - choice.base}, against the base "
+                 f"in use ({fits / ev.checked:.0%} fit it)")
+    return line
+
+
+def _against_share(choice: Any) -> float:
+    ev = choice.evidence
+    if ev is None or not ev.checked:
+        return 0.0
+    return (ev.base1 if choice.base == 0 else ev.base0) / ev.checked
+
+
 def _has_log(con: Any) -> bool:
     tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     return {"ubi_queries", "ubi_events"} <= tables
@@ -248,10 +285,9 @@ def _write_json(path: Path | None, report: Any, *, label_pairs: bool) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ubi_pipeline.formats.qrels import ESCI_RATINGS, RatingMap, load_qrels
+    from ubi_pipeline.formats.qrels import ESCI_RATINGS, RatingMap, load_qrels, load_queryset
     from ubi_pipeline.formats.runs import load_run
     from ubi_pipeline.processors.clicks.ordinal_base import (
-        describe,
         effective_bases,
         position_base_flags,
         suggestion,
@@ -301,6 +337,12 @@ def cmd_report(args: argparse.Namespace) -> int:
             inputs["rating_map"] = rating_map.describe()
     if args.thresholds is not None:
         inputs["thresholds"] = str(args.thresholds)
+    queryset = None
+    if args.queries is not None:
+        from ubi_pipeline.schemas.text import normalize_query
+
+        queryset = {q.query_id: {normalize_query(q.query)} for q in load_queryset(args.queries)}
+        inputs["queries"] = f"{args.queries} ({len(queryset)} queries)"
     file_runs = []
     for path, name in args.runs:
         run = load_run(path)
@@ -318,9 +360,11 @@ def cmd_report(args: argparse.Namespace) -> int:
             # the online metrics place clicks by ordinal with the same bases `ubi process` uses
             bases = position_bases(con, settings)
             config.position_base_by_application = effective_bases(bases)
-            # a base detected as the default changes nothing: only a change or a disagreement is worth a warning
-            warnings = [describe(c) for c in bases.values()
-                        if c.disagrees or (c.how == "detected" and c.base != settings.position_base)]
+            # a base detected as the default changes nothing: only a change, a disagreement or mixed evidence is
+            # worth a warning, and each says how much of the evidence goes against the base in use
+            warnings = [_base_line(c) for c in bases.values()
+                        if c.disagrees or (c.how == "detected" and c.base != settings.position_base)
+                        or _against_share(c) >= MIXED_BASE_SHARE]
             hint = suggestion(bases, settings)
             if hint:
                 warnings.append(f"suggested setting: {hint}")
@@ -345,7 +389,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             task = bar.add_task("report", total=None)
             report = build_report(con, read_labels, config, thresholds=thresholds, propensity=propensity, inputs=inputs,
                                   progress=lambda name: bar.update(task, description=name), file_runs=file_runs,
-                                  warnings=warnings, sessions=sessions, swaps=swaps)
+                                  warnings=warnings, sessions=sessions, swaps=swaps, queryset=queryset)
 
     if fmt == "text":
         if args.out is None:
