@@ -228,6 +228,17 @@ class Settings(BaseSettings):
         10.0, gt=0, description="seconds a client has, from its request's first byte, to send the whole request "
         "line and headers (slow senders are disconnected)",
     )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="seconds a client has, from the end of its request's headers, to send the whole "
+        "body (every route; slow senders are disconnected, and nothing of the request is stored)",
+    )
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1024, description="longest request line plus headers, in bytes; a longer one is answered 431 "
+        "and the connection closed before the headers are held whole",
+    )
+    max_headers: int = Field(
+        100, ge=8, description="most header lines in one request; more are answered 431 and the connection closed",
+    )
     max_connections: int = Field(
         1000, ge=1, description="open connections the collector holds at once; one more is answered 503 and closed",
     )
