@@ -313,7 +313,7 @@ def print_tables(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> N
 
 
 def markdown(results: list[dict[str, Any]], cov: dict[str, Any] | None) -> str:
-    """The README tables: perplexity (ours / pseudo-count), τ by bucket (recommended vs raw CTR), θ."""
+    """The tables of docs/benchmarks.md: perplexity (ours / pseudo-count), τ by bucket (recommended vs raw CTR), θ."""
     def f(x: Any, d: int = 3) -> str:
         return "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{d}f}"
 
@@ -417,7 +417,7 @@ def main() -> int:
                          "best of those fitted, which is what --model auto picks only when every model is given")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", nargs="+", metavar="RESULT.json",
-                    help="print the README tables of --json outputs (one or more files) instead of running")
+                    help="print the docs/benchmarks.md tables of --json outputs (one or more files) instead of running")
     args = ap.parse_args()
     if args.markdown:
         results, cov = [], None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from ubi_pipeline.collector.ingest import (
 from ubi_pipeline.collector.metrics import Metrics
 from ubi_pipeline.collector.sinks.base import Sink
 from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.schemas.terminal import printable
 
 log = logging.getLogger("ubi.collector")
 
@@ -39,6 +41,47 @@ class TooManyItems(TooLarge):
     """More items in one body than ``max_items`` (413); the body is within the byte limit, so it is kept."""
 
     keep = True
+
+
+#: At most one log line about rejected items per this many seconds (the others are counted in the next line).
+REJECTION_LOG_EVERY_S = 10.0
+
+
+@dataclass
+class RejectionLog:
+    """Warn about rejected items at the default log level without flooding it.
+
+    A sender with a bug sends the same bad item thousands of times a minute: one line per ``every`` seconds
+    names the route, how many items of the request were rejected and the first reason; the next line says how
+    many rejected items (and requests) went unlogged since. ``/metrics`` and ``ubi failed`` have every one.
+    """
+
+    every: float = REJECTION_LOG_EVERY_S
+    clock: Callable[[], float] = time.monotonic
+    _last: float | None = None
+    _quiet_items: int = 0
+    _quiet_requests: int = 0
+
+    def note(self, result: IngestResult, source: str) -> None:
+        if not result.rejected:
+            return
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every:
+            self._quiet_items += result.rejected
+            self._quiet_requests += 1
+            return
+        total = result.accepted + result.duplicates + result.rejected
+        first = ""
+        if result.errors:
+            e = result.errors[0]
+            # client text: no escape sequence or line break reaches the log
+            reason = printable(e.message).replace("\n", "\\n")
+            first = f": item {e.index}" + (f" field {printable(e.field)}" if e.field else "") + f": {reason}"
+        quiet = (f" (and {self._quiet_items} rejected items in {self._quiet_requests} requests not logged in the "
+                 f"last {now - self._last:.0f} s)" if self._quiet_requests and self._last is not None else "")
+        log.warning("rejected %d of %d items on %s%s%s; `ubi failed` lists them with their reasons",
+                    result.rejected, total, source, first, quiet)
+        self._last, self._quiet_items, self._quiet_requests = now, 0, 0
 
 
 @dataclass
@@ -52,6 +95,7 @@ class Collector:
     body_filters: list[BodyFilter] = field(default_factory=list)
     #: Checks run on a request before its body is read; one returning an error refuses the request with it.
     request_checks: list[Callable[[Scope], RequestError | None]] = field(default_factory=list)
+    rejections: RejectionLog = field(default_factory=RejectionLog)
 
     @property
     def indices(self) -> dict[str, Kind]:
@@ -126,6 +170,7 @@ class Collector:
         self.metrics.inc("ubi_bodies_kept_total", route=ctx.source, kind=kind)
 
     def count(self, result: IngestResult, route: str) -> None:
+        self.rejections.note(result, route)
         m = self.metrics
         m.inc("ubi_records_accepted_total", result.queries, kind="query", route=route)
         m.inc("ubi_records_accepted_total", result.events, kind="event", route=route)

@@ -43,6 +43,18 @@ class Unprocessable(RequestError):
     kind = "unprocessable"
 
 
+class AllRejected(RequestError):
+    """Every item of a request was rejected (422): nothing stored, each item kept in ``failed_records`` on its own.
+
+    Answered instead of a 202 ``{"accepted": 0}``, which clients (the reference JavaScript client, ``fetch``
+    with ``response.ok``) take for success, so that the developer sending them hears of it.
+    """
+
+    status_code = 422
+    kind = "rejected"
+    keep = False  # the items are kept one by one, with their reasons
+
+
 class SinkUnavailable(RequestError):
     """The sink could not make the records durable; nothing was acknowledged (503, retry later)."""
 

@@ -20,18 +20,25 @@ How the collector's outcomes map (an event's ``_id`` is its ``event_id``; a quer
 ``index`` (nothing is written twice) and 409 for ``create`` (as OpenSearch, whose ``create`` never
 overwrites); stored with other content -> 409 (first write wins, the item is kept in ``failed_records``);
 invalid -> 400 ``mapper_parsing_exception`` naming the field.
+
+The connectivity checks of OpenSearch clients are answered too: ``GET /`` with the cluster's identity (``name``,
+``cluster_name``, ``version.distribution`` and ``version.number``, ``tagline``: opensearch-py's ``info()``),
+``HEAD /`` 200 (its ``ping()``), and ``HEAD /{index}`` 200 for the UBI indices and 404 for any other name
+(``indices.exists()``). A browser asking ``/`` for HTML is sent to the app's home page when it has one (the demo
+site sets ``app.state.home_page``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 from starlette.datastructures import Headers
 
 from ubi_pipeline.collector.bodies import BodyError, Kind, RawItem, bulk_id, parse_bulk, parse_items
@@ -90,6 +97,59 @@ def _no_such_index(collector: Collector, name: str) -> Response:
 def _refused(exc: RequestError) -> Response:
     kind = _ERROR_TYPES.get(exc.status_code, "exception")
     return error_response(exc.status_code, kind, exc.message, headers=exc.headers)
+
+
+# ---------------------------------------------------------------- the cluster
+
+
+#: The OpenSearch release whose REST answers these routes follow: ``version.number`` is what a client reads to
+#: pick its protocol (2.x: document APIs without mapping types, ``_bulk`` item statuses as here).
+OPENSEARCH_API_VERSION = "2.19.0"
+
+
+def cluster_info() -> dict[str, Any]:
+    """``GET /`` as OpenSearch answers it; the build fields say what answers (the collector, not a node)."""
+    try:
+        ours = importlib.metadata.version("ubi-pipeline")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        ours = "unknown"
+    return {
+        "name": "ubi-pipeline-collector",
+        "cluster_name": "ubi-pipeline",
+        "cluster_uuid": "_na_",
+        "version": {
+            "distribution": "opensearch",
+            "number": OPENSEARCH_API_VERSION,
+            "build_type": f"ubi-pipeline {ours}",
+            "build_snapshot": False,
+            "minimum_wire_compatibility_version": "7.10.0",
+            "minimum_index_compatibility_version": "7.0.0",
+        },
+        "tagline": "The OpenSearch Project: https://opensearch.org/ (UBI collector of ubi-pipeline)",
+    }
+
+
+def _wants_html(request: Request) -> bool:
+    return "text/html" in request.headers.get("accept", "")
+
+
+@router.get("/", summary="OpenSearch cluster info (what opensearch-py's info() reads)")
+async def root(request: Request) -> Response:
+    home = getattr(request.app.state, "home_page", None)
+    if home is not None and _wants_html(request):  # a person with a browser, not a client library
+        return RedirectResponse(home)
+    return _json(cluster_info(), 200)
+
+
+@router.head("/", summary="OpenSearch ping (opensearch-py's ping())")
+async def ping() -> Response:
+    return Response(status_code=200, media_type="application/json")
+
+
+@router.head("/{index}", summary="OpenSearch index exists: 200 for the UBI indices this collector takes, else 404")
+async def index_exists(index: str, request: Request) -> Response:
+    collector: Collector = request.app.state.collector
+    return Response(status_code=200 if index in collector.indices else 404, media_type="application/json")
 
 
 # ---------------------------------------------------------------- items
@@ -247,4 +307,4 @@ for _method in ("POST", "PUT"):
                          operation_id=f"opensearch_create_document_{_m}", summary="OpenSearch create document")
 
 
-__all__: Sequence[str] = ["error_response", "item_answer", "router"]
+__all__: Sequence[str] = ["OPENSEARCH_API_VERSION", "cluster_info", "error_response", "item_answer", "router"]

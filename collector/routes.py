@@ -19,8 +19,8 @@ from starlette.types import Receive, Scope
 
 from ubi_pipeline.collector.bodies import Kind, NotGzip, dropped_keys, duplicate_keys, gunzip
 from ubi_pipeline.collector.deps import Collector, ORJSONResponse, error_answer, get_collector
-from ubi_pipeline.collector.errors import RequestError, TooLarge
-from ubi_pipeline.collector.ingest import APPLICATION_SCOPE_KEY, IngestContext
+from ubi_pipeline.collector.errors import AllRejected, RequestError, TooLarge
+from ubi_pipeline.collector.ingest import APPLICATION_SCOPE_KEY, IngestContext, IngestResult
 from ubi_pipeline.collector.metrics import Labels
 from ubi_pipeline.schemas.interleaving import METHOD, InterleavingError, team_draft
 
@@ -60,6 +60,16 @@ class ErrorOut(BaseModel):
     message: str
     line: int | None = None
     column: int | None = None
+
+
+class RejectedOut(ErrorOut):
+    """422: every item was rejected (``error`` AllRejected, the first reasons in ``message``; each item kept in
+    failed_records), or an input the collector could not process (``error`` Unprocessable; body kept)."""
+
+    accepted: int | None = Field(None, description="AllRejected: 0")
+    duplicates: int | None = Field(None, description="AllRejected: 0")
+    rejected: int | None = Field(None, description="AllRejected: items refused, every item of the request")
+    errors: list[ItemErrorOut] | None = Field(None, description="AllRejected: why each item was refused")
 
 
 _NDJSON_TYPES = ("application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines")
@@ -118,8 +128,9 @@ _INGEST_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorOut, "description": "body over max_body_bytes or more than max_items items"},
     415: {"model": ErrorOut, "description": "content type other than JSON or NDJSON; body kept"},
     422: {
-        "model": ErrorOut,
-        "description": "an input the collector could not process; body kept, please report",
+        "model": RejectedOut,
+        "description": "every item rejected (AllRejected: the first reasons named, each item kept in failed_records),"
+        " or an input the collector could not process (Unprocessable: body kept, please report)",
     },
     503: {
         "model": ErrorOut,
@@ -228,8 +239,28 @@ async def ingest(
         result = await collector.accept(body, kind=kind, ndjson=ndjson, ctx=ctx)
     except RequestError as exc:
         return error_answer(exc)
+    if kind is not None and result.rejected and not (result.accepted or result.duplicates):
+        return all_rejected_answer(result)
     payload = orjson.dumps(result.public())
     return 202, [_JSON, (b"content-length", str(len(payload)).encode())], payload
+
+
+#: How many item errors the message of an :class:`AllRejected` answer names (all are in its ``errors``).
+NAMED_ERRORS = 3
+
+
+def all_rejected_answer(result: IngestResult) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """422 for a request of ``/v1/events``, ``/v1/queries`` (and the reference client's ``/ubi_*``) whose every
+    item was rejected: ``{"error": "AllRejected", "message"}`` naming the first errors, then the usual counts and
+    ``errors``. ``/v1/bulk`` keeps its 202 (``ubi import`` reads its counts chunk by chunk)."""
+    named = [f"item {e.index}" + (f" field {e.field}" if e.field else "") + f": {e.message}"
+             for e in result.errors[:NAMED_ERRORS]]
+    more = result.rejected - len(named)
+    message = (f"every item was rejected ({result.rejected}), nothing was stored: " + "; ".join(named)
+               + (f"; and {more} more (see errors)" if more > 0 else "")
+               + ". Each item is kept in failed_records (`ubi failed`)")
+    payload = orjson.dumps({"error": AllRejected.__name__, "message": message, **result.public()})
+    return AllRejected.status_code, [_JSON, (b"content-length", str(len(payload)).encode())], payload
 
 
 _JSON = (b"content-type", b"application/json")

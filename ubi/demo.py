@@ -3,7 +3,7 @@
 It starts a real collector process (``ubi serve``) on a fresh DuckDB file and a free loopback port, sends
 simulated traffic over HTTP (the built-in catalog with graded human judgments, two rankers, position-biased
 clicks), derives candidate judgments with several click models *while the collector keeps running* (the
-one-writer design of ``collector/store.py``), estimates position bias, and prints the joint report, in which
+one-writer design of ``store/duckdb_store.py``, docs/collector.md), estimates position bias, and prints the joint report, in which
 a third ranker that never served (a run file the demo writes from its catalog) gets its online metrics
 predicted from the logs and every pair of rankers its joint view. Same seed, same report. ``--serve`` instead serves the instrumented demo search page.
 """

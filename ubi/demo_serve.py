@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from ubi_pipeline.collector.server import bind_socket, close_serving, make_server, server_config
-from ubi_pipeline.demo_site import DemoCatalog, DemoDoc, demo_router
+from ubi_pipeline.demo_site import DemoCatalog, DemoDoc, install_demo
 from ubi_pipeline.schemas.errors import UbiError
 from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.store.duckdb_store import Store
@@ -113,7 +113,7 @@ def build_demo_app(settings: Settings, *, catalog: DemoCatalog | None = None, si
         qrels = write_qrels(Path(str(store.path) + ".qrels.jsonl"), settings.seed)
         report_url = "/report"
         _add_report_route(app, store, qrels, settings)
-    app.include_router(demo_router(catalog or demo_catalog(settings.seed), report_url=report_url))
+    install_demo(app, catalog or demo_catalog(settings.seed), report_url=report_url)
     return app
 
 

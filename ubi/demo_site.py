@@ -3,7 +3,7 @@
 The page itself is ``collector/static/demo.html``, instrumented with ``ubi-client.js`` exactly as a team would
 instrument its own search page. This module only knows a :class:`DemoCatalog` (searches, their candidate
 documents, and one ranking per ranker); ``ubi/demo_serve.py`` builds one from the simulator's catalog and
-mounts :func:`demo_router` on a collector app, so page, client and collector share one origin.
+adds the site to a collector app with :func:`install_demo`, so page, client and collector share one origin.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from fastapi.responses import FileResponse, HTMLResponse
 from pydantic import BaseModel
 
 from ubi_pipeline.collector.browser import STATIC_DIR
@@ -134,10 +134,6 @@ def demo_router(catalog: DemoCatalog, *, report_url: str | None = None) -> APIRo
     """Routes of the demo site: the page (``/demo/``), its config, ``/demo/search`` and product pages."""
     router = APIRouter(tags=["demo"])
 
-    @router.get("/", include_in_schema=False)
-    async def root() -> RedirectResponse:
-        return RedirectResponse("/demo/")
-
     @router.get("/demo/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(DEMO_PAGE, media_type="text/html")
@@ -165,6 +161,13 @@ def demo_router(catalog: DemoCatalog, *, report_url: str | None = None) -> APIRo
         return HTMLResponse(_PRODUCT.format(title=_esc(doc.title), doc_id=_esc(doc.doc_id)))
 
     return router
+
+
+def install_demo(app: Any, catalog: DemoCatalog, *, report_url: str | None = None) -> None:
+    """Add the demo site to a collector app: its routes, and ``/demo/`` as the home page a browser opening ``/``
+    is sent to (clients asking ``/`` for JSON get the collector's OpenSearch answer)."""
+    app.include_router(demo_router(catalog, report_url=report_url))
+    app.state.home_page = "/demo/"
 
 
 def _esc(text: str) -> str:

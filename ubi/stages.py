@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import os
 import sys
 import traceback
@@ -44,6 +45,8 @@ def stage_parser(*more: Callable[[Any], None]) -> argparse.ArgumentParser:
         epilog="Run `ubi COMMAND --help` for each command's options. Settings also come from UBI_* variables.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("-V", "--version", action="version", version=f"ubi-pipeline {installed_version()}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     collector_commands.register(sub)  # serve, import, failed, schema
     loader_commands.register(sub)  # consume
@@ -57,6 +60,14 @@ def stage_parser(*more: Callable[[Any], None]) -> argparse.ArgumentParser:
     for register in more:
         register(sub)
     return parser
+
+
+def installed_version() -> str:
+    """The version of the installed ``ubi-pipeline`` distribution (its metadata, not a copy kept in the code)."""
+    try:
+        return importlib.metadata.version("ubi-pipeline")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 #: Width rich renders at when stdout is not a terminal (a pipe, a file, a CI log): wide enough that no table

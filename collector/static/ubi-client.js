@@ -52,6 +52,10 @@
   }
 
   // Storage may be missing or throw (privacy modes, quota): then the client keeps everything in memory.
+  function warn(text) {
+    if (root.console && root.console.warn) root.console.warn("ubi-client: " + text);
+  }
+
   function store(kind) {
     try { var s = root[kind]; s.setItem("ubi_probe", "1"); s.removeItem("ubi_probe"); return s; } catch (e) { return null; }
   }
@@ -314,19 +318,30 @@
       var after = Number(res.headers.get("retry-after"));
       return { retry: after > 0 ? after * 1000 : 0 };
     }
-    // 2xx: stored (rejected items are kept by the collector and listed in the answer). Other 4xx: the
-    // collector refused and, for 400/403, kept the records itself; sending them again cannot help.
+    // 2xx: stored (rejected items are kept by the collector and listed in the answer). Other 4xx (422: every
+    // item rejected): the collector refused and kept the records itself; sending them again cannot help.
+    // Either way a rejection is told on the console, where the page's developer looks.
     this.remove(part);
     if (res.ok) {
       return res.json().then(function (body) {
         self.stats.sent += body.accepted || 0;
         self.stats.duplicates += body.duplicates || 0;
         self.stats.rejected += body.rejected || 0;
+        if (body.rejected) {
+          var first = (body.errors || [])[0];
+          warn(body.rejected + " of " + part.length + " records rejected by the collector" + (first ?
+            ": item " + first.index + (first.field ? " field " + first.field : "") + ": " + first.message : ""));
+        }
         return null;
       }, function () { return null; });
     }
     this.stats.rejected += part.length;
-    return null;
+    return res.json().then(function (body) { return body && body.message; }, function () { return null; })
+      .then(function (message) {
+        warn(part.length + " records refused by the collector (HTTP " + res.status + ")" +
+          (message ? ": " + message : ""));
+        return null;
+      });
   };
 
   Client.prototype.remove = function (part) {

@@ -44,7 +44,7 @@ its slopes, as PBM's does (the votes enter the mean only); (β', λ) maximise th
 (c', E'). Since c'/E' = c/E, the prediction lies between the prior mean m'_i and the MLE c_i/E_i and tends to
 the MLE with support. A pair training never showed is predicted at the prior mean at the rank it is shown at
 (its votes unknown: at their mean). Chosen by measurement among the variants of ``bench/coec_priors.py`` on the
-hard scenario (README, accuracy on the hard scenario): held-out conditional perplexity below the +1/+2
+hard scenario (docs/benchmarks.md, "Accuracy on the hard scenario"): held-out conditional perplexity below the +1/+2
 pseudo-count on all 9 (generator, size) logs of seeds 0 and 7, where the score's posterior lost 6 of 9 per
 seed; the same model without the per-pair strength lost DBN traffic at 2,000 searches on seed 7, and with the
 strength on the votes too it was lower on 7 of the 18 logs against this one's 9.

@@ -29,7 +29,7 @@ examination falls with the rank (θ_k = 1/k) the α of a pair shown low is biase
 the pair was shown learns that bias, and a held-out ranker that puts such a pair first finds it clicked far
 more often (CTR 0.74-0.80 against 0.31-0.58 predicted, seed 0). Which systems chose the pair says how relevant it
 is apart from where it was shown: with the votes DBN wins every row, full and conditional (1.3675 / 1.3712
-there; README, "Accuracy on the hard scenario").
+there; docs/benchmarks.md, "Accuracy on the hard scenario").
 
 Unseen pairs get the prior mean at the rank they are shown at: α from a second marginal-likelihood fit on
 the ranking features alone at the final E-step (such a pair has no vote, as in PBM), σ from its prior at

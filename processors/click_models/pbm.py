@@ -72,7 +72,7 @@ DEFAULT_TOL = 1e-8
 #: maximise no single objective (EM raises the log posterior at a fixed prior, the refit the prior's marginal
 #: likelihood at fixed examination), and past the first few they creep, by a factor of about 0.95 a round,
 #: towards a flatter examination curve whose rank slope the rank-informed prior mean absorbs. Run to their
-#: limit they measured worse on every log tried (README, "Click models": held-out perplexity, τ, θ error)
+#: limit they measured worse on every log tried (docs/position-bias.md, "Sparse logs and priors": held-out perplexity, τ, θ error)
 MAX_PRIOR_ROUNDS = 10
 #: EM tolerance of the rounds before the prior has settled
 ROUND_TOL = 1e-5
@@ -375,7 +375,7 @@ class ExaminationEM(FittedModel):
                                   "(ubi_pipeline.processors.propensity.harvest)")
         else:
             out["examination"] = "fitted in the rounds"
-            out["note"] = "early stopping: run to their limit the rounds measured worse (README, Click models)"
+            out["note"] = "early stopping: run to their limit the rounds measured worse (docs/position-bias.md, Sparse logs and priors)"
         if ident.verdict == UNIDENTIFIED:
             out["why"] = ("no pair links rank 1 to another rank (identifiability: unidentified), so the examination "
                           "curve rests on the prior alone and further rounds slide along that ridge without settling: "
@@ -506,7 +506,7 @@ class PBM(ExaminationEM):
         its attractiveness (Hausman, Hall & Griliches, Econometrica 1984; ``ubi_pipeline.processors.clicks.fixed_effects``), so
         θ needs neither the per-pair α nor the prior. Fitted jointly with them instead, θ and the rank-informed
         prior mean trade off along a ridge (both fall with the rank), and the rounds creep along it towards a
-        flatter curve. Measured on the hard scenario's PBM traffic (README, "Click models"; 6 logs): θ error 2-5
+        flatter curve. Measured on the hard scenario's PBM traffic (docs/benchmarks.md, "Click models"; 6 logs): θ error 2-5
         times lower from 20,000 searches up, held-out perplexity and τ equal or better on 4 of the 6 (the other
         two lose 0.0017 of perplexity at 2,000 searches and 0.0035 of τ in one bucket). None (θ fitted in the rounds,
         as UBM's γ always is) when a rank is not linked or no linked pair was clicked.

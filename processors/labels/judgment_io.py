@@ -1,7 +1,7 @@
 """Judgments between files and the store: export stored labels, import a human qrels file.
 
 Export (:func:`export_judgments`) writes the graded labels of one source of the store (``human``,
-``reviewed``, one ``reviewed:<src>`` or ``implicit:<model>``, or ``merged``, the precedence view of
+``reviewed``, one ``reviewed:<src>`` or ``implicit:<model>``, ``implicit`` when the store holds one model, or ``merged``, the precedence view of
 :mod:`ubi_pipeline.processors.labels.merge`) in a judgment format of :mod:`ubi_pipeline.formats.qrels`:
 
 - ``jsonl``: one query a line with its text; the stored ``query_id`` when the query has exactly one (else the
@@ -45,7 +45,14 @@ from ubi_pipeline.formats.qrels import (
     workbench_safe,
 )
 from ubi_pipeline.processors.labels.implicit import query_from_trec_id, trec_query_id
-from ubi_pipeline.processors.labels.merge import DEFAULT_PRECEDENCE, KINDS, Label, LabelSet, labels_from_store
+from ubi_pipeline.processors.labels.merge import (
+    DEFAULT_PRECEDENCE,
+    KINDS,
+    Label,
+    LabelSet,
+    label_kind,
+    labels_from_store,
+)
 from ubi_pipeline.schemas.errors import StoreError, UbiError
 from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.client import load_derived, reading
@@ -112,6 +119,23 @@ def _meta(labels: Sequence[Label]) -> tuple[dict[str, Any], bool]:
     return meta, mixed
 
 
+def _one_model(labels: LabelSet) -> None:
+    """``implicit`` names the store's one click model; with several it is ambiguous (:class:`JudgmentIOError`).
+
+    A judgment file holds one grade per (query, doc), and models estimate the same pairs: taking, pair by pair,
+    whichever model sorts first would give a file of no model at all, so the user names the model, or asks for
+    that per-pair choice explicitly with ``merged`` and a precedence.
+    """
+    models = sorted({lab.source for labs in labels.by_pair.values() for lab in labs
+                     if lab.grade is not None and label_kind(lab.source) == "implicit"})
+    if len(models) > 1:
+        names = [m.split(":", 1)[1] for m in models]
+        raise JudgmentIOError(
+            f"--source implicit is ambiguous: the store holds graded judgments of {len(models)} click models "
+            f"({', '.join(models)}) and a judgment file holds one grade per (query, doc); name one "
+            f"(--source {names[0]}), or choose per pair with --source merged --precedence {','.join(models)}")
+
+
 def stored_qrels(
     con: duckdb.DuckDBPyConnection, source: str = HUMAN_SOURCE, *, precedence: Sequence[str] = DEFAULT_PRECEDENCE,
     trec_ids: bool = False,
@@ -121,6 +145,8 @@ def stored_qrels(
     """
     labels = LabelSet().add(labels_from_store(con))
     src = source_name(source)
+    if src == "implicit":
+        _one_model(labels)
     chosen = labels.choose(precedence if src == "merged" else (src,))
     if not chosen:
         present = labels.sources()

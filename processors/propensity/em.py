@@ -28,7 +28,7 @@ def em_ratios(cells: ClickCells, *, max_iter: int = EM_MAX_ITER, tol: float = EM
         raise PropensityError("no impressions to fit: the log has no displayed results within the ranks asked for")
     try:
         # no prior on α here: measured on sparse simulated logs, the empirical rank-informed prior moved
-        # θ̂_k/θ̂_1 further from the truth than the MLE did (see the README's limitations)
+        # θ̂_k/θ̂_1 further from the truth than the MLE did (docs/limitations.md)
         model = PBM(max_iter=max_iter, tol=tol, prior="none").fit_cells(cells)
     except ClickModelError as exc:
         raise PropensityError(f"PBM EM failed: {exc}") from exc

@@ -15,7 +15,7 @@ Harvesting (``--method harvest``) is the pair fixed-effects estimator of ``harve
 sessions: a query's sessions share its pairs and rankings. On 30 simulated hard logs of 50,000 searches
 (seeds 200-229, 200 replicates) its 95% percentile intervals covered the truth at 254 of 270 (rank, log)
 cases (94%); on the held-out seeds 100-104 (100 replicates) 38 of 45 (84%), where AllPairs with the session
-bootstrap it replaced covered 37 (82%). The README has the per-seed figures.
+bootstrap it replaced covered 37 (82%). docs/benchmarks.md has the figures (bench/propensity_coverage.py).
 
 Intervals: percentile bootstrap for harvesting and swaps, which are close to unbiased; for EM the basic
 bootstrap interval of log θ (``bootstrap.basic_log_interval``). PBM EM fits one attractiveness per pair, and

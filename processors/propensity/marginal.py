@@ -4,7 +4,7 @@
     m_qd = logistic(β₀ + β₁·z₁ + β₂·z₂)   (z₁ mean log display rank, z₂ log display share; ``click_models.priors``)
 
 PBM EM fits one α per (query, doc); with a few dozen impressions per pair, θ̂ then carries the
-incidental-parameter bias (Neyman & Scott, Econometrica 1948) the README measures. Integrating α out and
+incidental-parameter bias (Neyman & Scott, Econometrica 1948) docs/limitations.md describes. Integrating α out and
 maximising the *marginal* likelihood over θ and the prior's (β, s) removes the incidental parameters (the
 random-effects remedy). Because relevance and display rank are correlated (rankers put relevant results
 high), the random effects must be allowed to depend on the pair's ranks or θ is biased the other way: the

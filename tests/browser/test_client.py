@@ -436,3 +436,37 @@ def test_every_record_the_client_builds_is_a_ubi_1_3_0_record(
     # is kept rather than the record made schema-valid by dropping it. Its one error is exactly that.
     assert unplaced["event_attributes"] == {"object": {"object_id": "sock-9", "object_id_field": "_id"}}
     assert ubi_spec.errors("event", unplaced) == ["event_attributes: 'position' is a required property"]
+
+
+# A batch whose every event is rejected (no action_name), then one with a good event and a bad one.
+REJECTED_SENDS = """async () => {
+  const c = UbiClient.init({application: "shop", storagePrefix: "rej_", flushInterval: 1e9, batchSize: 1e9});
+  const bad = {timestamp: c.now(), client_id: "c-1"};
+  c.add("events", bad);
+  await c.flush();
+  const first = Object.assign({}, c.stats);
+  c.event("page_view");
+  c.add("events", bad);
+  await c.flush();
+  return [first, Object.assign({}, c.stats), c.pending()];
+}"""
+
+
+def test_rejected_records_are_counted_and_told_on_the_console(browser: Any, demo_server: Any) -> None:
+    # issue 28: a batch whose every record is rejected is a 422 now (was 202 {"accepted": 0}); the client still
+    # drops it (the collector kept the records; sending them again cannot help) and says so on the console
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    warnings: list[str] = []
+    page.on("console", lambda m: warnings.append(m.text) if m.type == "warning" else None)
+    page.goto(demo_server.url + "/demo/")
+    page.wait_for_function("window.UbiClient !== undefined")
+    first, second, pending = page.evaluate(REJECTED_SENDS)
+    context.close()
+    assert (first["sent"], first["rejected"], first["retries"]) == (0, 1, 0)
+    assert (second["sent"], second["rejected"], second["retries"], pending) == (1, 2, 0, 0)
+    told = [w for w in warnings if w.startswith("ubi-client: ")]
+    assert told[0].startswith("ubi-client: 1 records refused by the collector (HTTP 422): every item was "
+                              "rejected (1), nothing was stored: item 0 field action_name: "), told
+    assert told[1].startswith("ubi-client: 1 of 2 records rejected by the collector: item 1 field action_name: ")
+    assert len(told) == 2

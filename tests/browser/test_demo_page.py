@@ -4,7 +4,10 @@ counts the whole tab session, not one page. Real chromium against a real demo se
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ubi_pipeline.demo_site import DemoCatalog, DemoDoc
 
@@ -30,6 +33,27 @@ def test_coffee_maker_says_it_shows_coffee_grinder(browser: Any, demo_server: An
     page.wait_for_function("document.getElementById('status').textContent.startsWith('20 results')")
     assert page.inner_text("#status") == "20 results for “coffee grinder”"
     page.close()
+
+
+# Where the status text's last line ends (its glyphs, not its box), the status box ends, and the first card starts.
+_BOXES = """() => { const status = document.getElementById('status'), range = document.createRange();
+  range.selectNodeContents(status);
+  return {textBottom: range.getBoundingClientRect().bottom, statusBottom: status.getBoundingClientRect().bottom,
+          firstTop: document.querySelector('#results li').getBoundingClientRect().top}; }"""
+
+
+@pytest.mark.parametrize("width", [800, 420])  # the browser tests' viewport, and a phone's
+def test_the_nearest_query_notice_stays_above_the_first_result(browser: Any, demo_server: Any, artifacts: Path,
+                                                                 width: int) -> None:
+    # issue 28: the fallback notice wrapped onto a second line that ran over the first result card (the status
+    # line had a fixed height of one line)
+    page = browser.new_page(viewport={"width": width, "height": 620})
+    page.goto(demo_server.url + "/demo/?q=coffee+maker")
+    page.wait_for_function("document.querySelectorAll('#results li').length === 20")
+    page.screenshot(path=str(artifacts / f"demo-nearest-query-{width}.png"))
+    boxes = page.evaluate(_BOXES)
+    page.close()
+    assert boxes["textBottom"] + 4 <= boxes["statusBottom"] <= boxes["firstTop"], boxes  # a visible gap
 
 
 def test_footer_counts_the_tab_session(browser: Any, demo_server: Any) -> None:

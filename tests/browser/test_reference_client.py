@@ -177,3 +177,43 @@ def test_without_it_nothing_is_stored_and_the_refusal_is_told(
     # The log: one line naming the origin and the flag that would let it in.
     told = [line for line in log if "refused a CORS preflight" in line]
     assert len(told) == 1 and repr(shop) in told[0] and f"--allow-origin {shop}" in told[0], log
+
+
+# The reference client posting an event the collector must reject (no action_name: UbiEvent's second argument).
+REJECTED_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>shop</title>
+<script type="importmap">{"imports": {"axios": "/node_modules/axios/dist/esm/axios.js"}}</script>
+</head><body><p>a shop page with a bug in its tracking</p>
+<script type="module">
+import { UbiClient, UbiEvent, UbiEventAttributes } from "/ubi.js";
+const client = new UbiClient(new URLSearchParams(location.search).get("collector"));
+const attributes = new UbiEventAttributes("sku", "doc-0", "a product", {}, {ordinal: 0});
+window.ubiAnswers = [await client.trackEvent(new UbiEvent("shop", null, "client-1", "session-1", "q-1", attributes))];
+</script></body></html>
+"""
+
+
+def test_an_event_the_collector_rejects_is_an_error_the_developer_sees(
+    browser: Any, axios_esm: Path, tmp_path: Path
+) -> None:
+    # issue 28: the answer was 202 {"accepted": 0}, which the client resolves as success, and the collector's
+    # log was silent at its default level
+    db = tmp_path / "ubi.duckdb"
+    with shop_site(axios_esm, REJECTED_PAGE) as shop, collector(db, "--allow-origin", shop) as (url, log):
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.goto(f"{shop}/?collector={url}")
+            page.wait_for_function("window.ubiAnswers !== undefined", timeout=30_000)
+            answers = page.evaluate("window.ubiAnswers")
+        finally:
+            context.close()
+    # axios rejects a 422; the client logs it (console.error) and resolves to undefined
+    assert answers == [None]
+    assert any("422" in text for text in errors), errors
+    assert _stored(db, "SELECT count(*) FROM ubi_events") == [(0,)]
+    assert _stored(db, "SELECT item_index, field FROM failed_records") == [(0, "action_name")]
+    told = [line for line in log if "rejected 1 of 1 items on /ubi_events" in line]
+    assert len(told) == 1 and "field action_name" in told[0], log

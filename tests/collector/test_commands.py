@@ -199,3 +199,30 @@ def test_import_progress_every_takes_non_negative_seconds(db, tmp_path, make_eve
         assert why in capsys.readouterr().err
     # what 0 does (a line after every chunk) is what test_import_stream's killed-import test relies on
     assert run_ubi(["import", str(f), "--db", str(db), "--progress-every", "0"]) == 0
+
+
+def test_failed_table_shows_stored_text_as_is_and_drops_escape_sequences(db, tmp_path, make_event, capsys):
+    # issue 28: "no such index [my_logs]" lost its "[my_logs]" (rich read it as markup), and a raw line with
+    # escape sequences was written to the terminal as is (here: clear the screen, set the window title)
+    f = tmp_path / "bulk.ndjson"
+    f.write_bytes(b'{"index": {"_index": "my_logs"}}\n{"action_name": "click"}\n')
+    g = tmp_path / "bad.ndjson"
+    g.write_bytes(orjson.dumps(make_event()) + b'\n{"action_name": "\x1b[2J\x1b]0;pwned\x07[bold]x"}\n')
+    run_ubi(["import", str(f), "--db", str(db), "--json"])
+    run_ubi(["import", str(g), "--db", str(db), "--json"])
+    capsys.readouterr()
+    assert run_ubi(["failed", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "no such index [my_logs]" in out
+    assert '{"action_name": "[bold]x"}' in out  # the raw line without its sequences, its brackets kept
+    assert "\x1b" not in out and "pwned" not in out and "\x07" not in out
+    assert run_ubi(["failed", "--db", str(db), "--json"]) == 0
+    raws = [item["raw"] for item in json.loads(capsys.readouterr().out)["items"]]
+    assert '{"action_name": "\x1b[2J\x1b]0;pwned\x07[bold]x"}' in raws  # --json keeps the text as stored
+
+
+def test_import_table_keeps_brackets_in_file_names(db, tmp_path, make_event, capsys):
+    f = tmp_path / "[day1]events.ndjson"
+    f.write_bytes(orjson.dumps(make_event()) + b"\n")
+    assert run_ubi(["import", str(f), "--db", str(db)]) == 0
+    assert "[day1]events.ndjson" in capsys.readouterr().out

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ubi_pipeline.collector.app import create_app
-from ubi_pipeline.demo_site import DemoCatalog, DemoCatalogError, DemoDoc, demo_router
+from ubi_pipeline.demo_site import DemoCatalog, DemoCatalogError, DemoDoc, install_demo
 from ubi_pipeline.schemas.settings import Settings
 
 
@@ -61,14 +61,17 @@ def test_catalog_parts_must_line_up() -> None:
 
 def test_routes_serve_the_page_the_client_search_and_products(tmp_path: Path) -> None:
     app = create_app(Settings(db=tmp_path / "demo.duckdb"))
-    app.include_router(demo_router(tiny()))
+    install_demo(app, tiny())
     with TestClient(app, client=("127.0.0.1", 50000)) as c:
         page = c.get("/demo/")
         assert page.status_code == 200 and '<script src="/static/ubi-client.js">' in page.text
         script = c.get("/static/ubi-client.js")
         assert script.status_code == 200 and "javascript" in script.headers["content-type"]
         assert "navigator.sendBeacon" in script.text
-        assert c.get("/", follow_redirects=False).headers["location"] == "/demo/"
+        # a browser opening / lands on the demo; a client asking / for JSON gets the OpenSearch answer (issue 28)
+        browser = c.get("/", headers={"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}, follow_redirects=False)
+        assert browser.headers["location"] == "/demo/"
+        assert c.get("/", headers={"Accept": "application/json"}).json()["version"]["distribution"] == "opensearch"
         config = c.get("/demo/config").json()
         assert config["report_url"] is None and config["object_id_field"] == "product_id"
         hits = c.get("/demo/search", params={"q": "yoga mat", "session_id": "x"}).json()["hits"]

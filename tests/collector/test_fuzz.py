@@ -73,6 +73,8 @@ class Ledger:
             return  # an encoding the collector does not read: refused before the body is read
         if status == 202:
             self.expected += orjson.loads(body)["rejected"]
+        elif status == 422 and orjson.loads(body).get("error") == "AllRejected":
+            self.expected += orjson.loads(body)["rejected"]  # every item rejected: each kept (issue 28)
         elif status in (400, 403, 415, 422):
             self.expected += 1  # malformed body, forbidden application, unknown type, unforeseen: kept
         elif status == 413:

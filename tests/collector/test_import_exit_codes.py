@@ -57,3 +57,46 @@ def test_ubi_records_get_no_hint(tmp_path, make_event):
     a = tmp_path / "a.json"
     a.write_bytes(orjson.dumps([make_event()]))
     assert likely_command(a) is None
+
+
+def _ubi_main(argv: list[str]) -> int:
+    from ubi_pipeline.cli import main
+
+    return main(argv)
+
+
+def test_a_search_request_with_ext_ubi_is_named_and_nothing_is_imported(db, tmp_path, capsys):
+    # the UBI samples' query-opensearch.json: a search request whose ext.ubi block OpenSearch's plugin logs
+    sample = shared_path("ubi-samples/query-opensearch.json")
+    assert _ubi_main(["import", str(sample), "--db", str(db)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"error: {sample} is an OpenSearch search request with an ext.ubi block, not UBI records" in err
+    assert "/v1/queries" in err and err.endswith("Nothing was imported")
+    assert not db.exists()  # was: one item rejected ("'action_name' is required") and kept in failed_records
+    lines = tmp_path / "searches.ndjson"  # the same as NDJSON, one request a line
+    lines.write_bytes(b'{"query": {"match_all": {}}, "ext": {"ubi": {"query_id": "q1", "user_query": "a"}}}\n' * 3)
+    assert _ubi_main(["import", str(lines), "--db", str(db), "--json"]) == 2
+    assert capsys.readouterr().out == ""  # no summary: nothing was read into the store
+
+
+def test_a_dashboard_metrics_file_is_named_and_nothing_is_imported(db, tmp_path, make_event, capsys):
+    # the dashboards' sample (3,360 lines: 1,680 rows, each rejected before as "no such index")
+    sample = shared_path("ubi-samples/sample_search_quality_evaluation_data.ndjson")
+    good = tmp_path / "e.ndjson"
+    good.write_bytes(orjson.dumps(make_event()) + b"\n")
+    assert _ubi_main(["import", str(good), str(sample), "--db", str(db)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"error: {sample} is a search-quality dashboard metrics file" in err
+    assert f"--data-binary @{sample}` (it goes to sqe_metrics_sample_data)" in err
+    assert not db.exists()  # refused before reading any file, the good one included
+
+
+def test_records_that_merely_mention_ext_or_metrics_are_imported(db, tmp_path, make_event, make_query):
+    from ubi_pipeline.collector.import_hints import not_ubi_records
+
+    f = tmp_path / "r.ndjson"
+    f.write_bytes(orjson.dumps(make_query(query_attributes={"ext": {"ubi": {}}})) + b"\n"
+                  + orjson.dumps(make_event(event_attributes={"metric": "x", "value": 1})) + b"\n")
+    assert not_ubi_records(f) is None
+    assert not_ubi_records(shared_path("ubi-samples/ubi_queries_events.ndjson")) is None
+    assert not_ubi_records(shared_path(ESCI_JUDGMENTS)) is None  # a likely_command hint after the import instead

@@ -75,6 +75,35 @@ def test_helpers_bulk_counts_success_and_a_retry_does_not_double_count(served: S
     assert count(db, "SELECT count(*) FROM failed_records WHERE kind = 'event'") == 1  # the bad timestamp
 
 
+def test_connectivity_checks_of_opensearch_clients(served: Served) -> None:
+    # issue 28: ping() was False (HEAD / 404), info() raised (GET / 404), indices.exists() raised (HEAD 405)
+    client = client_for(served)
+    assert client.ping() is True
+    info = client.info()
+    assert info["version"]["distribution"] == "opensearch" and info["version"]["number"] == "2.19.0"
+    assert info["name"] == "ubi-pipeline-collector" and info["cluster_name"] == "ubi-pipeline"
+    assert info["tagline"].startswith("The OpenSearch Project")
+    assert client.indices.exists(index="ubi_events") is True
+    assert client.indices.exists(index="ubi_queries") is True
+    assert client.indices.exists(index="products") is False
+
+
+def test_index_exists_follows_the_configured_index_names(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from ubi_pipeline.collector.app import create_app
+    from ubi_pipeline.schemas.settings import Settings
+
+    settings = Settings(db=tmp_path / "ubi.duckdb", event_index="shop-events", query_index="shop-queries")
+    with TestClient(create_app(settings)) as c:
+        assert [c.head(f"/{name}").status_code for name in ("shop-events", "shop-queries", "ubi_events")] == [
+            200, 200, 404]
+        assert c.head("/").status_code == 200
+        assert c.get("/").json()["cluster_name"] == "ubi-pipeline"
+        # the reference client's POST /ubi_events is still the ingest route beside HEAD /{index}
+        assert c.post("/ubi_events", json=event(1)).status_code == 202
+
+
 def test_index_and_create_answer_as_opensearch_does(served: Served, db: Path) -> None:
     client = client_for(served)
     created = client.index(index="ubi_events", body=event(1))  # POST /ubi_events/_doc

@@ -223,19 +223,20 @@ def test_wrong_content_type_is_415_and_kept(client):
         (b"[" * 5000, 400),  # deeper than any JSON parser here nests
         (b'{"action_name": "c", "timestamp": 1e999}', 400),  # a number that is infinite
         (b'{"action_name": "c", "timestamp": NaN}', 400),  # NaN is not JSON
-        (b'{"action_name": "c", "timestamp": 123456789012345678901234567890}', 202),  # rejected item: a float
-        (b'{"action_name": "c", "timestamp": 18446744073709551615}', 202),  # rejected item: out of range
+        # a request whose only item is rejected: 422 naming it (issue 28; was 202 {"accepted": 0})
+        (b'{"action_name": "c", "timestamp": 123456789012345678901234567890}', 422),  # rejected item: a float
+        (b'{"action_name": "c", "timestamp": 18446744073709551615}', 422),  # rejected item: out of range
         (
             b'{"action_name": "c", "timestamp": 1, "x": ' + b'{"a": ' * 300 + b"1" + b"}" * 301,
-            202,
+            422,
         ),  # too deep to store
         (b'{"action_name": "c", "timestamp": 1, "s": "\\ud800"}', 400),  # lone surrogate
         (b'{"action_name": "c", "timestamp": 1, "s": "nul \\u0000 inside"}', 202),  # accepted
-        (b"null", 202),
-        (b"[]", 202),
-        (b"[[]]", 202),
+        (b"null", 422),
+        (b"[]", 202),  # no item at all: nothing rejected
+        (b"[[]]", 422),
         (b"\n\n\n", 400),
-        (b'"just a string"', 202),
+        (b'"just a string"', 422),
         (b"\x00\x01\x02", 400),
     ],
 )
@@ -608,3 +609,63 @@ def test_bulk_ids_are_validated_like_event_ids(client, make_event):
     # Only the numeric id went in, as its decimal text; no 4.9 MB key, no Python repr of a dict.
     assert store.read("SELECT event_id FROM ubi_events") == [("42",)]
     assert store.read("SELECT max(length(event_key)) FROM ubi_events")[0][0] < 200
+
+
+# ---------------------------------------------------------------- every item rejected (issue 28)
+
+
+@pytest.mark.parametrize("path", ["/v1/events", "/ubi_events"])
+def test_a_request_whose_every_item_is_rejected_gets_422_naming_the_first_errors(client, make_event, path):
+    body = [make_event(timestamp=...), make_event(client_id=7), "not an object", make_event(action_name=...)]
+    r = client.post(path, json=body)
+    assert r.status_code == 422  # was 202 {"accepted": 0}: success to fetch's response.ok and to axios
+    out = r.json()
+    assert out["error"] == "AllRejected"
+    assert out["message"].startswith("every item was rejected (4), nothing was stored: "
+                                     "item 0 field timestamp: 'timestamp' is required; item 1 field client_id: ")
+    assert "item 2: expected a JSON object, got a string; and 1 more (see errors)" in out["message"]
+    assert (out["accepted"], out["duplicates"], out["rejected"]) == (0, 0, 4)
+    assert [(e["index"], e["field"]) for e in out["errors"]] == [
+        (0, "timestamp"), (1, "client_id"), (2, None), (3, "action_name")]
+    assert [(k, i, f) for k, i, f, _, _ in failed(client)] == [  # each item kept, as before
+        ("event", 0, "timestamp"), ("event", 1, "client_id"), ("event", 2, None), ("event", 3, "action_name")]
+
+
+def test_all_rejected_query_records_get_422_too(client, make_query):
+    r = client.post("/v1/queries", json=[make_query(timestamp="yesterday")])
+    assert r.status_code == 422 and r.json()["rejected"] == 1
+    assert r.json()["message"].startswith("every item was rejected (1), nothing was stored: item 0 field timestamp: ")
+
+
+def test_partly_rejected_duplicates_and_bulk_keep_their_202(client, make_event):
+    good = make_event()
+    assert client.post("/v1/events", json=[good, make_event(timestamp=...)]).status_code == 202  # partly rejected
+    assert client.post("/v1/events", json=[good]).json() == {  # a retry: nothing new, nothing rejected
+        "accepted": 0, "duplicates": 1, "rejected": 0, "errors": []}
+    retry = client.post("/v1/events", json=[good, make_event(timestamp=...)])  # a duplicate and a rejection
+    assert retry.status_code == 202 and (retry.json()["duplicates"], retry.json()["rejected"]) == (1, 1)
+    bulk = orjson.dumps({"index": {"_index": "ubi_events"}}) + b"\n" + orjson.dumps(make_event(timestamp=...)) + b"\n"
+    r = client.post("/v1/bulk", content=bulk)  # `ubi import` through a collector reads these counts per chunk
+    assert r.status_code == 202 and r.json()["rejected"] == 1
+
+
+def test_rejections_are_logged_at_most_once_per_interval_with_a_count_of_the_rest(client, make_event, caplog):
+    now = [1000.0]
+    rejections = client.app.state.collector.rejections
+    rejections.clock = lambda: now[0]
+    caplog.set_level("WARNING", logger="ubi.collector")
+    bad = make_event(timestamp="\x1b[31mnot a time\nforged line")
+    client.post("/v1/events", json=[make_event(), bad])  # logged: the first in the interval
+    for _ in range(3):  # within the interval: counted, not logged
+        now[0] += 1
+        client.post("/v1/events", json=[bad, bad])
+    now[0] += 10  # 13 s after the first line
+    client.post("/v1/events", json=[bad])
+    lines = [r.getMessage() for r in caplog.records if r.name == "ubi.collector"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("rejected 1 of 2 items on /v1/events: item 1 field timestamp: ")
+    assert "\x1b" not in lines[0] and "\n" not in lines[0] and "\\nforged line" in lines[0]
+    assert lines[1].startswith("rejected 1 of 1 items on /v1/events: item 0 field timestamp: ")
+    # 3 requests of 2 rejected items each went unlogged; 13 s since the last line
+    assert lines[1].endswith("(and 6 rejected items in 3 requests not logged in the last 13 s); "
+                             "`ubi failed` lists them with their reasons")

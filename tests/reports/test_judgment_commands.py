@@ -14,7 +14,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from joint_fixtures import HUMAN_JSONL, build_store
+from joint_fixtures import HUMAN_JSONL, JUDGMENTS, build_store
 
 from tests.conftest import ESCI_JUDGMENTS, shared_path
 from tests.store_support import only_store_files
@@ -172,6 +172,26 @@ def test_replace_and_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     # a grade the Workbench map cannot express is an error, not a lossy file
     assert main(["judgments", "export", "--db", str(db), "--format", "workbench", "--rating-map", "0:0,1:1"]) == 2
     assert "grade 2 has no rating in the rating map" in " ".join(capsys.readouterr().err.split())
+
+
+def test_export_implicit_names_the_one_model_and_refuses_to_mix_several(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # issue 28: with two models, `--source implicit` took per pair whichever graded model sorted first, a file
+    # of no model at all, though the help said "every model"
+    one = build_store(tmp_path / "one.duckdb")  # implicit:ctr only
+    assert main(["judgments", "export", "--db", str(one), "--source", "implicit", "--format", "trec"]) == 0
+    assert capsys.readouterr().out == ("blue%20hat 0 h1 1\nblue%20hat 0 h2 0\n"
+                                       "red%20shoes 0 d1 3\nred%20shoes 0 d2 2\nred%20shoes 0 d4 1\n")  # as ctr
+    # a second model, pbm, grading every pair 0: the old per-pair choice gave ctr's grades (c < p), pbm nowhere
+    pbm = [{**row, "source": "implicit:pbm", "grade": None if row["grade"] is None else 0} for row in JUDGMENTS]
+    two = build_store(tmp_path / "two.duckdb", judgments=JUDGMENTS + pbm)
+    assert main(["judgments", "export", "--db", str(two), "--source", "implicit", "--format", "trec"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--source implicit is ambiguous: the store holds graded judgments of 2 click models (implicit:ctr, " \
+           "implicit:pbm)" in err
+    assert "--source ctr" in err and "--source merged --precedence implicit:ctr,implicit:pbm" in err
+    assert main(["judgments", "export", "--db", str(two), "--source", "pbm", "--format", "trec"]) == 0
+    assert {line.split()[-1] for line in capsys.readouterr().out.splitlines()} == {"0"}  # pbm's own grades
 
 
 def test_import_and_export_while_a_collector_holds_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

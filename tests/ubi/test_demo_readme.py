@@ -1,5 +1,5 @@
-"""Every command the README lists for after `make demo` works on the demo's store (issue 12, item 5), and
-`ubi demo --dir` deletes only a folder it made itself (item 6)."""
+"""Every command the README lists for after `make demo` works on the demo's store and writes only into `demo-out/`, the
+README's demo excerpt is what `make demo` prints, and `ubi demo --dir` deletes only a folder it made itself."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def readme_commands() -> list[str]:
     """The code block after the README's sentence about commands that work after `make demo`."""
     text = README.read_text(encoding="utf-8")
-    start = text.index("so every command\nbelow works on `demo-out/ubi.duckdb` after `make demo`")
+    start = text.index("so every command below works on\n`demo-out/ubi.duckdb` after `make demo`")
     block = re.search(r"```\n(.*?)```", text[start:], re.S)
     assert block is not None
     return [line for line in block.group(1).splitlines() if line.startswith("ubi ")]
@@ -54,6 +56,30 @@ def test_demo_predicts_the_ranker_that_never_served(demo_dir: Path) -> None:
     assert "<h2>Joint view: each pair of systems</h2>" in html and "unlogged-next never served (no log)" in html
 
 
+def readme_demo_excerpt() -> list[str]:
+    """The lines of the README's demo excerpt, without the "..." that mark what was left out."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("## What the demo prints (an excerpt)")
+    block = re.search(r"```\n(.*?)```", text[start:], re.S)
+    assert block is not None
+    return [line.rstrip() for line in block.group(1).splitlines() if line.strip() and line.strip() != "..."]
+
+
+def test_readme_demo_excerpt_is_what_make_demo_prints(tmp_path: Path) -> None:
+    """The excerpt is real output of `make demo` (6,000 searches, seed 7: deterministic), not a stale copy.
+
+    Every excerpt line, but its last character, starts a line of the output: the README cuts the joint view's last
+    column for width, so its table lines are prefixes of the printed ones ending one box character early."""
+    proc = subprocess.run([sys.executable, "-m", "ubi_pipeline", "demo", "--dir", str(tmp_path / "demo-out")],
+                          cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [line.rstrip() for line in proc.stdout.splitlines()]
+    excerpt = readme_demo_excerpt()
+    assert len(excerpt) >= 30 and any("implicit:pbm    526     396" in line for line in excerpt)
+    missing = [line for line in excerpt if not any(out.startswith(line[:-1]) for out in printed)]
+    assert not missing, "README demo excerpt lines the demo no longer prints:\n" + "\n".join(missing)
+
+
 def test_readme_lists_the_commands() -> None:
     commands = readme_commands()
     assert len(commands) == 8 and any(c.startswith("ubi judgments export") for c in commands)
@@ -64,8 +90,12 @@ def test_readme_command_after_the_demo(demo_dir: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(demo_dir)
     argv = shlex.split(command)[1:]
     assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    # run from the repository root as written, a command may write into demo-out/ (git-ignored, emptied by the
+    # next demo) and nowhere else
+    assert sorted(p.name for p in demo_dir.iterdir()) == ["demo-out", "demo-stdout.txt"]
     if "--out" in argv:
         out = demo_dir / argv[argv.index("--out") + 1]
+        assert out.parent == demo_dir / "demo-out"
         assert out.stat().st_size > 0
         if argv[:2] == ["judgments", "export"] and "workbench" in argv:
             doc = json.loads(out.read_text())

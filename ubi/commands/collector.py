@@ -20,8 +20,10 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from ubi_pipeline.schemas.errors import StoreHeldByReader, StoreLocked, UbiError
+from ubi_pipeline.schemas.terminal import printable
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb)"
 
@@ -38,7 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "exports), and OpenSearch's own /_bulk, /{index}/_bulk, /{index}/_doc[/{id}] and /{index}/_create/{id} "
             "for the UBI indices (answered in OpenSearch's shapes). A 202 is sent only once the records are committed. The collector holds the DuckDB "
             "file; `ubi process`, `ubi report` and `ubi import` keep working while it runs (they read a "
-            "sealed Parquet segments of it and write through it). GET /healthz, /metrics, /v1/failed, /docs."
+            "sealed Parquet segments of it and write through it). A request to /v1/* or /ubi_* whose every item is "
+            "rejected gets 422 naming the first errors (/v1/bulk: 202 with its counts). GET / and HEAD / (the "
+            "OpenSearch identity and ping) and HEAD /{index} answer OpenSearch clients' connectivity checks. "
+            "GET /healthz, /metrics, /v1/failed, /docs."
         ),
     )
     p.add_argument("--db", type=Path, help=_DB_HELP)
@@ -166,6 +171,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 
+def _cell(text: str) -> Text:
+    """A table cell of stored or user text: never read as rich markup (a ``[my_logs]`` stays), no escape sequence."""
+    return Text(printable(text))
+
+
 def _held_store_message(db: Path) -> str:
     """What a second `ubi serve` on a store another process writes should be told (one writer per DuckDB file)."""
     from ubi_pipeline.store.client import collector_url
@@ -194,7 +204,7 @@ def _non_negative_seconds(text: str) -> float:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from ubi_pipeline.collector.app import extension_filters
-    from ubi_pipeline.collector.import_hints import likely_command
+    from ubi_pipeline.collector.import_hints import likely_command, not_ubi_records
     from ubi_pipeline.collector.importer import import_files
     from ubi_pipeline.schemas.settings import Settings
     from ubi_pipeline.store.rows import Counts
@@ -203,6 +213,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     for path in args.files:
         if not path.is_file():
             raise UbiError(f"{path}: no such file")
+    # before anything is stored: a file that is certainly something else is named, not rejected item by item
+    others = [what for what in map(not_ubi_records, args.files) if what]
+    if others:
+        raise UbiError("; ".join(others) + ". Nothing was imported")
     console = Console(stderr=True)
     progress = Progress(
         TextColumn("{task.description}"),
@@ -265,11 +279,11 @@ def cmd_import(args: argparse.Namespace) -> int:
         _import_verdict(code, total, hints)
         return code
     out = Console()
-    table = Table(title=f"ubi import into {settings.db}" + ("" if mode == "direct" else f" (through {mode})"))
+    table = Table(title=_cell(f"ubi import into {settings.db}" + ("" if mode == "direct" else f" (through {mode})")))
     for col in ("file", "queries", "events", "duplicates", "rejected"):
         table.add_column(col, justify="left" if col == "file" else "right")
     for r in reports:
-        table.add_row(r.path, f"{r.counts.queries:,}", f"{r.counts.events:,}", f"{r.counts.duplicates:,}",
+        table.add_row(_cell(r.path), f"{r.counts.queries:,}", f"{r.counts.events:,}", f"{r.counts.duplicates:,}",
                       f"{r.rejected:,}")
     if len(reports) > 1:
         table.add_row("total", *(f"{total[k]:,}" for k in ("queries", "events", "duplicates", "rejected")))
@@ -278,14 +292,14 @@ def cmd_import(args: argparse.Namespace) -> int:
         for index, line, fld, message in r.errors:
             where = f"{r.path}:{line}" if line is not None else r.path
             out.print(
-                f"[red]rejected[/] {escape(where)} item {index}"
-                + (f" field {escape(fld)}" if fld else "")
-                + f": {escape(message)}",
+                f"[red]rejected[/] {escape(printable(where))} item {index}"
+                + (f" field {escape(printable(fld))}" if fld else "")
+                + f": {escape(printable(message))}",
                 highlight=False,
                 markup=True,
             )
         if r.rejected > len(r.errors):
-            out.print(f"... and {r.rejected - len(r.errors)} more in {r.path}: see `ubi failed`")
+            out.print(Text(f"... and {r.rejected - len(r.errors)} more in {printable(r.path)}: see `ubi failed`"))
     _import_verdict(code, total, hints)
     return code
 
@@ -325,22 +339,23 @@ def cmd_failed(args: argparse.Namespace) -> int:
         print(json.dumps(page, indent=2))
         return 0
     out = Console()
-    table = Table(title=f"failed records in {settings.db}: {page['total']:,} in all, newest first")
+    table = Table(title=_cell(f"failed records in {settings.db}: {page['total']:,} in all, newest first"))
     for col in ("received (UTC)", "source", "kind", "item", "field", "reason", "raw"):
         table.add_column(col, overflow="fold")
     for r in page["items"]:
-        raw = r["raw"] or ""
+        raw = printable(r["raw"] or "")  # before the cut, so that no half escape sequence is left
         shown = (raw[:120] + "…") if len(raw) > 120 else raw
         if r["raw_encoding"] == "base64":
             shown = "base64:" + shown
+        # every cell is stored text a client sent (or derived from it): shown as is, never as markup
         table.add_row(
-            r["received_at"][:19],
-            r["source"],
-            r["kind"],
+            _cell(r["received_at"][:19]),
+            _cell(r["source"]),
+            _cell(r["kind"]),
             "" if r["item_index"] is None else str(r["item_index"]),
-            r["field"] or "",
-            r["reason"],
-            shown,
+            _cell(r["field"] or ""),
+            _cell(r["reason"]),
+            _cell(shown),
         )
     out.print(table)
     if page["next_offset"] is not None:

@@ -23,8 +23,9 @@ _MAP_HELP = ("Workbench ratings <-> grades: esci (default: 0->0, 1->1, 10->2, 10
 
 _EXPORT_EPILOG = """\
 sources: human (default; imported qrels and blind review sheets), reviewed (every reviewed:<src>), one
-reviewed:<src>, implicit:<model> (or just the model name: pbm), implicit (every model), or merged (one label per
-pair, chosen by --precedence as in `ubi report`). Only graded labels are written.
+reviewed:<src>, implicit:<model> (or just the model name: pbm), implicit (the store's click model when it holds
+one; with several, name one: a file holds one grade per pair), or merged (one label per pair, chosen by
+--precedence as in `ubi report`, e.g. implicit:pbm,implicit:dbn). Only graded labels are written.
 
 formats: jsonl   {"query_id": ..., "query": ..., "relevant": {doc: grade}, "assessor": ..., "judged_at": ...}
          trec    query_id 0 doc_id grade; the id is the query text percent-escaped (red%20shoes)
@@ -76,7 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     e.add_argument("--format", required=True, choices=QRELS_FORMATS, help="jsonl, trec or workbench")
     e.add_argument("--source", default="human", metavar="SOURCE",
-                   help="human (default), reviewed[:SRC], implicit[:MODEL] (or the model name), or merged")
+                   help="human (default), reviewed[:SRC], implicit:MODEL (or the model name; plain implicit when the "
+                        "store holds one model), or merged")
     e.add_argument("--precedence", type=csv_list, default=DEFAULT_PRECEDENCE, metavar="LIST",
                    help="for --source merged: label kinds or sources in order (default human,reviewed,implicit)")
     e.add_argument("--rating-map", metavar="MAP", help=_MAP_HELP)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 _DB_HELP = "DuckDB file of the store (default: $UBI_DB or ./ubi.duckdb); works while `ubi serve` runs"
 _FORMATS = ("text", "json", "md", "html")
+_FORMAT_NAMES = {"text": "text", "json": "JSON", "md": "Markdown", "html": "HTML"}
 
 _EPILOG = """\
 exit codes: 0 report written (gates passed or none given), 1 a gate failed (each shortfall is named),
@@ -154,7 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q.add_argument("--db", type=Path, help=_DB_HELP)
     q.add_argument("--seed", type=int, help="seed for random and pptss (default: $UBI_SEED or 0)")
     q.add_argument("--application", help="only queries of this application")
-    q.add_argument("--name", help="name of the query set (Workbench format)")
+    q.add_argument("--name", help="name of the query set (Workbench format; at most 50 characters, none of \" \\ < >)")
     q.add_argument("--format", choices=QUERYSET_FORMATS, default="jsonl", help="jsonl (default) or workbench")
     q.add_argument("--out", type=Path, metavar="FILE", help="write there instead of stdout")
     q.set_defaults(func=cmd_queryset)
@@ -358,10 +359,16 @@ def cmd_report(args: argparse.Namespace) -> int:
         write_output(args.out, render_markdown(report))
     else:
         write_output(args.out, render_html(report))
+    # stdout stays the report's (or nothing, with --out): where each file went is said on stderr
+    written = [(args.out, f"the {_FORMAT_NAMES[fmt]} report")] if args.out is not None else []
     if args.html is not None:
         write_output(args.html, render_html(report))
+        written.append((args.html, "the HTML report"))
     if args.dashboard is not None:
         write_output(args.dashboard, render_dashboard(report, index=args.dashboard_index))
+        written.append((args.dashboard, f"the dashboard rows (_index {args.dashboard_index})"))
+    for path, what in written:
+        err.print(escape(f"wrote {what} to {path}"), highlight=False, soft_wrap=True)
     failed = report.failed_gates
     if failed:
         for g in failed:
@@ -371,11 +378,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_queryset(args: argparse.Namespace) -> int:
-    from ubi_pipeline.formats.qrels import format_queryset
+    from ubi_pipeline.formats.qrels import WORKBENCH_NAME_MAX, check_workbench_text, format_queryset
     from ubi_pipeline.processors.labels.queryset import query_frequencies, sample, to_queryset
     from ubi_pipeline.schemas.settings import Settings
     from ubi_pipeline.store.client import reading
 
+    if args.name is not None:  # before reading anything: the Workbench refuses a longer name; never cut it silently
+        check_workbench_text(args.name, "--name", WORKBENCH_NAME_MAX)
     settings = Settings.from_flags(args)
     with reading(settings.db, settings) as con:
         population = query_frequencies(con, application=args.application)
