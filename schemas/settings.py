@@ -149,10 +149,11 @@ class Settings(BaseSettings):
         "256MB",
         description="DuckDB memory limit of the process writing the store (`ubi serve`, `ubi import`, `ubi consume "
         "--db`): table blocks above it are evicted (the dedup keys hold no index in memory, ubi_pipeline.store.keys); empty: "
-        "DuckDB's default (80% of RAM). The record limits (user_query, free-form objects, failed_records raw) keep "
-        "every stored string at most 8 KiB, and strings that size did not make a checkpoint fail at three times a "
-        "64MB limit (ubi_pipeline.schemas.ubi.STORED_STRING_MAX_BYTES); a checkpoint that fails anyway invalidates the database, and the "
-        "writer reopens it (WAL replay, nothing committed is lost) and runs on with DuckDB's default limit",
+        "DuckDB's default (80% of RAM). The record limits keep every stored string within 8 KiB "
+        "(ubi_pipeline.schemas.ubi.STORED_STRING_MAX_BYTES): under the default 256MB, 37,560 events with every "
+        "string at its longest (1 GiB) were stored without a failed checkpoint. A checkpoint that fails anyway "
+        "invalidates the database; the writer reopens it (WAL replay: nothing committed is lost, a write it did "
+        "not keep is answered 503) and runs on with DuckDB's default limit until it restarts",
     )
     import_batch_records: int = Field(
         125_000,

@@ -42,7 +42,8 @@ USER_QUERY_MAX_LENGTH = 2048
 #: multi-megabyte ``user_query`` s made it fail under the writer's memory limit and invalidated the database
 #: (issue 25). Measured with DuckDB 2.0.1 under a 64MB limit, incompressible strings of 8 KiB in three
 #: columns were stored to three times the limit; 16 KiB in three columns failed at 2.9 times, 32 KiB in one at
-#: 1.9 times (tests/collector/test_store_attack.py keeps the collector's side of it).
+#: 1.9 times. Under the writer's default 256MB, 1 GiB of events with every string at its longest was stored
+#: without a failed checkpoint; under 32MB one failed, and the store recovered (tests/collector/test_store_attack.py).
 STORED_STRING_MAX_BYTES = 8192
 #: Longest JSON text, in UTF-8 bytes, of each free-form object once stored: ``query_attributes``,
 #: ``event_attributes`` (the object and position with any extra keys) and the top-level extra keys of a
