@@ -45,7 +45,12 @@ from ubi_pipeline.collector.ingest import (
     prepare,
     validate_items,
 )
-from ubi_pipeline.schemas.ubi import CANONICAL_OPTIONS, COMMON_TIMESTAMP_RE
+from ubi_pipeline.schemas.ubi import (
+    CANONICAL_OPTIONS,
+    COMMON_TIMESTAMP_RE,
+    JSON_FIELD_MAX_LENGTH,
+    USER_QUERY_MAX_LENGTH,
+)
 from ubi_pipeline.store.duckdb_store import Store
 from ubi_pipeline.store.rows import EVENT_SCHEMA, QUERY_SCHEMA, Counts, failed_row, failed_table, rows_table
 
@@ -63,7 +68,7 @@ EVENT_STRINGS: tuple[tuple[str, int | None], ...] = (
     ("application", 100),
     ("message_type", 100),
     ("message", 1024),
-    ("user_query", None),
+    ("user_query", USER_QUERY_MAX_LENGTH),
 )
 OBJECT_STRINGS: tuple[tuple[str, int], ...] = (
     ("object_id", 256),
@@ -316,7 +321,7 @@ _QUERY_KEYS = frozenset(
 )
 #: Longest string each of these UbiQuery fields takes (checked against the models' JSON Schema in the tests).
 QUERY_LIMITS = {"query_id": 100, "client_id": 100, "application": 100, "object_id_field": 100,
-                "query_response_id": 100}
+                "query_response_id": 100, "user_query": USER_QUERY_MAX_LENGTH}
 HIT_ID_LIMIT = 256
 
 
@@ -351,6 +356,9 @@ def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | Non
     attrs = value.get("query_attributes")
     if attrs is not None and type(attrs) is not dict:
         return None
+    attrs_json = orjson.dumps(attrs).decode() if attrs is not None else None
+    if attrs_json is not None and len(attrs_json.encode()) > JSON_FIELD_MAX_LENGTH:
+        return None  # the exact path refuses it, naming the limit
     hits = value.get("query_response_hit_ids")
     if hits is not None and (
         type(hits) is not list or not all(type(h) is str and len(h) <= HIT_ID_LIMIT for h in hits)
@@ -371,7 +379,7 @@ def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | Non
         value.get("client_id"),
         value.get("application"),
         when.replace(tzinfo=None) if when is not None else None,
-        orjson.dumps(attrs).decode() if attrs is not None else None,
+        attrs_json,
         value.get("object_id_field"),
         qrid,
         hits,

@@ -344,12 +344,14 @@ def prepare(validated: Validated, *, source: str, received_at: datetime | None =
         try:
             qrows.append(query_values(q, now))
         except _ROW_ERRORS as exc:
-            late.append(ItemError(index, None, _unstorable(exc), "query", validated.raws.get(index, b"")))
+            late.append(ItemError(index, getattr(exc, "field", None), _unstorable(exc), "query",
+                                  validated.raws.get(index, b"")))
     for index, e, bulk_id in validated.events:
         try:
             erows.append(event_values(e, now, bulk_id))
         except _ROW_ERRORS as exc:
-            late.append(ItemError(index, None, _unstorable(exc), "event", validated.raws.get(index, b"")))
+            late.append(ItemError(index, getattr(exc, "field", None), _unstorable(exc), "event",
+                                  validated.raws.get(index, b"")))
     if late:
         bad = {err.index for err in late}
         validated = Validated(

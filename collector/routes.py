@@ -13,11 +13,11 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope
 
-from ubi_pipeline.collector.bodies import Kind, NotGzip, gunzip
+from ubi_pipeline.collector.bodies import Kind, NotGzip, dropped_keys, duplicate_keys, gunzip
 from ubi_pipeline.collector.deps import Collector, ORJSONResponse, error_answer, get_collector
 from ubi_pipeline.collector.errors import AllRejected, RequestError, TooLarge
 from ubi_pipeline.collector.ingest import APPLICATION_SCOPE_KEY, IngestContext, IngestResult
@@ -338,11 +338,39 @@ class InterleaveResponse(BaseModel):
         description="merge into the query record's query_attributes so that `ubi report` can credit the clicks")
 
 
-@router.post("/v1/interleave", response_model=InterleaveResponse, tags=["interleaving"])
-async def interleave(body: InterleaveRequest, collector: CollectorDep) -> dict[str, Any]:
+@router.post(
+    "/v1/interleave", response_model=InterleaveResponse, tags=["interleaving"],
+    responses={400: {"model": ErrorOut}, 413: {"model": ErrorOut}},
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": InterleaveRequest.model_json_schema()}}}},
+)
+async def interleave(request: Request, collector: CollectorDep) -> dict[str, Any]:
     """Team-draft interleave two rankings, seeded per query_id (a retry gets the same list)."""
+    # Read as the ingest routes are (max_body_bytes, 413) and parsed by orjson, which refuses NaN and lone
+    # surrogates; a large body is parsed and interleaved off the event loop.
+    body = await read_body(request.scope, request.receive, collector.settings.max_body_bytes)
+    seed = collector.settings.seed
+    if len(body) < 65536:
+        return _interleave(body, seed)
+    return await asyncio.to_thread(_interleave, body, seed)
+
+
+def _interleave(body: bytes, seed: int) -> dict[str, Any]:
     try:
-        result = team_draft(body.query_id, body.rankings, size=body.size, seed=collector.settings.seed)
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+    if isinstance(value, dict) and dropped_keys(body, value):
+        repeated = duplicate_keys(body)
+        raise RequestError(f"duplicate key {repeated[0] if repeated else '?'!r}: send each key once")
+    try:
+        req = InterleaveRequest.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise RequestError(f"{where}: {first['msg']}") from exc
+    try:
+        result = team_draft(req.query_id, req.rankings, size=req.size, seed=seed)
     except InterleavingError as exc:
         raise RequestError(str(exc)) from exc
     return {"query_id": result.query_id, "hits": result.hits, "teams": result.teams, "method": METHOD,

@@ -8,6 +8,11 @@ own is bounded here, from :class:`~ubi_pipeline.schemas.settings.Settings`:
   that never sends a byte included (uvicorn's keep-alive timer only starts after a first response);
 * ``header_timeout_s``: from a request's first byte, its request line and headers must be complete within
   this long, so a client trickling header bytes (slowloris) is disconnected;
+* ``body_timeout_s``: from the end of a request's headers, its whole body must arrive within this long, so
+  a client trickling body bytes is disconnected too (the route then sees the client gone);
+* ``max_header_bytes``, ``max_headers``: a request line and headers longer than this, or more header lines,
+  are answered 431 and the connection closed, before the headers are held whole (httptools; under h11, its
+  own incomplete-event limit bounds the size and the count is not checked);
 * ``max_connections``: one connection more than this is answered 503 and closed at once;
 * forwarded headers: uvicorn's own ``proxy_headers`` are off (it trusts loopback's ``X-Forwarded-For``
   by default); the collector reads that header itself, only from ``trusted_proxies``
@@ -101,11 +106,62 @@ def guarded_protocol(http: str, settings: Settings) -> type[asyncio.Protocol]:
     else:
         from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
 
-    header_timeout = settings.header_timeout_s
+    header_timeout, body_timeout = settings.header_timeout_s, settings.body_timeout_s
+    max_header_bytes, max_headers = settings.max_header_bytes, settings.max_headers
     cap = settings.max_connections
 
     class Guarded(Base):  # type: ignore[misc, valid-type]
         _header_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
+        _head_bytes = 0  # request line and header bytes of the request being read (httptools callbacks)
+        _head_lines = 0
+        _head_raw = 0  # bytes received while the request's head is incomplete
+        _refused = False  # the request's headers broke a limit: answered 431, nothing started
+
+        def on_message_begin(self) -> None:
+            self._head_bytes = self._head_lines = 0
+            super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            self._head_bytes += len(url)
+            if not self._refused:
+                super().on_url(url)
+            self._check_head()
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._head_bytes += len(name) + len(value) + 4
+            self._head_lines += 1
+            if not self._check_head():
+                super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            if not self._refused:
+                super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if not self._refused:
+                super().on_message_complete()
+
+        def _check_head(self) -> bool:
+            """Whether the request's head broke a limit (answered 431 and closed, once)."""
+            if self._refused:
+                return True
+            if self._head_bytes <= max_header_bytes and self._head_lines <= max_headers:
+                return False
+            self._refused = True
+            what = (f"more than {max_headers} header lines (UBI_MAX_HEADERS)" if self._head_lines > max_headers
+                    else f"request line and headers over {max_header_bytes} bytes (UBI_MAX_HEADER_BYTES)")
+            log.info("refused a request from %s: %s", self.client[0] if self.client else "?", what)
+            body = b'{"error":"HeadersTooLarge","message":"' + what.encode() + b'"}'
+            self.transport.write(
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            self.transport.close()
+            return True
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -122,17 +178,46 @@ def guarded_protocol(http: str, settings: Settings) -> type[asyncio.Protocol]:
             )
 
         def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return  # answered 431 and closing: nothing more is read
             before = self.cycle
             super().data_received(data)
             if self.cycle is not before:  # a request's headers completed (each request gets a new cycle)
+                self._head_raw = 0
                 self._cancel_header_timer()
-            elif self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
-                # The first bytes of a request: its headers must be complete within header_timeout.
-                self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
+                self._cancel_body_timer()
+                if self.cycle.more_body:  # its body must be complete within body_timeout
+                    self._body_timer = self.loop.call_later(body_timeout, self._body_too_slow, self.cycle)
+            elif self.cycle is None or self.cycle.response_complete:
+                # Bytes of a request's head, still incomplete: the parser holds them (a header value arrives
+                # whole in on_header), so they are counted here as they come.
+                self._head_raw += len(data)
+                if self._head_raw > max_header_bytes:
+                    self._head_bytes = self._head_raw
+                    self._check_head()
+                    return
+                if self._header_timer is None:
+                    # The first bytes of a request: its headers must be complete within header_timeout.
+                    self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
+            if self._body_timer is not None and self.cycle is not None and not self.cycle.more_body:
+                self._cancel_body_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_header_timer()
+            self._cancel_body_timer()
             super().connection_lost(exc)
+
+        def _cancel_body_timer(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+
+        def _body_too_slow(self, cycle: Any) -> None:
+            self._body_timer = None
+            if cycle is self.cycle and cycle.more_body and not self.transport.is_closing():
+                log.info("closed a connection from %s: request body not complete within %g s (UBI_BODY_TIMEOUT_S)",
+                         self.client[0] if self.client else "?", body_timeout)
+                self.transport.close()
 
         def _cancel_header_timer(self) -> None:
             if self._header_timer is not None:
@@ -162,6 +247,7 @@ def server_config(app: Any, settings: Settings, **options: Any) -> Any:
         http=guarded_protocol(stack["http"], settings),
         proxy_headers=False,
         timeout_keep_alive=max(1, round(settings.idle_timeout_s)),
+        h11_max_incomplete_event_size=settings.max_header_bytes,
         access_log=False,
         lifespan="on",
         **options,

@@ -25,6 +25,7 @@ from kafka.structs import OffsetAndMetadata
 from ubi_pipeline.loader.decode import InRecord, decode
 from ubi_pipeline.loader.targets import Loader
 from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.duckdb_store import StoreUnavailable
 from ubi_pipeline.store.rows import Counts
 from ubi_pipeline.transport.kafka_client import KafkaError, consumer_config, ensure_topics, make_admin
 from ubi_pipeline.transport.wire import Topics, topics
@@ -220,7 +221,12 @@ class Consumer:
                 return
             batch, offsets = self._buffer, dict(self._next)
             decoded = decode(batch, self.topics)
-            result = self.loader.write(decoded)  # raises: nothing committed, the batch comes again
+            try:
+                result = self.loader.write(decoded)  # raises: nothing committed, the batch comes again
+            except StoreUnavailable as exc:
+                # DuckDB invalidated the store and it was reopened, without this batch: write it once more
+                log.warning("%s; writing the batch again", exc)
+                result = self.loader.write(decoded)
             self._buffer, self._next, self._buffer_since = [], {}, None
             p = self.progress
             p.loaded.add(result)

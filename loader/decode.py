@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from ubi_pipeline.store.rows import failed_row, utcnow
+from ubi_pipeline.schemas import tables
+from ubi_pipeline.store.rows import failed_row, truncated_raw, utcnow
 from ubi_pipeline.transport.wire import REQUIRED, SCHEMAS, TopicKind, Topics, failed_from_value
 
 
@@ -129,13 +131,79 @@ def _decode_rows(kind: Literal["queries", "events"], recs: list[InRecord], out: 
                         line=o.line, raw=line if where else None, received_at=now))
             table = pa.concat_tables(pieces) if pieces else None
             origin = kept
+    if table is not None and table.num_rows:
+        table, origin = _within_limits(kind, table, origin, out, now)
     if kind == "queries":
         out.queries, out.query_origin = table, origin
     else:
         out.events, out.event_origin = table, origin
 
 
+def row_problems(kind: Literal["queries", "events"], table: pa.Table) -> dict[int, str]:
+    """By row position, why a stored-shape row of ``kind`` breaks the collector's rules: a string over its
+    column's ``max_length`` (``ubi_pipeline.schemas.tables``, the models' limits), an empty ``action_name``, or a
+    JSON column that is not a JSON object within its length. Rows that pass are what the collector would
+    have stored; the first problem of each row is named."""
+    problems: dict[int, str] = {}
+
+    def flag(mask: Any, sizes: pa.Array | None, what: str) -> None:
+        hits = np.flatnonzero(np.asarray(mask.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool))
+        for pos in hits.tolist():
+            problems.setdefault(pos, what.format(sizes[pos].as_py() if sizes is not None else None))
+
+    for col in TABLE[kind].columns:
+        if col.max_length is None:
+            continue
+        values = table.column(col.name).combine_chunks()
+        if col.sql == "VARCHAR[]":
+            items = pc.utf8_length(pc.list_flatten(values))
+            if len(items) and pc.max(items).as_py() > col.max_length:
+                over = pc.list_parent_indices(values).filter(pc.greater(items, col.max_length)).to_numpy()
+                mask = np.zeros(table.num_rows, dtype=bool)
+                mask[over] = True
+                flag(pa.array(mask), None, f"an item of '{col.name}' is over {col.max_length} characters")
+        elif col.sql == "JSON":
+            size = pc.binary_length(values.cast(pa.binary()))
+            flag(pc.greater(size, col.max_length), size,
+                 f"'{col.name}' is {{:,}} bytes of JSON; at most {col.max_length:,}")
+            for pos, text in enumerate(values.to_pylist()):
+                if text is None or pos in problems:
+                    continue
+                try:
+                    parsed = orjson.loads(text)
+                except orjson.JSONDecodeError as exc:
+                    problems[pos] = f"'{col.name}' is not valid JSON ({exc.msg})"
+                    continue
+                if not isinstance(parsed, dict):
+                    problems[pos] = f"'{col.name}' must be a JSON object, got {type(parsed).__name__}"
+        else:
+            length = pc.utf8_length(values)
+            flag(pc.greater(length, col.max_length), length,
+                 f"'{col.name}' is {{:,}} characters; at most {col.max_length}")
+    if kind == "events":
+        flag(pc.equal(pc.utf8_length(table.column("action_name")), 0), None, "'action_name' is empty")
+    return problems
+
+
+def _within_limits(kind: Literal["queries", "events"], table: pa.Table, origin: list[Origin], out: Decoded,
+                   now: datetime) -> tuple[pa.Table | None, list[Origin]]:
+    """``table`` without the rows :func:`row_problems` finds, each of those kept as a poison row instead."""
+    problems = row_problems(kind, table)
+    if not problems:
+        return table, origin
+    for pos, why in sorted(problems.items()):
+        o = origin[pos]
+        where = f"line {o.line + 1}: " if (o.record.value or b"").count(b"\n") else ""
+        out.failed.append(poison_row(
+            o.record, f"{where}{_ARTICLE[kind]} record the collector would refuse: {why}",
+            line=o.line, raw=o.raw() if where else None, received_at=now))
+    keep = [pos for pos in range(table.num_rows) if pos not in problems]
+    kept = table.take(pa.array(keep, pa.int64())) if keep else None
+    return kept, [origin[pos] for pos in keep]
+
+
 _ARTICLE = {"queries": "a query", "events": "an event"}
+TABLE = {"queries": tables.QUERY_TABLE, "events": tables.EVENT_TABLE}
 
 
 def _explain(kind: Literal["queries", "events"], value: bytes, exc: Exception) -> str:
@@ -162,6 +230,9 @@ def _decode_failed(rec: InRecord, now: datetime) -> dict[str, Any]:
         row = failed_from_value(rec.value or b"", received_default=now)
     except ValueError as exc:
         return poison_row(rec, f"not a failed record of the stored shape ({_short(exc)})", received_at=now)
+    row["reason"], row["raw"] = truncated_raw(row["reason"], row["raw"])
+    if row["field"] is not None:
+        row["field"] = row["field"][: tables.FAILED_TEXT_MAX_LENGTH]
     return {**row, "kafka_topic": rec.topic, "kafka_partition": rec.partition, "kafka_offset": rec.offset}
 
 

@@ -18,7 +18,25 @@ from ubi_pipeline.schemas.errors import SettingsError
 
 
 class Settings(BaseSettings):
-    """All settings of ubi-pipeline, each with its environment variable ``UBI_<NAME>``."""
+    """All settings of ubi-pipeline, each with its environment variable ``UBI_<NAME>``.
+
+    Limits on what a client can send (issue 25: no client can break the store or the loader). Those that are
+    settings are fields below; the others are part of the published record schema (``ubi schema``), so a
+    client checking with it and the collector agree, and they are fixed:
+
+    * string fields of UBI records: UBI 1.3.0's ``maxLength`` where it gives one (100 for ids and names, 1024
+      for ``message``); ours where it gives none: ``user_query`` 2048 characters
+      (``ubi_pipeline.schemas.ubi.USER_QUERY_MAX_LENGTH``), object and hit ids 256, ``query_response_id``
+      100; each free-form object (``query_attributes``, ``event_attributes``, the extra keys) at most 8,192
+      bytes of JSON (UTF-8) once stored (``JSON_FIELD_MAX_LENGTH``, same module). Together they keep every
+      stored string within 8 KiB (``STORED_STRING_MAX_BYTES``, same module, says why: DuckDB's checkpoint). Enforced on every path a
+      record enters: HTTP and ``_bulk``, ``ubi import`` (fast path included), the Kafka loader;
+    * ``failed_records``: a refused body or item is kept truncated to its first 8,192 bytes, its full length
+      and SHA-256 appended to ``reason`` (``ubi_pipeline.schemas.tables.FAILED_RAW_MAX_BYTES``); ``reason``
+      and ``field`` are cut at 2,048 characters;
+    * per request: ``max_body_bytes``, ``max_items`` (every POST route, ``/v1/interleave`` included),
+      ``header_timeout_s``, ``body_timeout_s``, ``max_header_bytes``, ``max_headers``, below.
+    """
 
     model_config = SettingsConfigDict(env_prefix="UBI_", extra="ignore")
 
@@ -131,7 +149,11 @@ class Settings(BaseSettings):
         "256MB",
         description="DuckDB memory limit of the process writing the store (`ubi serve`, `ubi import`, `ubi consume "
         "--db`): table blocks above it are evicted (the dedup keys hold no index in memory, ubi_pipeline.store.keys); empty: "
-        "DuckDB's default (80% of RAM)",
+        "DuckDB's default (80% of RAM). The record limits keep every stored string within 8 KiB "
+        "(ubi_pipeline.schemas.ubi.STORED_STRING_MAX_BYTES): under the default 256MB, 37,560 events with every "
+        "string at its longest (1 GiB) were stored without a failed checkpoint. A checkpoint that fails anyway "
+        "invalidates the database; the writer reopens it (WAL replay: nothing committed is lost, a write it did "
+        "not keep is answered 503) and runs on with DuckDB's default limit until it restarts",
     )
     import_batch_records: int = Field(
         125_000,
@@ -206,6 +228,17 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(
         10.0, gt=0, description="seconds a client has, from its request's first byte, to send the whole request "
         "line and headers (slow senders are disconnected)",
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="seconds a client has, from the end of its request's headers, to send the whole "
+        "body (every route; slow senders are disconnected, and nothing of the request is stored)",
+    )
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1024, description="longest request line plus headers, in bytes; a longer one is answered 431 "
+        "and the connection closed before the headers are held whole",
+    )
+    max_headers: int = Field(
+        100, ge=8, description="most header lines in one request; more are answered 431 and the connection closed",
     )
     max_connections: int = Field(
         1000, ge=1, description="open connections the collector holds at once; one more is answered 503 and closed",

@@ -21,6 +21,10 @@ class Column:
     sql: str
     not_null: bool = False
     note: str = ""
+    #: Longest value a writer stores: characters of a VARCHAR, of each item of a VARCHAR[], UTF-8 bytes of a
+    #: JSON text; None: no limit of its own. The collector's models enforce the same limits
+    #: (``ubi_pipeline.schemas.ubi``); the Kafka loader checks rows against these (``ubi_pipeline.loader.decode``).
+    max_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -61,64 +65,84 @@ class Table:
         return f"CREATE TABLE IF NOT EXISTS {name or self.name} (\n    " + ",\n    ".join(defs) + "\n)"
 
 
-def _c(name: str, sql: str = "VARCHAR", not_null: bool = False, note: str = "") -> Column:
-    return Column(name, sql, not_null, note)
+def _c(name: str, sql: str = "VARCHAR", not_null: bool = False, note: str = "", *,
+       max_length: int | None = None) -> Column:
+    return Column(name, sql, not_null, note, max_length)
+
+
+#: The record limits of ``ubi_pipeline.schemas.ubi`` as the stored columns hold them (repeated here because
+#: ``tables`` imports nothing of ours; tests/store/test_limits.py checks they agree).
+_NAME = 100  # ids and names (UBI 1.3.0's maxLength)
+_OBJECT_ID = 256  # object and hit ids (ours)
+_USER_QUERY = 2048  # USER_QUERY_MAX_LENGTH
+_JSON = 8192  # JSON_FIELD_MAX_LENGTH, UTF-8 bytes
+_KEY = 2 * _NAME + 1  # query_id, the unit separator, query_response_id
+_HASH = 32
 
 
 #: Query records. Identity is ``query_key`` (``query_id`` + ``query_response_id``, see ``ubi_pipeline.schemas.ubi.query_key``).
 QUERY_TABLE = Table("ubi_queries", (
-    _c("query_key"),
-    _c("query_id", not_null=True),
-    _c("user_query", not_null=True),
-    _c("client_id"),
-    _c("application"),
+    _c("query_key", max_length=_KEY),
+    _c("query_id", not_null=True, max_length=_NAME),
+    _c("user_query", not_null=True, max_length=_USER_QUERY),
+    _c("client_id", max_length=_NAME),
+    _c("application", max_length=_NAME),
     _c("timestamp", "TIMESTAMP", note="UTC; NULL when the client sent none"),
-    _c("query_attributes", "JSON"),
-    _c("object_id_field"),
-    _c("query_response_id"),
-    _c("query_response_hit_ids", "VARCHAR[]"),
-    _c("extra", "JSON", note="top-level keys outside the schema"),
-    _c("content_hash", not_null=True,
+    _c("query_attributes", "JSON", max_length=_JSON),
+    _c("object_id_field", max_length=_NAME),
+    _c("query_response_id", max_length=_NAME),
+    _c("query_response_hit_ids", "VARCHAR[]", max_length=_OBJECT_ID),
+    _c("extra", "JSON", note="top-level keys outside the schema", max_length=_JSON),
+    _c("content_hash", not_null=True, max_length=_HASH,
        note="tells a retry (same hash) from a conflict (different record, same key)"),
     _c("received_at", "TIMESTAMP", not_null=True),
 ), key=("query_key",), key_table="ubi_query_keys")
 
 #: Events. Identity is ``event_key`` (client ``event_id`` or canonical hash, see ``ubi_pipeline.schemas.ubi.event_key``).
 EVENT_TABLE = Table("ubi_events", (
-    _c("event_key"),
-    _c("event_id"),
-    _c("action_name", not_null=True),
-    _c("query_id"),
-    _c("session_id"),
-    _c("client_id"),
-    _c("user_id"),
-    _c("application"),
+    _c("event_key", max_length=3 + _NAME),  # "id:" + event_id, or "h:" + a hash
+    _c("event_id", max_length=_NAME),
+    _c("action_name", not_null=True, max_length=_NAME),
+    _c("query_id", max_length=_NAME),
+    _c("session_id", max_length=_NAME),
+    _c("client_id", max_length=_NAME),
+    _c("user_id", max_length=_NAME),
+    _c("application", max_length=_NAME),
     _c("timestamp", "TIMESTAMP", not_null=True, note="UTC"),
-    _c("message_type"),
-    _c("message"),
-    _c("user_query"),
-    _c("object_id"),
-    _c("object_id_field"),
-    _c("object_id_type"),
-    _c("internal_id"),
+    _c("message_type", max_length=_NAME),
+    _c("message", max_length=1024),
+    _c("user_query", max_length=_USER_QUERY),
+    _c("object_id", max_length=_OBJECT_ID),
+    _c("object_id_field", max_length=_NAME),
+    _c("object_id_type", max_length=_NAME),
+    _c("internal_id", max_length=_OBJECT_ID),
     _c("position_ordinal", "INTEGER", note="as sent (0- or 1-based: see Settings.position_base)"),
     _c("position_x", "DOUBLE"),
     _c("position_y", "DOUBLE"),
-    _c("event_attributes", "JSON"),
-    _c("extra", "JSON"),
+    _c("event_attributes", "JSON", max_length=_JSON),
+    _c("extra", "JSON", max_length=_JSON),
     _c("received_at", "TIMESTAMP", not_null=True),
 ), key=("event_key",), key_table="ubi_event_keys")
 
+#: Longest ``raw`` kept in a ``failed_records`` row, in bytes. A refused body or item longer than this is kept
+#: truncated to its first ``FAILED_RAW_MAX_BYTES``, and its full length and SHA-256 are appended to ``reason``
+#: (``ubi_pipeline.store.rows.failed_row``): whole bodies of up to ``max_body_bytes`` (5 MiB) each made DuckDB's
+#: checkpoint fail under the writer's memory limit after about fifty of them (the same bound as every stored
+#: string, ``ubi_pipeline.schemas.ubi.STORED_STRING_MAX_BYTES``).
+FAILED_RAW_MAX_BYTES = 8 * 1024
+#: Longest ``reason`` and ``field`` kept in a ``failed_records`` row, in characters (longer ones are cut).
+FAILED_TEXT_MAX_LENGTH = 2048
+
 #: Everything the collector or a loader would not store, with why, so nothing is lost.
 FAILED_TABLE = Table("failed_records", (
-    _c("failed_id"),
+    _c("failed_id", max_length=_NAME),
     _c("received_at", "TIMESTAMP", not_null=True),
-    _c("source", not_null=True, note="route, file path, or kafka topic"),
-    _c("kind", not_null=True, note="query | event | body | conflict | forbidden | ..."),
+    _c("source", not_null=True, note="route, file path, or kafka topic", max_length=FAILED_TEXT_MAX_LENGTH),
+    _c("kind", not_null=True, note="query | event | body | conflict | forbidden | ...", max_length=_NAME),
     _c("item_index", "INTEGER", note="index of the item in its batch (NULL for a whole body)"),
     _c("field"),
     _c("reason", not_null=True),
-    _c("raw", "BLOB", note="the bytes as received"),
+    _c("raw", "BLOB", note="the bytes as received, the first FAILED_RAW_MAX_BYTES of them"),
     _c("kafka_topic"),
     _c("kafka_partition", "INTEGER"),
     _c("kafka_offset", "BIGINT"),

@@ -33,6 +33,24 @@ from pydantic import (
 #: The action names the schema lists; any other string of at most 100 characters is accepted too.
 STANDARD_ACTIONS = ("add_to_cart", "click", "watch", "view", "purchase", "impression")
 
+#: Longest ``user_query`` accepted, in characters, on query records and events (at most 8 KiB in UTF-8). UBI
+#: 1.3.0 sets no limit ("No length limit specified"); ours is the longest query the big web search engines
+#: take, and keeps every stored string within :data:`STORED_STRING_MAX_BYTES`.
+USER_QUERY_MAX_LENGTH = 2048
+#: The longest string a record puts in the store, in UTF-8 bytes: DuckDB's checkpoint rewrites the last row
+#: group of a table it appends to, and long strings there must be pinned in memory together. A few dozen
+#: multi-megabyte ``user_query`` s made it fail under the writer's memory limit and invalidated the database
+#: (issue 25). Measured with DuckDB 2.0.1 under a 64MB limit, incompressible strings of 8 KiB in three
+#: columns were stored to three times the limit; 16 KiB in three columns failed at 2.9 times, 32 KiB in one at
+#: 1.9 times. Under the writer's default 256MB, 1 GiB of events with every string at its longest was stored
+#: without a failed checkpoint; under 32MB one failed, and the store recovered (tests/collector/test_store_attack.py).
+STORED_STRING_MAX_BYTES = 8192
+#: Longest JSON text, in UTF-8 bytes, of each free-form object once stored: ``query_attributes``,
+#: ``event_attributes`` (the object and position with any extra keys) and the top-level extra keys of a
+#: record. Checked when the stored row is built (:func:`ubi_pipeline.store.rows.check_json_length`), on every
+#: path a record enters.
+JSON_FIELD_MAX_LENGTH = STORED_STRING_MAX_BYTES
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _INT32 = 2**31 - 1
 #: Epoch milliseconds that name an instant Python (and so the store) can hold: 0001-01-01 to 9999-12-31 UTC.
@@ -337,7 +355,9 @@ class UbiEvent(BaseModel):
     )
     message_type: Str100 | None = Field(None, description="A bin for messages, e.g. QUERY, CONVERSION.")
     message: Annotated[str, Field(max_length=1024)] | None = Field(None, description="Free text, <= 1024.")
-    user_query: str | None = Field(None, description="The query text, repeated on the event (1.3.0).")
+    user_query: Annotated[str, Field(max_length=USER_QUERY_MAX_LENGTH)] | None = Field(
+        None, description=f"The query text, repeated on the event (1.3.0); <= {USER_QUERY_MAX_LENGTH} (ours)."
+    )
     event_attributes: EventAttributes | None = Field(
         None, description="The object and position; may be null."
     )
@@ -364,7 +384,10 @@ class UbiQuery(BaseModel):
         },
     )
 
-    user_query: str = Field(description="The text the user typed (no length limit in the spec).")
+    user_query: str = Field(
+        max_length=USER_QUERY_MAX_LENGTH,
+        description=f"The text the user typed; <= {USER_QUERY_MAX_LENGTH} characters (ours: the spec sets no limit).",
+    )
     query_id: Str100 | None = Field(None, description="Unique per search instance, often a UUID.")
     client_id: Str100 | None = Field(None, description="The browser, service or bot issuing the query.")
     application: Str100 | None = Field(

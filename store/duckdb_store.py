@@ -47,6 +47,11 @@ LOADABLE_TABLES = ("judgments", "judgment_runs", "human_judgments")
 log = logging.getLogger("ubi.store")
 
 
+class StoreUnavailable(StoreError):
+    """DuckDB invalidated the database during a write; the store reopened it and the write was not stored
+    (retry it). The collector answers it 503, the loader retries the batch."""
+
+
 def is_lock_error(exc: Exception) -> bool:
     """Whether a DuckDB error says another process holds the file."""
     return "lock" in str(exc).lower()
@@ -135,6 +140,13 @@ class Store:
         self.path = Path(path)
         if not create and not self.path.exists():
             raise StoreError(f"{self.path}: no such database; run `ubi serve` or `ubi import` first")
+        self._wait_for_readers, self._threads = wait_for_readers, threads
+        #: Times DuckDB invalidated the database and this store reopened it (:meth:`_recover`).
+        self.recoveries = 0
+        self._invalid: BaseException | None = None  # the fatal error of a recovery that failed: retried first
+        #: (table, key column, key) of rows the open transaction inserted, new keys only: after a fatal error
+        #: during COMMIT, whether the first is stored says whether the transaction was.
+        self._witness: list[tuple[str, str, str]] = []
         self.con = self._connect(wait_for_readers)
         self.lock = threading.Lock()
         # Seals read outside the lock; close() waits for them (notified under the same lock).
@@ -249,16 +261,45 @@ class Store:
         """One write transaction under the store lock; rolled back on any error. ``after_commit`` callbacks
         (filled in by the body) run once it committed, still under the lock."""
         with self.lock:
+            if self._invalid is not None:
+                self._recover(self._invalid)
             cur = self.con.cursor()
-            cur.execute("BEGIN TRANSACTION")
+            self._witness = []
+            try:
+                cur.execute("BEGIN TRANSACTION")
+            except duckdb.FatalException as exc:
+                cur.close()
+                self._recover(exc)
+                raise StoreUnavailable(f"{self.path}: {_first_line(exc)}; the store was reopened, nothing of this "
+                                       "write was stored: retry") from exc
             try:
                 yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
+            except BaseException as exc:
+                try:
+                    cur.execute("ROLLBACK")
+                except duckdb.Error as again:
+                    if not _is_fatal(exc) and not _is_fatal(again):
+                        raise exc from again
+                if _is_fatal(exc) or self._con_invalidated():
+                    self._recover(exc)
+                    raise StoreUnavailable(f"{self.path}: {_first_line(exc)}; the store was reopened, nothing of "
+                                           "this write was stored: retry") from exc
                 raise
             else:
                 try:
                     cur.execute("COMMIT")
+                except duckdb.FatalException as exc:
+                    # DuckDB commits (WAL written and fsynced), then checkpoints in the same call; when only the
+                    # checkpoint failed, it says so and the write is durable. A large transaction is checkpointed
+                    # instead of logged, and then the same failure may or may not have kept it: the store looks
+                    # for the first row it inserted. Committed: answered as such, never 503.
+                    witness = self._witness[0] if self._witness else None
+                    self._recover(exc)
+                    durable = _COMMITTED_BUT in str(exc) or (witness is not None and self._stored(witness))
+                    if not durable:
+                        raise StoreUnavailable(f"{self.path}: {_first_line(exc)}; the store was reopened, this "
+                                               "write was not stored: retry") from exc
+                    return  # the key indexes were reopened from the stored rows: no after-commit step left
                 except BaseException:
                     with contextlib.suppress(duckdb.Error):
                         cur.execute("ROLLBACK")  # a failed COMMIT may leave the transaction open
@@ -266,7 +307,56 @@ class Store:
                 for done in after_commit or ():
                     done(cur)
             finally:
-                cur.close()
+                with contextlib.suppress(duckdb.Error):
+                    cur.close()
+
+    def _stored(self, witness: tuple[str, str, str]) -> bool:
+        """Whether the row ``witness`` names, (table, key column, key), is stored (after :meth:`_recover`)."""
+        table, column, key = witness
+        rows = self.con.execute(
+            f"SELECT count(*) FROM {quote_ident(table)} WHERE {quote_ident(column)} = ?", [key]).fetchall()
+        return bool(rows[0][0])
+
+    def _con_invalidated(self) -> bool:
+        try:
+            self.con.execute("SELECT 1").fetchall()
+        except duckdb.FatalException:
+            return True
+        except duckdb.Error:
+            return False
+        return False
+
+    def _recover(self, cause: BaseException) -> None:
+        """Reopen the database after DuckDB invalidated it (a fatal error, e.g. a checkpoint that could not
+        pin its blocks), under the store lock: the connection is closed, opened again (DuckDB replays the WAL:
+        every committed write is kept), checkpointed under DuckDB's default memory limit, and the key indexes
+        are reopened from the stored rows.
+
+        The writer keeps DuckDB's default limit (80 % of RAM) from then on: what made the checkpoint fail is
+        still in the table (a checkpoint rewrites the last row group of a table it appends to), and under the
+        old limit the next checkpoint would fail the same way. Raises :class:`StoreUnavailable` if reopening
+        fails; the next transaction tries again.
+        """
+        log.error("%s: DuckDB invalidated the database (%s); reopening it (WAL replay)", self.path, _first_line(cause))
+        with contextlib.suppress(duckdb.Error):
+            self.con.close()
+        try:
+            con = self._connect(self._wait_for_readers)
+            if self._threads is not None:
+                con.execute(f"SET threads = {int(self._threads)}")
+            con.execute("CHECKPOINT")
+            for index in self.keys.values():
+                index.open(con)
+        except (duckdb.Error, StoreError) as exc:
+            self._invalid = cause
+            raise StoreUnavailable(f"{self.path}: could not reopen the store after a fatal DuckDB error "
+                                   f"({_first_line(cause)}): {_first_line(exc)}") from exc
+        self.con, self._invalid = con, None
+        self.recoveries += 1
+        if self.memory_limit:
+            log.warning("%s: the writer now runs with DuckDB's default memory limit instead of %s (writer_memory_limit) "
+                        "until it restarts: the checkpoint failed under that limit", self.path, self.memory_limit)
+            self.memory_limit = None
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -400,6 +490,7 @@ class Store:
         if new:
             batch = rows if len(new) == len(keys) else rows.take(pa.array([keep[j] for j in new], pa.int64()))
             insert_arrow(cur, f"INSERT INTO {quote_ident(table.name)}", ", ".join(table.names), batch)
+            self._witness.append((table.name, table.key[0], str(batch.column(table.key[0])[0].as_py())))
             added = hashes[new] if len(new) < len(hashes) else hashes
             index.append(cur, added, batch)
             after.append(index.committed)
@@ -453,10 +544,11 @@ class Store:
             for pos, (key, h) in enumerate(zip(keys, hashes, strict=True))
         ]
 
-    @staticmethod
-    def _insert_failed(cur: duckdb.DuckDBPyConnection, failed: pa.Table, *, or_ignore: bool = False) -> None:
+    def _insert_failed(self, cur: duckdb.DuckDBPyConnection, failed: pa.Table, *, or_ignore: bool = False) -> None:
         verb = "INSERT OR IGNORE" if or_ignore else "INSERT"
         insert_arrow(cur, f"{verb} INTO failed_records", ", ".join(tables.FAILED_COLUMNS), failed)
+        if not or_ignore:
+            self._witness.append(("failed_records", "failed_id", str(failed.column("failed_id")[0].as_py())))
 
     def load_table(self, name: str, data: pa.Table, *, replace_source: str | None = None) -> int:
         """Insert or replace rows of a derived table (``judgments``, ``judgment_runs``, ``human_judgments``) in one
@@ -546,11 +638,30 @@ class Store:
     def read(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a read query on the writer connection (for the collector's own routes)."""
         with self.lock:
+            if self._invalid is not None:
+                self._recover(self._invalid)
             cur = self.con.cursor()
             try:
                 return cur.execute(sql, params or []).fetchall()
+            except duckdb.FatalException as exc:
+                self._recover(exc)
+                raise StoreUnavailable(f"{self.path}: {_first_line(exc)}; the store was reopened: retry") from exc
             finally:
-                cur.close()
+                with contextlib.suppress(duckdb.Error):
+                    cur.close()
+
+
+#: What DuckDB's FatalException says when the transaction committed and only the checkpoint after it failed.
+_COMMITTED_BUT = "COMMIT succeeded and is durable"
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    return isinstance(exc, duckdb.FatalException)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:

@@ -20,7 +20,7 @@ import orjson
 import pyarrow as pa
 
 from ubi_pipeline.schemas import tables
-from ubi_pipeline.schemas.ubi import CANONICAL_OPTIONS, UbiEvent, UbiQuery
+from ubi_pipeline.schemas.ubi import CANONICAL_OPTIONS, JSON_FIELD_MAX_LENGTH, UbiEvent, UbiQuery
 
 
 def utcnow() -> datetime:
@@ -116,6 +116,30 @@ HUMAN_JUDGMENT_SCHEMA = arrow_schema(tables.HUMAN_JUDGMENT_TABLE)
 # ---------------------------------------------------------------- query and event rows
 
 
+class TooLongToStore(ValueError):
+    """A free-form object of a record whose stored JSON is over :data:`JSON_FIELD_MAX_LENGTH`; ``field`` names it."""
+
+    def __init__(self, field: str, length: int) -> None:
+        super().__init__(
+            f"{field} is {length:,} bytes of JSON once stored; at most {JSON_FIELD_MAX_LENGTH:,} "
+            "(JSON_FIELD_MAX_LENGTH): send fewer or shorter keys"
+        )
+        self.field = field
+
+
+def check_json_length(field: str, text: str | None) -> str | None:
+    """``text`` (a JSON column's value) when it is within :data:`JSON_FIELD_MAX_LENGTH` bytes; raises
+    :class:`TooLongToStore` naming ``field`` otherwise."""
+    # characters first: a text within the limit in characters is within it in bytes unless it is not ASCII
+    if text is not None and len(text) > JSON_FIELD_MAX_LENGTH // 4 and (size := len(text.encode())) > JSON_FIELD_MAX_LENGTH:
+        raise TooLongToStore(field, size)
+    return text
+
+
+#: The JSON columns of the stored tables, whose length :func:`check_json_length` bounds.
+JSON_COLUMNS = {"queries": ("query_attributes", "extra"), "events": ("event_attributes", "extra")}
+
+
 def _json(value: Any) -> str | None:
     if value is None:
         return None
@@ -140,11 +164,11 @@ def query_values(q: UbiQuery, received_at: datetime) -> tuple[Any, ...]:
         q.client_id,
         q.application,
         _naive_utc(q.timestamp),
-        _json(q.query_attributes),
+        check_json_length("query_attributes", _json(q.query_attributes)),
         q.object_id_field,
         q.query_response_id,
         q.query_response_hit_ids,
-        orjson.dumps(extra).decode() if extra else None,
+        check_json_length("extra", orjson.dumps(extra).decode() if extra else None),
         digest,
         received_at,
     )
@@ -184,8 +208,8 @@ def event_values(e: UbiEvent, received_at: datetime, bulk_id: str | None) -> tup
         pos.ordinal if pos is not None else None,
         pos.x if pos is not None else None,
         pos.y if pos is not None else None,
-        attrs_json,
-        orjson.dumps(extra).decode() if extra else None,
+        check_json_length("event_attributes", attrs_json),
+        check_json_length("extra", orjson.dumps(extra).decode() if extra else None),
         received_at,
     )
 
@@ -251,21 +275,39 @@ def failed_row(
     received_at: datetime | None = None,
     kafka: tuple[str, int, int] | None = None,
 ) -> dict[str, Any]:
-    """One ``failed_records`` row as a dict (see ``ubi_pipeline.schemas.tables.FAILED_RECORDS``)."""
+    """One ``failed_records`` row as a dict (see ``ubi_pipeline.schemas.tables.FAILED_RECORDS``).
+
+    ``raw`` over :data:`~ubi_pipeline.schemas.tables.FAILED_RAW_MAX_BYTES` is kept truncated, its full length
+    and SHA-256 appended to ``reason``; ``reason`` and ``field`` are cut at ``FAILED_TEXT_MAX_LENGTH``.
+    """
     topic, partition, offset = kafka or (None, None, None)
+    reason, raw = truncated_raw(reason, raw)
     return {
         "failed_id": uuid.uuid4().hex,
         "received_at": received_at or utcnow(),
         "source": source,
         "kind": kind,
         "item_index": item_index,
-        "field": field,
+        "field": field[: tables.FAILED_TEXT_MAX_LENGTH] if field is not None else None,
         "reason": reason,
         "raw": raw,
         "kafka_topic": topic,
         "kafka_partition": partition,
         "kafka_offset": offset,
     }
+
+
+def truncated_raw(reason: str, raw: bytes | None) -> tuple[str, bytes | None]:
+    """``(reason, raw)`` as ``failed_records`` keeps them: ``raw`` cut at ``FAILED_RAW_MAX_BYTES`` with its
+    length and SHA-256 appended to ``reason`` when it was, ``reason`` cut at ``FAILED_TEXT_MAX_LENGTH``."""
+    limit, text_limit = tables.FAILED_RAW_MAX_BYTES, tables.FAILED_TEXT_MAX_LENGTH
+    if len(reason) > text_limit:
+        reason = reason[: text_limit - 1] + "\u2026"
+    if raw is not None and len(raw) > limit:
+        reason += (f" [raw truncated: {len(raw):,} bytes, sha256 {hashlib.sha256(raw).hexdigest()}; "
+                   f"the first {limit:,} are kept]")
+        raw = raw[:limit]
+    return reason, raw
 
 
 def failed_table(rows: list[dict[str, Any]]) -> pa.Table:

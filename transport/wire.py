@@ -125,6 +125,7 @@ def group_rows(kind: TopicKind, rows: list[tuple[str, bytes]]) -> list[Message]:
 
 
 _FAILED_FIELDS = {"failed_id": str, "source": str, "kind": str, "reason": str}
+_FAILED_LIMITS = {c.name: c.max_length or 0 for c in tables.FAILED_TABLE.columns if c.name in ("failed_id", "source", "kind")}
 
 
 def failed_from_value(value: bytes, *, received_default: datetime) -> dict[str, Any]:
@@ -147,9 +148,14 @@ def failed_from_value(value: bytes, *, received_default: datetime) -> dict[str, 
         received = datetime.fromisoformat(obj["received_at"]) if obj.get("received_at") else received_default
     except (TypeError, ValueError) as exc:
         raise ValueError(str(exc)) from exc
+    for name in ("failed_id", "source", "kind"):
+        limit = _FAILED_LIMITS[name]
+        if not obj[name] or len(obj[name]) > limit:
+            raise ValueError(f"'{name}' must be 1 to {limit} characters, got {len(obj[name]):,}")
     index, fld = obj.get("item_index"), obj.get("field")
-    if index is not None and not isinstance(index, int):
-        raise ValueError("'item_index' must be an integer")
+    if index is not None and (not isinstance(index, int) or isinstance(index, bool)
+                              or not -(2**31) <= index < 2**31):
+        raise ValueError(f"'item_index' must be an integer of 32 bits (the column's type), got {str(index)[:40]}")
     if fld is not None and not isinstance(fld, str):
         raise ValueError("'field' must be a string")
     return {

@@ -205,6 +205,7 @@ class DuckDBSink(Sink):
             "ok": self.last_error is None and not self._closed,
             "db": str(self._db.path),
             "last_error": self.last_error,
+            "recoveries": self._db.recoveries,
         }
 
     def gauges(self) -> dict[str, float]:
@@ -214,6 +215,7 @@ class DuckDBSink(Sink):
             "grouped_requests_total": float(self.grouped_requests),
             "commit_delay_seconds": self.commit_delay,
             "failed_writes_total": float(self.failed_writes),
+            "store_recoveries_total": float(self._db.recoveries),
         }
 
     # ------------------------------------------------------------ the writer thread

@@ -31,7 +31,7 @@ from ubi_pipeline.collector.bodies import _PLAIN_ACTION, bulk_items, bulk_record
 from ubi_pipeline.collector.importer import import_files
 from ubi_pipeline.processors.simulation.bulk_log import write_files
 from ubi_pipeline.schemas.errors import InputFileError
-from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
+from ubi_pipeline.schemas.ubi import JSON_FIELD_MAX_LENGTH, USER_QUERY_MAX_LENGTH, UbiEvent, UbiQuery
 
 _TABLES = {
     "ubi_queries": "* EXCLUDE (received_at)",
@@ -281,6 +281,35 @@ def test_fixed_edge_records_agree(tmp_path: Path) -> None:
     again = tmp_path / "again"
     again.mkdir()
     _assert_same(again, [path, path])
+
+
+def test_records_over_the_length_limits_agree(tmp_path: Path) -> None:
+    """user_query at and over USER_QUERY_MAX_LENGTH, query_attributes at and over JSON_FIELD_MAX_LENGTH: both
+    paths take the ones at the limit and refuse the ones over it, with the same messages."""
+    at, over = "q" * USER_QUERY_MAX_LENGTH, "\u00e9" * (USER_QUERY_MAX_LENGTH + 1)  # over: counted in characters
+    ts = '"timestamp":"2024-05-16T12:34:56.789Z"'
+    # {"k":"vvv..."} is 8 bytes of JSON around the value
+    attrs_at, attrs_over = "v" * (JSON_FIELD_MAX_LENGTH - 8), "v" * (JSON_FIELD_MAX_LENGTH - 7)
+    lines = [
+        '{"event_id":"a","action_name":"click",' + ts + ',"user_query":"' + at + '"}',
+        '{"event_id":"b","action_name":"click",' + ts + ',"user_query":"' + over + '"}',
+        '{"query_id":"q1","user_query":"' + at + '"}',
+        '{"query_id":"q2","user_query":"' + over + '"}',
+        '{"query_id":"q3","user_query":"x","query_attributes":{"k":"' + attrs_at + '"}}',
+        '{"query_id":"q4","user_query":"x","query_attributes":{"k":"' + attrs_over + '"}}',
+        '{"event_id":"c","action_name":"click",' + ts + ',"extra_key":"' + attrs_over + '"}',
+    ]
+    path = tmp_path / "limits.ndjson"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    fast = _assert_same(tmp_path, [path])
+    (report,) = fast["reports"]
+    # lines 2, 4, 6 and 7 are over a limit (hand count)
+    assert (report["accepted"], report["rejected"]) == (3, 4)
+    errors = {e["index"]: e for e in report["errors"]}
+    assert f"at most {USER_QUERY_MAX_LENGTH} characters" in errors[1]["message"]
+    assert f"at most {USER_QUERY_MAX_LENGTH} characters" in errors[3]["message"]
+    assert errors[5]["field"] == "query_attributes" and f"{JSON_FIELD_MAX_LENGTH + 1:,} bytes" in errors[5]["message"]
+    assert errors[6]["field"] == "extra"
 
 
 @pytest.mark.parametrize("fmt", ["ndjson", "bulk"])

@@ -16,10 +16,14 @@ import httpx
 import pytest
 from tests_collector_support import Served, start_server
 
-IDLE, HEADERS, CAP = 1.0, 1.5, 12
+IDLE, HEADERS, BODY, CAP = 1.0, 1.5, 1.5, 12
+HEAD_BYTES, HEAD_LINES = 4096, 20
 LIMITS = {
     "UBI_IDLE_TIMEOUT_S": str(IDLE),
     "UBI_HEADER_TIMEOUT_S": str(HEADERS),
+    "UBI_BODY_TIMEOUT_S": str(BODY),
+    "UBI_MAX_HEADER_BYTES": str(HEAD_BYTES),
+    "UBI_MAX_HEADERS": str(HEAD_LINES),
     "UBI_MAX_CONNECTIONS": str(CAP),
 }
 
@@ -102,6 +106,71 @@ def test_a_slowloris_client_is_disconnected(served: Served) -> None:
     assert HEADERS - 0.2 <= closed_after < HEADERS + 3  # closed by the header timeout, not the idle one
     # Someone who sends a whole request meanwhile is served as usual.
     assert httpx.get(served.url + "/healthz", timeout=5).status_code == 200
+
+
+def test_a_slow_body_is_disconnected(served: Served) -> None:
+    """Issue 25: 100 connections sending one body byte every 2 s held every slot for 60 s. Headers complete,
+    then one body byte every 0.2 s: the server closes the connection once BODY seconds have passed since
+    the headers, and nothing of the body is stored."""
+    sock = _connect(served)
+    sock.sendall(b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000\r\n\r\n[")
+    started = time.monotonic()
+    closed_after = None
+    try:
+        while time.monotonic() - started < BODY + 5:
+            try:
+                sock.sendall(b" ")
+            except (BrokenPipeError, ConnectionResetError):
+                closed_after = time.monotonic() - started
+                break
+            closed, _ = _closed_within(sock, 0.2)
+            if closed:
+                closed_after = time.monotonic() - started
+                break
+    finally:
+        sock.close()
+    assert closed_after is not None, "the server kept a client that never finished its body"
+    assert BODY - 0.2 <= closed_after < BODY + 3  # the body deadline, not the idle or header one
+    assert httpx.get(served.url + "/healthz", timeout=5).status_code == 200
+    failed = httpx.get(served.url + "/v1/failed", timeout=5).json()
+    assert failed["total"] == 0  # a body cut short is not kept: the client still has it and retries
+
+
+def test_request_headers_over_the_size_or_count_limit_get_431(served: Served) -> None:
+    """Issue 25: 8 connections x 100 MB of headers took the collector from 483 to 1,091 MB."""
+    big = b"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (2 * HEAD_BYTES) + b"\r\n\r\n"
+    many = (b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+            + b"".join(b"X-H%d: 1\r\n" % i for i in range(HEAD_LINES + 5)) + b"\r\n")
+    for request in (big, many):
+        sock = _connect(served)
+        try:
+            sock.sendall(request)
+            closed, got = _closed_within(sock, 5)
+        finally:
+            sock.close()
+        assert closed and got.startswith(b"HTTP/1.1 431"), got[:200]
+    # an endless header is cut at the limit too, not held: the server closes while it is still being sent
+    sock = _connect(served)
+    sent = 0
+    try:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            while sent < 50 * HEAD_BYTES:
+                sock.sendall(b"a" * 1024)
+                sent += 1024
+                time.sleep(0.001)
+    finally:
+        sock.close()
+    # within the limits: served
+    ok = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: 1\r\n" % i for i in range(HEAD_LINES - 2))
+    sock = _connect(served)
+    try:
+        sock.sendall(ok + b"Connection: close\r\n\r\n")
+        _, got = _closed_within(sock, 5)
+    finally:
+        sock.close()
+    assert got.startswith(b"HTTP/1.1 200"), got[:200]
 
 
 def test_connections_over_the_cap_get_503_and_the_server_recovers(served: Served) -> None:

@@ -152,3 +152,40 @@ def test_lag_is_reported_and_goes_to_zero(broker, prefix, tmp_path):
     # 300 events in batches of at most 50 records: at least 6 batches, each committed after its write.
     assert len(seen) >= 6 and seen[-1] == 300 and consumer.progress.commits == len(seen)
     assert consumer.progress.lag == 0
+
+
+def test_a_batch_the_reopened_store_did_not_keep_is_written_again(tmp_path: Path) -> None:
+    """A write refused with StoreUnavailable (DuckDB invalidated the store, which reopened itself without the
+    batch) is written once more before the offsets are committed; the loader does not exit."""
+    from ubi_pipeline.loader.decode import InRecord
+    from ubi_pipeline.store.duckdb_store import StoreUnavailable
+
+    v = validate_items(parse_items(b'{"action_name":"click","timestamp":"2024-05-16T12:00:00Z","event_id":"e1"}',
+                                   "event"))
+    from ubi_pipeline.collector.sinks.kafka import encode
+
+    value = encode(v, source="test").msgs[0].value
+    store = Store(tmp_path / "ubi.duckdb")
+    inner = DuckDBLoader(store)
+    calls = []
+
+    class Flaky:
+        def write(self, batch):  # type: ignore[no-untyped-def]
+            calls.append(batch)
+            if len(calls) == 1:
+                raise StoreUnavailable("the store was reopened, nothing of this write was stored: retry")
+            return inner.write(batch)
+
+        def close(self) -> None:
+            inner.close()
+
+    consumer = Consumer(Settings(kafka_topic_prefix="ubi"), Flaky())  # type: ignore[arg-type]
+    committed = []
+    consumer._commit = committed.append  # type: ignore[method-assign]
+    consumer._buffer = [InRecord("ubi.events", 0, 7, value)]
+    consumer._next = {("ubi.events", 0): 8}
+    consumer.flush()
+    assert len(calls) == 2 and committed == [{("ubi.events", 0): 8}]
+    assert consumer.progress.loaded.events == 1
+    assert store.read("SELECT event_id FROM ubi_events") == [("e1",)]
+    store.close()

@@ -35,6 +35,7 @@ from ubi_pipeline.collector.ingest import parse_bulk, parse_items, validate_item
 from ubi_pipeline.collector.sinks.kafka import KafkaSink, encode
 from ubi_pipeline.schemas.errors import StoreLocked
 from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.schemas.tables import FAILED_RAW_MAX_BYTES
 from ubi_pipeline.store.client import open_reader
 from ubi_pipeline.store.parquet_store import open_parquet_reader
 
@@ -340,3 +341,82 @@ def test_poison_records_go_to_failed_records_and_the_loader_keeps_going(broker, 
     assert any("malformed JSON" in r for r in reasons)
     assert any("'event_key' is required" in r for r in reasons)  # a client-shaped event is not a stored row
     assert any("empty message value" in r for r in reasons)
+
+
+def _issue25_pills(prefix: str) -> tuple[list[tuple[str, bytes]], list[bytes]]:
+    """Issue 25's poison pills, each between good records: (topic, value) in sending order, and the good
+    event ids. A row line is the collector's own good row with one field spoiled."""
+    v = validate_items(parse_items(b'[{"action_name":"click","timestamp":"2024-05-16T12:00:00Z","event_id":"g1",'
+                                   b'"query_id":"q1","event_attributes":{"object":{"object_id":"d1"}}},'
+                                   b'{"action_name":"view","timestamp":"2024-05-16T12:00:01Z","event_id":"g2",'
+                                   b'"query_id":"q2"}]', "event"))
+    good = [m.value for m in encode(v, source="test").msgs]
+    row = json.loads(good[0])
+
+    def spoiled(eid: str, **change: object) -> bytes:
+        return json.dumps({**row, "event_key": "id:" + eid, "event_id": eid, **change}).encode()
+
+    q = validate_items(parse_items(b'{"query_id":"q9","user_query":"shoes","query_attributes":{"a":1}}', "query"))
+    qrow = json.loads(encode(q, source="test").msgs[0].value)
+    failed = {"failed_id": "f-big-index", "source": "/v1/events", "kind": "event", "reason": "r", "raw_b64": None,
+              "item_index": 2**40, "received_at": "2024-05-16T12:00:00"}
+    pills = [
+        (f"{prefix}.events", good[0]),
+        (f"{prefix}.failed", json.dumps(failed).encode()),  # item_index 2^40: not an INTEGER
+        (f"{prefix}.events", spoiled("p1", event_attributes='{"object": {')),  # not valid JSON
+        (f"{prefix}.events", spoiled("p2", extra="not json")),
+        (f"{prefix}.queries", json.dumps({**qrow, "query_attributes": "{oops"}).encode()),
+        (f"{prefix}.events", spoiled("p3", action_name="a" * 1_000_000)),  # 1 MB action_name
+        (f"{prefix}.events", good[1]),
+    ]
+    return pills, [b"g1", b"g2"]
+
+
+@pytest.mark.parametrize("target", ["db", "parquet"])
+def test_issue25_poison_pills_are_set_aside_and_loading_goes_on(broker, prefix, tmp_path, target):
+    """A .failed row whose item_index is 2^40, rows whose query_attributes / event_attributes / extra are not
+    JSON, a 1 MB action_name: each kept as poison with its reason, topic, partition and offset; the loader
+    commits past them, exits 0, and the good records around them are loaded (issue 25: it exited 3, and
+    every restart crashed on the same batch)."""
+    from ubi_pipeline.transport.kafka_client import ensure_topics
+
+    pills, good_ids = _issue25_pills(prefix)
+    ensure_topics(Settings(kafka_bootstrap=broker.bootstrap, kafka_topic_prefix=prefix),
+                  [f"{prefix}.events", f"{prefix}.failed", f"{prefix}.queries"])
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, max_request_size=4 * 1024 * 1024)
+    sent = []
+    for topic, value in pills:
+        md = producer.send(topic, value=value, partition=0).get(timeout=10)
+        sent.append((topic, md.partition, md.offset))
+    producer.close()
+
+    out = {"db": tmp_path / "ubi.duckdb", "parquet": tmp_path / "pq"}[target]
+    kw = {"db": out} if target == "db" else {"parquet": out}
+    consume = Consume(broker.bootstrap, prefix, f"{prefix}-loader", tmp_path, extra=("--exit-idle", "2"), **kw).start()
+    try:
+        assert consume.proc.wait(timeout=90) == 0
+    finally:
+        summary = consume.stop()
+    assert (summary["poison"], summary["events"]) == (5, 2), summary  # 5 pills (hand count), g1 and g2
+    if target == "db":
+        import duckdb
+
+        con = duckdb.connect(str(out), read_only=True)
+    else:
+        con = open_parquet_reader(out)
+    rows = con.execute("SELECT kafka_topic, kafka_partition, kafka_offset, kind, reason, octet_length(raw) "
+                       "FROM failed_records ORDER BY kafka_topic, kafka_offset").fetchall()
+    events = con.execute("SELECT event_id FROM ubi_events ORDER BY event_id").fetchall()
+    queries = con.execute("SELECT count(*) FROM ubi_queries").fetchall()
+    con.close()
+    assert [e for (e,) in events] == [g.decode() for g in good_ids]
+    assert queries == [(0,)]
+    assert sorted((t, p, o) for t, p, o, *_ in rows) == sorted(sent[1:6])
+    assert all(kind == "poison" for _, _, _, kind, _, _ in rows)
+    reasons = " | ".join(r for *_, r, _ in rows)
+    assert "'item_index' must be an integer of 32 bits" in reasons
+    assert "'event_attributes' is not valid JSON" in reasons
+    assert "'extra' is not valid JSON" in reasons
+    assert "'query_attributes' is not valid JSON" in reasons
+    assert "'action_name' is 1,000,000 characters; at most 100" in reasons
+    assert max(size for *_, size in rows) <= FAILED_RAW_MAX_BYTES  # the 1 MB record kept truncated
