@@ -38,10 +38,11 @@ takes theta_k/theta_1 from it instead of from the PBM fit.
 
 intervals: percentile bootstrap over logged searches, the click model refitted on every replicate. They do
 not contain the bias of a wrong click model or of documents the log never showed: read prior_share and
-unsupported_share beside them. The calibrated interval {lo, hi} (the one to read) widens the bootstrap
-interval by letting the documents the log never showed range over the 25%-75% quantiles of those deep pairs'
-click probabilities; the prior-free interval <lo, hi> lets them take any click probability in [0, 1]: what
-the log alone can say.
+unsupported_share beside them. The primary interval {lo, hi} (the one to read) widens the bootstrap
+interval by letting each document the log never showed range over what its evidence allows: human grades
+(--qrels, or the store's), the logged hit lists below the displayed depth, the run's own scores, and
+only then every deep pair's click probability; "evidence" says what share of the top k rests on each. The
+prior-free interval <lo, hi> lets them take any click probability in [0, 1]: what the log alone can say.
 
 examples:
   ubi predict --run ltr-v3.trec
@@ -173,6 +174,9 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
         f"log (no IPS support): {_num(pred.unsupported_share * 100, 1)}%; predicted on {pred.covered_queries} of "
         f"{pred.logged_queries} logged queries ({pred.searches} of {pred.logged_searches} searches); "
         f"{pred.replicates} bootstrap replicates", highlight=False)
+    if pred.evidence_shares:
+        console.print("evidence of the top " + str(pred.k) + ": " + ", ".join(
+            f"{kind} {_num(v * 100, 1)}%" for kind, v in pred.evidence_shares.items()), highlight=False)
     for note in pred.notes:
         console.print(f"note: {escape(note)}", highlight=False)
 
@@ -181,6 +185,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from ubi_pipeline.formats.qrels import load_qrels
     from ubi_pipeline.formats.runs import load_run
     from ubi_pipeline.processors.clicks.sessions import load_sessions
+    from ubi_pipeline.processors.counterfactual.evidence import UnseenEvidence, returned_not_shown
     from ubi_pipeline.processors.counterfactual.predict import predict
     from ubi_pipeline.processors.labels.merge import LabelSet, labels_from_human, labels_from_store
     from ubi_pipeline.reports.joint import query_id_texts
@@ -205,9 +210,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
         data = load_sessions(con, settings, max_rank=k_model)
         swaps = load_swap_experiment(con, settings, k_model)
         logged = logged_figures(con, settings, args.k, settings.seed)
+        returned = returned_not_shown(con, k_model)
+    # what values the documents the log never showed: human grades, the hit lists below the display, run scores
+    scores = {system.query_of[qid]: dict(zip(run[qid], run.scores[qid], strict=False))
+              for qid in system.run if run.scores.get(qid)}
+    evidence = UnseenEvidence(grades=labels.qrels("human"), returned=returned, scores=scores)
     pred = predict(data.patterns, rankings, model=args.model, methods=methods, k=args.k, clip=args.clip,
                    replicates=args.replicates, seed=settings.seed, swaps=swaps,
-                   model_options=None if args.prior is None else {"prior": args.prior})
+                   model_options=None if args.prior is None else {"prior": args.prior}, evidence=evidence)
     inputs = {"db": str(settings.db), "run": f"{path} ({len(run)} queries, {run.n_docs()} ranked docs)"}
     if args.json:
         _write(args.out, json.dumps(prediction_json(name, pred, logged, inputs), indent=2) + "\n")
