@@ -25,6 +25,8 @@ CTR with a normal 95% interval over their searches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -71,6 +73,31 @@ class HeldoutLog:
     exact: dict[str, float]  # system (loggers and candidates) -> exact CTR@displayed on the logged queries
     observed: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # logger -> (CTR, low, high)
     click_at_1: dict[str, dict[str, float]] = field(default_factory=dict)  # query text -> doc -> true P(click | rank 1)
+    #: per search: query text, logger (1-based), the returned hit list, the clicked ranks (1-based)
+    searches: tuple[tuple[str, int, tuple[str, ...], tuple[int, ...]], ...] = ()
+
+    def ubi_records(self, application: str = "heldout") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The log as UBI records: a query record per search (its whole hit list, ``ranker`` in its attributes),
+        an ``impression`` per displayed result and a ``click`` per click; one client per 50 searches, a
+        search a minute."""
+        queries: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        t0 = datetime(2025, 1, 1, tzinfo=UTC)
+        for i, (text, logger, hits, clicked) in enumerate(self.searches):
+            qid, client = f"h{self.config.seed}-{i}", f"user{i // 50}"
+            at = t0 + timedelta(minutes=i)
+            queries.append({"application": application, "query_id": qid, "client_id": client, "user_query": text,
+                            "timestamp": at.isoformat(), "query_attributes": {"ranker": f"logger{logger}"},
+                            "object_id_field": "sku", "query_response_hit_ids": list(hits)})
+            common = {"application": application, "query_id": qid, "client_id": client}
+            for k, doc in enumerate(hits[: self.config.displayed]):
+                kind = [("impression", 1)] + ([("click", 2)] if k + 1 in clicked else [])
+                for action, sec in kind:
+                    events.append({"action_name": action, "event_id": f"{qid}-{action}{k}", **common,
+                                   "timestamp": (at + timedelta(seconds=sec)).isoformat(),
+                                   "event_attributes": {"object": {"object_id": doc, "object_id_field": "sku"},
+                                                        "position": {"ordinal": k}}})
+        return queries, events
 
 
 def _theta(kind: str, k: int) -> NDArray[np.float64]:
@@ -115,7 +142,7 @@ def generate(cfg: HeldoutConfig) -> HeldoutLog:
     z = rng.normal(size=(nq, nd))
     attract = np.clip(GRADE_CLICK[grade] * np.exp(cfg.spread * z), 0.01, 0.95)
     sat = SATISFACTION[grade]
-    texts = [f"q{q:03d} item" for q in range(nq)]
+    texts = [f"item-{q:03d}" for q in range(nq)]
     docs = np.array([[f"d{q:03d}-{j:02d}" for j in range(nd)] for q in range(nq)], dtype=object)
 
     def ranking(noise: float) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
@@ -184,4 +211,7 @@ def generate(cfg: HeldoutConfig) -> HeldoutLog:
         candidates[name] = {texts[q]: [str(docs[q, d]) for d in top[q]] for q in range(nq)}
         scores[name] = {texts[q]: {str(docs[q, d]): float(score[q, d]) for d in top[q]} for q in range(nq)}
     click_at_1 = {texts[q]: {str(docs[q, d]): float(attract[q, d]) for d in range(nd)} for q in range(nq)}
-    return HeldoutLog(cfg, patterns, returned, grades, candidates, scores, truth, observed, click_at_1)
+    hit_docs = [[tuple(str(docs[q, d]) for d in lg[q]) for q in range(nq)] for lg in loggers]
+    searches = tuple((texts[q], s + 1, hit_docs[s][q], tuple((np.flatnonzero(c) + 1).tolist()))
+                     for q, s, c in zip(query.tolist(), served.tolist(), clicks, strict=True))
+    return HeldoutLog(cfg, patterns, returned, grades, candidates, scores, truth, observed, click_at_1, searches)
