@@ -12,7 +12,8 @@ Its own catalog, rankers, examination curves and click rules, so that what ``ubi
   documents the log returned but never displayed and a few it never returned. Their runs carry their scores;
 * examination: "exponential" (θ_k = 0.9·e^{-0.45 (k-1)}), "plateau" (ULTRA-like: the first four ranks
   examined alike, then a drop), "cascade" (scan down until a click satisfies, with probability
-  ``SATISFACTION[grade]``; no click continues);
+  ``SATISFACTION[grade]``; no click continues), and "power" ((1/k)^1.5: the steep PBM of issue 24's
+  held-out log, the curve family ``traffic.py`` uses);
 * traffic: ``searches`` searches, queries Zipf-like (p ∝ 1/(i + 5)), each served by a logging ranker drawn
   uniformly;
 * human grades for a ``judged`` share of the queries (every document of those), each off by one grade with
@@ -34,7 +35,7 @@ from numpy.typing import NDArray
 from ubi_pipeline.processors.clicks.stats import PairIndex, SessionPatterns
 from ubi_pipeline.processors.simulation.catalog import SimulationError
 
-EXAMINATIONS = ("exponential", "plateau", "cascade")
+EXAMINATIONS = ("exponential", "plateau", "cascade", "power")
 GRADE_CLICK = np.array([0.02, 0.08, 0.2, 0.45, 0.75])
 SATISFACTION = np.array([0.1, 0.25, 0.45, 0.7, 0.9])
 PLATEAU = np.array([1.0, 1.0, 0.97, 0.93, 0.55, 0.42, 0.35, 0.3, 0.27, 0.25, 0.23, 0.21, 0.2, 0.19, 0.18, 0.17,
@@ -105,6 +106,8 @@ def _theta(kind: str, k: int) -> NDArray[np.float64]:
         return 0.9 * np.exp(-0.45 * np.arange(k))
     if kind == "plateau":
         return PLATEAU[:k].copy()
+    if kind == "power":
+        return (1.0 / np.arange(1, k + 1)) ** 1.5
     return np.ones(k)
 
 

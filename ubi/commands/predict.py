@@ -136,7 +136,7 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
 
     names = [m.replace("@k", f"@{pred.k}") for m in METRICS]
     t = Table(title=f"predicted online metrics of {escape(name)} (never served): value, [{pred.confidence:.0%} "
-                    "bootstrap interval], {calibrated interval}, <prior-free interval>")
+                    "bootstrap interval], {primary interval}, <prior-free interval>")
     t.add_column("system / method")
     t.add_column("searches", justify="right")
     for m in names:
@@ -167,8 +167,9 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
         f"examination clipped)", highlight=False)
     console.print(
         f"top {pred.k} never shown for its query: {_num(pred.prior_share * 100, 1)}%"
-        + (f" (click probability at rank 1 taken as {_num(pred.unseen_click[0], 3)}, the median of the pairs the "
-           f"log showed in the lower half of its lists; calibrated range {_num(pred.unseen_click[1], 3)}-{_num(pred.unseen_click[2], 3)})"
+        + (f" (those resting on the prior only: click probability at rank 1 {_num(pred.unseen_click[0], 3)}, the "
+           f"median of the pairs the log showed in the lower half of its lists, primary range "
+           f"{_num(pred.unseen_click[1], 3)}-{_num(pred.unseen_click[2], 3)})"
            if pred.unseen == "deep" else " (on the model's prior)")
         + "; never shown in the "
         f"log (no IPS support): {_num(pred.unsupported_share * 100, 1)}%; predicted on {pred.covered_queries} of "
