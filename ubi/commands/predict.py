@@ -168,7 +168,7 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
     console.print(
         f"top {pred.k} never shown for its query: {_num(pred.prior_share * 100, 1)}%"
         + (f" (those resting on the prior only: click probability at rank 1 {_num(pred.unseen_click[0], 3)}, the "
-           f"median of the pairs the log showed in the lower half of its lists, primary range "
+           f"median of the pairs the log showed in the lower half of its lists, calibrated range "
            f"{_num(pred.unseen_click[1], 3)}-{_num(pred.unseen_click[2], 3)})"
            if pred.unseen == "deep" else " (on the model's prior)")
         + "; never shown in the "
