@@ -5,15 +5,17 @@ documents it never showed. For the latter, in this order of precedence (the firs
 
 * ``human_grade``: the pair has a human grade. A grade-to-click-probability map is fitted on the shown pairs
   that have both (the impression-weighted mean fitted click probability at rank 1 per grade, a weighted
-  linear fit on the grade where a grade has fewer than ``MIN_PER_GRADE`` shown pairs) and its uncertainty
-  (two standard errors of that mean) is the pair's range;
+  linear fit on the grade where a grade has fewer than ``MIN_PER_GRADE`` shown pairs) is its point; its range
+  runs from two standard errors below that mean to two above, or to the candidate's own ordering (below)
+  where that is higher: the candidate may pick, within a grade, the documents that draw more clicks;
 * ``returned_not_shown``: a logged hit list returned the document below the displayed depth
   (``query_response_hit_ids`` holds every returned id, of which only the top ones were displayed). Its range
   runs from the logging rankers' own ordering, continued below the display: a weighted fit of click
   probability on log(mean displayed rank) over the shown pairs, read at the document's mean returned rank
   (what a document at that depth is worth if the candidate picked it at random there), up to the
   candidate's own ordering: the same fit on log(candidate rank) over the shown pairs the candidate ranks,
-  read at the rank the candidate gives the document (what it is worth if the candidate picks as well among
+  or their mean at that rank where it is higher and rests on ``MIN_PAIRS`` pairs or more, read at the rank
+  the candidate gives the document (what it is worth if the candidate picks as well among
   the documents the log hid as among those it showed; the log's hit lists put a hidden document below the
   shown ones, so this end is the optimistic one);
 * ``candidate_score``: the run carries the candidate's score for the document: a weighted linear fit of
@@ -22,7 +24,8 @@ documents it never showed. For the latter, in this order of precedence (the firs
 * ``prior``: nothing but the log: the range of the fitted click probabilities of the pairs the log showed
   deep (mean displayed rank below K/2), ``PRIOR_RANGE`` quantiles (by default all of it).
 
-Each slot's point is the middle of its range, except the prior's (the deep pairs' median, as before). The
+Each slot's point is the middle of its range, except a grade's (the map's mean) and the prior's (the deep
+pairs' median, as before). A kind whose fit lacks data (fewer than ``MIN_PAIRS`` pairs) takes the prior's. The
 ranges bound the primary interval of :mod:`ubi_pipeline.processors.counterfactual.predict`: every unseen document at the low
 end of its range for the lower bootstrap quantile, at the high end for the upper one (a sensitivity bound,
 Manski 2003). The weaker the evidence, the farther apart the two ends, up to the prior-free bounds.
@@ -111,7 +114,7 @@ def evidence_arrays(texts: list[str], doc_ids: list[list[str | None]], pair_quer
     n = len(pair_docs)
     pair_grade = np.full(n, np.nan)
     pair_score = np.full(n, np.nan)
-    for p in range(n):
+    for p in range(n) if ev.grades or ev.scores else ():  # a Python loop over the pairs only when it can find any
         text = texts[int(pair_query[p])] if int(pair_query[p]) < len(texts) else ""
         pair_grade[p] = ev.grades.get(text, {}).get(pair_docs[p], np.nan)
         pair_score[p] = ev.scores.get(text, {}).get(pair_docs[p], np.nan)
