@@ -345,14 +345,15 @@ class _Fit:
         mean_rank = rank_sum / np.where(seen > 0, seen, 1.0)
         return a1, seen, mean_rank
 
-    def position_probs(self, cand: CandidateArrays,
-                       unseen: float | NDArray[np.float64] | None = None) -> tuple[PositionProbs, NDArray[np.bool_]]:
+    def position_probs(self, cand: CandidateArrays, unseen: float | NDArray[np.float64] | None = None,
+                       sigma: float | None = None) -> tuple[PositionProbs, NDArray[np.bool_]]:
         """Per-position probabilities of the candidate's lists and where they rest on the prior only.
 
         Parameters per position come from the model itself (``_alpha_at`` / ``_params_at``), so a pair the log
         never showed gets the model's prior as the model defines it (rank-informed under the empirical prior).
         ``unseen``: the click probability at rank 1 given to documents on the prior instead of the prior: one
-        for all, or one per slot ([Q, K]; NaN keeps the prior there).
+        for all, or one per slot ([Q, K]; NaN keeps the prior there). ``sigma``: DBN's satisfaction of those
+        documents instead of its prior (PBM has none).
         """
         m = self.model
         lists = SessionPatterns(m.pairs, np.arange(len(cand.length), dtype=np.int64), cand.docs,
@@ -368,13 +369,15 @@ class _Fit:
                 alpha = np.where(on_prior & np.isfinite(raw), raw, alpha)
             return pbm_position_probs(theta, alpha), on_prior
         if hasattr(m, "_params_at"):
-            alpha, sigma = m._params_at(lists)
+            alpha, sigma_at = m._params_at(lists)
         else:
-            alpha, sigma = gather(m.alpha, cand.docs, m.prior_alpha), gather(m.sigma, cand.docs, m.prior_sigma)
+            alpha, sigma_at = gather(m.alpha, cand.docs, m.prior_alpha), gather(m.sigma, cand.docs, m.prior_sigma)
         if unseen is not None:
             u = np.asarray(unseen, dtype=np.float64)
             alpha = np.where(on_prior & np.isfinite(u), u, alpha)
-        return dbn_position_probs(alpha, sigma, float(m.gamma)), on_prior
+        if sigma is not None:
+            sigma_at = np.where(on_prior, sigma, sigma_at)
+        return dbn_position_probs(alpha, sigma_at, float(m.gamma)), on_prior
 
 
 def _logged(patterns: SessionPatterns, n_queries: int) -> LoggedArrays:
@@ -423,8 +426,15 @@ def _once(patterns: SessionPatterns, cand: CandidateArrays, model: str, methods:
     u_lo, u_hi = np.quantile(ref, PRIOR_RANGE).tolist() if len(ref) else [0.0, 1.0]
     probs, _ = fit.position_probs(cand, unseen=point_at)
     qm = query_metrics(probs, k)
-    extremes = [query_metrics(fit.position_probs(cand, unseen=a)[0], k) for a in (0.0, 1.0)]
-    calibrated = [query_metrics(fit.position_probs(cand, unseen=a)[0], k) for a in (lo_at, hi_at)]
+    # a satisfied click ends the scan (DBN): the fewest clicks with unseen documents satisfying most, the most
+    # with them satisfying least; their satisfaction rests on no evidence, so it spans the fitted pairs' range
+    sig = np.asarray(getattr(fit.model, "sigma", []), dtype=np.float64)
+    sig = sig[np.isfinite(sig)]
+    s_lo, s_hi = np.quantile(sig, PRIOR_RANGE).tolist() if len(sig) else (None, None)
+    extremes = [query_metrics(fit.position_probs(cand, unseen=a, sigma=s)[0], k)
+                for a, s in ((0.0, None), (1.0, 0.0 if len(sig) else None))]
+    calibrated = [query_metrics(fit.position_probs(cand, unseen=a, sigma=s)[0], k)
+                  for a, s in ((lo_at, s_hi), (hi_at, s_lo))]
     out: dict[str, dict[str, float]] = {}
     if "dm" in methods:
         out["dm"] = aggregate(qm, w)
