@@ -39,10 +39,11 @@ takes theta_k/theta_1 from it instead of from the PBM fit.
 
 intervals: percentile bootstrap over logged searches, the click model refitted on every replicate. They do
 not contain the bias of a wrong click model or of documents the log never showed: read prior_share and
-unsupported_share beside them. The calibrated interval {lo, hi} (the one to read) widens the bootstrap
-interval by letting the documents the log never showed range over the 25%-75% quantiles of those deep pairs'
-click probabilities; the prior-free interval <lo, hi> lets them take any click probability in [0, 1]: what
-the log alone can say.
+unsupported_share beside them. The primary interval {lo, hi} (the one to read) widens the bootstrap
+interval by letting each document the log never showed range over what its evidence allows: human grades
+(--qrels, or the store's), the logged hit lists below the displayed depth, the run's own scores, and
+only then every deep pair's click probability; "evidence" says what share of the top k rests on each. The
+prior-free interval <lo, hi> lets them take any click probability in [0, 1]: what the log alone can say.
 
 candidates: --run is repeatable; each run is predicted on its own (the click model refitted for each) and
 every candidate is listed, with its verdict against each logged system: ahead or behind only when its
@@ -170,7 +171,7 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
 
     names = [m.replace("@k", f"@{pred.k}") for m in METRICS]
     t = Table(title=f"predicted online metrics of {escape(name)} (never served): value, [{pred.confidence:.0%} "
-                    "bootstrap interval], {calibrated interval}, <prior-free interval>")
+                    "bootstrap interval], {primary interval}, <prior-free interval>")
     t.add_column("system / method")
     t.add_column("searches", justify="right")
     for m in names:
@@ -201,13 +202,17 @@ def print_prediction(name: str, pred: Prediction, logged: dict[str, OnlineMetric
         f"examination clipped)", highlight=False)
     console.print(
         f"top {pred.k} never shown for its query: {_num(pred.prior_share * 100, 1)}%"
-        + (f" (click probability at rank 1 taken as {_num(pred.unseen_click[0], 3)}, the median of the pairs the "
-           f"log showed in the lower half of its lists; calibrated range {_num(pred.unseen_click[1], 3)}-{_num(pred.unseen_click[2], 3)})"
+        + (f" (those resting on the prior only: click probability at rank 1 {_num(pred.unseen_click[0], 3)}, the "
+           f"median of the pairs the log showed in the lower half of its lists, calibrated range "
+           f"{_num(pred.unseen_click[1], 3)}-{_num(pred.unseen_click[2], 3)})"
            if pred.unseen == "deep" else " (on the model's prior)")
         + "; never shown in the "
         f"log (no IPS support): {_num(pred.unsupported_share * 100, 1)}%; predicted on {pred.covered_queries} of "
         f"{pred.logged_queries} logged queries ({pred.searches} of {pred.logged_searches} searches); "
         f"{pred.replicates} bootstrap replicates", highlight=False)
+    if pred.evidence_shares:
+        console.print("evidence of the top " + str(pred.k) + ": " + ", ".join(
+            f"{kind} {_num(v * 100, 1)}%" for kind, v in pred.evidence_shares.items()), highlight=False)
     for note in pred.notes:
         console.print(f"note: {escape(note)}", highlight=False)
     from ubi_pipeline.reports.verdict import candidate_findings
@@ -228,6 +233,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from ubi_pipeline.formats.runs import load_run
     from ubi_pipeline.processors.clicks.identifiability import assess
     from ubi_pipeline.processors.clicks.sessions import load_sessions
+    from ubi_pipeline.processors.counterfactual.evidence import UnseenEvidence, returned_not_shown
     from ubi_pipeline.processors.counterfactual.predict import predict
     from ubi_pipeline.processors.labels.merge import LabelSet, labels_from_human, labels_from_store
     from ubi_pipeline.reports.joint import query_id_texts, ruled_out
@@ -265,12 +271,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
         veto = ruled_out(args.model, assess(data.cells)) if len(data.cells.pair) else None
         swaps = load_swap_experiment(con, settings, k_model)
         logged = logged_figures(con, settings, args.k, settings.seed, data.dropped)
+        returned = returned_not_shown(con, k_model)
+    grades = labels.qrels("human")
     preds = []
     for name, path, run, system in systems:
         rankings = {system.query_of[qid]: docs for qid, docs in system.run.items()}
+        # what values the documents the log never showed: human grades, the hit lists below the display, run scores
+        scores = {system.query_of[qid]: dict(zip(run[qid], run.scores[qid], strict=False))
+                  for qid in system.run if run.scores.get(qid)}
+        evidence = UnseenEvidence(grades=grades, returned=returned, scores=scores)
         pred = predict(data.patterns, rankings, model=args.model, methods=methods, k=args.k, clip=args.clip,
                        replicates=args.replicates, seed=settings.seed, swaps=swaps,
-                       model_options=None if args.prior is None else {"prior": args.prior})
+                       model_options=None if args.prior is None else {"prior": args.prior}, evidence=evidence)
         preds.append((name, f"{path} ({len(run)} queries, {run.n_docs()} ranked docs)", pred))
     inputs = {"db": str(settings.db), "runs": [r for _, r, _ in preds]}
     if args.json:
