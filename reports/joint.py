@@ -48,6 +48,7 @@ from ubi_pipeline.processors.clicks.identifiability import (
     is_position_debiased,
 )
 from ubi_pipeline.processors.clicks.sessions import SessionData
+from ubi_pipeline.processors.counterfactual.evidence import UnseenEvidence, returned_not_shown
 from ubi_pipeline.processors.counterfactual.predict import PredictionError, predict
 from ubi_pipeline.processors.labels.merge import (
     DEFAULT_PRECEDENCE,
@@ -573,10 +574,30 @@ def ruled_out(model: str, ident: Identifiability | None) -> str | None:
             "cannot be told apart from relevance): no prediction rests on it")
 
 
+def _unseen_evidence(con: duckdb.DuckDBPyConnection, file_runs: Sequence[tuple[str, Run]],
+                     from_files: Mapping[str, SystemRun], labels: LabelSet,
+                     sessions: SessionData | None) -> dict[str, UnseenEvidence]:
+    """What values each run system's documents the log never showed, as ``ubi predict`` reads it: the human
+    grades, the store's hit lists below the displayed depth, and the run's own scores."""
+    if sessions is None:
+        return {}
+    grades = labels.qrels("human")
+    returned = returned_not_shown(con, sessions.patterns.max_rank)
+    out = {}
+    for name, run in file_runs:
+        system = from_files.get(name)
+        if system is None:
+            continue
+        scores = {system.query_of[qid]: dict(zip(run[qid], run.scores[qid], strict=False))
+                  for qid in system.run if run.scores.get(qid)}
+        out[name] = UnseenEvidence(grades=grades, returned=returned, scores=scores)
+    return out
+
+
 def _predictions(
     runs: Mapping[str, SystemRun], from_files: Mapping[str, SystemRun], interleaved: Sequence[InterleavingResult],
     sessions: SessionData | None, swaps: SwapSessions | None, cfg: ReportConfig, step: Callable[[str], None],
-    ident: Identifiability | None = None,
+    ident: Identifiability | None = None, evidence: Mapping[str, UnseenEvidence] | None = None,
 ) -> tuple[list[PredictedSystem], PredictedDifferences | None, list[str], int | None]:
     """The run systems' predicted online metrics, every pairable system's predicted CTR@k (ubi_pipeline.reports.predicted),
     notes, and the bootstrap replicates used (``cfg.predict_replicates``, else the budget's count). None of them
@@ -617,7 +638,7 @@ def _predictions(
         step("predicted online metrics of the run systems")
         predicted = predictions(patterns, {n: _rankings_by_text(r) for n, r in from_files.items()},
                                 model=cfg.predict_model, k=cfg.k, replicates=replicates,
-                                confidence=cfg.confidence, seed=cfg.seed, swaps=swaps)
+                                confidence=cfg.confidence, seed=cfg.seed, swaps=swaps, evidence=evidence)
     notes += [f"run {p.system}: no prediction ({p.error})" for p in predicted if p.prediction is None]
     pred_diff = None
     if len(pairable) >= 2:
@@ -625,7 +646,7 @@ def _predictions(
         shared = shared_rankings(pairable, {t for t in query_texts(patterns) if t})
         pred_diff = predicted_differences(patterns, shared, model=cfg.predict_model, method=JOINT_METHOD, k=cfg.k,
                                           replicates=replicates, confidence=cfg.confidence,
-                                          seed=cfg.seed, swaps=swaps)
+                                          seed=cfg.seed, swaps=swaps, evidence=evidence)
         if pred_diff is None:
             notes.append("joint view: no logged query is ranked by every system, so no predicted difference")
     return predicted, pred_diff, notes, replicates
@@ -823,8 +844,9 @@ def build_report(
         step("recommended source")
         rec = recommend((lab for ls in labels.by_pair.values() for lab in ls), sources, sessions, ident, agree,
                         selection=early)
+    evidence = _unseen_evidence(con, file_runs, from_files, labels, sessions) if from_files else None
     predicted, pred_diff, pred_notes, replicates = _predictions(runs, from_files, interleaved, sessions, swaps, cfg,
-                                                                step, ident)
+                                                                step, ident, evidence)
     cfg = replace(cfg, predict_replicates=replicates)  # what the sections say they rest on
     step("joint view")
     pairs, pair_notes = _joint(runs, interleaved, offline, sources, rec, online, pred_diff, sessions, cfg, served,

@@ -22,6 +22,7 @@ import duckdb
 import numpy as np
 
 from ubi_pipeline.processors.clicks.stats import SessionPatterns
+from ubi_pipeline.processors.counterfactual.evidence import UnseenEvidence
 from ubi_pipeline.processors.counterfactual.predict import Prediction, PredictionError, predict
 from ubi_pipeline.processors.propensity.randomized import SwapSessions
 from ubi_pipeline.schemas.cli_names import DEFAULT_REPORT_REPLICATES
@@ -110,13 +111,16 @@ def predictions(
     confidence: float = 0.95,
     seed: int = 0,
     swaps: SwapSessions | None = None,
+    evidence: Mapping[str, UnseenEvidence] | None = None,
 ) -> list[PredictedSystem]:
-    """Every method's prediction of each system of ``rankings`` (system -> query text -> doc ids)."""
+    """Every method's prediction of each system of ``rankings`` (system -> query text -> doc ids), its documents
+    the log never showed valued from ``evidence[system]`` when given (human grades, the hit lists below the
+    display, the run's scores: ``ubi_pipeline.processors.counterfactual.evidence``)."""
     out = []
     for system, ranking in rankings.items():
         try:
             pred = predict(patterns, ranking, model=model, k=k, replicates=replicates, confidence=confidence,
-                           seed=seed, swaps=swaps)
+                           seed=seed, swaps=swaps, evidence=(evidence or {}).get(system))
         except PredictionError as exc:
             out.append(PredictedSystem(system, None, str(exc)))
             continue
@@ -144,21 +148,23 @@ def predicted_differences(
     confidence: float = 0.95,
     seed: int = 0,
     swaps: SwapSessions | None = None,
+    evidence: Mapping[str, UnseenEvidence] | None = None,
 ) -> PredictedDifferences | None:
     """CTR@k of every system of ``rankings`` by ``method``, on the same logged queries and the same resamples.
 
     ``rankings`` should already be cut to shared queries (:func:`shared_rankings`). Each replicate draws the
     log's searches with replacement once (multinomial over the weighted patterns, as ``predict`` does) and
-    predicts every system on that one resample with the model refitted, so ``difference`` is paired. None when
-    no system can be predicted (no shared logged query).
+    predicts every system on that one resample with the model refitted, so ``difference`` is paired; a system's
+    documents the log never showed are valued from ``evidence[system]`` when given. None when no system can be
+    predicted (no shared logged query).
     """
     if not rankings or not any(rankings.values()):
         return None
     metric = "ctr@k"
 
     def once(pats: SessionPatterns) -> dict[str, Prediction]:
-        return {s: predict(pats, r, model=model, methods=(method,), k=k, replicates=0, seed=seed, swaps=swaps)
-                for s, r in rankings.items()}
+        return {s: predict(pats, r, model=model, methods=(method,), k=k, replicates=0, seed=seed, swaps=swaps,
+                           evidence=(evidence or {}).get(s)) for s, r in rankings.items()}
 
     try:
         point = once(patterns)
@@ -168,7 +174,8 @@ def predicted_differences(
     out = PredictedDifferences(method=method, metric=f"ctr@{k}", model=first.model, replicates=replicates,
                                confidence=confidence, queries=first.covered_queries, searches=first.searches)
     out.values = {s: p.figures[method][metric].value for s, p in point.items()}
-    out.prior_share = {s: p.prior_share for s, p in point.items()}
+    # the share of each top k resting on the click model's prior only (no human grade, hit list or score for it)
+    out.prior_share = {s: p.evidence_shares.get("prior", p.prior_share) for s, p in point.items()}
     out.replicate_values = {s: [] for s in point}
     rng = np.random.default_rng([seed, 0x7A1])
     n = patterns.n_sessions

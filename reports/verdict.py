@@ -207,13 +207,29 @@ def assumption_shares(pred: Any) -> dict[str, float]:
     return out
 
 
+#: how the kinds of ``Prediction.evidence_shares`` read in a sentence
+EVIDENCE_WORDS = {"shown": "shown in the log", "human_grade": "human grades", "returned_not_shown":
+                  "returned by the logging rankers below the displayed depth", "candidate_score": "the run's scores",
+                  "prior": "the click model's prior only"}
+
+
+def rests_on(pred: Any) -> str:
+    """What the candidate's top k rests on, in words: each kind of evidence with its share (those above 0), or,
+    from a predictor that gives no evidence shares, the shares never shown for their query and never shown at all."""
+    extra = getattr(pred, "evidence_shares", None)
+    if isinstance(extra, Mapping) and extra:
+        parts = [f"{EVIDENCE_WORDS.get(str(k), str(k))} {_pct(float(v))}" for k, v in extra.items() if float(v) > 0]
+        return "its top k rests on " + ", ".join(parts)
+    return "on assumptions: " + ", ".join(f"{kind} {_pct(v)}" for kind, v in assumption_shares(pred).items())
+
+
 def candidate_findings(name: str, pred: Any, logged: Mapping[str, OnlineMetrics], k: int,
                        veto: str | None = None) -> list[Finding]:
     """A predicted candidate against every logged system with a CTR@k (module docstring); ``veto``: why the click
     model cannot be trusted on this log (the identifiability verdict), which leaves every comparison undetermined."""
     primary = None if veto is not None else _primary(pred)
     shares = assumption_shares(pred)
-    share_text = ", ".join(f"{kind} {_pct(v)}" for kind, v in shares.items())
+    share_text = rests_on(pred)
     out = []
     for system, om in logged.items():
         iv = om.metrics.get(f"ctr@{k}")
@@ -225,7 +241,7 @@ def candidate_findings(name: str, pred: Any, logged: Mapping[str, OnlineMetrics]
                                f"{name} vs {system}: {UNDETERMINED}: {veto or f'no predicted CTR@{k}'}", decide, shares))
             continue
         method, fig = primary
-        lo, hi, which = fig.cal_low, fig.cal_high, "calibrated"
+        lo, hi, which = fig.cal_low, fig.cal_high, "primary"
         if not (math.isfinite(lo) and math.isfinite(hi)):
             lo, hi, which = fig.low, fig.high, "bootstrap"
         head = f"{name} vs {system} (CTR@{k}, {method}, {which} interval)"
@@ -237,11 +253,11 @@ def candidate_findings(name: str, pred: Any, logged: Mapping[str, OnlineMetrics]
         if lo > iv.high or hi < iv.low:
             winner, loser = (name, system) if lo > iv.high else (system, name)
             out.append(Finding(system, name, "prediction", winner, PREDICTED, ("predicted online",),
-                               f"{head}: {winner} ahead of {loser} ({PREDICTED}): {spans}; on assumptions: "
+                               f"{head}: {winner} ahead of {loser} ({PREDICTED}): {spans}; "
                                f"{share_text}", (), shares))
         else:
             out.append(Finding(system, name, "prediction", None, UNDETERMINED, (),
-                               f"{head}: {UNDETERMINED}: the intervals overlap ({spans}); on assumptions: {share_text}",
+                               f"{head}: {UNDETERMINED}: the intervals overlap ({spans}); {share_text}",
                                decide, shares))
     return out
 

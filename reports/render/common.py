@@ -340,7 +340,7 @@ def _calibrated(report: Report) -> bool:
 
 def predicted_title(report: Report) -> str:
     reps = report.config.predict_replicates
-    cal = " {calibrated}" if _calibrated(report) else ""
+    cal = " {primary}" if _calibrated(report) else ""
     return (f"Predicted online metrics of the run systems (never served): value [95% bootstrap, {reps} "
             f"replicates]{cal} <prior-free>; the logged systems observed")
 
@@ -354,8 +354,9 @@ def predicted_note(report: Report) -> str:
             "read the prior share beside it, and the prior-free interval, in which those documents may take any "
             "click probability. \"model, θ\": the click model, and where IPS took its propensities from (pbm: "
             "the PBM fit; randomized: the log's swap experiment)." + (
-                " {calibrated}: the predictor's calibrated interval, with the unseen documents over a range the log's "
-                "nearest documents suggest (see `ubi predict --help`)." if _calibrated(report) else ""))
+                " {primary}: the predictor's primary interval, each document the log never showed ranging over what "
+                "its evidence allows (human grades, the hit lists below the displayed depth, the run's scores, else "
+                "every deep pair's click probability; see `ubi predict --help`)." if _calibrated(report) else ""))
 
 
 def predicted_table(report: Report) -> tuple[Row, list[Row]]:

@@ -97,16 +97,19 @@ def test_a_candidate_is_ordered_only_by_disjoint_intervals() -> None:
     iv = logged["ranker-3"].metrics["ctr@10"]
     assert (round(iv.low, 3), round(iv.high, 3)) == (0.102, 0.143)
     # issue 24's candidate 2: primary interval [0.108, 0.132] against 0.121: overlapping, so undetermined
-    (f,) = candidate_findings("candidate-2", _pred((0.108, 0.132), {"human grades": 0.1, "prior": 0.05}), logged, 10)
+    shares = {"shown": 0.85, "human_grade": 0.1, "returned_not_shown": 0.0, "prior": 0.05}
+    (f,) = candidate_findings("candidate-2", _pred((0.108, 0.132), shares), logged, 10)
     assert (f.winner, f.firmness) == (None, UNDETERMINED)
     assert "the intervals overlap (predicted [0.108, 0.132], observed 0.121 [0.102, 0.143])" in f.text
-    assert f.shares == {"never shown for its query": 0.25, "never shown in the log (no IPS support)": 0.1,
-                        "human grades": 0.1, "prior": 0.05}
-    assert "never shown for its query 25%" in f.text and "prior 5%" in f.text
+    assert f.shares == {"never shown for its query": 0.25, "never shown in the log (no IPS support)": 0.1, **shares}
+    # what the top k rests on, in words, the kinds with a share only (Prediction.evidence_shares)
+    assert f.text.endswith("its top k rests on shown in the log 85%, human grades 10%, the click model's prior only 5%")
     assert "interleaving candidate-2 with ranker-3 (team draft)" in f.would_decide
     # disjoint: ordered, said to rest on the model
     (up,) = candidate_findings("candidate-1", _pred((0.150, 0.190)), logged, 10)
     assert (up.winner, up.firmness) == ("candidate-1", PREDICTED)
+    # a predictor without evidence shares: the shares never shown for their query and never shown at all
+    assert up.text.endswith("on assumptions: never shown for its query 25%, never shown in the log (no IPS support) 10%")
     (down,) = candidate_findings("candidate-0", _pred((0.050, 0.090)), logged, 10)
     assert down.winner == "ranker-3"
     # no calibrated interval: the bootstrap one is read (said so)

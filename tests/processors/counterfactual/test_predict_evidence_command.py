@@ -31,7 +31,8 @@ def heldout(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]
 def _predict(db: Path, run: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, object]:
     assert main(["predict", "--db", str(db), "--run", str(run), "--replicates", "0", "--method", "dr",
                  "--json", *extra]) == 0
-    return json.loads(capsys.readouterr().out)["prediction"]
+    (candidate,) = json.loads(capsys.readouterr().out)["candidates"]
+    return candidate["prediction"]
 
 
 def test_hit_lists_scores_and_qrels_each_count(heldout: tuple[Path, Path, Path],
