@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
@@ -105,22 +105,18 @@ def predictions(
     patterns: SessionPatterns,
     rankings: Mapping[str, Mapping[str, Sequence[str]]],
     *,
-    model: str = "pbm",
-    k: int = 10,
-    replicates: int = DEFAULT_REPORT_REPLICATES,
-    confidence: float = 0.95,
-    seed: int = 0,
-    swaps: SwapSessions | None = None,
     evidence: Mapping[str, UnseenEvidence] | None = None,
+    replicates: int = DEFAULT_REPORT_REPLICATES,
+    **options: Any,
 ) -> list[PredictedSystem]:
     """Every method's prediction of each system of ``rankings`` (system -> query text -> doc ids), its documents
     the log never showed valued from ``evidence[system]`` when given (human grades, the hit lists below the
-    display, the run's scores: ``ubi_pipeline.processors.counterfactual.evidence``)."""
+    display, the run's scores: ``ubi_pipeline.processors.counterfactual.evidence``). ``options`` (model, k,
+    confidence, seed, swaps) go to :func:`ubi_pipeline.processors.counterfactual.predict.predict` as they are."""
     out = []
     for system, ranking in rankings.items():
         try:
-            pred = predict(patterns, ranking, model=model, k=k, replicates=replicates, confidence=confidence,
-                           seed=seed, swaps=swaps, evidence=(evidence or {}).get(system))
+            pred = predict(patterns, ranking, replicates=replicates, evidence=(evidence or {}).get(system), **options)
         except PredictionError as exc:
             out.append(PredictedSystem(system, None, str(exc)))
             continue

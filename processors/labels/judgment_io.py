@@ -307,24 +307,15 @@ def _stored_state(db: Path) -> tuple[set[tuple[str, str]], set[str] | None]:
     return pairs, logged
 
 
-def import_human(
-    db: str | Path,
-    path: str | Path,
-    *,
-    format: str = "auto",
-    rating_map: RatingMap = ESCI_RATINGS,
-    assessor: str | None = None,
-    rubric: str | None = None,
-    queries: str | Path | None = None,
-    replace_all: bool = False,
-) -> ImportResult:
-    """Validate ``path`` and store it in ``human_judgments`` (source ``human``).
+def import_human(db: str | Path, path: str | Path, *, replace_all: bool = False, **read_options: Any) -> ImportResult:
+    """Validate ``path`` with :func:`read_human_file` (``read_options``: its format, rating_map, assessor, rubric
+    and queries) and store it in ``human_judgments`` (source ``human``).
 
     Labels of the same (query, doc) are replaced; with ``replace_all`` every stored ``human`` label goes
     first (one transaction), so the file becomes the whole human set. Works while a collector holds ``db``.
     """
-    qrels, table = read_human_file(path, format=format, rating_map=rating_map, assessor=assessor, rubric=rubric,
-                                   queries=queries)
+    qrels, table = read_human_file(path, **read_options)
+    rating_map: RatingMap = read_options.get("rating_map", ESCI_RATINGS)
     stored, logged = _stored_state(Path(db))
     new = set(zip(table.column("query").to_pylist(), table.column("doc_id").to_pylist(), strict=True))
     replaced = len(new & stored)
