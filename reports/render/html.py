@@ -26,8 +26,10 @@ from ubi_pipeline.reports.pairs import PairView
 from ubi_pipeline.reports.render import common
 
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+# text.parse_math off: system names and queries are producers' text, and matplotlib would read "$...$" in them as
+# mathtext (a ranker named "$\\foo{$" made the HTML report fail)
 _RC: Any = {"svg.fonttype": "none", "svg.hashsalt": "ubi-report", "font.size": 9, "axes.spines.top": False,
-       "axes.spines.right": False}
+       "axes.spines.right": False, "text.parse_math": False}
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1200px;

@@ -117,3 +117,23 @@ def test_propensity_title_names_level_and_bootstrap_unit():
         " (95% interval, sessions resampled)")
     assert propensity_interval_label({"bootstrap": {"scheme": SCHEME}}) == ""
     assert propensity_interval_label({**PROPENSITY, "bootstrap": "200 replicates"}) == " (95% interval)"
+
+
+def test_producers_text_cannot_break_the_html_or_drive_the_terminal(tmp_path: Path) -> None:
+    # issue 25: a ranker named "$\foo{$" made `ubi report --format html` exit 3 (matplotlib read it as mathtext),
+    # and stored escape sequences reached the terminal through the text report ("\x1b[2J" clears the screen)
+    from joint_fixtures import QUERIES, build_store
+
+    from ubi_pipeline.cli import main
+
+    weird = "$\\foo{$\x1b[2J"
+    queries = [dict(q, query_attributes={"ranker": weird}) if (q.get("query_attributes") or {}).get("ranker") == "b"
+               else q for q in QUERIES]
+    db = build_store(tmp_path / "weird.duckdb", queries=queries)
+    html = tmp_path / "r.html"
+    assert main(["report", "--db", str(db), "--format", "html", "--out", str(html)]) == 0
+    assert "shop/ranker=$\\foo{$" in html.read_text(encoding="utf-8")
+    text = tmp_path / "r.txt"
+    assert main(["report", "--db", str(db), "--out", str(text)]) == 0
+    shown = text.read_text(encoding="utf-8")
+    assert "shop/ranker=$\\foo{$" in shown and "\x1b" not in shown
