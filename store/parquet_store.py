@@ -68,10 +68,16 @@ class PartitionWriter:
 # ---------------------------------------------------------------- reading
 
 
+def glob_literal(path: str) -> str:
+    """``path`` with DuckDB's glob characters taken literally (``[`` → ``[[]``, ``*`` → ``[*]``, ``?`` → ``[?]``):
+    a store folder named ``pq[12]`` must not read its sibling ``pq1``."""
+    return path.replace("[", "[[]").replace("*", "[*]").replace("?", "[?]")
+
+
 def _glob(root: Path, table_dir: str) -> str | None:
-    if not any((root / table_dir).glob("*/*.parquet")):
+    if not any((root / table_dir).glob("*/*.parquet")):  # pathlib reads only the pattern as a glob, not root
         return None
-    return str(root / table_dir / "*" / "*.parquet").replace("'", "''")
+    return (glob_literal(str(root / table_dir)) + "/*/*.parquet").replace("'", "''")
 
 
 def _cols(names: tuple[str, ...], alias: str = "") -> str:
