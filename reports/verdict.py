@@ -42,7 +42,7 @@ from ubi_pipeline.reports.pairs import Line, PairView
 UNDETERMINED = "undetermined"
 FIRM = "firm"
 ONE_LINE = "on one line of evidence"
-PREDICTED = "predicted only (rests on the click model)"
+PREDICTED = "predicted only, resting on the click model"
 
 #: The method whose figure a candidate is judged by, unless its prediction names one (``primary_method``).
 PRIMARY_METHOD = "dr"
@@ -262,6 +262,14 @@ def candidate_findings(name: str, pred: Any, logged: Mapping[str, OnlineMetrics]
     return out
 
 
+def _short(f: Finding) -> str:
+    """A decided finding in a few words: who is ahead of whom and how firmly (a pair's first clause)."""
+    if f.kind == "prediction":
+        loser = f.reference if f.winner == f.challenger else f.challenger
+        return f"{f.winner} ahead of {loser} ({f.firmness})"
+    return f.text.split("; ", 1)[0]
+
+
 def decide(pairs: Sequence[PairView], contexts: Mapping[tuple[str, str], PairContext],
            candidates: Sequence[Finding] = (), recommendation: Mapping[str, Any] | None = None,
            notes: Sequence[str] = ()) -> Verdict:
@@ -285,7 +293,8 @@ def decide(pairs: Sequence[PairView], contexts: Mapping[tuple[str, str], PairCon
                     f"{UNDETERMINED}: the evidence orders none of the {len(findings)} comparisons")
     else:
         rest = len(findings) - len(decided)
-        headline = "; ".join(f.text.split(": ", 1)[-1] if f.kind == "prediction" else f.text for f in decided)
+        # the headline names each decided order once, shortly; the findings below carry the caveats and figures
+        headline = "; ".join(_short(f) for f in decided)
         if rest:
             headline += f"; {rest} other comparison{'s' if rest != 1 else ''} {UNDETERMINED}"
     return Verdict(headline, tuple(findings), tuple(undecided))
