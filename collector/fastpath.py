@@ -48,7 +48,9 @@ from ubi_pipeline.collector.ingest import (
 from ubi_pipeline.schemas.ubi import (
     CANONICAL_OPTIONS,
     COMMON_TIMESTAMP_RE,
+    CONTROL_CHARACTER,
     JSON_FIELD_MAX_LENGTH,
+    RESERVED_QUERY_ID,
     USER_QUERY_MAX_LENGTH,
 )
 from ubi_pipeline.store.duckdb_store import Store
@@ -343,6 +345,10 @@ def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | Non
     for name, limit in QUERY_LIMITS.items():
         s = value.get(name)
         if s is not None and (type(s) is not str or len(s) > limit):
+            return None
+    for name in ("query_id", "query_response_id"):  # ids the key is built from: the exact path names the problem
+        s = value.get(name)
+        if s is not None and (CONTROL_CHARACTER.search(s) or (name == "query_id" and RESERVED_QUERY_ID.fullmatch(s))):
             return None
     ts = value.get("timestamp")
     when: datetime | None = None

@@ -232,6 +232,9 @@ _XY_SCHEMA = {
 
 Timestamp = Annotated[datetime, BeforeValidator(parse_timestamp), WithJsonSchema(_TIMESTAMP_SCHEMA)]
 Str100 = Annotated[str, Field(max_length=100)]
+#: what a query record's ids may not hold, and the query_id form kept for records without one (UbiQuery._key_safe)
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+RESERVED_QUERY_ID = re.compile(r"h:[0-9a-f]{32}")
 ObjectId = Annotated[str, BeforeValidator(_id_to_str), Field(max_length=256), WithJsonSchema(_ID_SCHEMA)]
 HitId = Annotated[str, BeforeValidator(_id_to_str), Field(max_length=256), WithJsonSchema(_ID_SCHEMA)]
 #: Strict: numbers only (an int is fine), as the schema says; lax pydantic would also take "10.5" strings.
@@ -414,6 +417,20 @@ class UbiQuery(BaseModel):
     def _attributes_object(cls, value: Any) -> Any:
         if value is not None and not isinstance(value, dict):
             raise ValueError("query_attributes must be a JSON object")
+        return value
+
+    @field_validator("query_id", "query_response_id")
+    @classmethod
+    def _key_safe(cls, value: str | None, info: Any) -> str | None:
+        # the record's key is query_id + U+001F + query_response_id, and "h:<digest>" for a record without a
+        # query_id (query_key): a control character in either id, or a query_id of the digest form, would let
+        # two different records share one key
+        if value is None:
+            return value
+        if CONTROL_CHARACTER.search(value):
+            raise ValueError(f"{info.field_name} must not hold control characters (U+0000-U+001F, U+007F)")
+        if info.field_name == "query_id" and RESERVED_QUERY_ID.fullmatch(value):
+            raise ValueError("query_id of the form 'h:' + 32 hex digits is reserved for records sent without one")
         return value
 
     @property

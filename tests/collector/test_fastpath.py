@@ -529,3 +529,26 @@ def test_action_lines_read_in_arrow_mean_what_the_pattern_finds(verb: str, name:
     if match is not None:
         assert (importer._VERBS[verbs[1]], importer._NAMES[names[1]]) == (match["verb"].decode(), match["name"].decode())
         assert (ids[int(id_at[1])].as_py() if id_at[1] >= 0 else None) == match["id"]
+
+
+def test_query_ids_that_would_share_a_key_are_refused_alike(tmp_path: Path) -> None:
+    """issue 25: the query key is query_id + U+001F + query_response_id ("h:" + digest without a query_id), so
+    query_id "col\\x1fb" and (query_id "col", query_response_id "b\\x1f") shared one key, and a query_id of the
+    digest form took over the key of an id-less record. Both paths refuse the three, with the same messages."""
+    digest_form = "h:" + "0" * 32
+    lines = [
+        '{"query_id":"col\\u001fb","user_query":"x"}',
+        '{"query_id":"col","query_response_id":"b\\u001f","user_query":"y"}',
+        '{"query_id":"' + digest_form + '","user_query":"z"}',
+        '{"query_id":"col","query_response_id":"b","user_query":"kept"}',  # control: a plain record stored
+        '{"query_id":"h:short","user_query":"kept too"}',  # only the exact digest form is reserved
+    ]
+    path = tmp_path / "keys.ndjson"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    fast = _assert_same(tmp_path, [path])
+    (report,) = fast["reports"]
+    assert (report["accepted"], report["rejected"]) == (2, 3)
+    messages = [e["message"] for e in report["errors"]]
+    assert any("query_id must not hold control characters" in m for m in messages)
+    assert any("query_response_id must not hold control characters" in m for m in messages)
+    assert any("reserved for records sent without one" in m for m in messages)
