@@ -548,6 +548,14 @@ class DirectWriter:
         return ingest(self.store, validated, source=source)
 
 
+def _answer_message(resp: Any) -> str:
+    """The ``message`` of a collector's JSON error answer, else its first 300 characters."""
+    try:
+        return str(resp.json().get("message") or resp.text[:300])
+    except ValueError:
+        return str(resp.text[:300])
+
+
 class CollectorWriter:
     """Sends chunks to the running collector that holds the store, as ``_bulk`` bodies."""
 
@@ -580,6 +588,9 @@ class CollectorWriter:
         return IngestResult(counts=counts, rejected=q[2] + ev[2], errors=tuple(errors))
 
     def _post(self, part: list[RawItem]) -> dict[str, Any]:
+        """The collector's answer to ``part`` (indices relative to it). A body the collector refuses as too large
+        (413) is sent again in halves, so one record over its limit is that record's error, not the end of the
+        import (the records after it are still sent)."""
         import httpx
 
         try:
@@ -590,6 +601,15 @@ class CollectorWriter:
             )
         except httpx.HTTPError as exc:
             raise StoreError(f"the collector at {self.url} did not answer: {exc}") from exc
+        if resp.status_code == 413:
+            if len(part) == 1:
+                reason = _answer_message(resp)
+                return {"accepted": 0, "duplicates": 0, "rejected": 1, "errors": [
+                    {"index": 0, "field": None, "message": f"the collector refused this record as too large: {reason}"}]}
+            half = len(part) // 2
+            first, second = self._post(_renumber(part[:half])), self._post(_renumber(part[half:]))
+            return {key: first[key] + second[key] for key in ("accepted", "duplicates", "rejected")} | {
+                "errors": first["errors"] + [dict(e, index=e["index"] + half) for e in second["errors"]]}
         if resp.status_code != 202:
             raise StoreError(
                 f"the collector at {self.url} refused a chunk ({resp.status_code}): {resp.text[:300]}"

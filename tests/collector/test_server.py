@@ -202,3 +202,24 @@ def test_bad_items_are_rejected_one_by_one_over_http(db):
         ]
     finally:
         con.close()
+
+
+def test_import_through_a_collector_keeps_going_past_a_record_over_its_body_limit(tmp_path, make_event, capsys):
+    # issue 25: one record larger than the running collector's body limit (413) aborted the whole `ubi import`,
+    # and the records after it were never sent. Now the chunk is sent again in halves: the big record is that
+    # record's error, every other record is stored.
+    db = tmp_path / "held.duckdb"
+    server = start_server(db, env={"UBI_MAX_BODY_BYTES": "4096"})
+    try:
+        small = [make_event(event_id=f"e{i}") for i in range(40)]
+        big = make_event(event_id="big", event_attributes={"note": "v" * 6000})  # ~6 KB of JSON, under 8 KiB
+        path = tmp_path / "events.ndjson"
+        path.write_text("\n".join(json.dumps(e) for e in [*small[:20], big, *small[20:]]) + "\n")
+        assert ubi_main(["import", "--db", str(db), str(path), "--json"]) == 1  # some rejected
+        out = json.loads(capsys.readouterr().out)
+    finally:
+        server.stop()
+    assert stored_ids(db, "ubi_events", "event_id") == {f"e{i}" for i in range(40)}
+    (report,) = out["files"]
+    assert (report["accepted"], report["rejected"]) == (40, 1)
+    assert "too large" in json.dumps(report["errors"])
