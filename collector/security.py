@@ -51,6 +51,7 @@ from ubi_pipeline.collector.ingest import (
 from ubi_pipeline.collector.metrics import Metrics
 from ubi_pipeline.schemas.errors import UbiError
 from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.schemas.terminal import printable
 from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
 
 Record = UbiQuery | UbiEvent
@@ -248,6 +249,8 @@ def is_loopback(host: str) -> bool:
 def origin_allowed(origin: str, host_header: str | None, allowed: Iterable[str]) -> bool:
     """Whether a browser ``Origin`` may write: the collector's own (same host and port) or a listed one."""
     allowed = list(allowed)
+    if len(origin) > MAX_ORIGIN_LENGTH:
+        return False
     if "*" in allowed or origin in allowed:
         return True
     if origin == "null" or not host_header:
@@ -290,18 +293,34 @@ def origin_advice(origin: str) -> str:
 
 _LOGGED_ORIGINS: OrderedDict[str, None] = OrderedDict()
 _LOGGED_LOCK = threading.Lock()
+#: Refused origins get at most one log line per this many seconds, whatever their number (each origin once).
+REFUSED_ORIGIN_LOG_EVERY_S = 10.0
+#: Longest Origin header taken as one (scheme, a host of at most 253 characters, a port): longer is refused
+#: outright and logged cut to this length.
+MAX_ORIGIN_LENGTH = 300
+_origin_log: dict[str, float] = {"last": -math.inf, "quiet": 0}
 
 
-def log_refused_origin(origin: str, what: str) -> None:
-    """A warning the first time an origin is refused (then only ``/metrics`` counts it: no log flood)."""
+def log_refused_origin(origin: str, what: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+    """A warning the first time an origin is refused, and then only ``/metrics`` counts it; at most one line per
+    :data:`REFUSED_ORIGIN_LOG_EVERY_S` in all (the next line counts the origins not logged), with the origin cut
+    to :data:`MAX_ORIGIN_LENGTH` and shown without control characters: a page that forges many long origins
+    cannot flood the log."""
+    now = clock()
     with _LOGGED_LOCK:
         if origin in _LOGGED_ORIGINS:
             return
         _LOGGED_ORIGINS[origin] = None
         while len(_LOGGED_ORIGINS) > 1000:
             _LOGGED_ORIGINS.popitem(last=False)
+        if now - _origin_log["last"] < REFUSED_ORIGIN_LOG_EVERY_S:
+            _origin_log["quiet"] += 1
+            return
+        quiet, _origin_log["quiet"], _origin_log["last"] = int(_origin_log["quiet"]), 0, now
+    shown = printable(origin[:MAX_ORIGIN_LENGTH]) + ("..." if len(origin) > MAX_ORIGIN_LENGTH else "")
+    more = f" ({quiet} other refused origins not logged since the last line)" if quiet else ""
     log.warning("refused %s from browser origin %r (later refusals are counted in /metrics "
-                "ubi_requests_refused_total): %s", what, origin, origin_advice(origin))
+                "ubi_requests_refused_total)%s: %s", what, shown, more, origin_advice(shown))
 
 
 class TellingCORS(CORSMiddleware):

@@ -316,6 +316,7 @@ def test_a_refused_preflight_says_which_origin_and_which_setting(
     shop = "http://127.0.0.1:5173"
     ask = {"Origin": shop, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
     security._LOGGED_ORIGINS.clear()
+    security._origin_log.update(last=float("-inf"), quiet=0)  # no line of an earlier test within the interval
     with caplog.at_level("WARNING", logger="ubi.collector.security"), collector(db) as c:
         for path in ("/ubi_events", "/ubi_events", "/ubi_queries"):
             pre = c.options(path, headers=ask)
@@ -667,3 +668,23 @@ def test_browser_and_server_requests_of_one_client_share_its_rate_bucket(
         ]
     assert codes == [202, 202, 429, 429]
     assert rows(db, "SELECT count(*) FROM ubi_events") == [(2,)]
+
+
+def test_refused_origins_cannot_flood_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    # issue 25: 1,000 refused preflights from distinct, long origins in 0.5 s wrote 2.3 MB of log
+    security._LOGGED_ORIGINS.clear()
+    security._origin_log.update(last=float("-inf"), quiet=0)
+    now = [0.0]
+    with caplog.at_level("WARNING", logger="ubi.collector.security"):
+        for i in range(1000):
+            security.log_refused_origin(f"https://{'x' * 5000}{i}.example\x1b[2J", "a CORS preflight",
+                                        clock=lambda: now[0])
+        now[0] = security.REFUSED_ORIGIN_LOG_EVERY_S + 1  # the next interval: one line, counting the quiet ones
+        security.log_refused_origin("https://late.example", "a CORS preflight", clock=lambda: now[0])
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert all(len(line) < 4 * (security.MAX_ORIGIN_LENGTH + 3) + 600 and "\x1b" not in line for line in lines)
+    assert "999 other refused origins not logged" in lines[1]
+    # an origin longer than any real one is never taken as the collector's own or a listed one
+    long_origin = "http://" + "a" * 400 + ".example"
+    assert not security.origin_allowed(long_origin, "a" * 400 + ".example", [long_origin])
