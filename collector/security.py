@@ -53,6 +53,7 @@ from ubi_pipeline.schemas.errors import UbiError
 from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.schemas.terminal import printable
 from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
+from ubi_pipeline.transport.admin import LOOPBACK_HOSTS, host_name
 
 Record = UbiQuery | UbiEvent
 
@@ -246,8 +247,12 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def origin_allowed(origin: str, host_header: str | None, allowed: Iterable[str]) -> bool:
-    """Whether a browser ``Origin`` may write: the collector's own (same host and port) or a listed one."""
+def origin_allowed(origin: str, host_header: str | None, allowed: Iterable[str],
+                   own_hosts: Iterable[str] = LOOPBACK_HOSTS) -> bool:
+    """Whether a browser ``Origin`` may write: a listed one, or the collector's own page: the Origin's host[:port]
+    is the ``Host`` header (the scheme may differ behind a TLS proxy) *and* that host is one of ``own_hosts``
+    (the loopback names, the address it was told to bind, ``UBI_ADMIN_HOSTS``) or an IP address. A page reached
+    through DNS rebinding sends its own name as both Origin and Host (``evil.example:8000``): the name refuses it."""
     allowed = list(allowed)
     if len(origin) > MAX_ORIGIN_LENGTH:
         return False
@@ -255,8 +260,19 @@ def origin_allowed(origin: str, host_header: str | None, allowed: Iterable[str])
         return True
     if origin == "null" or not host_header:
         return False
-    # The own page: the Origin's host[:port] is the Host header (scheme may differ behind a TLS proxy).
-    return urlsplit(origin).netloc.lower() == host_header.lower()
+    if urlsplit(origin).netloc.lower() != host_header.lower():
+        return False
+    # an IP literal is never a rebinding name: a page at http://<ip>:<port> that reaches this collector is its own
+    name = host_name(host_header)
+    return name in {host_name(h) for h in own_hosts} or _ip_literal(name)
+
+
+def _ip_literal(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------- the API key of a request
@@ -394,6 +410,9 @@ class Gate:
         self.keys = ApiKeys.from_settings(settings)
         self.limiter = RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
         self.allowed_origins = list(settings.cors_allow_origins)
+        # the names the collector's own page may reach it by (a wildcard bind address is no name)
+        bound = [settings.host] if settings.host not in ("", "0.0.0.0", "::") else []
+        self.own_hosts = [*LOOPBACK_HOSTS, *bound, *settings.admin_hosts]
         self.trusted_proxies = proxy_networks(settings.trusted_proxies)
         self.admin_remote = settings.admin_remote
         self.metrics = metrics
@@ -421,7 +440,7 @@ class Gate:
         if (
             write
             and origin is not None
-            and not origin_allowed(origin, _header(scope, b"host"), self.allowed_origins)
+            and not origin_allowed(origin, _header(scope, b"host"), self.allowed_origins, self.own_hosts)
         ):
             log_refused_origin(origin, "a write")
             return Refused(origin_advice(origin), reason="origin")

@@ -688,3 +688,22 @@ def test_refused_origins_cannot_flood_the_log(caplog: pytest.LogCaptureFixture) 
     # an origin longer than any real one is never taken as the collector's own or a listed one
     long_origin = "http://" + "a" * 400 + ".example"
     assert not security.origin_allowed(long_origin, "a" * 400 + ".example", [long_origin])
+
+
+def test_a_dns_rebinding_page_cannot_write(db: Path, make_event) -> None:
+    # issue 25: a page whose Origin host:port equals the Host header was taken for the collector's own page, which
+    # is what a DNS-rebinding page sends (its own name, resolved to this loopback collector): it could write
+    ev = make_event()
+    with collector(db) as c:
+        evil = {"Host": "evil.example:8000", "Origin": "http://evil.example:8000"}
+        assert c.post("/v1/events", json=[ev], headers=evil).status_code == 403
+        assert c.post("/v1/interleave", json={"query_id": "q", "rankings": {"A": ["a"], "B": ["b"]}},
+                      headers=evil).status_code == 403
+        # the collector's own page, reached by a loopback name or an IP address, still writes
+        for host in ("localhost:8000", "127.0.0.1:8000", "192.168.1.5:8000"):
+            own = {"Host": host, "Origin": f"http://{host}"}
+            assert c.post("/v1/events", json=[make_event()], headers=own).status_code == 202, host
+    # a name the operator gives (UBI_ADMIN_HOSTS) is the collector's own too
+    with collector(db, admin_hosts=["collector.internal"]) as c:
+        named = {"Host": "collector.internal:8000", "Origin": "http://collector.internal:8000"}
+        assert c.post("/v1/events", json=[make_event()], headers=named).status_code == 202
