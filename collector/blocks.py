@@ -16,6 +16,8 @@ from typing import BinaryIO
 import numpy as np
 import pyarrow as pa
 
+from ubi_pipeline.collector.bodies import MAX_LINE_BYTES, line_too_long
+
 #: Bytes read at a time (a few thousand lines of a typical export).
 LINE_BLOCK = 8 << 20
 #: ``bytes.strip()``'s whitespace: space, \t, \n, \v, \f, \r.
@@ -25,13 +27,16 @@ _WS[[9, 10, 11, 12, 13, 32]] = True
 _TRIM_ROUNDS = 4
 
 
-def block_lines(fh: BinaryIO, block: int | None = None) -> Iterator[tuple[np.ndarray, pa.Array]]:
+def block_lines(fh: BinaryIO, block: int | None = None,
+                max_line: int = MAX_LINE_BYTES) -> Iterator[tuple[np.ndarray, pa.Array]]:
     """``(numbers, lines)`` per block of ``fh`` from where it stands: the non-blank stripped lines (binary)
     and their 1-based line numbers (int64), as :func:`ubi_pipeline.collector.bodies.stream_lines` numbers them.
-    ``block``: bytes read at a time (default :data:`LINE_BLOCK`)."""
+    ``block``: bytes read at a time (default :data:`LINE_BLOCK`); a line over ``max_line`` bytes raises
+    :func:`ubi_pipeline.collector.bodies.line_too_long` before it is held whole."""
     block = block or LINE_BLOCK
     before = 0  # lines in the blocks already handed on
     carry: list[bytes] = []  # the start of a line that did not end in the blocks read
+    carried = 0
     while True:
         data = fh.read(block)
         if not data:
@@ -39,9 +44,15 @@ def block_lines(fh: BinaryIO, block: int | None = None) -> Iterator[tuple[np.nda
         end = data.rfind(b"\n")
         if end < 0:
             carry.append(data)
+            carried += len(data)
+            if carried > max_line:
+                raise line_too_long(before + 1, max_line)
             continue
+        if carry and carried + end > max_line:  # the carried line ends in this block, past the limit
+            raise line_too_long(before + 1, max_line)
         body = b"".join([*carry, data[: end + 1]]) if carry else data[: end + 1]
         carry = [data[end + 1:]] if end + 1 < len(data) else []
+        carried = len(carry[0]) if carry else 0
         numbers, lines, count = _lines(body, before, final=False)
         before += count
         if len(lines):

@@ -95,9 +95,25 @@ def body_lines(body: bytes) -> Iterator[tuple[int, bytes]]:
             yield number, stripped
 
 
-def stream_lines(fh: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
-    """:func:`body_lines` of a stream read a line at a time (memory: one line)."""
-    for number, line in enumerate(fh, start=1):
+#: Longest line of a file read a line at a time: a UBI record is far smaller (its strings are capped), so a
+#: longer line is refused by its number before it is held whole (a 1 MB gzip file can hold a 1 GB line).
+MAX_LINE_BYTES = 16 << 20
+
+
+def line_too_long(number: int, limit: int = MAX_LINE_BYTES) -> BodyError:
+    """The error of a line over ``limit`` bytes, naming it."""
+    return BodyError(f"the line is longer than {limit:,} bytes, far more than any UBI record; the file is not "
+                     "NDJSON or _bulk (or a line break is missing): split or repair it", line=number)
+
+
+def stream_lines(fh: Iterable[bytes], max_line: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """:func:`body_lines` of a stream read a line at a time (memory: one line, at most ``max_line`` bytes;
+    a longer one raises :func:`line_too_long`)."""
+    readline = getattr(fh, "readline", None)
+    lines: Iterable[bytes] = iter(lambda: readline(max_line + 1), b"") if readline is not None else fh
+    for number, line in enumerate(lines, start=1):
+        if len(line) > max_line and not (len(line) == max_line + 1 and line.endswith(b"\n")):
+            raise line_too_long(number, max_line)
         stripped = line.strip()
         if stripped:
             yield number, stripped

@@ -753,8 +753,11 @@ def import_files(
                 on_progress(str(path), 0, cursor.size, 0)
             records = 0
             if parser is not None and store is not None and pool is not None:
-                records = _import_fast(store, parser, pool, path, kind, cursor, report, max_errors, on_progress,
-                                       batch_records)
+                try:
+                    records = _import_fast(store, parser, pool, path, kind, cursor, report, max_errors,
+                                           on_progress, batch_records)
+                except BodyError as exc:  # a line over MAX_LINE_BYTES: named with its file
+                    raise _file_error(path, exc) from exc
             else:
                 for chunk in chunks(iter_items(path, kind, cursor)):
                     # Items keep their position in the file: it is the item_index failed_records keeps for them.
