@@ -347,9 +347,10 @@ class TellingCORS(CORSMiddleware):
     The request metric's route label is the route the preflight asked about (not ``unmatched``).
     """
 
-    def __init__(self, app: Any, *, metrics: Metrics, routes: Callable[[], Sequence[Any]], **options: Any) -> None:
+    def __init__(self, app: Any, *, metrics: Metrics, routes: Callable[[], Sequence[Any]],
+                 gate: Gate | None = None, **options: Any) -> None:
         super().__init__(app, **options)
-        self.metrics, self.routes = metrics, routes
+        self.metrics, self.routes, self.gate = metrics, routes, gate
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "OPTIONS":
@@ -361,6 +362,17 @@ class TellingCORS(CORSMiddleware):
             await super().__call__(scope, receive, send)
             return
         scope["route"] = self._route(scope, headers["access-control-request-method"])
+        if self.gate is not None:  # preflights take from the client's own bucket, as its writes do from theirs
+            ip = client_ip(scope, self.gate.trusted_proxies)
+            wait = self.gate.limiter.take("preflight:" + ip)
+            if wait > 0:
+                seconds = max(1, math.ceil(wait))
+                self.metrics.inc("ubi_requests_refused_total", reason="rate_limited")
+                body = orjson.dumps({"error": "RateLimited", "message": f"rate limit of {self.gate.limiter.rate:g} "
+                                     f"requests/s exceeded by CORS preflights; retry in {seconds} s"})
+                await Response(body, status_code=429, media_type="application/json",
+                               headers={"Retry-After": str(seconds)})(scope, receive, send)
+                return
         response = self.preflight_response(request_headers=headers)
         if response.status_code < 400:
             await response(scope, receive, send)
@@ -518,6 +530,7 @@ def install(app: Any, settings: Settings) -> None:
         TellingCORS,
         metrics=metrics,
         routes=_api_routes,
+        gate=gate,
         allow_origins=list(settings.cors_allow_origins),
         allow_methods=["GET", "POST", "OPTIONS"],
         allow_headers=["content-type", "x-api-key"],

@@ -707,3 +707,17 @@ def test_a_dns_rebinding_page_cannot_write(db: Path, make_event) -> None:
     with collector(db, admin_hosts=["collector.internal"]) as c:
         named = {"Host": "collector.internal:8000", "Origin": "http://collector.internal:8000"}
         assert c.post("/v1/events", json=[make_event()], headers=named).status_code == 202
+
+
+def test_preflights_are_rate_limited_like_writes(db: Path) -> None:
+    # issue 25: preflights bypassed the rate limit (1,000 refused preflights in 0.5 s were all answered and logged)
+    ask = {"Origin": "https://elsewhere.example", "Access-Control-Request-Method": "POST"}
+    with collector(db, rate_limit_per_second=0.5, rate_limit_burst=3) as c:
+        answers = [c.options("/v1/events", headers=ask).status_code for _ in range(6)]
+        # a burst of 3, then 429 with Retry-After until the bucket refills (2 s a token)
+        assert answers == [403, 403, 403, 429, 429, 429]
+        late = c.options("/v1/events", headers=ask)
+        assert late.status_code == 429 and int(late.headers["retry-after"]) >= 1
+        assert 'ubi_requests_refused_total{reason="rate_limited"} 4' in c.get("/metrics").text
+    with collector(db) as c:  # no limit by default: preflights answered as before
+        assert [c.options("/v1/events", headers=ask).status_code for _ in range(6)] == [403] * 6
