@@ -270,3 +270,17 @@ def test_refusals_name_the_setting_and_what_was_sent() -> None:
     assert why is not None and "Origin 'null'" in why and "UBI_ADMIN_HOSTS" in why
     missing = refused_host(None, None, [])
     assert missing is not None and "Host None" in missing
+
+
+def test_a_load_with_a_value_over_the_limit_is_refused_and_names_it(tmp_path: Path) -> None:
+    # issue 25: limits hold on every way in, the admin load of derived tables included (its body limit is 1 GB:
+    # one row could carry a value large enough to make the writer's checkpoint fail)
+    from ubi_pipeline.transport.admin import LOAD_STRING_MAX_BYTES
+
+    db = tmp_path / "ubi.duckdb"
+    rows = judgment_rows()
+    big = rows.set_column(rows.column_names.index("query"), "query", pa.array(["q" * (LOAD_STRING_MAX_BYTES + 1)]))
+    with local_client(db) as c:
+        r = c.post("/v1/admin/load/judgments", content=arrow_body(big), headers=ARROW)
+        assert r.status_code == 400 and "column 'query', row 0" in r.json()["message"], r.text
+        assert c.post("/v1/admin/load/judgments", content=arrow_body(rows), headers=ARROW).status_code == 200
