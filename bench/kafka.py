@@ -284,7 +284,7 @@ def start_collector(
         [
             sys.executable,
             "-m",
-            "ubi",
+            "ubi_pipeline",
             "serve",
             "--sink",
             "kafka",
