@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from ubi_pipeline.collector.ingest import (
     apply_filters,
     validate_items,
 )
+from ubi_pipeline.collector.log_throttle import LogThrottle
 from ubi_pipeline.collector.metrics import Metrics
 from ubi_pipeline.collector.sinks.base import Sink
 from ubi_pipeline.schemas.settings import Settings
@@ -48,7 +48,7 @@ REJECTION_LOG_EVERY_S = 10.0
 
 
 @dataclass
-class RejectionLog:
+class RejectionLog(LogThrottle):
     """Warn about rejected items at the default log level without flooding it.
 
     A sender with a bug sends the same bad item thousands of times a minute: one line per ``every`` seconds
@@ -57,18 +57,14 @@ class RejectionLog:
     """
 
     every: float = REJECTION_LOG_EVERY_S
-    clock: Callable[[], float] = time.monotonic
-    _last: float | None = None
     _quiet_items: int = 0
-    _quiet_requests: int = 0
 
     def note(self, result: IngestResult, source: str) -> None:
         if not result.rejected:
             return
-        now = self.clock()
-        if self._last is not None and now - self._last < self.every:
+        admitted, since, held = self.admit()
+        if not admitted:
             self._quiet_items += result.rejected
-            self._quiet_requests += 1
             return
         total = result.accepted + result.duplicates + result.rejected
         first = ""
@@ -77,11 +73,11 @@ class RejectionLog:
             # client text: no escape sequence or line break reaches the log
             reason = printable(e.message).replace("\n", "\\n")
             first = f": item {e.index}" + (f" field {printable(e.field)}" if e.field else "") + f": {reason}"
-        quiet = (f" (and {self._quiet_items} rejected items in {self._quiet_requests} requests not logged in the "
-                 f"last {now - self._last:.0f} s)" if self._quiet_requests and self._last is not None else "")
+        quiet = (f" (and {self._quiet_items} rejected items in {held} requests not logged in the "
+                 f"last {since:.0f} s)" if held and since is not None else "")
         log.warning("rejected %d of %d items on %s%s%s; `ubi failed` lists them with their reasons",
                     result.rejected, total, source, first, quiet)
-        self._last, self._quiet_items, self._quiet_requests = now, 0, 0
+        self._quiet_items = 0
 
 
 @dataclass

@@ -48,6 +48,7 @@ from ubi_pipeline.collector.ingest import (
     RecordFilter,
     Validated,
 )
+from ubi_pipeline.collector.log_throttle import LogThrottle
 from ubi_pipeline.collector.metrics import Metrics
 from ubi_pipeline.schemas.errors import UbiError
 from ubi_pipeline.schemas.settings import Settings
@@ -314,7 +315,8 @@ REFUSED_ORIGIN_LOG_EVERY_S = 10.0
 #: Longest Origin header taken as one (scheme, a host of at most 253 characters, a port): longer is refused
 #: outright and logged cut to this length.
 MAX_ORIGIN_LENGTH = 300
-_origin_log: dict[str, float] = {"last": -math.inf, "quiet": 0}
+#: the one throttle of refused-origin lines (it counts the origins it held back)
+ORIGIN_LOG = LogThrottle(REFUSED_ORIGIN_LOG_EVERY_S)
 
 
 def log_refused_origin(origin: str, what: str, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -329,10 +331,9 @@ def log_refused_origin(origin: str, what: str, *, clock: Callable[[], float] = t
         _LOGGED_ORIGINS[origin] = None
         while len(_LOGGED_ORIGINS) > 1000:
             _LOGGED_ORIGINS.popitem(last=False)
-        if now - _origin_log["last"] < REFUSED_ORIGIN_LOG_EVERY_S:
-            _origin_log["quiet"] += 1
+        admitted, _, quiet = ORIGIN_LOG.admit(now)
+        if not admitted:
             return
-        quiet, _origin_log["quiet"], _origin_log["last"] = int(_origin_log["quiet"]), 0, now
     shown = printable(origin[:MAX_ORIGIN_LENGTH]) + ("..." if len(origin) > MAX_ORIGIN_LENGTH else "")
     more = f" ({quiet} other refused origins not logged since the last line)" if quiet else ""
     log.warning("refused %s from browser origin %r (later refusals are counted in /metrics "

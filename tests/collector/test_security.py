@@ -316,7 +316,7 @@ def test_a_refused_preflight_says_which_origin_and_which_setting(
     shop = "http://127.0.0.1:5173"
     ask = {"Origin": shop, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
     security._LOGGED_ORIGINS.clear()
-    security._origin_log.update(last=float("-inf"), quiet=0)  # no line of an earlier test within the interval
+    security.ORIGIN_LOG.reset()  # no line of an earlier test within the interval
     with caplog.at_level("WARNING", logger="ubi.collector.security"), collector(db) as c:
         for path in ("/ubi_events", "/ubi_events", "/ubi_queries"):
             pre = c.options(path, headers=ask)
@@ -673,7 +673,7 @@ def test_browser_and_server_requests_of_one_client_share_its_rate_bucket(
 def test_refused_origins_cannot_flood_the_log(caplog: pytest.LogCaptureFixture) -> None:
     # issue 25: 1,000 refused preflights from distinct, long origins in 0.5 s wrote 2.3 MB of log
     security._LOGGED_ORIGINS.clear()
-    security._origin_log.update(last=float("-inf"), quiet=0)
+    security.ORIGIN_LOG.reset()
     now = [0.0]
     with caplog.at_level("WARNING", logger="ubi.collector.security"):
         for i in range(1000):
