@@ -80,6 +80,7 @@ from ubi_pipeline.reports.predicted import (
     budget_replicates,
     predicted_differences,
     predictions,
+    run_evidence,
     shared_rankings,
 )
 from ubi_pipeline.reports.recommend import (
@@ -583,15 +584,8 @@ def _unseen_evidence(con: duckdb.DuckDBPyConnection, file_runs: Sequence[tuple[s
         return {}
     grades = labels.qrels("human")
     returned = returned_not_shown(con, sessions.patterns.max_rank)
-    out = {}
-    for name, run in file_runs:
-        system = from_files.get(name)
-        if system is None:
-            continue
-        scores = {system.query_of[qid]: dict(zip(run[qid], run.scores[qid], strict=False))
-                  for qid in system.run if run.scores.get(qid)}
-        out[name] = UnseenEvidence(grades=grades, returned=returned, scores=scores)
-    return out
+    return {name: run_evidence(grades, returned, run, from_files[name]) for name, run in file_runs
+            if name in from_files}
 
 
 def _predictions(

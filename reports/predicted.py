@@ -28,6 +28,8 @@ from ubi_pipeline.processors.propensity.randomized import SwapSessions
 from ubi_pipeline.schemas.cli_names import DEFAULT_REPORT_REPLICATES
 
 if TYPE_CHECKING:
+    from ubi_pipeline.formats.runs import Run
+    from ubi_pipeline.reports.systems import SystemRun
     from ubi_pipeline.schemas.settings import Settings
 
 #: CPU seconds the report's bootstrap replicates may take when ``--predict-replicates`` is not given: on a large log
@@ -87,6 +89,16 @@ class PredictedDifferences:
         tail = (1.0 - self.confidence) / 2.0
         lo, hi = np.quantile(reps, [tail, 1.0 - tail])
         return d, float(lo), float(hi)
+
+
+def run_evidence(grades: Mapping[str, Mapping[str, float]], returned: Mapping[str, Mapping[str, float]],
+                 run: Run, system: SystemRun) -> UnseenEvidence:
+    """What values a run system's documents the log never showed, as ``ubi predict`` and ``ubi report`` both read
+    it: the human ``grades``, the store's hit lists below the displayed depth (``returned``) and the run's own
+    scores, keyed by the system's normalised query texts."""
+    scores = {system.query_of[qid]: dict(zip(run[qid], run.scores[qid], strict=False))
+              for qid in system.run if run.scores.get(qid)}
+    return UnseenEvidence(grades=grades, returned=returned, scores=scores)
 
 
 def load_swap_experiment(con: duckdb.DuckDBPyConnection, settings: Settings, k: int) -> SwapSessions | None:

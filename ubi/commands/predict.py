@@ -233,11 +233,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from ubi_pipeline.formats.runs import load_run
     from ubi_pipeline.processors.clicks.identifiability import assess
     from ubi_pipeline.processors.clicks.sessions import load_sessions
-    from ubi_pipeline.processors.counterfactual.evidence import UnseenEvidence, returned_not_shown
+    from ubi_pipeline.processors.counterfactual.evidence import returned_not_shown
     from ubi_pipeline.processors.counterfactual.predict import predict
     from ubi_pipeline.processors.labels.merge import LabelSet, labels_from_human, labels_from_store
     from ubi_pipeline.reports.joint import query_id_texts, ruled_out
-    from ubi_pipeline.reports.predicted import load_swap_experiment
+    from ubi_pipeline.reports.predicted import load_swap_experiment, run_evidence
     from ubi_pipeline.reports.systems import file_run, run_system_name
     from ubi_pipeline.schemas.settings import Settings
     from ubi_pipeline.schemas.text import normalize_query
@@ -276,10 +276,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     preds = []
     for name, path, run, system in systems:
         rankings = {system.query_of[qid]: docs for qid, docs in system.run.items()}
-        # what values the documents the log never showed: human grades, the hit lists below the display, run scores
-        scores = {system.query_of[qid]: dict(zip(run[qid], run.scores[qid], strict=False))
-                  for qid in system.run if run.scores.get(qid)}
-        evidence = UnseenEvidence(grades=grades, returned=returned, scores=scores)
+        evidence = run_evidence(grades, returned, run, system)  # grades, hit lists below the display, scores
         pred = predict(data.patterns, rankings, model=args.model, methods=methods, k=args.k, clip=args.clip,
                        replicates=args.replicates, seed=settings.seed, swaps=swaps,
                        model_options=None if args.prior is None else {"prior": args.prior}, evidence=evidence)
