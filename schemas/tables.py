@@ -181,18 +181,22 @@ JUDGMENT_RUN_TABLE = Table("judgment_runs", (
     _c("created_at", "TIMESTAMP", not_null=True),
 ), key=("source", "run_id"))
 
-#: Human judgments (and reviewed implicit ones) imported from qrels files or the review round trip.
+#: Human judgments (and reviewed implicit ones) imported from qrels files, the review round trip or the review
+#: page: one row per (query, doc, source, assessor), so a second assessor adds a row instead of replacing the
+#: first. ``assessor`` is '' when the file names none (two such files of one source replace each other's rows).
 HUMAN_JUDGMENT_TABLE = Table("human_judgments", (
     _c("query_id"),
     _c("query", not_null=True, note="normalised query text"),
     _c("doc_id", not_null=True),
     _c("grade", "INTEGER", not_null=True),
     _c("source", not_null=True, note="human | reviewed:<implicit source>"),
-    _c("assessor"),
+    _c("assessor", not_null=True, note="who graded it; '' when unnamed"),
     _c("judged_at", "TIMESTAMP"),
-    _c("rubric"),
-    _c("origin", note="file it came from"),
-), key=("query", "doc_id", "source"))
+    _c("rubric", note="rubric name or version"),
+    _c("origin", note="file it came from, or review:<page>"),
+    # last: stores made before it get it by the key migration (ubi_pipeline.store.duckdb_store.ensure_tables)
+    _c("note", note="the assessor's explanation of the grade, if any", max_length=2048),
+), key=("query", "doc_id", "source", "assessor"))
 
 
 def _key_table(of: Table) -> Table:

@@ -667,13 +667,15 @@ def _first_line(exc: BaseException) -> str:
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
     """Create every table of ``ubi_pipeline.schemas.tables`` that does not exist yet, and bring older tables up to date.
 
-    The one migration so far: ``judgments.run_id`` (the run-wide parameters moved to ``judgment_runs``). A store
+    Two migrations so far. ``judgments.run_id`` (the run-wide parameters moved to ``judgment_runs``): a store
     made before it gets the column, NULL in every row it holds; those rows keep their whole parameters and are
     read as they are (``ubi_pipeline.store.judgment_params``). Adding a nullable column rewrites nothing (0.03 s with 400,000
-    rows), and running it again finds the column and does nothing.
+    rows), and running it again finds the column and does nothing. ``human_judgments`` keyed by assessor too
+    (:func:`_migrate_human_key`). Running either again finds it done and does nothing.
     """
     for ddl in tables.ALL_TABLES:
         con.execute(ddl)
+    _migrate_human_key(con)
     have = set(table_columns(con, "judgments"))
     for column in tables.JUDGMENT_TABLE.columns:
         if column.name not in have:
@@ -681,6 +683,37 @@ def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
                 raise StoreError(f"judgments lacks column {column.name}, which cannot be added to stored rows "
                                  "(it may not be NULL); this store was made by an incompatible version")
             con.execute(f"ALTER TABLE judgments ADD COLUMN {quote_ident(column.name)} {column.sql}")
+
+
+def _migrate_human_key(con: duckdb.DuckDBPyConnection) -> bool:
+    """Re-key a ``human_judgments`` made before every assessor was kept (key ``query, doc_id, source``) by
+    ``assessor`` too, adding the ``note`` column; a NULL assessor becomes '' (unnamed). DuckDB cannot change a
+    primary key, so the rows are copied into a table made by today's DDL in one transaction (a migration cut
+    short leaves the old table as it was). Returns whether it migrated."""
+    table = tables.HUMAN_JUDGMENT_TABLE
+    rows = con.execute(
+        "SELECT constraint_column_names FROM duckdb_constraints() WHERE schema_name = 'main' AND table_name = ? "
+        "AND constraint_type = 'PRIMARY KEY'", [table.name]).fetchall()
+    if not rows or "assessor" in list(rows[0][0]):
+        return False
+    have = set(table_columns(con, table.name))
+    name, staging = quote_ident(table.name), quote_ident(table.name + "__migrating")
+    cols = [c for c in table.names if c in have]
+    values = ", ".join("coalesce(assessor, '')" if c == "assessor" else quote_ident(c) for c in cols)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(f"DROP TABLE IF EXISTS {staging}")
+        con.execute(table.ddl(table.name + "__migrating"))
+        con.execute(f"INSERT INTO {staging} ({', '.join(quote_ident(c) for c in cols)}) SELECT {values} FROM {name}")
+        con.execute(f"DROP TABLE {name}")
+        con.execute(f"ALTER TABLE {staging} RENAME TO {name}")
+        con.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ROLLBACK")
+        raise
+    log.info("human_judgments: keyed by assessor too, so every assessor's grade is kept")
+    return True
 
 
 def migrate_keys(con: duckdb.DuckDBPyConnection) -> list[str]:

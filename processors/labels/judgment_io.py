@@ -112,7 +112,7 @@ def _meta(labels: Sequence[Label]) -> tuple[dict[str, Any], bool]:
         values = {getattr(lab, key) for lab in people}
         if len(values) == 1:
             value = values.pop()
-            if value is not None:
+            if value not in (None, ""):
                 meta[key] = value
         else:
             mixed = True
@@ -282,7 +282,7 @@ def read_human_file(
     rows = [
         {
             "query_id": j.query_id, "query": j.query, "doc_id": j.doc_id, "grade": j.grade, "source": HUMAN_SOURCE,
-            "assessor": j.assessor or (assessor.strip() if assessor and assessor.strip() else None),
+            "assessor": j.assessor or (assessor.strip() if assessor and assessor.strip() else ""),
             "judged_at": j.judged_at, "rubric": j.rubric or rubric or None, "origin": origin,
         }
         for j in qrels.human_judgments(source=HUMAN_SOURCE)

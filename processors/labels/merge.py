@@ -284,10 +284,10 @@ def labels_from_store(con: duckdb.DuckDBPyConnection) -> list[Label]:
     if "human_judgments" in tables:
         for query, doc, grade, source, qid, assessor, judged_at, rubric, origin in con.execute(
             "SELECT query, doc_id, grade, source, query_id, assessor, judged_at, rubric, origin "
-            "FROM human_judgments ORDER BY query, doc_id, source"
+            "FROM human_judgments ORDER BY query, doc_id, source, assessor"
         ).fetchall():
             out.append(Label(query, doc, grade, source, origin="store" if origin is None else f"store:{origin}",
-                             query_id=qid, assessor=assessor, judged_at=judged_at, rubric=rubric))
+                             query_id=qid, assessor=assessor or None, judged_at=judged_at, rubric=rubric))
     same: dict[Any, Any] = {}  # one object per distinct query text, source, version, time (equal values)
     one = same.setdefault
     for (query, doc, grade, source, version, score, lo, hi, imps, clicks, sessions, created,

@@ -269,3 +269,30 @@ def test_derived_tables_load_under_their_own_memory_limit(tmp_path):
         assert store.con.execute("SELECT count(*) FROM judgments").fetchone() == (50_000,)
         # the writer's pool is back (DuckDB prints 16 MB, 16e6 bytes, as "15.2 MiB")
         assert store.con.execute("SELECT current_setting('memory_limit')").fetchone() == ("15.2 MiB",)
+
+
+def test_a_store_made_before_assessors_were_kept_is_rekeyed_by_assessor(tmp_path) -> None:
+    """The human_judgments of an older store (key query, doc_id, source; no note) are copied into today's table:
+    every row kept, a NULL assessor becomes '' (unnamed), and a second assessor of the same pair adds a row."""
+    import duckdb
+
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE human_judgments (query_id VARCHAR, query VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, "
+                "grade INTEGER NOT NULL, source VARCHAR NOT NULL, assessor VARCHAR, judged_at TIMESTAMP, "
+                "rubric VARCHAR, origin VARCHAR, PRIMARY KEY (query, doc_id, source))")
+    con.execute("INSERT INTO human_judgments VALUES ('q', 'q', 'd1', 2, 'human', NULL, NULL, NULL, 'f'), "
+                "('q', 'q', 'd2', 1, 'human', 'ann', NULL, 'v1', 'f')")
+    con.close()
+    with Store(db) as store:
+        store.load_table("human_judgments", pa.Table.from_pylist([
+            {"query": "q", "doc_id": "d2", "grade": 3, "source": "human", "assessor": "bob", "note": "exact match"}]))
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT doc_id, grade, assessor, note FROM human_judgments ORDER BY doc_id, assessor").fetchall()
+    (key,) = con.execute("SELECT constraint_column_names FROM duckdb_constraints() WHERE table_name = "
+                         "'human_judgments' AND constraint_type = 'PRIMARY KEY'").fetchall()[0]
+    con.close()
+    assert rows == [("d1", 2, "", None), ("d2", 1, "ann", None), ("d2", 3, "bob", "exact match")]
+    assert list(key) == ["query", "doc_id", "source", "assessor"]
+    with Store(db):  # opening again finds it done
+        pass

@@ -19,7 +19,7 @@ from ubi_pipeline.store.duckdb_store import Store
 from ubi_pipeline.store.rows import HUMAN_JUDGMENT_SCHEMA
 
 
-def _human(query_id, query, doc, grade, assessor=None):
+def _human(query_id, query, doc, grade, assessor=""):
     return {"query_id": query_id, "query": query, "doc_id": doc, "grade": grade, "source": "human",
             "assessor": assessor, "judged_at": datetime(2025, 1, 1), "rubric": None, "origin": "f"}
 
