@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from ubi_pipeline.processors.labels.implicit import query_from_trec_id, trec_que
 from ubi_pipeline.processors.labels.merge import (
     DEFAULT_PRECEDENCE,
     KINDS,
+    PERSON_KINDS,
     Label,
     LabelSet,
     label_kind,
@@ -103,7 +104,7 @@ def _display_text(query: str, labels: Sequence[Label]) -> str:
 
 def _meta(labels: Sequence[Label]) -> tuple[dict[str, Any], bool]:
     """Per-query provenance for JSONL when every human label agrees; (meta, whether some was left out)."""
-    people = [lab for lab in labels if lab.kind != "implicit"]
+    people = [lab for lab in labels if lab.kind in PERSON_KINDS]
     if not people:
         return {}, False
     meta: dict[str, Any] = {}
@@ -220,11 +221,13 @@ class ImportResult:
     format: str
     queries: int
     judgments: int
-    replaced: int  # stored human labels of the same (query, doc) that these judgments replaced
-    removed: int  # with replace: stored human labels of other pairs that were deleted
+    replaced: int  # stored human labels of the same (query, doc, assessor) that these judgments replaced
+    removed: int  # with replace: stored human labels of the same assessors on other pairs that were deleted
     unmatched_queries: int | None  # imported query texts the logs never saw (None: the store has no log)
     rating_map: str | None
     table: pa.Table
+    assessors: list[str] = field(default_factory=list)  # who judged ('' = unnamed)
+    other_assessors: int = 0  # stored labels of other assessors on the imported pairs, kept beside them
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "table"}
@@ -290,45 +293,51 @@ def read_human_file(
     return qrels, pa.Table.from_pylist(rows, schema=HUMAN_JUDGMENT_SCHEMA)
 
 
-def _stored_state(db: Path) -> tuple[set[tuple[str, str]], set[str] | None]:
-    """Stored human (query, doc) pairs and the normalised logged query texts (None: no query records)."""
+def _stored_state(db: Path) -> tuple[set[tuple[str, str, str]], set[str] | None]:
+    """Stored human (query, doc, assessor) keys and the normalised logged query texts (None: no query records)."""
     if not db.exists():
         return set(), None
     with reading(db) as con:
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        pairs: set[tuple[str, str]] = set()
+        keys: set[tuple[str, str, str]] = set()
         if "human_judgments" in tables:
-            pairs = {(q, d) for q, d in con.execute(
-                "SELECT query, doc_id FROM human_judgments WHERE source = ?", [HUMAN_SOURCE]).fetchall()}
+            keys = {(q, d, a) for q, d, a in con.execute(
+                "SELECT query, doc_id, assessor FROM human_judgments WHERE source = ?", [HUMAN_SOURCE]).fetchall()}
         logged = None
         if "ubi_queries" in tables:
             raw = [r[0] for r in con.execute("SELECT DISTINCT user_query FROM ubi_queries").fetchall()]
             logged = {normalize_query(t) for t in raw if t} or None
-    return pairs, logged
+    return keys, logged
 
 
 def import_human(db: str | Path, path: str | Path, *, replace_all: bool = False, **read_options: Any) -> ImportResult:
     """Validate ``path`` with :func:`read_human_file` (``read_options``: its format, rating_map, assessor, rubric
-    and queries) and store it in ``human_judgments`` (source ``human``).
+    and queries) and store it in ``human_judgments`` (source ``human``), one row per (query, doc, assessor).
 
-    Labels of the same (query, doc) are replaced; with ``replace_all`` every stored ``human`` label goes
-    first (one transaction), so the file becomes the whole human set. Works while a collector holds ``db``.
+    A stored label of the same (query, doc) *and assessor* is replaced; other assessors' labels of the pair are
+    kept beside it (counted in ``other_assessors``). With ``replace_all`` every other stored ``human`` label of
+    the file's assessors goes too (one transaction), so the file becomes those assessors' whole human set;
+    other assessors' labels stay. Works while a collector holds ``db``.
     """
     qrels, table = read_human_file(path, **read_options)
     rating_map: RatingMap = read_options.get("rating_map", ESCI_RATINGS)
     stored, logged = _stored_state(Path(db))
-    new = set(zip(table.column("query").to_pylist(), table.column("doc_id").to_pylist(), strict=True))
+    new = set(zip(table.column("query").to_pylist(), table.column("doc_id").to_pylist(),
+                  table.column("assessor").to_pylist(), strict=True))
     replaced = len(new & stored)
-    removed = len(stored - new) if replace_all else 0
+    assessors = {a for _q, _d, a in new}
+    removed = sum(1 for key in stored - new if key[2] in assessors) if replace_all else 0
+    pairs = {(q, d) for q, d, _a in new}
+    others = sum(1 for q, d, a in stored if (q, d) in pairs and a not in assessors)
     try:
         load_derived(db, "human_judgments", table, replace_source=HUMAN_SOURCE if replace_all else None)
     except duckdb.Error as exc:
         raise StoreError(f"{db}: could not store the judgments of {path}: {exc}") from exc
     unmatched = None
     if logged is not None:
-        unmatched = len({q for q, _d in new} - logged)
+        unmatched = len({q for q, _d, _a in new} - logged)
     return ImportResult(
         path=str(path), format=str(qrels.format), queries=len(qrels), judgments=table.num_rows, replaced=replaced,
-        removed=removed, unmatched_queries=unmatched,
+        removed=removed, unmatched_queries=unmatched, assessors=sorted(assessors), other_assessors=others,
         rating_map=rating_map.describe() if qrels.format == "workbench" else None, table=table,
     )

@@ -42,7 +42,10 @@ Every judgment is validated first (errors name the file and line); nothing is st
 Judgments join the logs by normalised query text: a query without text (TREC qrels, JSONL without "query")
 takes it from --queries FILE (a query set: JSONL {"query_id", "query"} or Workbench), else its id is the text
 (in TREC percent-decoded: red%20shoes is "red shoes", as `ubi judgments export --format trec` writes it).
-A stored human label of the same (query, doc) is replaced; --replace first deletes every stored human label.
+Every assessor is kept: one row per (query, doc, assessor), the assessor from the file where it names one (JSONL
+"assessor"), else --assessor, else '' (unnamed). A stored label of the same pair and assessor is replaced; other
+assessors' labels of the pair stay beside it, and reports use their aggregate (the lower median, docs/labels.md).
+--replace also deletes the file's assessors' stored human labels of pairs the file lacks (never another's).
 
 examples:
   ubi judgments import esci_us_judgments.json                      # Workbench, ESCI rating map
@@ -103,8 +106,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="query set mapping query ids to texts (JSONL {\"query_id\", \"query\"} or Workbench), for "
                         "files without query text")
     i.add_argument("--replace", action="store_true",
-                   help="delete every stored human judgment first, in the same transaction (the file becomes the "
-                        "whole human set)")
+                   help="also delete the file's assessors' other stored human judgments, in the same transaction "
+                        "(the file becomes their whole human set; other assessors' labels stay)")
     i.add_argument("--db", type=Path, help=_DB_HELP)
     i.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON)")
     i.set_defaults(func=cmd_import)
@@ -154,9 +157,13 @@ def cmd_import(args: argparse.Namespace) -> int:
              f"{result.path} into {settings.db} as source human"]
     if result.rating_map:
         parts.append(f"ratings mapped by {result.rating_map}")
-    parts.append(f"{result.replaced} replaced a stored human label of the same pair")
+    who = ", ".join(a or "(unnamed)" for a in result.assessors)
+    parts.append(f"assessor {who}" if len(result.assessors) == 1 else f"assessors {who}")
+    parts.append(f"{result.replaced} replaced a stored human label of the same pair and assessor")
+    if result.other_assessors:
+        parts.append(f"{result.other_assessors} labels of other assessors on these pairs kept")
     if args.replace:
-        parts.append(f"{result.removed} other stored human labels removed (--replace)")
+        parts.append(f"{result.removed} other stored human labels of the same assessor(s) removed (--replace)")
     if result.unmatched_queries:
         parts.append(f"{result.unmatched_queries} of {result.queries} query texts never appear in the logs "
                      f"(check the texts, or give --queries)")
