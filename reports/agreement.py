@@ -49,7 +49,7 @@ class AgreementError(UbiError):
 
 @dataclass
 class Agreement:
-    """Agreement of one implicit source with the human grades. ``confusion[h][i]``: human h, implicit i."""
+    """Agreement of one implicit or model source with the human grades. ``confusion[h][i]``: human h, source i."""
 
     source: str
     pairs: int
@@ -69,7 +69,7 @@ def _used_for_calibration(lab: Label) -> bool:
 
 
 def agreement(labels: LabelSet, source: str, *, n_grades: int | None = None) -> Agreement:
-    """Agreement of ``source`` (``implicit:<model>``) with the human grades in ``labels``."""
+    """Agreement of ``source`` (``implicit:<model>`` or ``model:<name>``) with the human grades in ``labels``."""
     human = labels.qrels("human")
     hs: list[int] = []
     cs: list[int] = []
@@ -105,8 +105,10 @@ def agreement(labels: LabelSet, source: str, *, n_grades: int | None = None) -> 
 
 
 def agreement_all(labels: LabelSet, *, n_grades: int | None = None) -> Mapping[str, Agreement]:
-    """:func:`agreement` for every implicit source present."""
-    return {s: agreement(labels, s, n_grades=n_grades) for s in labels.sources() if s.startswith("implicit:")}
+    """:func:`agreement` for every implicit source and every model source (``model:<name>``) present: a model
+    judge is measured on the human grades exactly as a click model is."""
+    return {s: agreement(labels, s, n_grades=n_grades) for s in labels.sources()
+            if s.startswith(("implicit:", "model:"))}
 
 
 # ------------------------------------------------------------------------------------------ among assessors

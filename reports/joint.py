@@ -322,6 +322,7 @@ def _evaluation_sources(labels: LabelSet, wanted: Sequence[str] | None) -> list[
     if any(label_kind(s) == "reviewed" for s in extra):
         out.append("reviewed")
     out += [s for s in extra if label_kind(s) == "implicit"]
+    out += [s for s in extra if label_kind(s) == "model"]  # measured like implicit ones, never recommended
     if len(kinds) > 1:
         out.append("merged")
     return out

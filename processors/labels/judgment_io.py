@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 import pyarrow as pa
 
 from ubi_pipeline.formats.qrels import (
@@ -46,6 +47,7 @@ from ubi_pipeline.formats.qrels import (
 )
 from ubi_pipeline.processors.labels.implicit import query_from_trec_id, trec_query_id
 from ubi_pipeline.processors.labels.merge import (
+    AGGREGATE_RULE,
     DEFAULT_PRECEDENCE,
     KINDS,
     PERSON_KINDS,
@@ -57,7 +59,7 @@ from ubi_pipeline.processors.labels.merge import (
 from ubi_pipeline.schemas.errors import StoreError, UbiError
 from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.client import load_derived, reading
-from ubi_pipeline.store.rows import HUMAN_JUDGMENT_SCHEMA
+from ubi_pipeline.store.rows import HUMAN_JUDGMENT_SCHEMA, JUDGMENT_SCHEMA, utcnow
 
 HUMAN_SOURCE = "human"
 
@@ -91,6 +93,8 @@ class ExportSummary:
     chosen_by_source: dict[str, int]  # where the exported labels came from (several sources for merged)
     mixed_provenance: int  # JSONL: queries whose labels differ in assessor, rubric or date (left out)
     rating_map: str | None = None
+    aggregated: int = 0  # pairs whose grade is the aggregate of several assessors' (merge.AGGREGATE_RULE)
+    aggregate_rule: str = AGGREGATE_RULE
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -139,12 +143,29 @@ def _one_model(labels: LabelSet) -> None:
 
 def stored_qrels(
     con: duckdb.DuckDBPyConnection, source: str = HUMAN_SOURCE, *, precedence: Sequence[str] = DEFAULT_PRECEDENCE,
-    trec_ids: bool = False,
+    trec_ids: bool = False, assessor: str | None = None,
 ) -> tuple[Qrels, dict[str, int], int]:
+    """The graded labels of ``source`` in the store as :class:`Qrels`, the labels per source and the
+    mixed-provenance queries (:func:`_stored_qrels`)."""
+    qrels, by_source, mixed, _aggregated = _stored_qrels(con, source, precedence=precedence, trec_ids=trec_ids,
+                                                         assessor=assessor)
+    return qrels, by_source, mixed
+
+
+def _stored_qrels(
+    con: duckdb.DuckDBPyConnection, source: str, *, precedence: Sequence[str], trec_ids: bool, assessor: str | None,
+) -> tuple[Qrels, dict[str, int], int, int]:
     """The graded labels of ``source`` in the store as :class:`Qrels` (ids: stored query_id or text, or the
     percent-escaped text with ``trec_ids``), with the count of labels per source and of mixed-provenance queries.
+
+    A pair several assessors graded gets their aggregate (:func:`ubi_pipeline.processors.labels.merge.aggregate_grades`);
+    with ``assessor``, person-made labels of other assessors are left out first (that one assessor's grades).
     """
-    labels = LabelSet().add(labels_from_store(con))
+    stored = labels_from_store(con)
+    if assessor is not None:
+        who = assessor.strip()
+        stored = [lab for lab in stored if lab.kind not in PERSON_KINDS or (lab.assessor or "") == who]
+    labels = LabelSet().add(stored)
     src = source_name(source)
     if src == "implicit":
         _one_model(labels)
@@ -183,8 +204,9 @@ def stored_qrels(
             meta[qid] = info
     by_source = Counter(lab.source for lab in chosen.values())
     order = {s: i for i, s in enumerate(labels.sources())}
+    aggregated = sum(1 for lab in chosen.values() if lab.parameters and lab.parameters.get("aggregate"))
     return (Qrels(grades=grades, texts=texts, meta=meta, path=None, format=None),
-            {s: by_source[s] for s in sorted(by_source, key=lambda s: order[s])}, mixed)
+            {s: by_source[s] for s in sorted(by_source, key=lambda s: order[s])}, mixed, aggregated)
 
 
 def export_judgments(
@@ -196,17 +218,20 @@ def export_judgments(
     rating_map: RatingMap = ESCI_RATINGS,
     name: str = "Judgments",
     description: str | None = None,
+    assessor: str | None = None,
 ) -> tuple[str, ExportSummary]:
     """The graded labels of ``source`` serialised as ``format`` (``jsonl``, ``trec`` or ``workbench``)."""
     src = source_name(source)
-    qrels, by_source, mixed = stored_qrels(con, src, precedence=precedence, trec_ids=format == "trec")
+    qrels, by_source, mixed, aggregated = _stored_qrels(con, src, precedence=precedence, trec_ids=format == "trec",
+                                                        assessor=assessor)
     # the Workbench refuses " \ < > in a description (ubi_pipeline.formats.qrels.workbench_text_problem): no ">" here
     what = f"source {src}" + (f", precedence {' then '.join(precedence)}" if src == "merged" else "")
     body = format_qrels(qrels, format, rating_map=rating_map, name=name,
                         description=description or workbench_safe(f"Exported by ubi-pipeline from {what}"))
     summary = ExportSummary(src, format, len(qrels), qrels.n_judgments(), by_source,
                             mixed if format == "jsonl" else 0,
-                            rating_map.describe() if format == "workbench" else None)
+                            rating_map.describe() if format == "workbench" else None,
+                            aggregated=aggregated)
     return body, summary
 
 
@@ -227,6 +252,7 @@ class ImportResult:
     rating_map: str | None
     table: pa.Table
     assessors: list[str] = field(default_factory=list)  # who judged ('' = unnamed)
+    source: str = HUMAN_SOURCE  # human, or model:<name> (stored in the judgments table)
     other_assessors: int = 0  # stored labels of other assessors on the imported pairs, kept beside them
 
     def as_dict(self) -> dict[str, Any]:
@@ -340,4 +366,50 @@ def import_human(db: str | Path, path: str | Path, *, replace_all: bool = False,
         path=str(path), format=str(qrels.format), queries=len(qrels), judgments=table.num_rows, replaced=replaced,
         removed=removed, unmatched_queries=unmatched, assessors=sorted(assessors), other_assessors=others,
         rating_map=rating_map.describe() if qrels.format == "workbench" else None, table=table,
+    )
+
+
+def import_model(db: str | Path, path: str | Path, source: str, *, replace_all: bool = False,
+                 **read_options: Any) -> ImportResult:
+    """Validate ``path`` as :func:`read_human_file` does and store its grades as *model* judgments: rows of the
+    ``judgments`` table with source ``model:<name>`` (never ``human_judgments``), so they are measured against
+    held-out human grades like an implicit source and chosen only where a precedence names them.
+
+    The file's provenance goes to ``parameters`` (``origin``, ``assessor`` when given, ``rubric``, ``imported``).
+    A stored row of the same (query, doc, source) is replaced; with ``replace_all`` the source's other rows go
+    too (one transaction).
+    """
+    if not source.startswith("model:") or len(source) <= len("model:"):
+        raise JudgmentIOError(f"--source {source!r}: model judgments are imported as model:<name>")
+    qrels, table = read_human_file(path, **read_options)
+    rating_map: RatingMap = read_options.get("rating_map", ESCI_RATINGS)
+    db_path = Path(db)
+    stored: set[tuple[str, str]] = set()
+    if db_path.exists():
+        with reading(db_path) as con:
+            if con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'judgments'"
+                           ).fetchall()[0][0]:
+                stored = {(q, d) for q, d in con.execute(
+                    "SELECT query, doc_id FROM judgments WHERE source = ?", [source]).fetchall()}
+    now = utcnow()
+    rows = []
+    for r in table.to_pylist():
+        params = {"origin": r["origin"], "imported": True, "query_id": r["query_id"]}
+        for key in ("assessor", "rubric"):
+            if r[key]:
+                params[key] = r[key]
+        rows.append({"query": r["query"], "doc_id": r["doc_id"], "source": source, "model_version": source[6:],
+                     "parameters": orjson.dumps(params).decode(), "score": float(r["grade"]), "grade": r["grade"],
+                     "created_at": r["judged_at"] or now})
+    model_table = pa.Table.from_pylist(rows, schema=JUDGMENT_SCHEMA)
+    new = {(r["query"], r["doc_id"]) for r in rows}
+    try:
+        load_derived(db, "judgments", model_table, replace_source=source if replace_all else None)
+    except duckdb.Error as exc:
+        raise StoreError(f"{db}: could not store the model judgments of {path}: {exc}") from exc
+    return ImportResult(
+        path=str(path), format=str(qrels.format), queries=len(qrels), judgments=model_table.num_rows,
+        replaced=len(new & stored), removed=len(stored - new) if replace_all else 0, unmatched_queries=None,
+        rating_map=rating_map.describe() if qrels.format == "workbench" else None, table=model_table,
+        source=source,
     )

@@ -69,7 +69,9 @@ def read_query_set(path: Path | str) -> list[str]:
 
 def resolve_source(con: duckdb.DuckDBPyConnection, source: str | None) -> str:
     """The implicit source to export: as given (``pbm`` means ``implicit:pbm``), or the only one stored."""
-    stored = [r[0] for r in con.execute("SELECT DISTINCT source FROM judgments ORDER BY 1").fetchall()]
+    # candidates come from click models; a model judge's rows (model:<name>) are not candidates to review
+    stored = [r[0] for r in con.execute(
+        "SELECT DISTINCT source FROM judgments WHERE source LIKE 'implicit:%' ORDER BY 1").fetchall()]
     if source:
         full = source if source.startswith(SOURCE_PREFIX) else SOURCE_PREFIX + source
         if full not in stored:
