@@ -242,8 +242,9 @@ class PairLabels(NamedTuple):
     conflict: bool
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: the chosen grade and source, then every label with its provenance."""
-        return {
+        """JSON-ready: the chosen grade and source (with the assessors' spread when it is their aggregate), then
+        every label with its provenance."""
+        out = {
             "query": self.query,
             "doc_id": self.doc_id,
             "grade": None if self.chosen is None else self.chosen.grade,
@@ -251,6 +252,10 @@ class PairLabels(NamedTuple):
             "conflict": self.conflict,
             "labels": [{**lab.provenance(), "grade": lab.grade} for lab in self.labels],
         }
+        params = self.chosen.parameters if self.chosen is not None else None
+        if params and params.get("aggregate"):
+            out["aggregate"] = dict(params)
+        return out
 
 
 @dataclass(frozen=True)

@@ -154,8 +154,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                  if summary.mixed_provenance else "")
         ratings = f"; ratings by {summary.rating_map}" if summary.rating_map else ""
         if summary.aggregated:
-            ratings += (f"; {summary.aggregated} pairs graded by several assessors written as their "
-                        f"{summary.aggregate_rule.replace('_', ' ')}")
+            rule = "lower median" if summary.aggregate_rule == "median_low" else summary.aggregate_rule
+            ratings += f"; {summary.aggregated} pairs graded by several assessors written as the {rule} of their grades"
         err.print(escape(f"wrote {summary.judgments} judgments of {summary.queries} queries ({origin}) as "
                          f"{summary.format} to {args.out}{ratings}{mixed}"))
     return 0

@@ -90,9 +90,19 @@ def test_two_assessors_are_both_kept_and_reimport_replaces_only_ones_own(tmp_pat
     assert summary.conflicts == 2 and summary.conflicts_by_sources == {"human: assessors differ": 2}
     assert [p.chosen.grade for p in pairs] == [2, 1]  # type: ignore[union-attr]
 
-    # the human export is the aggregate too
-    assert main(["judgments", "export", "--db", str(db), "--format", "trec"]) == 0
-    assert capsys.readouterr().out == "red%20shoes 0 d1 2\nred%20shoes 0 d2 1\n"
+    assert pairs[0].as_dict()["aggregate"]["grades"] == {"ann": 2, "bob": 1, "cat": 2}
+
+    # the human export is the aggregate too, and says so; --assessor writes one assessor's grades
+    out = tmp_path / "h.trec"
+    assert main(["judgments", "export", "--db", str(db), "--format", "trec", "--out", str(out)]) == 0
+    assert out.read_text() == "red%20shoes 0 d1 2\nred%20shoes 0 d2 1\n"
+    assert "2 pairs graded by several assessors written as the lower median of their grades" in " ".join(
+        capsys.readouterr().err.split())
+    assert main(["judgments", "export", "--db", str(db), "--format", "trec", "--assessor", "bob"]) == 0
+    assert capsys.readouterr().out == "red%20shoes 0 d1 1\nred%20shoes 0 d2 2\n"
+    assert main(["judgments", "export", "--db", str(db), "--format", "workbench", "--assessor", "cat"]) == 0
+    assert '"docId": "d1"' in capsys.readouterr().out
+    assert main(["judgments", "export", "--db", str(db), "--format", "trec", "--assessor", "nobody"]) == 2
 
 
 def test_a_single_assessor_label_is_chosen_as_it_is() -> None:
