@@ -33,7 +33,6 @@ from scipy import stats
 from ubi_pipeline.processors.labels.grades import confusion_matrix, quadratic_kappa_from_confusion
 from ubi_pipeline.processors.labels.merge import (
     AGGREGATE_RULE,
-    PERSON_KINDS,
     Label,
     LabelSet,
     aggregate_grades,
@@ -167,9 +166,12 @@ def _assessor_grades(labels: LabelSet) -> dict[tuple[str, str], dict[str, tuple[
     ``reviewed:*``), one per assessor, '' named :data:`UNNAMED`."""
     out: dict[tuple[str, str], dict[str, tuple[int, str | None]]] = {}
     for pair, labs in labels.by_pair.items():
+        # most pairs of a large log have implicit labels only: a string test, not label_kind, on each
+        people = [x for x in labs if x.grade is not None and (x.source == "human" or x.source.startswith("reviewed:"))]
+        if not people:
+            continue
         per: dict[str, tuple[int, str | None]] = {}
-        for lab in sorted((x for x in labs if x.grade is not None and x.kind in PERSON_KINDS),
-                          key=lambda x: (x.source != "human", x.source)):
+        for lab in sorted(people, key=lambda x: (x.source != "human", x.source)):
             per.setdefault(lab.assessor or UNNAMED, (int(lab.grade), lab.note))  # type: ignore[arg-type]
         if per:
             out[pair] = per

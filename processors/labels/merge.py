@@ -220,7 +220,7 @@ class LabelSet:
                         continue
                 if best is None or rank < best_rank or (rank == best_rank and tie(lab) < tie(best)):
                     best, best_rank = lab, rank
-            if best is not None and best.kind in PERSON_KINDS:
+            if best is not None and (best.source == "human" or best.source.startswith("reviewed:")):  # PERSON_KINDS
                 # every assessor of the chosen source (and side: the file, or the store) counts, not the latest
                 peers = [lab for lab in labs if lab.grade is not None and lab.source == best.source
                          and lab.from_file == best.from_file]

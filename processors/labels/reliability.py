@@ -125,9 +125,10 @@ def _resampled_sums(per_unit: NDArray[np.float64], n_boot: int, rng: np.random.G
     step = max(1, _CHUNK // max(n, 1))
     for start in range(0, n_boot, step):
         b = min(step, n_boot - start)
-        # how often each unit is drawn in n draws with replacement: multinomial(n, 1/n each)
-        weights = rng.multinomial(n, np.full(n, 1.0 / n), size=b).astype(np.float64)
-        out[start:start + b] = weights @ per_unit
+        idx = rng.integers(0, n, size=(b, n))  # n draws with replacement per replicate
+        # how often each unit was drawn, per replicate, in one bincount over (replicate, unit) cells
+        weights = np.bincount((np.arange(b)[:, None] * n + idx).ravel(), minlength=b * n).reshape(b, n)
+        out[start:start + b] = weights.astype(np.float64) @ per_unit
     return out
 
 
@@ -158,6 +159,23 @@ def bootstrap_alpha(data: NDArray[np.float64], *, metric: str = "interval", n_gr
     return Estimate(value, lo, hi, n)
 
 
+def kappa_batch(observed: NDArray[np.float64]) -> NDArray[np.float64]:
+    """:func:`~ubi_pipeline.processors.labels.grades.quadratic_kappa_from_confusion` of each confusion matrix
+    of ``observed`` [B, G, G] at once (the same formula, vectorised for bootstrap replicates); NaN where undefined."""
+    o = np.asarray(observed, dtype=np.float64)
+    g = o.shape[-1]
+    if g < 2:
+        return np.full(o.shape[0], np.nan)
+    total = o.sum(axis=(1, 2))
+    i, j = np.indices((g, g))
+    w = (i - j) ** 2 / (g - 1) ** 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        expected = o.sum(axis=2)[:, :, None] * o.sum(axis=1)[:, None, :] / total[:, None, None]
+        denom = (w * expected).sum(axis=(1, 2))
+        out = 1.0 - (w * o).sum(axis=(1, 2)) / denom
+    return np.where((total > 0) & (denom > 0), out, np.nan)
+
+
 def bootstrap_kappa(a: NDArray[np.int64], b: NDArray[np.int64], n_grades: int, *, n_boot: int = 2_000,
                     confidence: float = 0.95, seed: int = 0) -> Estimate:
     """Quadratic-weighted Cohen's kappa of two assessors on the units both graded (Cohen 1968; the kernel
@@ -175,7 +193,7 @@ def bootstrap_kappa(a: NDArray[np.int64], b: NDArray[np.int64], n_grades: int, *
         return Estimate(value, float("nan"), float("nan"), n)
     one_hot = np.zeros((n, n_grades * n_grades))
     one_hot[np.arange(n), x * n_grades + y] = 1.0
-    sums = _resampled_sums(one_hot, n_boot, np.random.default_rng(seed))
-    kappas = np.array([quadratic_kappa_from_confusion(s.reshape(n_grades, n_grades)) for s in sums])
+    sums = _resampled_sums(one_hot, n_boot, np.random.default_rng(seed)).reshape(n_boot, n_grades, n_grades)
+    kappas = kappa_batch(sums)
     lo, hi = _bounds(kappas, confidence)
     return Estimate(value, lo, hi, n)

@@ -21,11 +21,13 @@ import pytest
 from joint_fixtures import build_store
 
 from ubi_pipeline.cli import main
+from ubi_pipeline.processors.labels.grades import quadratic_kappa_from_confusion
 from ubi_pipeline.processors.labels.merge import Label, LabelSet
 from ubi_pipeline.processors.labels.reliability import (
     ReliabilityError,
     bootstrap_alpha,
     bootstrap_kappa,
+    kappa_batch,
     krippendorff_alpha,
 )
 from ubi_pipeline.reports.agreement import DISPUTED_SHOWN, assessor_agreement
@@ -83,6 +85,17 @@ def test_kappa_by_hand_and_bootstrap_bounds() -> None:
         krippendorff_alpha(np.array([[0, -1], [0, 1]]))
     with pytest.raises(ReliabilityError, match="metric"):
         krippendorff_alpha(KRIPPENDORFF_2011, "ratio-ish")
+
+
+def test_kappa_batch_is_the_kernel_on_each_matrix() -> None:
+    rng = np.random.default_rng(7)
+    mats = rng.integers(0, 6, (50, 4, 4)).astype(float)
+    mats[3] = 0.0  # no pairs: undefined
+    mats[4] = 0.0
+    mats[4, 2, 2] = 5.0  # one grade on both sides: undefined
+    got = kappa_batch(mats)
+    want = np.array([quadratic_kappa_from_confusion(m) for m in mats])
+    assert np.allclose(got, want, equal_nan=True) and np.isnan(got[3]) and np.isnan(got[4])
 
 
 def _lab(doc: str, grade: int, who: str, note: str | None = None) -> Label:
