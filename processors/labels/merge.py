@@ -244,7 +244,7 @@ class PairLabels(NamedTuple):
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: the chosen grade and source (with the assessors' spread when it is their aggregate), then
         every label with its provenance."""
-        out = {
+        out: dict[str, Any] = {
             "query": self.query,
             "doc_id": self.doc_id,
             "grade": None if self.chosen is None else self.chosen.grade,

@@ -17,9 +17,11 @@ and a grade scale whose steps are meant as equal (the rubric's 0-3) is read as s
 Cohen's weighted kappa (Cohen 1968) is :func:`ubi_pipeline.processors.labels.grades.quadratic_kappa_from_confusion`;
 :func:`bootstrap_kappa` only resamples the units it is computed on.
 
-Intervals: percentile bootstrap over units (Efron & Tibshirani 1993, ch. 13; for alpha as in Hayes &
-Krippendorff 2007, Communication Methods and Measures 1:77, who resample units too). Replicates where the
-statistic is undefined (every resampled value equal: D_e = 0) are dropped; when more than half are, no interval.
+Intervals: percentile bootstrap over units, each unit resampled whole with all its values (Efron & Tibshirani
+1993, ch. 13), as every other interval of the report resamples its units. Hayes & Krippendorff (2007,
+Communication Methods and Measures 1:77) bootstrap alpha differently, by resampling pairable values; their
+interval is not this one. Replicates where the statistic is undefined (every resampled value equal: D_e = 0)
+are dropped; when more than half are, no interval.
 """
 
 from __future__ import annotations
