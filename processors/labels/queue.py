@@ -133,6 +133,10 @@ def _sample(strata: Mapping[str, list[int]], n: int, rng: np.random.Generator) -
     return [out[i] for i in order]
 
 
+def _seen(n: int) -> str:
+    return f"query seen {n:,} time{'' if n == 1 else 's'}"
+
+
 def _fmt_grades(evidence: Iterable[Candidate], humans: Iterable[HumanGrade]) -> str:
     parts = [f"{c.source} {c.grade}" for c in evidence if c.grade is not None]
     parts += [f"{h.assessor or 'unnamed'} {h.grade}" for h in humans]
@@ -188,7 +192,7 @@ def build_queue(candidates: Iterable[Candidate], humans: Iterable[HumanGrade], f
     items: list[QueueItem] = []
     for i, stratum in sample:
         q, d = pairs[i]
-        items.append(QueueItem(q, d, len(items), True, f"held-out sample ({stratum}, query seen {freq_l[i]:,} times): "
+        items.append(QueueItem(q, d, len(items), True, f"held-out sample ({stratum}, {_seen(freq_l[i])}): "
                                "graded blind to measure how well each source and assessor agrees with people",
                                evid[i], freq_l[i], dis_l[i], width_l[i], stratum))
     for i in order.tolist():
@@ -198,7 +202,7 @@ def build_queue(candidates: Iterable[Candidate], humans: Iterable[HumanGrade], f
             why.append(f"grades differ by {dis_l[i]} ({_fmt_grades(evid[i], human_by_pair.get((q, d), ()))})")
         w = width_l[i]
         why.append("no source has an interval" if w is None else f"interval {w:.2f} wide")
-        why.append(f"query seen {freq_l[i]:,} times")
+        why.append(_seen(freq_l[i]))
         items.append(QueueItem(q, d, len(items), False, "; ".join(why), evid[i], freq_l[i], dis_l[i], w))
     return items
 

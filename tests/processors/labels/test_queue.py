@@ -35,7 +35,7 @@ def test_order_without_sample():
     assert [it.doc_id for it in items] == ["b1", "s2", "h1", "s1", "h2", "b2", "s3"]
     assert [it.position for it in items] == list(range(7))
     assert not any(it.held_out for it in items)
-    assert items[0].reason == "grades differ by 3 (implicit:pbm 3, model:llm 0); interval 0.10 wide; query seen 1 times"
+    assert items[0].reason == "grades differ by 3 (implicit:pbm 3, model:llm 0); interval 0.10 wide; query seen 1 time"
     assert items[1].reason.startswith("grades differ by 2 (implicit:pbm 1, ann 3)")
     assert items[6].reason == "no source has an interval; query seen 100 times"
     assert [c.source for c in items[0].evidence] == ["implicit:pbm", "model:llm"]
