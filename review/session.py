@@ -12,7 +12,8 @@ the admin protocol of the collector (or loader) holding it. Their source says wh
 ``origin`` is ``review:page``, ``rubric`` the rubric's version (its file name and the first 12 hex digits of
 its SHA-256), ``judged_at`` the time the grade was stored (naive UTC), ``note`` the assessor's explanation.
 
-Undo takes back an assessor's last action: a skip is forgotten; a grade is deleted, or, when it had replaced
+A second grade of a pair by the same assessor (from the disagreements view) replaces their first, keeping its
+source. Undo takes back an assessor's last action: a skip is forgotten; a grade is deleted, or, when it had replaced
 a row of the same key (the assessor graded the pair again), that row is written back.
 """
 
@@ -244,6 +245,9 @@ class ReviewSession:
         with self.lock:
             item = self._item(query, doc_id)
             source = "human" if self._shown_blind(item) else f"reviewed:{item.evidence[0].source}"
+            # a second grade of a pair by one assessor replaces their first, whatever they were shown then, so that
+            # an assessor never has two rows of one pair
+            source = next((k[2] for k in self.rows if k[:2] == item.pair and k[3] == assessor), source)
             row = {"query_id": trec_query_id(query), "query": query, "doc_id": doc_id, "grade": grade,
                    "source": source, "assessor": assessor, "judged_at": utcnow(), "rubric": self.rubric.version,
                    "origin": ORIGIN, "note": note}

@@ -149,3 +149,13 @@ def test_routes_and_guards(db: Path):
         assert ok.status_code == 200 and ok.json()["grade_max"] == 3
         r = c.get("/review/api/config", headers={"x-review-token": "t0k", "origin": "http://evil.example"})
         assert r.status_code == 403
+
+
+def test_a_second_grade_of_a_pair_keeps_the_first_ones_source(db: Path):
+    # fay grades g1 blind (source human), then, on a page showing evidence, grades it again from the
+    # disagreements view: her row is replaced, not joined by a reviewed:implicit:pbm one
+    blind = _open(db, blind=True)
+    blind.grade("fay", "green bag", "g1", 3, None)
+    shown = _open(db)
+    shown.grade("fay", "green bag", "g1", 1, "changed my mind")
+    assert [r[2:5] for r in stored(db) if r[4] == "fay"] == [(1, "human", "fay")]
