@@ -41,7 +41,7 @@ java:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null) \
 	  || echo "warning: could not install Java; Spark tests will be skipped"; }
 
-PACKAGE_FOLDERS := schemas formats store transport collector loader processors reports
+PACKAGE_FOLDERS := schemas formats store transport collector loader processors reports review
 
 ## lint: ruff over every folder; mypy over the package as it installs (build/typing lays the folders out as
 ## ubi_pipeline/..., since mypy does not follow setuptools' editable package-dir mapping)

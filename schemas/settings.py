@@ -207,6 +207,10 @@ class Settings(BaseSettings):
     admin_remote: bool = Field(
         default=False, description="allow /v1/admin/* and /v1/failed from other hosts than loopback (default: loopback only)"
     )
+    review_token: SecretStr | None = Field(
+        default=None, description="token every request of the review page (`ubi review serve`) must carry; required "
+        "to bind it to another address than loopback; unset: loopback only",
+    )
     pseudonymise_key: SecretStr | None = Field(
         default=None, description="key of the HMAC-SHA256 that replaces client_id, user_id and session_id at ingest; unset: off"
     )

@@ -144,15 +144,38 @@ def load_derived_tables(db: Path | str, loads: Sequence[tuple[str, pa.Table, str
     return [_load_through(url, name, data, replace_source) for name, data, replace_source in loads]
 
 
-def _load_through(url: str, name: str, data: pa.Table, replace_source: str | None) -> int:
+def delete_derived(db: Path | str, name: str, keys: pa.Table) -> int:
+    """Delete the rows of a derived table whose keys ``keys`` holds: directly when the file is free, else through
+    the collector (``POST /v1/admin/delete/{table}``). Returns how many rows were deleted."""
+    path = Path(db)
+    try:
+        with Store.from_settings(Settings(), path) as store:
+            return store.delete_rows(name, keys)
+    except StoreLocked:
+        pass
+    url = collector_url(path)
+    try:
+        resp = httpx.post(f"{url}/v1/admin/delete/{name}", content=_arrow_stream(keys),
+                          headers={"content-type": "application/vnd.apache.arrow.stream"}, timeout=600)
+        resp.raise_for_status()
+        return int(resp.json()["deleted"])
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        raise StoreError(f"could not delete from {name} through the collector at {url}: {exc}") from exc
+
+
+def _arrow_stream(data: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, data.schema) as writer:
         writer.write_table(data)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _load_through(url: str, name: str, data: pa.Table, replace_source: str | None) -> int:
     try:
         resp = httpx.post(
             f"{url}/v1/admin/load/{name}",
             params={"replace_source": replace_source} if replace_source is not None else None,
-            content=sink.getvalue().to_pybytes(),
+            content=_arrow_stream(data),
             headers={"content-type": "application/vnd.apache.arrow.stream"},
             timeout=600,
         )

@@ -588,6 +588,22 @@ class Store:
             ) from exc
         return [int(data.num_rows) for _, data, _ in loads]
 
+    def delete_rows(self, name: str, keys: pa.Table) -> int:
+        """Delete the rows of a derived table whose key (every key column of the table) a row of ``keys`` gives, in
+        one transaction; returns how many were deleted. The review page's undo of a grade it stored."""
+        if name not in LOADABLE_TABLES:
+            raise StoreError(f"table {name!r} cannot be deleted from; expected one of {', '.join(LOADABLE_TABLES)}")
+        key = tables.TABLES[name].key
+        missing = [k for k in key if k not in keys.column_names]
+        if missing:
+            raise StoreError(f"keys for {name} lack its key column(s) {', '.join(missing)}")
+        _ubi_arrow_rows = keys.select(list(key))  # noqa: F841 (read by name by DuckDB's replacement scan)
+        same = " AND ".join(f"n.{quote_ident(k)} = t.{quote_ident(k)}" for k in key)
+        with self.transaction() as cur:
+            row = cur.execute(f"DELETE FROM {quote_ident(name)} t WHERE EXISTS "
+                              f"(SELECT 1 FROM _ubi_arrow_rows n WHERE {same})").fetchone()
+        return int(row[0]) if row else 0
+
     @contextmanager
     def _pool(self, limit: str | None) -> Iterator[None]:
         """DuckDB's memory limit set to ``limit`` for the block, then back to the writer's (nothing when None)."""

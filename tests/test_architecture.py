@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"ubi": "ubi_pipeline", "schemas": "ubi_pipeline.schemas", "formats": "ubi_pipeline.formats",
            "store": "ubi_pipeline.store", "transport": "ubi_pipeline.transport",
            "collector": "ubi_pipeline.collector", "loader": "ubi_pipeline.loader",
-           "processors": "ubi_pipeline.processors", "reports": "ubi_pipeline.reports"}
+           "processors": "ubi_pipeline.processors", "reports": "ubi_pipeline.reports",
+           "review": "ubi_pipeline.review"}
 #: the layers, bottom first; within processors, its rooms are layered too
 LAYERS = [
     ("ubi_pipeline.schemas",),
@@ -30,6 +31,7 @@ LAYERS = [
     ("ubi_pipeline.processors.labels",),
     ("ubi_pipeline.processors.counterfactual",),
     ("ubi_pipeline.reports",),
+    ("ubi_pipeline.review",),  # the human loop: the review page over the queue
     ("ubi_pipeline",),  # the CLI: cli.py, stages.py, commands/, the demo
 ]
 

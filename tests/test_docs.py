@@ -15,7 +15,7 @@ from ubi_pipeline.schemas.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 #: where the code lives: the package folders, the benches, the tests, and the files that configure them
-CODE_FOLDERS = ("schemas", "formats", "store", "transport", "collector", "loader", "processors", "reports", "ubi",
+CODE_FOLDERS = ("schemas", "formats", "store", "transport", "collector", "loader", "processors", "reports", "review", "ubi",
                 "bench", "tests")
 CODE_FILES = ("pyproject.toml", "Makefile")
 DOC_FILES = ("README.md", "CHANGELOG.md")

@@ -28,7 +28,8 @@ ROOT = PYPROJECT.parent
 FOLDERS = {"ubi": "ubi_pipeline", "schemas": "ubi_pipeline.schemas", "formats": "ubi_pipeline.formats",
            "store": "ubi_pipeline.store", "transport": "ubi_pipeline.transport",
            "collector": "ubi_pipeline.collector", "loader": "ubi_pipeline.loader",
-           "processors": "ubi_pipeline.processors", "reports": "ubi_pipeline.reports"}
+           "processors": "ubi_pipeline.processors", "reports": "ubi_pipeline.reports",
+           "review": "ubi_pipeline.review"}
 
 
 def test_every_folder_installs_under_the_one_import_package() -> None:

@@ -8,6 +8,7 @@ over HTTP on loopback, for what they cannot do themselves while it holds the fil
   (:meth:`Store.seal`) and answer with every segment to read and the small derived tables
   (:func:`ubi_pipeline.store.sealed.encode_seal`);
 * ``POST /v1/admin/load/{table}?replace_source=...``: rows of a derived table as an Arrow IPC stream;
+* ``POST /v1/admin/delete/{table}``: the keys of derived-table rows to delete, as an Arrow IPC stream;
 * ``GET /v1/failed``: a page of ``failed_records``;
 * ``GET /healthz``: whether the writer is healthy, and its own state.
 
@@ -262,6 +263,35 @@ async def admin_load(
     except Exception as exc:  # duckdb rejects columns or types that do not fit
         raise BadLoad(f"rows do not fit table {table.value}: {type(exc).__name__}: {exc}") from exc
     return {"table": table.value, "rows": rows}
+
+
+@guarded.post(
+    "/v1/admin/delete/{table}",
+    tags=["admin"],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
+)
+async def admin_delete(table: LoadableTable, request: Request, host: HostDep) -> dict[str, Any]:
+    """Delete the rows of a derived table whose keys an Arrow IPC stream holds (the review page's undo)."""
+    store = host.admin_store()
+    body = await _read_limited(request, host.max_load_bytes)
+    try:
+        keys = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise BadLoad(f"body is not an Arrow IPC stream: {exc}") from exc
+    try:
+        rows = await asyncio.to_thread(store.delete_rows, table.value, keys)
+    except StoreError as exc:
+        raise BadLoad(str(exc)) from exc
+    except Exception as exc:  # duckdb rejects key values of the wrong type
+        raise BadLoad(f"keys do not fit table {table.value}: {type(exc).__name__}: {exc}") from exc
+    return {"table": table.value, "deleted": rows}
 
 
 #: Longest string value a derived table's row may hold through ``/v1/admin/load`` (judgment parameters included):

@@ -35,7 +35,9 @@ import httpx
 import orjson
 import pyarrow as pa
 
+from ubi_pipeline.processors.labels.queue import Candidate, HumanGrade, build_queue
 from ubi_pipeline.schemas.errors import InputFileError, UbiError
+from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.rows import JUDGMENT_SCHEMA, utcnow
 
 MODEL_PREFIX = "model:"
@@ -289,33 +291,30 @@ def summarize(answers: Sequence[Answer], source: str, model: str) -> JudgeRun:
 
 
 def pairs_to_judge(con: duckdb.DuckDBPyConnection, source: str, *, limit: int | None = None,
-                   rejudge: bool = False) -> list[tuple[str, str]]:
-    """The (query, doc) pairs to ask the model about: the candidate judgments' pairs (every ``implicit:*``
-    source), the queries with the most sessions first, within a query the best-supported docs first; pairs this
+                   rejudge: bool = False, held_out: int = 50, seed: int = 0) -> list[tuple[str, str]]:
+    """The (query, doc) pairs to ask the model about, in the review queue's order
+    (:func:`ubi_pipeline.processors.labels.queue.build_queue`, the order ``ubi review serve`` serves people): its
+    stratified held-out sample first, on which the report measures every source against people, then the pairs
+    whose sources and grades disagree most, with the widest intervals, on the most searched queries. Pairs this
     model already graded are skipped unless ``rejudge``.
-
-    The seam for the review queue (issue 27 item 2, ``processors/labels/queue.py``): when it exists, its order
-    (disagreement, wide intervals, frequent queries, the held-out sample) replaces this simple one here.
     """
     tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     if "judgments" not in tables:
         return []
-    skip = "" if rejudge else (
-        "AND NOT EXISTS (SELECT 1 FROM judgments m WHERE m.source = $source AND m.query = j.query "
-        "AND m.doc_id = j.doc_id AND m.grade IS NOT NULL)")
-    sql = f"""
-        WITH c AS (
-            SELECT j.query, j.doc_id, max(coalesce(j.sessions, 0)) AS sessions
-            FROM judgments j WHERE j.source LIKE 'implicit:%' {skip}
-            GROUP BY j.query, j.doc_id),
-        r AS (SELECT query, doc_id, sessions, max(sessions) OVER (PARTITION BY query) AS query_sessions FROM c)
-        SELECT query, doc_id FROM r
-        ORDER BY query_sessions DESC, query, sessions DESC, doc_id
-        {"LIMIT $limit" if limit is not None else ""}"""
-    params: dict[str, Any] = {} if rejudge else {"source": source}
-    if limit is not None:
-        params["limit"] = limit
-    return [(q, d) for q, d in con.execute(sql, params).fetchall()]
+    candidates = [Candidate(*r) for r in con.execute(
+        "SELECT query, doc_id, source, score, ci_low, ci_high, impressions, clicks, sessions, grade FROM judgments"
+    ).fetchall()]
+    humans = [] if "human_judgments" not in tables else [HumanGrade(*r) for r in con.execute(
+        "SELECT query, doc_id, assessor, grade, source FROM human_judgments").fetchall()]
+    freq: dict[str, int] = {}
+    if "ubi_queries" in tables:
+        for text, n in con.execute("SELECT user_query, count(*) FROM ubi_queries GROUP BY user_query").fetchall():
+            q = normalize_query(text or "")
+            freq[q] = freq.get(q, 0) + int(n)
+    done = set() if rejudge else {(c.query, c.doc_id) for c in candidates if c.source == source and c.grade is not None}
+    items = build_queue(candidates, humans, freq, held_out=held_out, seed=seed)
+    pairs = [it.pair for it in items if it.pair not in done]
+    return pairs if limit is None else pairs[:limit]
 
 
 #: document fields a ``--docs`` catalogue line may give (what the review page shows too)

@@ -14,8 +14,8 @@ from ubi_pipeline.schemas.errors import UbiError
 
 _EPILOG = """\
 Nothing is sent anywhere unless --endpoint and --model are given: there is no default endpoint. The pairs asked
-about are the candidate judgments' (query, doc) pairs (every implicit:* source of `ubi process`), queries with
-the most sessions first; pairs this model already graded are skipped (--rejudge asks again). Each answer is
+about are the review queue's, in its order (as `ubi review serve` serves them: the held-out sample first, then
+where sources disagree most); pairs this model already graded are skipped (--rejudge asks again). Each answer is
 stored in the judgments table as source model:<name> (grade NULL when the answer could not be read), with the
 model, prompt version, rubric digest, raw answer, reason and any failure in the row's parameters. `ubi report`
 then measures the source against the human grades like an implicit source; no default precedence uses it.

@@ -1,4 +1,4 @@
-"""``ubi process`` (candidate judgments from the click log) and ``ubi review export|import``."""
+"""``ubi process`` (candidate judgments from the click log) and ``ubi review export|import|serve``."""
 
 from __future__ import annotations
 
@@ -239,6 +239,40 @@ def cmd_review_import(args: argparse.Namespace) -> int:
     return 0
 
 
+_SERVE_HELP = """\
+Serve a page at /review where assessors grade (query, document) pairs one at a time, in the order of the
+review queue (processors/labels/queue.py): first a stratified held-out sample (shown blind, for measuring
+agreement), then the pairs whose sources disagree most, with the widest intervals, on the most frequent
+queries; each pair shows why it is there. Up to --assessors-per-pair assessors grade a pair, never one
+twice. Keys 0..UBI_GRADE_MAX grade, s skips, u undoes; buttons do the same; a note explains a grade.
+
+Each grade is stored at once in human_judgments (source human when shown blind, else reviewed:<the first
+source of the evidence>; assessor, time, rubric version, origin review:page, note), also while `ubi serve`
+holds the store (through its admin protocol). Loopback only unless UBI_REVIEW_TOKEN is set: then
+--host may be another address, and assessors open /review?token=<token>. See docs/review.md.
+"""
+
+
+def cmd_review_serve(args: argparse.Namespace) -> int:
+    from ubi_pipeline.review.app import serve_review
+    from ubi_pipeline.review.session import ReviewSession, read_docs, read_rubric
+    from ubi_pipeline.schemas.settings import Settings
+
+    settings = Settings.from_flags(args, only=("db",))
+    if args.assessors_per_pair < 1 or args.held_out < 0:
+        raise UbiError("--assessors-per-pair must be >= 1 and --held-out >= 0")
+    docs = read_docs(args.docs) if args.docs else None
+    session = ReviewSession.open(settings.db, settings, rubric=read_rubric(args.rubric, settings.grade_max),
+                                 docs=docs, blind=args.blind, assessors_per_pair=args.assessors_per_pair,
+                                 held_out=args.held_out, seed=args.seed)
+
+    def ready(url: str) -> None:
+        print(f"review page: {url}?assessor=YOUR_NAME ({len(session.queue.items):,} pairs in the queue; "
+              f"{settings.db}); Ctrl-C stops", flush=True)
+
+    return serve_review(session, settings, host=args.host, port=args.port, ready=ready)
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("process", help="candidate judgments from the click log (sessions, filters, click model)",
                        description=_PROCESS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -278,7 +312,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description="The review round trip: `export` writes candidates of a query set as CSV or "
                                    "JSONL with empty grade columns; `import` loads the graded file into "
                                    "human_judgments (source reviewed:<implicit source>, or human for blind sheets).")
-    rs = r.add_subparsers(dest="review_command", metavar="{export,import}")
+    rs = r.add_subparsers(dest="review_command", metavar="{export,import,serve}")
     e = rs.add_parser("export", help="write candidates of a query set for assessors", description=_EXPORT_HELP,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("--db", type=Path, help="DuckDB store (default: UBI_DB or ./ubi.duckdb)")
@@ -304,6 +338,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "whose judged_at/date column is empty (default: the import time)")
     i.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON)")
     i.set_defaults(func=_guard(cmd_review_import))
+    v = rs.add_parser("serve", help="grade candidate pairs in the browser (a page at /review)",
+                      description=_SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("--db", type=Path, help="DuckDB store (default: UBI_DB or ./ubi.duckdb); works while `ubi serve` "
+                   "holds it")
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; another one needs "
+                   "UBI_REVIEW_TOKEN)")
+    v.add_argument("--port", type=int, default=8081, help="port (default 8081; 0: a free one)")
+    v.add_argument("--docs", type=Path, metavar="CATALOG",
+                   help="JSONL of the documents' display fields: doc_id plus any of title, description, image, url")
+    v.add_argument("--rubric", type=Path, metavar="FILE",
+                   help="the grading instructions shown beside each pair (text); its name and SHA-256 prefix are "
+                        "stored with each grade (default: a built-in rubric)")
+    v.add_argument("--assessors-per-pair", type=int, default=2, metavar="N",
+                   help="grades each pair wants from different assessors (default 2: inter-assessor agreement "
+                        "needs two; 1 covers more pairs)")
+    v.add_argument("--held-out", type=int, default=50, metavar="N",
+                   help="pairs in the stratified held-out sample served first and blind (default 50; 0: none)")
+    v.add_argument("--seed", type=int, default=0, help="seed of the held-out sample (default 0)")
+    v.add_argument("--blind", action="store_true", help="show no evidence (sources, scores, intervals) for any pair")
+    v.set_defaults(func=_guard(cmd_review_serve))
     r.set_defaults(func=lambda args: (r.print_help(), 2)[1])
 
 

@@ -1,0 +1,1 @@
+"""The human loop: the review page (``ubi review serve``) over the review queue."""
