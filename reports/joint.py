@@ -61,7 +61,7 @@ from ubi_pipeline.processors.labels.merge import (
     merge_view,
 )
 from ubi_pipeline.processors.propensity.randomized import SwapSessions
-from ubi_pipeline.reports.agreement import Agreement, agreement_all
+from ubi_pipeline.reports.agreement import Agreement, AssessorAgreement, agreement_all, assessor_agreement
 from ubi_pipeline.reports.compare import Comparison, Ordering, compare_systems, ordering
 from ubi_pipeline.reports.gates import GateResult, Threshold, check
 from ubi_pipeline.reports.interleaving import gate_values as interleaving_gate_values
@@ -269,6 +269,8 @@ class Report:
     predicted_differences: PredictedDifferences | None = None  # the joint view's predicted CTR@k per system
     pairs: list[PairView] = field(default_factory=list)  # the joint view (ubi_pipeline.reports.pairs)
     verdict: Verdict | None = None  # first in every format (ubi_pipeline.reports.verdict)
+    #: agreement among the people who graded (ubi_pipeline.reports.agreement.assessor_agreement); None: no pair has two
+    assessors: AssessorAgreement | None = None
 
     @property
     def run_systems(self) -> list[str]:
@@ -320,6 +322,7 @@ def _evaluation_sources(labels: LabelSet, wanted: Sequence[str] | None) -> list[
     if any(label_kind(s) == "reviewed" for s in extra):
         out.append("reviewed")
     out += [s for s in extra if label_kind(s) == "implicit"]
+    out += [s for s in extra if label_kind(s) == "model"]  # measured like implicit ones, never recommended
     if len(kinds) > 1:
         out.append("merged")
     return out
@@ -800,6 +803,7 @@ def build_report(
     agree = dict(agreement_all(labels, n_grades=n_grades)) if "human" in sources else {}
     if cfg.sources is not None:
         agree = {s: a for s, a in agree.items() if s in sources}
+    among = assessor_agreement(labels, n_grades=n_grades, n_boot=cfg.n_boot, confidence=cfg.confidence, seed=cfg.seed)
 
     comparisons: list[Comparison] = []
     if cfg.baseline is not None:
@@ -869,6 +873,7 @@ def build_report(
         identifiability=ident.as_dict() if ident is not None else None,
         recommendation=rec_dict,
         interleaving=interleaved, predicted=predicted, predicted_differences=pred_diff, pairs=pairs, verdict=verdict,
+        assessors=among,
     )
     if thresholds:
         with_interleaving = sorted({s for r in interleaved for s in (r.systems or ("(interleaving)",))})

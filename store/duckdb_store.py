@@ -559,7 +559,7 @@ class Store:
         """Insert or replace rows of derived tables, ``(table, rows, replace_source)`` in order, in one transaction.
 
         With ``replace_source``, every stored row of that ``source`` that the rows do not replace is deleted,
-        in the same transaction, so a new run of a model leaves no stale rows of pairs it no longer sees; for
+        in the same transaction (in ``human_judgments``: of that source and of the assessors the rows carry), so a new run of a model leaves no stale rows of pairs it no longer sees; for
         ``judgments`` that also deletes the source's ``judgment_runs`` no row refers to any more. Judgment rows
         that refer to a run (``run_id``) ``judgment_runs`` does not hold are refused (:class:`StoreError`): load
         the run first (``ubi_pipeline.processors.labels.implicit.store_judgments`` loads both, runs first).
@@ -644,7 +644,10 @@ class Store:
                                  "does not hold; load the run's row into judgment_runs first")
         if replace_source is not None:
             same = " AND ".join(f"n.{k} = t.{k}" for k in key)
-            cur.execute(f"DELETE FROM {table} t WHERE t.source = ? AND NOT EXISTS "
+            # human_judgments: only the assessors the rows carry, so one assessor's re-import never deletes another's
+            scope = (" AND t.assessor IN (SELECT DISTINCT n.assessor FROM _ubi_arrow_rows n)"
+                     if name == "human_judgments" else "")
+            cur.execute(f"DELETE FROM {table} t WHERE t.source = ?{scope} AND NOT EXISTS "
                         f"(SELECT 1 FROM _ubi_arrow_rows n WHERE {same})", [replace_source])
             if name == "judgments":
                 cur.execute("DELETE FROM judgment_runs r WHERE r.source = ? AND NOT EXISTS "

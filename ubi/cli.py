@@ -10,11 +10,12 @@ import argparse
 import sys
 
 from ubi_pipeline import demo
+from ubi_pipeline.commands import judge
 from ubi_pipeline.stages import run, stage_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return stage_parser(demo.register)
+    return stage_parser(demo.register, judge.register)
 
 
 def main(argv: list[str] | None = None) -> int:

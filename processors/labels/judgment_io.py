@@ -27,11 +27,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 import pyarrow as pa
 
 from ubi_pipeline.formats.qrels import (
@@ -46,8 +47,10 @@ from ubi_pipeline.formats.qrels import (
 )
 from ubi_pipeline.processors.labels.implicit import query_from_trec_id, trec_query_id
 from ubi_pipeline.processors.labels.merge import (
+    AGGREGATE_RULE,
     DEFAULT_PRECEDENCE,
     KINDS,
+    PERSON_KINDS,
     Label,
     LabelSet,
     label_kind,
@@ -56,7 +59,7 @@ from ubi_pipeline.processors.labels.merge import (
 from ubi_pipeline.schemas.errors import StoreError, UbiError
 from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.client import load_derived, reading
-from ubi_pipeline.store.rows import HUMAN_JUDGMENT_SCHEMA
+from ubi_pipeline.store.rows import HUMAN_JUDGMENT_SCHEMA, JUDGMENT_SCHEMA, utcnow
 
 HUMAN_SOURCE = "human"
 
@@ -90,6 +93,8 @@ class ExportSummary:
     chosen_by_source: dict[str, int]  # where the exported labels came from (several sources for merged)
     mixed_provenance: int  # JSONL: queries whose labels differ in assessor, rubric or date (left out)
     rating_map: str | None = None
+    aggregated: int = 0  # pairs whose grade is the aggregate of several assessors' (merge.AGGREGATE_RULE)
+    aggregate_rule: str = AGGREGATE_RULE
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -103,7 +108,7 @@ def _display_text(query: str, labels: Sequence[Label]) -> str:
 
 def _meta(labels: Sequence[Label]) -> tuple[dict[str, Any], bool]:
     """Per-query provenance for JSONL when every human label agrees; (meta, whether some was left out)."""
-    people = [lab for lab in labels if lab.kind != "implicit"]
+    people = [lab for lab in labels if lab.kind in PERSON_KINDS]
     if not people:
         return {}, False
     meta: dict[str, Any] = {}
@@ -138,12 +143,29 @@ def _one_model(labels: LabelSet) -> None:
 
 def stored_qrels(
     con: duckdb.DuckDBPyConnection, source: str = HUMAN_SOURCE, *, precedence: Sequence[str] = DEFAULT_PRECEDENCE,
-    trec_ids: bool = False,
+    trec_ids: bool = False, assessor: str | None = None,
 ) -> tuple[Qrels, dict[str, int], int]:
+    """The graded labels of ``source`` in the store as :class:`Qrels`, the labels per source and the
+    mixed-provenance queries (:func:`_stored_qrels`)."""
+    qrels, by_source, mixed, _aggregated = _stored_qrels(con, source, precedence=precedence, trec_ids=trec_ids,
+                                                         assessor=assessor)
+    return qrels, by_source, mixed
+
+
+def _stored_qrels(
+    con: duckdb.DuckDBPyConnection, source: str, *, precedence: Sequence[str], trec_ids: bool, assessor: str | None,
+) -> tuple[Qrels, dict[str, int], int, int]:
     """The graded labels of ``source`` in the store as :class:`Qrels` (ids: stored query_id or text, or the
     percent-escaped text with ``trec_ids``), with the count of labels per source and of mixed-provenance queries.
+
+    A pair several assessors graded gets their aggregate (:func:`ubi_pipeline.processors.labels.merge.aggregate_grades`);
+    with ``assessor``, person-made labels of other assessors are left out first (that one assessor's grades).
     """
-    labels = LabelSet().add(labels_from_store(con))
+    stored = labels_from_store(con)
+    if assessor is not None:
+        who = assessor.strip()
+        stored = [lab for lab in stored if lab.kind not in PERSON_KINDS or (lab.assessor or "") == who]
+    labels = LabelSet().add(stored)
     src = source_name(source)
     if src == "implicit":
         _one_model(labels)
@@ -182,8 +204,9 @@ def stored_qrels(
             meta[qid] = info
     by_source = Counter(lab.source for lab in chosen.values())
     order = {s: i for i, s in enumerate(labels.sources())}
+    aggregated = sum(1 for lab in chosen.values() if lab.parameters and lab.parameters.get("aggregate"))
     return (Qrels(grades=grades, texts=texts, meta=meta, path=None, format=None),
-            {s: by_source[s] for s in sorted(by_source, key=lambda s: order[s])}, mixed)
+            {s: by_source[s] for s in sorted(by_source, key=lambda s: order[s])}, mixed, aggregated)
 
 
 def export_judgments(
@@ -195,17 +218,20 @@ def export_judgments(
     rating_map: RatingMap = ESCI_RATINGS,
     name: str = "Judgments",
     description: str | None = None,
+    assessor: str | None = None,
 ) -> tuple[str, ExportSummary]:
     """The graded labels of ``source`` serialised as ``format`` (``jsonl``, ``trec`` or ``workbench``)."""
     src = source_name(source)
-    qrels, by_source, mixed = stored_qrels(con, src, precedence=precedence, trec_ids=format == "trec")
+    qrels, by_source, mixed, aggregated = _stored_qrels(con, src, precedence=precedence, trec_ids=format == "trec",
+                                                        assessor=assessor)
     # the Workbench refuses " \ < > in a description (ubi_pipeline.formats.qrels.workbench_text_problem): no ">" here
     what = f"source {src}" + (f", precedence {' then '.join(precedence)}" if src == "merged" else "")
     body = format_qrels(qrels, format, rating_map=rating_map, name=name,
                         description=description or workbench_safe(f"Exported by ubi-pipeline from {what}"))
     summary = ExportSummary(src, format, len(qrels), qrels.n_judgments(), by_source,
                             mixed if format == "jsonl" else 0,
-                            rating_map.describe() if format == "workbench" else None)
+                            rating_map.describe() if format == "workbench" else None,
+                            aggregated=aggregated)
     return body, summary
 
 
@@ -220,11 +246,14 @@ class ImportResult:
     format: str
     queries: int
     judgments: int
-    replaced: int  # stored human labels of the same (query, doc) that these judgments replaced
-    removed: int  # with replace: stored human labels of other pairs that were deleted
+    replaced: int  # stored human labels of the same (query, doc, assessor) that these judgments replaced
+    removed: int  # with replace: stored human labels of the same assessors on other pairs that were deleted
     unmatched_queries: int | None  # imported query texts the logs never saw (None: the store has no log)
     rating_map: str | None
     table: pa.Table
+    assessors: list[str] = field(default_factory=list)  # who judged ('' = unnamed)
+    source: str = HUMAN_SOURCE  # human, or model:<name> (stored in the judgments table)
+    other_assessors: int = 0  # stored labels of other assessors on the imported pairs, kept beside them
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "table"}
@@ -290,45 +319,97 @@ def read_human_file(
     return qrels, pa.Table.from_pylist(rows, schema=HUMAN_JUDGMENT_SCHEMA)
 
 
-def _stored_state(db: Path) -> tuple[set[tuple[str, str]], set[str] | None]:
-    """Stored human (query, doc) pairs and the normalised logged query texts (None: no query records)."""
+def _stored_state(db: Path) -> tuple[set[tuple[str, str, str]], set[str] | None]:
+    """Stored human (query, doc, assessor) keys and the normalised logged query texts (None: no query records)."""
     if not db.exists():
         return set(), None
     with reading(db) as con:
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        pairs: set[tuple[str, str]] = set()
+        keys: set[tuple[str, str, str]] = set()
         if "human_judgments" in tables:
-            pairs = {(q, d) for q, d in con.execute(
-                "SELECT query, doc_id FROM human_judgments WHERE source = ?", [HUMAN_SOURCE]).fetchall()}
+            keys = {(q, d, a) for q, d, a in con.execute(
+                "SELECT query, doc_id, assessor FROM human_judgments WHERE source = ?", [HUMAN_SOURCE]).fetchall()}
         logged = None
         if "ubi_queries" in tables:
             raw = [r[0] for r in con.execute("SELECT DISTINCT user_query FROM ubi_queries").fetchall()]
             logged = {normalize_query(t) for t in raw if t} or None
-    return pairs, logged
+    return keys, logged
 
 
 def import_human(db: str | Path, path: str | Path, *, replace_all: bool = False, **read_options: Any) -> ImportResult:
     """Validate ``path`` with :func:`read_human_file` (``read_options``: its format, rating_map, assessor, rubric
-    and queries) and store it in ``human_judgments`` (source ``human``).
+    and queries) and store it in ``human_judgments`` (source ``human``), one row per (query, doc, assessor).
 
-    Labels of the same (query, doc) are replaced; with ``replace_all`` every stored ``human`` label goes
-    first (one transaction), so the file becomes the whole human set. Works while a collector holds ``db``.
+    A stored label of the same (query, doc) *and assessor* is replaced; other assessors' labels of the pair are
+    kept beside it (counted in ``other_assessors``). With ``replace_all`` every other stored ``human`` label of
+    the file's assessors goes too (one transaction), so the file becomes those assessors' whole human set;
+    other assessors' labels stay. Works while a collector holds ``db``.
     """
     qrels, table = read_human_file(path, **read_options)
     rating_map: RatingMap = read_options.get("rating_map", ESCI_RATINGS)
     stored, logged = _stored_state(Path(db))
-    new = set(zip(table.column("query").to_pylist(), table.column("doc_id").to_pylist(), strict=True))
+    new = set(zip(table.column("query").to_pylist(), table.column("doc_id").to_pylist(),
+                  table.column("assessor").to_pylist(), strict=True))
     replaced = len(new & stored)
-    removed = len(stored - new) if replace_all else 0
+    assessors = {a for _q, _d, a in new}
+    removed = sum(1 for key in stored - new if key[2] in assessors) if replace_all else 0
+    pairs = {(q, d) for q, d, _a in new}
+    others = sum(1 for q, d, a in stored if (q, d) in pairs and a not in assessors)
     try:
         load_derived(db, "human_judgments", table, replace_source=HUMAN_SOURCE if replace_all else None)
     except duckdb.Error as exc:
         raise StoreError(f"{db}: could not store the judgments of {path}: {exc}") from exc
     unmatched = None
     if logged is not None:
-        unmatched = len({q for q, _d in new} - logged)
+        unmatched = len({q for q, _d, _a in new} - logged)
     return ImportResult(
         path=str(path), format=str(qrels.format), queries=len(qrels), judgments=table.num_rows, replaced=replaced,
-        removed=removed, unmatched_queries=unmatched,
+        removed=removed, unmatched_queries=unmatched, assessors=sorted(assessors), other_assessors=others,
         rating_map=rating_map.describe() if qrels.format == "workbench" else None, table=table,
+    )
+
+
+def import_model(db: str | Path, path: str | Path, source: str, *, replace_all: bool = False,
+                 **read_options: Any) -> ImportResult:
+    """Validate ``path`` as :func:`read_human_file` does and store its grades as *model* judgments: rows of the
+    ``judgments`` table with source ``model:<name>`` (never ``human_judgments``), so they are measured against
+    held-out human grades like an implicit source and chosen only where a precedence names them.
+
+    The file's provenance goes to ``parameters`` (``origin``, ``assessor`` when given, ``rubric``, ``imported``).
+    A stored row of the same (query, doc, source) is replaced; with ``replace_all`` the source's other rows go
+    too (one transaction).
+    """
+    if not source.startswith("model:") or len(source) <= len("model:"):
+        raise JudgmentIOError(f"--source {source!r}: model judgments are imported as model:<name>")
+    qrels, table = read_human_file(path, **read_options)
+    rating_map: RatingMap = read_options.get("rating_map", ESCI_RATINGS)
+    db_path = Path(db)
+    stored: set[tuple[str, str]] = set()
+    if db_path.exists():
+        with reading(db_path) as con:
+            if con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'judgments'"
+                           ).fetchall()[0][0]:
+                stored = {(q, d) for q, d in con.execute(
+                    "SELECT query, doc_id FROM judgments WHERE source = ?", [source]).fetchall()}
+    now = utcnow()
+    rows = []
+    for r in table.to_pylist():
+        params = {"origin": r["origin"], "imported": True, "query_id": r["query_id"]}
+        for key in ("assessor", "rubric"):
+            if r[key]:
+                params[key] = r[key]
+        rows.append({"query": r["query"], "doc_id": r["doc_id"], "source": source, "model_version": source[6:],
+                     "parameters": orjson.dumps(params).decode(), "score": float(r["grade"]), "grade": r["grade"],
+                     "created_at": r["judged_at"] or now})
+    model_table = pa.Table.from_pylist(rows, schema=JUDGMENT_SCHEMA)
+    new = {(r["query"], r["doc_id"]) for r in rows}
+    try:
+        load_derived(db, "judgments", model_table, replace_source=source if replace_all else None)
+    except duckdb.Error as exc:
+        raise StoreError(f"{db}: could not store the model judgments of {path}: {exc}") from exc
+    return ImportResult(
+        path=str(path), format=str(qrels.format), queries=len(qrels), judgments=model_table.num_rows,
+        replaced=len(new & stored), removed=len(stored - new) if replace_all else 0, unmatched_queries=None,
+        rating_map=rating_map.describe() if qrels.format == "workbench" else None, table=model_table,
+        source=source,
     )

@@ -10,6 +10,20 @@ under a precedence list (default ``human > reviewed > implicit``). Entries of th
 that names its source or its kind; labels no entry names are kept but never chosen. Ties within an entry:
 labels from the qrels file given on the command line before those from the store, then the most recently
 judged, then the source name, so the choice is deterministic.
+
+Several assessors: a person-made source (``human``, ``reviewed:<src>``) may hold one label per assessor for a
+pair. The label chosen for such a pair is their aggregate (:func:`aggregate_grades`, rule
+:data:`AGGREGATE_RULE`): the lower median of the assessors' grades, i.e. the highest grade that a strict
+majority of them gave at least. It stays on the grade scale (a mean of 1 and 2 is no grade anyone gave), one
+outlying assessor cannot move it, and a tie between two halves goes to the lower grade: a document is credited
+with a grade only when more than half the people who saw it granted that much. The aggregate label carries
+the spread in ``parameters`` (``assessors``, ``grade_min``, ``grade_max``, ``grades`` per assessor), so every
+reader of one grade per pair (qrels, metrics, agreement, predict) sees the aggregate, and only the
+inter-assessor agreement (``ubi_pipeline.reports.agreement``) reads the per-assessor rows.
+
+Model labels (``model:<name>``, an LLM's or any other model's proposals, stored in the ``judgments`` table)
+are their own kind: no default precedence names them, so they are measured and shown but never chosen unless
+a precedence names them.
 """
 
 from __future__ import annotations
@@ -27,7 +41,11 @@ from ubi_pipeline.schemas.errors import UbiError
 from ubi_pipeline.schemas.judgments import HumanJudgment
 from ubi_pipeline.store.judgment_params import read_judgments
 
-KINDS = ("human", "reviewed", "implicit")
+KINDS = ("human", "reviewed", "implicit", "model")
+#: kinds whose labels people made: several assessors of one pair are aggregated, never picked between
+PERSON_KINDS = ("human", "reviewed")
+#: how the grades of several assessors of one pair become one (module docstring)
+AGGREGATE_RULE = "median_low"
 
 
 class MergeError(UbiError):
@@ -40,7 +58,7 @@ class Label(NamedTuple):
     query: str
     doc_id: str
     grade: int | None
-    source: str  # human | reviewed:<src> | implicit:<model>
+    source: str  # human | reviewed:<src> | implicit:<model> | model:<name>
     origin: str | None = None  # file, "store", ...
     query_id: str | None = None
     assessor: str | None = None
@@ -54,6 +72,7 @@ class Label(NamedTuple):
     clicks: int | None = None
     sessions: int | None = None
     parameters: Mapping[str, Any] | None = None
+    note: str | None = None  # the assessor's explanation of the grade
 
     @property
     def kind(self) -> str:
@@ -73,11 +92,39 @@ class Label(NamedTuple):
 
 
 def label_kind(source: str) -> str:
-    """``human`` | ``reviewed`` | ``implicit`` from a source name (``reviewed:ctr`` -> ``reviewed``)."""
+    """``human`` | ``reviewed`` | ``implicit`` | ``model`` from a source name (``reviewed:ctr`` -> ``reviewed``)."""
     head = source.split(":", 1)[0]
     if head not in KINDS:
-        raise MergeError(f"label source {source!r}: expected 'human', 'reviewed:<source>' or 'implicit:<model>'")
+        raise MergeError(f"label source {source!r}: expected 'human', 'reviewed:<source>', 'implicit:<model>' "
+                         "or 'model:<name>'")
     return head
+
+
+def aggregate_grades(grades: Sequence[int]) -> int:
+    """The lower median of several assessors' grades of one pair (:data:`AGGREGATE_RULE`): sorted g,
+    g[(n - 1) // 2]; the highest grade that more than half of the assessors gave at least. [1, 2] -> 1,
+    [0, 1, 3] -> 1, [2, 2, 3, 3] -> 2."""
+    if not grades:
+        raise MergeError("no grades to aggregate")
+    return sorted(grades)[(len(grades) - 1) // 2]
+
+
+def aggregate_label(labels: Sequence[Label]) -> Label:
+    """One label for several assessors' labels of one pair and source: the aggregate grade, the latest date,
+    the rubric when all share it, and the spread in ``parameters``."""
+    first = labels[0]
+    if len(labels) == 1:
+        return first
+    grades = [int(lab.grade) for lab in labels]  # type: ignore[arg-type]
+    dates = [lab.judged_at for lab in labels if isinstance(lab.judged_at, datetime)]
+    rubrics = {lab.rubric for lab in labels}
+    by_assessor = {lab.assessor or "": int(lab.grade) for lab in labels}  # type: ignore[arg-type]
+    return first._replace(
+        grade=aggregate_grades(grades), assessor=None, note=None, judged_at=max(dates) if dates else None,
+        rubric=rubrics.pop() if len(rubrics) == 1 else None,
+        parameters={"aggregate": AGGREGATE_RULE, "assessors": len(labels), "grade_min": min(grades),
+                    "grade_max": max(grades), "grades": dict(sorted(by_assessor.items()))},
+    )
 
 
 class MergedLabel(NamedTuple):
@@ -173,6 +220,12 @@ class LabelSet:
                         continue
                 if best is None or rank < best_rank or (rank == best_rank and tie(lab) < tie(best)):
                     best, best_rank = lab, rank
+            if best is not None and (best.source == "human" or best.source.startswith("reviewed:")):  # PERSON_KINDS
+                # every assessor of the chosen source (and side: the file, or the store) counts, not the latest
+                peers = [lab for lab in labs if lab.grade is not None and lab.source == best.source
+                         and lab.from_file == best.from_file]
+                if len(peers) > 1:
+                    best = aggregate_label(peers)
             if best is not None:
                 out[pair] = best
         return out
@@ -189,8 +242,9 @@ class PairLabels(NamedTuple):
     conflict: bool
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: the chosen grade and source, then every label with its provenance."""
-        return {
+        """JSON-ready: the chosen grade and source (with the assessors' spread when it is their aggregate), then
+        every label with its provenance."""
+        out: dict[str, Any] = {
             "query": self.query,
             "doc_id": self.doc_id,
             "grade": None if self.chosen is None else self.chosen.grade,
@@ -198,6 +252,10 @@ class PairLabels(NamedTuple):
             "conflict": self.conflict,
             "labels": [{**lab.provenance(), "grade": lab.grade} for lab in self.labels],
         }
+        params = self.chosen.parameters if self.chosen is not None else None
+        if params and params.get("aggregate"):
+            out["aggregate"] = dict(params)
+        return out
 
 
 @dataclass(frozen=True)
@@ -218,8 +276,14 @@ class MergeSummary:
     conflicts_by_sources: dict[str, int]
 
 
-def _label_name(lab: Label, twice: bool) -> str:
-    return f"{lab.source} ({lab.origin or 'unknown origin'})" if twice else lab.source
+def _couple(a: Label, b: Label) -> str:
+    """How a disagreement between two labels of one pair is counted: by source, by origin when one source was
+    read twice (a file and the store), and one name for the assessors of one source who differ."""
+    if a.source != b.source:
+        return f"{a.source} vs {b.source}"
+    if a.origin == b.origin or (not a.from_file and not b.from_file and a.assessor != b.assessor):
+        return f"{a.source}: assessors differ"
+    return f"{a.source} ({a.origin or 'unknown origin'}) vs {b.source} ({b.origin or 'unknown origin'})"
 
 
 def merge_view(labels: LabelSet, precedence: Sequence[str] = DEFAULT_PRECEDENCE) -> tuple[list[PairLabels], MergeSummary]:
@@ -244,8 +308,7 @@ def merge_view(labels: LabelSet, precedence: Sequence[str] = DEFAULT_PRECEDENCE)
         for i, a in enumerate(graded):
             for b in graded[i + 1:]:
                 if a.grade != b.grade:
-                    twice = a.source == b.source
-                    couples.add(f"{_label_name(a, twice)} vs {_label_name(b, twice)}")
+                    couples.add(_couple(a, b))
         for couple in couples:
             by_couple[couple] += 1
         conflicts += bool(couples)
@@ -282,12 +345,13 @@ def labels_from_store(con: duckdb.DuckDBPyConnection) -> list[Label]:
     tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     out: list[Label] = []
     if "human_judgments" in tables:
-        for query, doc, grade, source, qid, assessor, judged_at, rubric, origin in con.execute(
-            "SELECT query, doc_id, grade, source, query_id, assessor, judged_at, rubric, origin "
+        for query, doc, grade, source, qid, assessor, judged_at, rubric, origin, note in con.execute(
+            "SELECT query, doc_id, grade, source, query_id, assessor, judged_at, rubric, origin, note "
             "FROM human_judgments ORDER BY query, doc_id, source, assessor"
         ).fetchall():
             out.append(Label(query, doc, grade, source, origin="store" if origin is None else f"store:{origin}",
-                             query_id=qid, assessor=assessor or None, judged_at=judged_at, rubric=rubric))
+                             query_id=qid, assessor=assessor or None, judged_at=judged_at, rubric=rubric,
+                             note=note or None))
     same: dict[Any, Any] = {}  # one object per distinct query text, source, version, time (equal values)
     one = same.setdefault
     for (query, doc, grade, source, version, score, lo, hi, imps, clicks, sessions, created,

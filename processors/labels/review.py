@@ -9,7 +9,9 @@ Import reads the file back. Rows with an empty ``grade`` were not reviewed and a
 whose ``source`` names an implicit source becomes a human judgment with source ``reviewed:<that source>``
 (e.g. ``reviewed:implicit:pbm``: a person checked a candidate); a row without a source (a blind export, or a
 sheet the assessors filled in themselves) becomes source ``human``. Assessor and rubric come from the row when
-filled in, else from the command line. The judging date comes from the row's ``judged_at`` (or ``date``)
+filled in, else from the command line, so one sheet may hold several assessors' grades of one pair (one row
+each; the same assessor twice on a pair is an error). The ``notes`` column (or ``note``) is stored as the
+grade's ``note``. The judging date comes from the row's ``judged_at`` (or ``date``)
 column when filled in (ISO 8601 date or date-time; an offset is converted, naive is UTC; stored as naive
 UTC), else from ``--date``, else it is the import time.
 """
@@ -40,6 +42,8 @@ from ubi_pipeline.store.rows import HUMAN_JUDGMENT_SCHEMA, utcnow
 REVIEW_COLUMNS = ("query_id", "query", "doc_id", "source", "score", "ci_low", "ci_high", "impressions", "clicks",
                   "sessions", "suggested_grade", "grade", "assessor", "judged_at", "rubric", "notes")
 BLIND_COLUMNS = ("query_id", "query", "doc_id", "source", "grade", "assessor", "judged_at", "rubric", "notes")
+#: longest note a grade keeps (the ``human_judgments.note`` column's limit)
+NOTE_MAX = 2048
 #: columns a reviewed file may give the judging date in (the first filled in wins)
 DATE_COLUMNS = ("judged_at", "date")
 
@@ -65,7 +69,9 @@ def read_query_set(path: Path | str) -> list[str]:
 
 def resolve_source(con: duckdb.DuckDBPyConnection, source: str | None) -> str:
     """The implicit source to export: as given (``pbm`` means ``implicit:pbm``), or the only one stored."""
-    stored = [r[0] for r in con.execute("SELECT DISTINCT source FROM judgments ORDER BY 1").fetchall()]
+    # candidates come from click models; a model judge's rows (model:<name>) are not candidates to review
+    stored = [r[0] for r in con.execute(
+        "SELECT DISTINCT source FROM judgments WHERE source LIKE 'implicit:%' ORDER BY 1").fetchall()]
     if source:
         full = source if source.startswith(SOURCE_PREFIX) else SOURCE_PREFIX + source
         if full not in stored:
@@ -223,7 +229,7 @@ def read_review(path: Path | str, *, assessor: str, rubric: str | None = None, g
         raise ReviewError("--assessor is required: who graded these rows")
     judged = judged_at if judged_at is not None else (now or utcnow())
     out: list[dict[str, Any]] = []
-    seen: dict[tuple[str, str, str], int] = {}
+    seen: dict[tuple[str, str, str, str], int] = {}
     n = skipped = 0
     for line, rec in _records(p):
         n += 1
@@ -250,16 +256,20 @@ def read_review(path: Path | str, *, assessor: str, rubric: str | None = None, g
             raise InputFileError(str(p), line, f"source {src!r} is not an implicit source ('{SOURCE_PREFIX}<model>'); "
                                  "leave it empty for grades made from scratch")
         source = f"reviewed:{src}" if src else "human"
-        key = (query, doc_id, source)
+        who = _text(rec.get("assessor"), p, line, "assessor") or assessor.strip()
+        key = (query, doc_id, source, who)
         if key in seen:
-            raise InputFileError(str(p), line, f"({query!r}, {doc_id!r}) already graded on line {seen[key]}")
+            raise InputFileError(str(p), line, f"({query!r}, {doc_id!r}) already graded by {who!r} on line {seen[key]}")
         seen[key] = line
+        note = _text(rec.get("notes"), p, line, "notes") or _text(rec.get("note"), p, line, "note")
+        if len(note) > NOTE_MAX:
+            raise InputFileError(str(p), line, f"note of {len(note):,} characters; at most {NOTE_MAX:,} are kept")
         out.append({
             "query_id": trec_query_id(query), "query": query, "doc_id": doc_id, "grade": grade, "source": source,
-            "assessor": _text(rec.get("assessor"), p, line, "assessor") or assessor.strip(),
+            "assessor": who,
             "judged_at": _row_date(rec, p, line) or judged,
             "rubric": _text(rec.get("rubric"), p, line, "rubric") or rubric or None,
-            "origin": str(p),
+            "origin": str(p), "note": note or None,
         })
     table = pa.Table.from_pylist(out, schema=HUMAN_JUDGMENT_SCHEMA)
     reviewed = sum(1 for r in out if r["source"] != "human")
@@ -268,7 +278,8 @@ def read_review(path: Path | str, *, assessor: str, rubric: str | None = None, g
 
 def import_review(db: Path | str, path: Path | str, *, assessor: str, rubric: str | None = None,
                   judged_at: datetime | None = None, settings: Settings | None = None) -> ReviewImport:
-    """Validate a reviewed file and load it into ``human_judgments`` (re-importing replaces the same rows)."""
+    """Validate a reviewed file and load it into ``human_judgments``, one row per (query, doc, source, assessor):
+    re-importing replaces the same assessor's rows and never another's."""
     settings = settings or Settings()
     result = read_review(path, assessor=assessor, rubric=rubric, grade_max=settings.grade_max, judged_at=judged_at)
     if result.table.num_rows:

@@ -231,6 +231,50 @@ def agreement_table(report: Report) -> tuple[Row, list[Row]]:
     return head, rows
 
 
+ASSESSORS_TITLE = "Agreement among assessors"
+
+
+def assessor_line(report: Report) -> str:
+    """One sentence: Krippendorff's alpha over every assessor, what it rests on, and how pairs are merged."""
+    a = report.assessors
+    if a is None:
+        return ""
+    return (f"Krippendorff's alpha ({a.alpha_metric} metric) {ci(a.alpha)} over {a.pairs_several:,} (query, doc) pairs "
+            f"graded by two or more of {len(a.assessors)} assessors ({a.pairs_graded:,} pairs graded in all); "
+            f"95% bootstrap intervals over pairs. The merged human grade of a pair is the {_RULE.get(a.aggregate_rule, a.aggregate_rule)} "
+            "of its assessors' grades; each implicit or model source's agreement with human grades is measured on "
+            "it, and the assessors' own agreement is the ceiling to read that against.")
+
+
+_RULE = {"median_low": "lower median"}
+
+
+def kappa_table(report: Report) -> tuple[Row, list[Row]]:
+    """Cohen's kappa (quadratic weights) of each couple of assessors on the pairs both graded."""
+    a = report.assessors
+    head = ["assessor", "assessor", "pairs both graded", "kappa (quadratic) [95% CI]"]
+    rows = [] if a is None else [[k.assessor_a, k.assessor_b, str(k.kappa.n), ci(k.kappa)] for k in a.kappas]
+    return head, rows
+
+
+def disputed_title(report: Report) -> str:
+    a = report.assessors
+    if a is None:
+        return ""
+    shown = f", the {len(a.disputed)} widest shown" if a.disputed_total > len(a.disputed) else ""
+    return (f"Disputed pairs: assessors {a.dispute_span} or more grades apart ({a.disputed_total:,} pairs{shown})")
+
+
+def disputed_table(report: Report) -> tuple[Row, list[Row]]:
+    a = report.assessors
+    head = ["query", "doc", "grades", "merged", "notes"]
+    rows = [] if a is None else [
+        [d.query, d.doc_id, ", ".join(f"{w} {g}" for w, g in d.grades.items()), str(d.aggregate),
+         "; ".join(f"{w}: {n}" for w, n in d.notes.items())]
+        for d in a.disputed]
+    return head, rows
+
+
 def no_overlap(report: Report, source: str) -> str | None:
     """What to say instead of a confusion matrix of zeros: no pair has both a graded label and a human one."""
     a = report.agreement[source]

@@ -337,6 +337,10 @@ def render_html(report: Report) -> str:
                   '<div class="plots">',
                   *[_plot(confusion_svg(report, s)) for s in report.agreement if not common.no_overlap(report, s)],
                   "</div>"]
+    if report.assessors is not None:
+        parts += [f"<h2>{common.ASSESSORS_TITLE}</h2>", f'<p class="note">{html.escape(common.assessor_line(report))}</p>',
+                  _table(*common.kappa_table(report)), f"<h3>{html.escape(common.disputed_title(report))}</h3>",
+                  _table(*common.disputed_table(report)) if report.assessors.disputed else "<p>none</p>"]
     if report.comparisons:
         parts += [f"<h2>Against the baseline {html.escape(report.comparisons[0].baseline)}</h2>",
                   '<p class="note">Paired on common queries; Holm-adjusted over every comparison; * = significant '

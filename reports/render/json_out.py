@@ -188,6 +188,7 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
         "agreement": {s: {**_clean(a), "confusion": _clean(a.confusion) if a.pairs else None,
                           "no_overlap": None if a.pairs else "no implicit label overlaps a human one"}
                       for s, a in report.agreement.items()},
+        "assessors": _clean(report.assessors),
         "comparisons": [_comparison(c) for c in report.comparisons],
         "orderings": _clean(report.orderings),
         "gates": {

@@ -62,6 +62,10 @@ def render_markdown(report: Report) -> str:
             empty = common.no_overlap(report, source)
             out += [f"### Confusion matrix: {source}", "",
                     *([empty, ""] if empty else [_table(*common.confusion_rows(report, source))])]
+    if report.assessors is not None:
+        out += [f"## {common.ASSESSORS_TITLE}", "", common.assessor_line(report), "", _table(*common.kappa_table(report)),
+                f"### {common.disputed_title(report)}", ""]
+        out += [_table(*common.disputed_table(report))] if report.assessors.disputed else ["none", ""]
     if report.comparisons:
         out += [f"## Against the baseline {report.comparisons[0].baseline}", "",
                 "Paired on common queries; Holm-adjusted over every comparison; * = significant at 0.05 "

@@ -90,6 +90,13 @@ def print_report(report: Report, console: Console) -> None:
                 console.print(_shown(empty), highlight=False)
             else:
                 console.print(_table(f"Confusion matrix: {source}", *common.confusion_rows(report, source)))
+    if report.assessors is not None:
+        console.print(_shown(f"{common.ASSESSORS_TITLE}: {common.assessor_line(report)}"), highlight=False)
+        console.print(_table(f"{common.ASSESSORS_TITLE}: Cohen's kappa of each couple", *common.kappa_table(report)))
+        if report.assessors.disputed:
+            console.print(_table(common.disputed_title(report), *common.disputed_table(report), wrap_last=60))
+        else:
+            console.print(_shown(f"{common.disputed_title(report)}: none"), highlight=False)
     for title, head, rows in common.comparison_tables(report):
         console.print(_table(f"{title} (paired; Holm over every comparison; * = significant at 0.05)", head, rows))
     if report.orderings:

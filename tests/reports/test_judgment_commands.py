@@ -146,9 +146,11 @@ def test_replace_and_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     second.write_text('{"query_id": "n1", "query": "red shoes", "relevant": {"d1": 2, "d7": 1}}\n'
                       '{"query_id": "n2", "query": "no such query", "relevant": {"z": 1}}\n')
     got = run_json(capsys, "judgments", "import", str(second), "--db", str(db), "--replace", "--json")
-    # d1 was stored (replaced); the 5 other stored pairs of the first file are removed; 1 of 2 texts unlogged
-    assert (got["judgments"], got["replaced"], got["removed"], got["unmatched_queries"]) == (3, 1, 5, 1)
-    assert rows(db) == [("no such query", "z", 1), ("red shoes", "d1", 2), ("red shoes", "d7", 1)]
+    # --replace is scoped to the file's assessor ('', unnamed): its 3 stored rows (blue hat, green bag) of pairs the
+    # file lacks go; ann's red shoes rows stay, her d1 beside the new unnamed d1; 1 of 2 texts unlogged
+    assert (got["judgments"], got["replaced"], got["removed"], got["unmatched_queries"]) == (3, 0, 3, 1)
+    assert rows(db) == [("no such query", "z", 1), ("red shoes", "d1", 2), ("red shoes", "d1", 3),
+                        ("red shoes", "d2", 1), ("red shoes", "d3", 0), ("red shoes", "d7", 1)]
 
     # implicit source (a bare model name means implicit:<name>): graded rows only, b2 has no grade
     trec = tmp_path / "ctr.qrels"
@@ -156,16 +158,17 @@ def test_replace_and_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str])
                  str(trec)]) == 0
     assert trec.read_text() == ("blue%20hat 0 h1 1\nblue%20hat 0 h2 0\n"
                                 "red%20shoes 0 d1 3\nred%20shoes 0 d2 2\nred%20shoes 0 d4 1\n")
-    # merged, human first: red shoes d1 2 and d7 1 (human), d2 2 and d4 1 (implicit fills), blue hat from ctr
+    # merged, human first: red shoes d1 2 (the lower median of ann's 3 and the unnamed 2), d2 1, d3 0, d7 1
+    # (human), d4 1 (implicit fills), blue hat from ctr
     assert main(["judgments", "export", "--db", str(db), "--source", "merged", "--format", "jsonl"]) == 0
     merged = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["query"], r["relevant"]) for r in merged] == [
         ("blue hat", {"h1": 1, "h2": 0}), ("no such query", {"z": 1}),
-        ("red shoes", {"d1": 2, "d2": 2, "d4": 1, "d7": 1})]
+        ("red shoes", {"d1": 2, "d2": 1, "d3": 0, "d4": 1, "d7": 1})]
     assert main(["judgments", "export", "--db", str(db), "--source", "merged", "--precedence", "implicit,human",
                  "--format", "jsonl"]) == 0
     flipped = {r["query"]: r["relevant"] for r in map(json.loads, capsys.readouterr().out.splitlines())}
-    assert flipped["red shoes"] == {"d1": 3, "d2": 2, "d4": 1, "d7": 1}  # d1 now from ctr (3)
+    assert flipped["red shoes"] == {"d1": 3, "d2": 2, "d3": 0, "d4": 1, "d7": 1}  # d1, d2 now from ctr
     assert main(["judgments", "export", "--db", str(db), "--source", "pbm", "--format", "trec"]) == 2
     assert "no graded judgment of source 'implicit:pbm'; sources present: human, implicit:ctr" in " ".join(
         capsys.readouterr().err.split())

@@ -117,7 +117,7 @@ def test_merge_view_names_one_source_read_twice():
     assert pairs[0].chosen is not None and pairs[0].chosen.grade == 2
 
 
-def test_ties_prefer_the_file_then_the_newest():
+def test_ties_prefer_the_file_then_the_aggregate_then_the_newest():
     labels = LabelSet().add([
         Label("q", "d", 1, "human", origin="store", judged_at=datetime(2025, 1, 3)),
         Label("q", "d", 2, "human", origin="qrels.jsonl", judged_at=datetime(2024, 1, 1)),
@@ -125,7 +125,14 @@ def test_ties_prefer_the_file_then_the_newest():
         Label("q", "e", 3, "human", origin="store", judged_at=datetime(2025, 1, 1)),
     ])
     assert labels.merged()[("q", "d")].grade == 2  # the file given on the command line wins
-    assert labels.merged()[("q", "e")].grade == 3  # then the most recent judgment
+    # two stored labels of one source are two assessors: their lower median (1 of {1, 3}), not the newest
+    assert labels.merged()[("q", "e")].grade == 1
+    # within one precedence entry, two sources: the most recent judgment
+    newer = LabelSet().add([
+        Label("q", "f", 1, "reviewed:implicit:ctr", origin="store", judged_at=datetime(2024, 1, 1)),
+        Label("q", "f", 3, "reviewed:implicit:pbm", origin="store", judged_at=datetime(2025, 1, 1)),
+    ])
+    assert newer.merged()[("q", "f")].grade == 3
 
 
 def test_bad_precedence_and_labels():

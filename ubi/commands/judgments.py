@@ -25,7 +25,10 @@ _EXPORT_EPILOG = """\
 sources: human (default; imported qrels and blind review sheets), reviewed (every reviewed:<src>), one
 reviewed:<src>, implicit:<model> (or just the model name: pbm), implicit (the store's click model when it holds
 one; with several, name one: a file holds one grade per pair), or merged (one label per pair, chosen by
---precedence as in `ubi report`, e.g. implicit:pbm,implicit:dbn). Only graded labels are written.
+--precedence as in `ubi report`, e.g. implicit:pbm,implicit:dbn), or model:<name> (a model judge's grades:
+`ubi judge`, or `ubi judgments import --source model:NAME`). Only graded labels are written. Where several
+assessors graded a pair, human (and reviewed) export their aggregate, the lower median of their grades
+(docs/labels.md); --assessor NAME writes that one assessor's grades instead.
 
 formats: jsonl   {"query_id": ..., "query": ..., "relevant": {doc: grade}, "assessor": ..., "judged_at": ...}
          trec    query_id 0 doc_id grade; the id is the query text percent-escaped (red%20shoes)
@@ -35,6 +38,8 @@ examples:
   ubi judgments export --format workbench --out judgments.json
   ubi judgments export --source pbm --format trec --out pbm.qrels
   ubi judgments export --source merged --precedence human,implicit:pbm --format jsonl
+  ubi judgments export --source model:gpt-4o-mini --format workbench --out llm.json
+  ubi judgments export --assessor ann --format trec --out ann.qrels
 """
 
 _IMPORT_EPILOG = """\
@@ -42,10 +47,18 @@ Every judgment is validated first (errors name the file and line); nothing is st
 Judgments join the logs by normalised query text: a query without text (TREC qrels, JSONL without "query")
 takes it from --queries FILE (a query set: JSONL {"query_id", "query"} or Workbench), else its id is the text
 (in TREC percent-decoded: red%20shoes is "red shoes", as `ubi judgments export --format trec` writes it).
-A stored human label of the same (query, doc) is replaced; --replace first deletes every stored human label.
+Every assessor is kept: one row per (query, doc, assessor), the assessor from the file where it names one (JSONL
+"assessor"), else --assessor, else '' (unnamed). A stored label of the same pair and assessor is replaced; other
+assessors' labels of the pair stay beside it, and reports use their aggregate (the lower median, docs/labels.md).
+--replace also deletes the file's assessors' stored human labels of pairs the file lacks (never another's).
+
+--source model:NAME stores the file as a model's proposals instead (the judgments table, source model:NAME,
+provenance in parameters): the report measures them against the human grades like an implicit source, and no
+default precedence uses them; `ubi judge` asks a chat-completions endpoint for such grades itself.
 
 examples:
   ubi judgments import esci_us_judgments.json                      # Workbench, ESCI rating map
+  ubi judgments import llm.jsonl --source model:gpt-4o-mini        # a model's grades, kept apart
   ubi judgments import qrels.txt --queries queries.jsonl --assessor ann --rubric guidelines-v2
   ubi judgments import all.jsonl --replace
 """
@@ -82,6 +95,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--precedence", type=csv_list, default=DEFAULT_PRECEDENCE, metavar="LIST",
                    help="for --source merged: label kinds or sources in order (default human,reviewed,implicit)")
     e.add_argument("--rating-map", metavar="MAP", help=_MAP_HELP)
+    e.add_argument("--assessor", metavar="NAME",
+                   help="human/reviewed: only this assessor's grades (default: every assessor's, aggregated per pair)")
     e.add_argument("--name", default="Judgments", help="Workbench: the judgment list's name (default Judgments)")
     e.add_argument("--db", type=Path, help=_DB_HELP)
     e.add_argument("--out", type=Path, metavar="FILE", help="write there instead of stdout")
@@ -98,13 +113,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     i.add_argument("--format", default="auto", choices=("auto", *QRELS_FORMATS), help="default: detected")
     i.add_argument("--rating-map", metavar="MAP", help=_MAP_HELP)
     i.add_argument("--assessor", help="who judged (kept where the file names nobody)")
+    i.add_argument("--source", default="human", metavar="SOURCE",
+                   help="human (default: human_judgments), or model:NAME for grades a model proposed: stored apart, "
+                        "in the judgments table, measured against human grades like an implicit source")
     i.add_argument("--rubric", help="the grading instructions, or where to find them (where the file has none)")
     i.add_argument("--queries", type=Path, metavar="FILE",
                    help="query set mapping query ids to texts (JSONL {\"query_id\", \"query\"} or Workbench), for "
                         "files without query text")
     i.add_argument("--replace", action="store_true",
-                   help="delete every stored human judgment first, in the same transaction (the file becomes the "
-                        "whole human set)")
+                   help="also delete the file's assessors' other stored human judgments, in the same transaction "
+                        "(the file becomes their whole human set; other assessors' labels stay)")
     i.add_argument("--db", type=Path, help=_DB_HELP)
     i.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON)")
     i.set_defaults(func=cmd_import)
@@ -122,7 +140,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     settings = Settings.from_flags(args)
     with reading(settings.db, settings) as con:
         body, summary = export_judgments(con, args.format, source=args.source, precedence=tuple(args.precedence),
-                                         rating_map=_rating_map(args.rating_map), name=args.name)
+                                         rating_map=_rating_map(args.rating_map), name=args.name,
+                                         assessor=args.assessor)
     write_output(args.out, body)
     err = Console(stderr=True, highlight=False)
     if args.json:
@@ -134,29 +153,49 @@ def cmd_export(args: argparse.Namespace) -> int:
         mixed = (f"; {summary.mixed_provenance} queries with differing assessor/rubric/date written without them"
                  if summary.mixed_provenance else "")
         ratings = f"; ratings by {summary.rating_map}" if summary.rating_map else ""
+        if summary.aggregated:
+            rule = "lower median" if summary.aggregate_rule == "median_low" else summary.aggregate_rule
+            ratings += f"; {summary.aggregated} pairs graded by several assessors written as the {rule} of their grades"
         err.print(escape(f"wrote {summary.judgments} judgments of {summary.queries} queries ({origin}) as "
                          f"{summary.format} to {args.out}{ratings}{mixed}"))
     return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ubi_pipeline.processors.labels.judgment_io import import_human
+    from ubi_pipeline.processors.labels.judgment_io import import_human, import_model
     from ubi_pipeline.schemas.settings import Settings
 
     settings = Settings.from_flags(args)
-    result = import_human(settings.db, args.file, format=args.format, rating_map=_rating_map(args.rating_map),
-                          assessor=args.assessor, rubric=args.rubric, queries=args.queries, replace_all=args.replace)
+    options = {"format": args.format, "rating_map": _rating_map(args.rating_map), "assessor": args.assessor,
+               "rubric": args.rubric, "queries": args.queries, "replace_all": args.replace}
+    if args.source == "human":
+        result = import_human(settings.db, args.file, **options)
+    elif args.source.startswith("model:"):
+        result = import_model(settings.db, args.file, args.source, **options)
+    else:
+        raise UbiError(f"--source {args.source!r}: expected human or model:NAME (implicit sources come from "
+                       "`ubi process`, reviewed ones from `ubi review import`)")
     if args.json:
         print(json.dumps({**result.as_dict(), "db": str(settings.db)}, ensure_ascii=False))
         return 0
     out = Console(highlight=False)
+    if result.source != "human":
+        out.print(escape(f"imported {result.judgments} model judgments of {result.queries} queries ({result.format}) "
+                         f"from {result.path} into {settings.db} as source {result.source} (judgments table; "
+                         f"{result.replaced} replaced a stored grade of the same pair"
+                         + (f", {result.removed} other rows of the source removed" if args.replace else "") + ")"))
+        return 0
     parts = [f"imported {result.judgments} judgments of {result.queries} queries ({result.format}) from "
              f"{result.path} into {settings.db} as source human"]
     if result.rating_map:
         parts.append(f"ratings mapped by {result.rating_map}")
-    parts.append(f"{result.replaced} replaced a stored human label of the same pair")
+    who = ", ".join(a or "(unnamed)" for a in result.assessors)
+    parts.append(f"assessor {who}" if len(result.assessors) == 1 else f"assessors {who}")
+    parts.append(f"{result.replaced} replaced a stored human label of the same pair and assessor")
+    if result.other_assessors:
+        parts.append(f"{result.other_assessors} labels of other assessors on these pairs kept")
     if args.replace:
-        parts.append(f"{result.removed} other stored human labels removed (--replace)")
+        parts.append(f"{result.removed} other stored human labels of the same assessor(s) removed (--replace)")
     if result.unmatched_queries:
         parts.append(f"{result.unmatched_queries} of {result.queries} query texts never appear in the logs "
                      f"(check the texts, or give --queries)")

@@ -68,9 +68,11 @@ _IMPORT_HELP = """\
 Load a review file graded by assessors (CSV or JSONL, as `ubi review export` writes it) into the
 human_judgments table. Rows with an empty grade were not reviewed and are skipped (counted). A row whose
 source names an implicit source becomes source reviewed:<that source>; a row without one (blind sheets)
-becomes source human. Per row: assessor and rubric from its columns, else --assessor / --rubric; the
+becomes source human. Per row: assessor and rubric from its columns, else --assessor / --rubric (one sheet
+may hold several assessors' rows for a pair: every assessor is kept); the notes column as the grade's note; the
 judging date from its judged_at (or date) column, else --date, else the import time (ISO 8601; an offset
-is converted to UTC). Grades must lie in 0..UBI_GRADE_MAX. Importing the same rows again replaces them.
+is converted to UTC). Grades must lie in 0..UBI_GRADE_MAX. Importing the same rows again replaces them (the
+same assessor's only).
 """
 
 
