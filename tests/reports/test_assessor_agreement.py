@@ -164,3 +164,36 @@ def test_report_shows_assessor_agreement_in_every_format(tmp_path: Path) -> None
         assert f"Krippendorff's alpha (interval metric) {alpha:.3f} [" in text, fmt
         assert "Disputed pairs: assessors 2 or more grades apart (6 pairs)" in text, fmt
         assert "see rubric 2b" in text, fmt
+
+
+def test_report_names_model_sources_and_counts_pairs_not_assessor_rows(tmp_path: Path) -> None:
+    """A model source in the agreement table is not called implicit (title, confusion header, no-overlap note), and
+    the labels table counts (query, doc) pairs: 40 pairs graded by three assessors are 40 pairs and 120 labels."""
+    db = build_store(tmp_path / "ubi.duckdb")
+    with Store(db) as store:
+        store.load_table("human_judgments", pa.Table.from_pylist(_human_rows(40), schema=HUMAN_JUDGMENT_SCHEMA))
+    # the model grades the fixture's 40 pairs as ann did (grade i % 4), and one pair nobody graded ("nowhere")
+    llm = tmp_path / "llm.jsonl"
+    llm.write_text(json.dumps({"query_id": "q1", "query": "red shoes",
+                               "relevant": {f"x{i:02d}": i % 4 for i in range(40)}}) + "\n"
+                   + json.dumps({"query_id": "q9", "query": "nowhere", "relevant": {"z": 1}}) + "\n")
+    assert main(["judgments", "import", str(llm), "--db", str(db), "--source", "model:llm"]) == 0
+    out = tmp_path / "r.json"
+    assert main(["report", "--db", str(db), "--format", "json", "--out", str(out), "--no-labels"]) == 0
+    got = json.loads(out.read_text())
+    # human: 3 assessors x 40 pairs = 120 rows on 40 pairs; the fixture's JSONL adds none (its qrels are --qrels)
+    human = got["labels"]["counts"]["human"]
+    assert (human["pairs"], human["graded_pairs"], human["labels"]) == (40, 40, 120)
+    assert got["labels"]["counts"]["model:llm"] == {"pairs": 41, "graded_pairs": 41, "labels": 41, "graded": 41,
+                                                   "queries": 2}
+    # the merged human grade of pair i is the lower median of ann, bob, cat: 40 pairs with the model's grade
+    assert got["agreement"]["model:llm"]["pairs"] == 40
+    for fmt, name in (("md", "r.md"), ("html", "r.html"), ("text", "r.txt")):
+        path = tmp_path / name
+        assert main(["report", "--db", str(db), "--format", fmt, "--out", str(path)]) == 0
+        text = " ".join(html.unescape(path.read_text()).split())
+        assert "Agreement of implicit and model labels with human grades" in text, fmt
+        assert "Agreement of implicit labels" not in text, fmt
+        assert "labels (one per assessor)" in text, fmt
+        if fmt != "html":  # the HTML draws the confusion matrix as a plot with its own axis names
+            assert "human \\ model:llm" in text and "human \\ implicit " not in text, fmt
