@@ -57,6 +57,7 @@ from ubi_pipeline.processors.labels.merge import (
     labels_from_store,
 )
 from ubi_pipeline.schemas.errors import StoreError, UbiError
+from ubi_pipeline.schemas.judgments import model_source_problem
 from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.client import load_derived, reading
 from ubi_pipeline.store.rows import HUMAN_JUDGMENT_SCHEMA, JUDGMENT_SCHEMA, utcnow
@@ -379,8 +380,9 @@ def import_model(db: str | Path, path: str | Path, source: str, *, replace_all: 
     A stored row of the same (query, doc, source) is replaced; with ``replace_all`` the source's other rows go
     too (one transaction).
     """
-    if not source.startswith("model:") or len(source) <= len("model:"):
-        raise JudgmentIOError(f"--source {source!r}: model judgments are imported as model:<name>")
+    problem = model_source_problem(source)
+    if problem:
+        raise JudgmentIOError(f"--source {source!r}: {problem} (model judgments are imported as model:<name>)")
     qrels, table = read_human_file(path, **read_options)
     rating_map: RatingMap = read_options.get("rating_map", ESCI_RATINGS)
     db_path = Path(db)

@@ -37,10 +37,10 @@ import pyarrow as pa
 
 from ubi_pipeline.processors.labels.queue import Candidate, HumanGrade, build_queue
 from ubi_pipeline.schemas.errors import InputFileError, UbiError
+from ubi_pipeline.schemas.judgments import MODEL_PREFIX, model_source_problem
 from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.rows import JUDGMENT_SCHEMA, utcnow
 
-MODEL_PREFIX = "model:"
 #: bumped whenever the messages below change, so grades from different prompts are told apart
 PROMPT_VERSION = "ubi-judge-1"
 #: characters of each answer kept in the row's parameters
@@ -61,13 +61,17 @@ class JudgeError(UbiError):
 
 
 def source_for(model: str, name: str | None = None) -> str:
-    """``model:<name>``: the given name, else the model's, with characters outside [A-Za-z0-9._-] as '-'."""
-    raw = (name or model).strip()
-    if raw.startswith(MODEL_PREFIX):
-        raw = raw[len(MODEL_PREFIX):]
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-")
+    """``model:<name>``: the given ``name`` (``--source``) as it is, when it is a valid model source name (a bad
+    spelling such as ``llm:x`` or ``model:`` is an error, never silently rewritten); else the model's name with
+    characters outside [A-Za-z0-9._-] as '-'."""
+    if name is not None:
+        problem = model_source_problem(name)
+        if problem:
+            raise JudgeError(f"--source {name!r}: {problem}")
+        return name
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", model.strip()).strip("-")
     if not cleaned:
-        raise JudgeError(f"cannot make a source name of {raw!r}; give --source model:NAME")
+        raise JudgeError(f"--model {model!r}: cannot make a source name of it; give --source model:NAME")
     return MODEL_PREFIX + cleaned
 
 

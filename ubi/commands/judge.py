@@ -61,6 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_judge)
 
 
+#: pairs a text dry run lists (``--json`` lists every one)
+DRY_RUN_SHOWN = 50
+
+
 def cmd_judge(args: argparse.Namespace) -> int:
     from ubi_pipeline.processors.labels import model_judge as mj
     from ubi_pipeline.schemas.settings import Settings
@@ -99,10 +103,16 @@ def cmd_judge(args: argparse.Namespace) -> int:
     if args.dry_run:
         first = mj.build_messages(*pairs[0], (docs or {}).get(pairs[0][1]), rubric, settings.grade_max)
         if args.json:
-            print(json.dumps({"source": source, "pairs": len(pairs), "first_messages": first}, ensure_ascii=False))
+            print(json.dumps({"source": source, "pairs": len(pairs), "first_messages": first,
+                              "queue": [{"query": q, "doc_id": d} for q, d in pairs]}, ensure_ascii=False))
         else:
-            out.print(escape(f"would ask {cfg.url()} ({args.model}) about {len(pairs)} pairs as {source}; the first "
-                             "prompt:"))
+            out.print(escape(f"would ask {cfg.url()} ({args.model}) about {len(pairs)} pairs as {source}, in this "
+                             "order (query, tab, doc id):"))
+            for q, d in pairs[:DRY_RUN_SHOWN]:
+                print(f"{q}\t{d}")  # plain print: a tab-separated list to cut or grep, never wrapped
+            if len(pairs) > DRY_RUN_SHOWN:
+                out.print(escape(f"... and {len(pairs) - DRY_RUN_SHOWN:,} more (--json lists them all)"))
+            out.print("the first prompt:")
             for m in first:
                 out.print(escape(f"[{m['role']}]\n{m['content']}"))
         return 0

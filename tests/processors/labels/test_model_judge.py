@@ -229,3 +229,39 @@ def test_import_model_judgments_keeps_them_apart(tmp_path: Path, capsys: pytest.
     assert "red%20shoes 0 d1 2" in capsys.readouterr().out
     assert main(["judgments", "import", str(llm), "--db", str(db), "--source", "gpt"]) == 2
     assert "expected human or model:NAME" in capsys.readouterr().err
+
+
+def test_bad_model_source_spellings_are_refused_naming_what_is_expected(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ubi judge --source llm:x` used to be rewritten to model:llm-x without a word, and `ubi judgments import
+    --source "model:a,b"` stored a source that no --precedence list can name; both commands now use one rule."""
+    db = build_store(tmp_path / "ubi.duckdb")
+    llm = tmp_path / "llm.jsonl"
+    llm.write_text('{"query_id": "q1", "query": "red shoes", "relevant": {"d1": 2}}\n')
+    judge = ["judge", "--db", str(db), "--endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--dry-run"]
+    for source, expected in (("llm:x", "--source 'llm:x': expected model:NAME"),
+                             ("model:", "--source 'model:': expected model:NAME, the name is missing"),
+                             ("model:a,b", "--source 'model:a,b': the name 'a,b' may hold only letters, digits")):
+        assert main([*judge, "--source", source]) == 2, source
+        assert expected in " ".join(capsys.readouterr().err.split()), source
+        assert main(["judgments", "import", str(llm), "--db", str(db), "--source", source]) == 2, source
+        err = " ".join(capsys.readouterr().err.split())
+        assert (expected if source != "llm:x" else "--source 'llm:x': expected human or model:NAME") in err, source
+    assert _rows(db, "SELECT count(*) FROM judgments WHERE source LIKE 'model:%'") == [(0,)]
+    assert source_for("llama3.1:8b") == "model:llama3.1-8b"  # a --model name is still made a source name
+
+
+def test_judge_dry_run_lists_the_pairs_it_would_ask_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--help promises "print the pairs and the first prompt": the pairs were only counted."""
+    db = build_store(tmp_path / "ubi.duckdb")  # implicit:ctr candidates of 6 pairs (joint_fixtures)
+    argv = ["judge", "--db", str(db), "--endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--dry-run", "--limit", "4"]
+    assert main([*argv, "--json"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert dry["pairs"] == 4 and len(dry["queue"]) == 4
+    first = dry["queue"][0]
+    assert f"Query: {first['query']}\nDocument id: {first['doc_id']}" == dry["first_messages"][1]["content"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    for item in dry["queue"]:  # the same pairs, in the same order, in the text
+        assert f"{item['query']}\t{item['doc_id']}" in text
+    assert [ln.split("\t")[1] for ln in text.splitlines() if "\t" in ln] == [i["doc_id"] for i in dry["queue"]]
