@@ -226,7 +226,8 @@ def export_judgments(
     qrels, by_source, mixed, aggregated = _stored_qrels(con, src, precedence=precedence, trec_ids=format == "trec",
                                                         assessor=assessor)
     # the Workbench refuses " \ < > in a description (ubi_pipeline.formats.qrels.workbench_text_problem): no ">" here
-    what = f"source {src}" + (f", precedence {' then '.join(precedence)}" if src == "merged" else "")
+    what = (f"source {src}" + (f", precedence {' then '.join(precedence)}" if src == "merged" else "")
+            + (f", assessor {assessor}" if assessor is not None else ""))
     body = format_qrels(qrels, format, rating_map=rating_map, name=name,
                         description=description or workbench_safe(f"Exported by ubi-pipeline from {what}"))
     summary = ExportSummary(src, format, len(qrels), qrels.n_judgments(), by_source,
