@@ -266,8 +266,11 @@ def cmd_review_serve(args: argparse.Namespace) -> int:
                                  docs=docs, blind=args.blind, assessors_per_pair=args.assessors_per_pair,
                                  held_out=args.held_out, seed=args.seed)
 
+    # with a token every request needs it: the address printed says so (the token itself stays out of logs)
+    token = "token=<UBI_REVIEW_TOKEN>&" if settings.review_token is not None else ""
+
     def ready(url: str) -> None:
-        print(f"review page: {url}?assessor=YOUR_NAME ({len(session.queue.items):,} pairs in the queue; "
+        print(f"review page: {url}?{token}assessor=YOUR_NAME ({len(session.queue.items):,} pairs in the queue; "
               f"{settings.db}); Ctrl-C stops", flush=True)
 
     return serve_review(session, settings, host=args.host, port=args.port, ready=ready)
