@@ -30,6 +30,7 @@ import duckdb
 import orjson
 import pyarrow as pa
 
+from ubi_pipeline.processors.labels.grades import default_rubric_text
 from ubi_pipeline.processors.labels.implicit import trec_query_id
 from ubi_pipeline.processors.labels.queue import Candidate, HumanGrade, Queue, QueueItem, build_queue
 from ubi_pipeline.schemas.errors import InputFileError, StoreError, UbiError
@@ -64,18 +65,6 @@ class Rubric(NamedTuple):
 
     text: str
     version: str
-
-
-def default_rubric_text(grade_max: int) -> str:
-    """The rubric shown when no --rubric file is given: the ESCI-style scale of docs/metrics.md, 0..grade_max."""
-    if grade_max == 3:
-        lines = ["3  exact: the document is what the query asks for",
-                 "2  substitute: it would do, though it is not exactly what was asked for",
-                 "1  complement: related, useful next to what was asked for",
-                 "0  irrelevant: unrelated to the query"]
-    else:
-        lines = [f"{grade_max}  the best answer to the query", "...", "0  irrelevant: unrelated to the query"]
-    return "Grade how well the document answers the query.\n\n" + "\n".join(lines)
 
 
 def read_rubric(path: Path | None, grade_max: int) -> Rubric:

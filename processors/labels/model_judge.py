@@ -35,6 +35,7 @@ import httpx
 import orjson
 import pyarrow as pa
 
+from ubi_pipeline.processors.labels.grades import default_rubric_text
 from ubi_pipeline.processors.labels.queue import Candidate, HumanGrade, build_queue
 from ubi_pipeline.schemas.errors import InputFileError, UbiError
 from ubi_pipeline.schemas.judgments import MODEL_PREFIX, model_source_problem
@@ -42,19 +43,11 @@ from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.rows import JUDGMENT_SCHEMA, utcnow
 
 #: bumped whenever the messages below change, so grades from different prompts are told apart
-PROMPT_VERSION = "ubi-judge-1"
+PROMPT_VERSION = "ubi-judge-2"
 #: characters of each answer kept in the row's parameters
 ANSWER_KEPT = 2_000
 #: longest wait between two attempts, whatever Retry-After asks
 MAX_WAIT_S = 30.0
-
-DEFAULT_RUBRIC = """\
-Grade how relevant the document is to the search query, on this scale:
-3 = exact: the document is what the query asks for.
-2 = substitute: close, and would satisfy many users, but differs in some asked-for detail.
-1 = complement: related (an accessory, a part, the same family), not what was asked for.
-0 = irrelevant: does not match the query."""
-
 
 class JudgeError(UbiError):
     """A model judge cannot run as asked (no pairs, a bad endpoint URL, a bad source name)."""
@@ -214,7 +207,7 @@ def ask(client: httpx.Client, cfg: ClientSettings, messages: list[dict[str, str]
     return None, cfg.retries + 1, failure
 
 
-def judge_pairs(pairs: Sequence[tuple[str, str]], cfg: ClientSettings, *, rubric: str = DEFAULT_RUBRIC,
+def judge_pairs(pairs: Sequence[tuple[str, str]], cfg: ClientSettings, *, rubric: str | None = None,
                 grade_max: int = 3, docs: Mapping[str, Mapping[str, Any]] | None = None,
                 transport: httpx.BaseTransport | None = None,
                 sleep: Callable[[float], None] = time.sleep) -> list[Answer]:
@@ -222,10 +215,12 @@ def judge_pairs(pairs: Sequence[tuple[str, str]], cfg: ClientSettings, *, rubric
     cfg.url()  # a bad URL fails before any call
     docs = docs or {}
 
+    text = rubric if rubric is not None else default_rubric_text(grade_max)
+
     def one(client: httpx.Client, pair: tuple[str, str]) -> Answer:
         query, doc_id = pair
         start = time.monotonic()
-        content, attempts, failure = ask(client, cfg, build_messages(query, doc_id, docs.get(doc_id), rubric,
+        content, attempts, failure = ask(client, cfg, build_messages(query, doc_id, docs.get(doc_id), text,
                                                                      grade_max), sleep)
         parsed = parse_grade(content, grade_max) if content is not None else None
         if parsed is not None and parsed.failure:

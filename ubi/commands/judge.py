@@ -43,8 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", required=True, metavar="NAME", help="the model name the endpoint knows")
     p.add_argument("--source", metavar="model:NAME", help="source name to store under (default model:<--model>)")
     p.add_argument("--rubric", type=Path, metavar="FILE",
-                   help="grading instructions sent with every pair (default: a 0-3 exact/substitute/complement/"
-                        "irrelevant scale)")
+                   help="grading instructions sent with every pair (default: the built-in rubric `ubi review serve` "
+                        "shows people, an exact/substitute/complement/irrelevant scale)")
     p.add_argument("--docs", type=Path, metavar="FILE",
                    help="document catalogue, JSONL {\"doc_id\", \"title\", \"description\", \"url\"}: shown to the "
                         "model (without it the model sees the doc id only)")
@@ -67,6 +67,7 @@ DRY_RUN_SHOWN = 50
 
 def cmd_judge(args: argparse.Namespace) -> int:
     from ubi_pipeline.processors.labels import model_judge as mj
+    from ubi_pipeline.processors.labels.grades import default_rubric_text
     from ubi_pipeline.schemas.settings import Settings
     from ubi_pipeline.store.client import load_derived, reading
 
@@ -78,7 +79,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UbiError(f"--timeout must be positive, got {args.timeout}")
     source = mj.source_for(args.model, args.source)
-    rubric, rubric_name = mj.DEFAULT_RUBRIC, f"default ({mj.PROMPT_VERSION})"
+    # the review page's built-in rubric: people and the model grade under one text, recorded under one digest
+    rubric, rubric_name = default_rubric_text(settings.grade_max), "builtin"
     if args.rubric is not None:
         try:
             rubric, rubric_name = args.rubric.read_text(encoding="utf-8"), args.rubric.name

@@ -29,6 +29,7 @@ from ubi_pipeline.processors.labels.model_judge import (
     ask,
     build_messages,
     parse_grade,
+    rubric_digest,
     source_for,
 )
 
@@ -175,7 +176,7 @@ def test_ubi_judge_stores_a_model_source_measured_like_an_implicit_one(
     assert params["d4"]["answer"] == "I cannot tell from an id." and "grade" in params["d4"]["failure"]
     assert params["b2"]["failure"] == "timed out after 0.5 s" and "answer" not in params["b2"]
     assert (params["h1"]["attempts"], params["h1"]["reason"], params["h1"]["prompt_version"]) == (
-        2, "a hat, wrong colour", "ubi-judge-1")
+        2, "a hat, wrong colour", "ubi-judge-2")
     assert "sk-test" not in json.dumps(params)  # the key is never stored
 
     # a second run asks only about the pairs without a grade yet (b2, d4)
@@ -265,3 +266,21 @@ def test_judge_dry_run_lists_the_pairs_it_would_ask_about(tmp_path: Path, capsys
     for item in dry["queue"]:  # the same pairs, in the same order, in the text
         assert f"{item['query']}\t{item['doc_id']}" in text
     assert [ln.split("\t")[1] for ln in text.splitlines() if "\t" in ln] == [i["doc_id"] for i in dry["queue"]]
+
+
+def test_people_and_the_model_judge_grade_under_one_default_rubric(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --rubric, `ubi review serve` showed people one scale text and `ubi judge` sent the model another
+    (recorded as 'builtin@eea60af22978' and 'default (ubi-judge-1)' with another digest), so a model's agreement
+    with people was measured across two rubrics. Both now use processors.labels.grades.default_rubric_text."""
+    from ubi_pipeline.processors.labels.grades import default_rubric_text
+    from ubi_pipeline.review.session import read_rubric
+
+    db = build_store(tmp_path / "ubi.duckdb")
+    assert main(["judge", "--db", str(db), "--endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--dry-run",
+                 "--json"]) == 0
+    system = json.loads(capsys.readouterr().out)["first_messages"][0]["content"]
+    assert default_rubric_text(3) in system
+    people = read_rubric(None, 3)
+    assert people.text == default_rubric_text(3)
+    assert people.version == f"builtin@{rubric_digest(default_rubric_text(3))}"
