@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import duckdb
@@ -37,7 +36,7 @@ import pyarrow as pa
 
 from ubi_pipeline.processors.labels.grades import default_rubric_text
 from ubi_pipeline.processors.labels.queue import Candidate, HumanGrade, build_queue
-from ubi_pipeline.schemas.errors import InputFileError, UbiError
+from ubi_pipeline.schemas.errors import UbiError
 from ubi_pipeline.schemas.judgments import MODEL_PREFIX, model_source_problem
 from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.rows import JUDGMENT_SCHEMA, utcnow
@@ -72,6 +71,10 @@ def rubric_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+#: the catalogue fields a model is shown (text; an image URL is no use to a text model)
+MODEL_DOC_FIELDS = ("title", "description", "url")
+
+
 def build_messages(query: str, doc_id: str, doc_fields: Mapping[str, Any] | None, rubric: str,
                    grade_max: int) -> list[dict[str, str]]:
     """The chat messages for one pair: the rubric and the answer format, then the query and the document."""
@@ -79,7 +82,7 @@ def build_messages(query: str, doc_id: str, doc_fields: Mapping[str, Any] | None
               f'else: {{"grade": <an integer from 0 to {grade_max}>, "reason": "<one short sentence>"}}')
     lines = [f"Query: {query}", f"Document id: {doc_id}"]
     for key, value in (doc_fields or {}).items():
-        if key != "doc_id" and value not in (None, ""):
+        if key in MODEL_DOC_FIELDS and value not in (None, ""):
             lines.append(f"{key}: {value}")
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
 
@@ -314,28 +317,3 @@ def pairs_to_judge(con: duckdb.DuckDBPyConnection, source: str, *, limit: int | 
     items = build_queue(candidates, humans, freq, held_out=held_out, seed=seed)
     pairs = [it.pair for it in items if it.pair not in done]
     return pairs if limit is None else pairs[:limit]
-
-
-#: document fields a ``--docs`` catalogue line may give (what the review page shows too)
-DOC_FIELDS = ("title", "description", "url")
-
-
-def read_docs(path: Path | str) -> dict[str, dict[str, Any]]:
-    """A document catalogue: JSONL, one object a line with ``doc_id`` and any of :data:`DOC_FIELDS`."""
-    p = Path(path)
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        lines = p.read_bytes().splitlines()
-    except OSError as exc:
-        raise InputFileError(str(p), None, f"cannot read: {exc.strerror}") from exc
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise InputFileError(str(p), number, f"malformed JSON: {exc.msg}") from exc
-        if not isinstance(obj, dict) or not isinstance(obj.get("doc_id"), str) or not obj["doc_id"]:
-            raise InputFileError(str(p), number, 'expected an object with a non-empty string "doc_id"')
-        out[obj["doc_id"]] = {k: obj[k] for k in DOC_FIELDS if isinstance(obj.get(k), str | int | float)}
-    return out

@@ -46,8 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="grading instructions sent with every pair (default: the built-in rubric `ubi review serve` "
                         "shows people, an exact/substitute/complement/irrelevant scale)")
     p.add_argument("--docs", type=Path, metavar="FILE",
-                   help="document catalogue, JSONL {\"doc_id\", \"title\", \"description\", \"url\"}: shown to the "
-                        "model (without it the model sees the doc id only)")
+                   help="document catalogue, JSONL {\"doc_id\", \"title\", \"description\", \"url\"} (the file "
+                        "`ubi review serve --docs` reads; image is not sent): shown to the model (without it the "
+                        "model sees the doc id only)")
     p.add_argument("--limit", type=int, metavar="N", help="ask about at most N pairs")
     p.add_argument("--rejudge", action="store_true", help="ask again about pairs this model already graded")
     p.add_argument("--api-key-env", metavar="VAR",
@@ -67,6 +68,7 @@ DRY_RUN_SHOWN = 50
 
 def cmd_judge(args: argparse.Namespace) -> int:
     from ubi_pipeline.processors.labels import model_judge as mj
+    from ubi_pipeline.processors.labels.catalog import read_docs
     from ubi_pipeline.processors.labels.grades import default_rubric_text
     from ubi_pipeline.schemas.settings import Settings
     from ubi_pipeline.store.client import load_derived, reading
@@ -86,7 +88,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
             rubric, rubric_name = args.rubric.read_text(encoding="utf-8"), args.rubric.name
         except OSError as exc:
             raise UbiError(f"--rubric {args.rubric}: cannot read: {exc.strerror}") from exc
-    docs = mj.read_docs(args.docs) if args.docs is not None else None
+    docs = read_docs(args.docs) if args.docs is not None else None
     api_key = None
     if args.api_key_env:
         # the variable is named on the command line, so it cannot be a Settings field; the key is never stored

@@ -254,8 +254,9 @@ holds the store (through its admin protocol). Loopback only unless UBI_REVIEW_TO
 
 
 def cmd_review_serve(args: argparse.Namespace) -> int:
+    from ubi_pipeline.processors.labels.catalog import read_docs
     from ubi_pipeline.review.app import serve_review
-    from ubi_pipeline.review.session import ReviewSession, read_docs, read_rubric
+    from ubi_pipeline.review.session import ReviewSession, read_rubric
     from ubi_pipeline.schemas.settings import Settings
 
     settings = Settings.from_flags(args, only=("db",))

@@ -284,3 +284,20 @@ def test_people_and_the_model_judge_grade_under_one_default_rubric(tmp_path: Pat
     people = read_rubric(None, 3)
     assert people.text == default_rubric_text(3)
     assert people.version == f"builtin@{rubric_digest(default_rubric_text(3))}"
+
+
+def test_judge_reads_the_catalogue_the_review_page_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ubi judge --docs` had a reader of its own: it took a title of 5 and a javascript: url that `ubi review serve
+    --docs` refuses (and sent them to the model). One reader now (processors/labels/catalog.py), one verdict."""
+    db = build_store(tmp_path / "ubi.duckdb")
+    judge = ["judge", "--db", str(db), "--endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--dry-run", "--json"]
+    for line, expected in (('{"doc_id": "d1", "title": 5}', "c.jsonl:1: 'title' must be a string, got int"),
+                           ('{"doc_id": "d1", "url": "javascript:alert(1)"}', "c.jsonl:1: 'url' must be an http(s) URL")):
+        catalog = tmp_path / "c.jsonl"
+        catalog.write_text(line + "\n")
+        assert main([*judge, "--docs", str(catalog)]) == 2
+        assert expected in " ".join(capsys.readouterr().err.split())
+    # a good line: the text fields go to the model, the image does not
+    docs = {"doc_id": "d1", "title": "Red running shoe", "image": "https://img.example/d1.jpg"}
+    assert build_messages("red shoes", "d1", docs, "Be strict.", 3)[1]["content"] == (
+        "Query: red shoes\nDocument id: d1\ntitle: Red running shoe")
