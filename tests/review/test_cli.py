@@ -62,3 +62,15 @@ def test_the_printed_address_asks_for_the_token_when_one_is_set(db: Path) -> Non
             proc.wait()
     assert re.search(r"http://127\.0\.0\.1:\d+/review\?token=<UBI_REVIEW_TOKEN>&assessor=YOUR_NAME", line), line
     assert "s3cret-token-value" not in line
+
+
+def test_ubi_help_names_the_review_page(capsys: pytest.CaptureFixture[str]) -> None:
+    """`ubi --help` and `ubi review --help` described only the CSV round trip: nothing led to `ubi review serve`."""
+    for argv in (["--help"], ["review", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        text = " ".join(capsys.readouterr().out.split())
+        assert "in the browser" in text, argv
+    with pytest.raises(SystemExit):
+        main(["review", "--help"])
+    assert "`serve` puts them on a page at /review" in " ".join(capsys.readouterr().out.split())

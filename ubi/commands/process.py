@@ -312,9 +312,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON) instead")
     p.set_defaults(func=_guard(cmd_process))
 
-    r = sub.add_parser("review", help="export candidate judgments for assessors and import their grades",
-                       description="The review round trip: `export` writes candidates of a query set as CSV or "
-                                   "JSONL with empty grade columns; `import` loads the graded file into "
+    r = sub.add_parser("review", help="grade candidate judgments in the browser, or export them for assessors and "
+                                      "import their grades",
+                       description="Candidate judgments in front of people: `serve` puts them on a page at /review, "
+                                   "one pair at a time in the review queue's order, each grade stored at once "
+                                   "(docs/review.md); the file round trip: `export` writes candidates of a query set "
+                                   "as CSV or JSONL with empty grade columns; `import` loads the graded file into "
                                    "human_judgments (source reviewed:<implicit source>, or human for blind sheets).")
     rs = r.add_subparsers(dest="review_command", metavar="{export,import,serve}")
     e = rs.add_parser("export", help="write candidates of a query set for assessors", description=_EXPORT_HELP,
