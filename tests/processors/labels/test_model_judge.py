@@ -301,3 +301,12 @@ def test_judge_reads_the_catalogue_the_review_page_reads(tmp_path: Path, capsys:
     docs = {"doc_id": "d1", "title": "Red running shoe", "image": "https://img.example/d1.jpg"}
     assert build_messages("red shoes", "d1", docs, "Be strict.", 3)[1]["content"] == (
         "Query: red shoes\nDocument id: d1\ntitle: Red running shoe")
+
+
+def test_report_help_names_model_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    """`ubi report --sources model:NAME` works, but its help offered only "implicit (or reviewed) sources"."""
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "implicit, model (or reviewed) sources to evaluate" in text
+    assert "the implicit and model labels with the human ones" in text
