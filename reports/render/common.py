@@ -275,7 +275,8 @@ def disputed_title(report: Report) -> str:
     if a is None:
         return ""
     shown = f", the {len(a.disputed)} widest shown" if a.disputed_total > len(a.disputed) else ""
-    return (f"Disputed pairs: assessors {a.dispute_span} or more grades apart ({a.disputed_total:,} pairs{shown})")
+    n = a.disputed_total
+    return f"Disputed pairs: assessors {a.dispute_span} or more grades apart ({n:,} pair{'' if n == 1 else 's'}{shown})"
 
 
 def disputed_table(report: Report) -> tuple[Row, list[Row]]:

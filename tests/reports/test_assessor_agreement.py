@@ -197,3 +197,24 @@ def test_report_names_model_sources_and_counts_pairs_not_assessor_rows(tmp_path:
         assert "labels (one per assessor)" in text, fmt
         if fmt != "html":  # the HTML draws the confusion matrix as a plot with its own axis names
             assert "human \\ model:llm" in text and "human \\ implicit " not in text, fmt
+
+
+def test_small_n_in_the_report_no_intervals_and_one_disputed_pair(tmp_path: Path) -> None:
+    """Two assessors on three pairs: x (3, 1, 0), y (2, 1, 2). Alpha (interval) 0.2424 and kappa (quadratic) 0.1176
+    from the `krippendorff` package and by hand (Cohen 1968); n = 3 < 5, so neither has an interval; one pair
+    (c: 0 and 2) is disputed, said as "1 pair" (it read "1 pairs")."""
+    db = build_store(tmp_path / "ubi.duckdb")
+    rows = [{"query_id": "q1", "query": "red shoes", "doc_id": d, "grade": g, "source": "human", "assessor": who,
+             "judged_at": datetime(2025, 1, 1), "rubric": "v1", "origin": "f", "note": None}
+            for who, grades in (("x", (3, 1, 0)), ("y", (2, 1, 2))) for d, g in zip("abc", grades, strict=True)]
+    with Store(db) as store:
+        store.load_table("human_judgments", pa.Table.from_pylist(rows, schema=HUMAN_JUDGMENT_SCHEMA))
+    reference = krippendorff.alpha(reliability_data=np.array([[3, 1, 0], [2, 1, 2]], dtype=float),
+                                   level_of_measurement="interval")
+    assert reference == pytest.approx(8 / 33)
+    path = tmp_path / "r.txt"
+    assert main(["report", "--db", str(db), "--out", str(path)]) == 0
+    text = " ".join(path.read_text().split())
+    assert f"Krippendorff's alpha (interval metric) {reference:.3f} (no interval: n = 3 < 5 for a bootstrap)" in text
+    assert "0.118 (no interval: n = 3 < 5 for a bootstrap)" in text
+    assert "Disputed pairs: assessors 2 or more grades apart (1 pair)" in text
