@@ -225,6 +225,11 @@ def export_judgments(
     src = source_name(source)
     qrels, by_source, mixed, aggregated = _stored_qrels(con, src, precedence=precedence, trec_ids=format == "trec",
                                                         assessor=assessor)
+    if src not in (HUMAN_SOURCE, "merged"):
+        # a JSONL line says whose grades it holds when they are not people's, so that a model's or a click
+        # model's file cannot come back in as human grades unnoticed (import_human refuses it)
+        for qid in qrels.grades:
+            qrels.meta.setdefault(qid, {})["source"] = src
     # the Workbench refuses " \ < > in a description (ubi_pipeline.formats.qrels.workbench_text_problem): no ">" here
     what = (f"source {src}" + (f", precedence {' then '.join(precedence)}" if src == "merged" else "")
             + (f", assessor {assessor}" if assessor is not None else ""))
@@ -348,6 +353,14 @@ def import_human(db: str | Path, path: str | Path, *, replace_all: bool = False,
     other assessors' labels stay. Works while a collector holds ``db``.
     """
     qrels, table = read_human_file(path, **read_options)
+    for qid, info in qrels.meta.items():
+        named = info.get("source")
+        if named and named != HUMAN_SOURCE:
+            hint = (f"import it with --source {named}" if named.startswith("model:") else
+                    "these are not grades people gave blind (implicit ones come from `ubi process`, reviewed ones "
+                    "from `ubi review import`)")
+            raise JudgmentIOError(f"{path}:{qrels.lines.get(qid, '?')}: query {qid!r} names source {named!r}, "
+                                  f"not human: {hint}")
     rating_map: RatingMap = read_options.get("rating_map", ESCI_RATINGS)
     stored, logged = _stored_state(Path(db))
     new = set(zip(table.column("query").to_pylist(), table.column("doc_id").to_pylist(),

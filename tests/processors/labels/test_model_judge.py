@@ -310,3 +310,31 @@ def test_report_help_names_model_sources(capsys: pytest.CaptureFixture[str]) -> 
     text = " ".join(capsys.readouterr().out.split())
     assert "implicit, model (or reviewed) sources to evaluate" in text
     assert "the implicit and model labels with the human ones" in text
+
+
+def test_a_model_export_says_whose_grades_and_cannot_come_back_as_human(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ubi judgments export --source model:gpt --format jsonl` wrote lines that said nothing of the model, and
+    `ubi judgments import` (default --source human) took them as people's grades. Lines now carry "source"."""
+    db = build_store(tmp_path / "ubi.duckdb")
+    llm = tmp_path / "llm.jsonl"
+    llm.write_text('{"query_id": "q1", "query": "red shoes", "relevant": {"d1": 2, "d2": 1}}\n')
+    assert main(["judgments", "import", str(llm), "--db", str(db), "--source", "model:gpt"]) == 0
+    out = tmp_path / "out.jsonl"
+    assert main(["judgments", "export", "--db", str(db), "--source", "model:gpt", "--format", "jsonl",
+                 "--out", str(out)]) == 0
+    line = json.loads(out.read_text())
+    assert (line["source"], line["relevant"]) == ("model:gpt", {"d1": 2, "d2": 1})
+    capsys.readouterr()
+    assert main(["judgments", "import", str(out), "--db", str(db)]) == 2
+    assert (f"{out}:1: query 'red shoes' names source 'model:gpt', not human: import it with --source model:gpt"
+            in " ".join(capsys.readouterr().err.split()))
+    assert _rows(db, "SELECT count(*) FROM human_judgments") == [(0,)]
+    # as a model source it round-trips
+    assert main(["judgments", "import", str(out), "--db", str(db), "--source", "model:gpt2"]) == 0
+    assert _rows(db, "SELECT doc_id, grade FROM judgments WHERE source = 'model:gpt2' ORDER BY doc_id") == [
+        ("d1", 2), ("d2", 1)]
+    # people's grades are written as before, without a source
+    assert main(["judgments", "import", str(llm), "--db", str(db), "--assessor", "ann"]) == 0
+    assert main(["judgments", "export", "--db", str(db), "--format", "jsonl", "--out", str(out)]) == 0
+    assert "source" not in json.loads(out.read_text())
