@@ -3,7 +3,8 @@
 Judgment formats (``docs/metrics.md``):
 
 - ``jsonl``: one query a line, ``{"query_id": "q01", "query": "...", "relevant": {"doc": 2}}``; optional
-  ``assessor``, ``judged_at`` and ``rubric`` keep the provenance of a human label.
+  ``assessor``, ``judged_at`` and ``rubric`` keep the provenance of a human label; ``source`` names labels that
+  are not people's (``model:gpt-4o-mini``, ``implicit:pbm``), as ``ubi judgments export`` writes them.
 - ``trec``: TREC qrels, ``query_id iteration doc_id grade`` (whitespace separated; iteration is ignored).
 - ``workbench``: the OpenSearch Search Relevance Workbench (SRW) judgment JSON,
   ``{"judgmentRatings": [{"query": ..., "ratings": [{"docId": ..., "rating": "1.000"}]}]}``. SRW has no query
@@ -41,7 +42,7 @@ from ubi_pipeline.schemas.ubi import parse_timestamp
 QrelsFormat = Literal["jsonl", "trec", "workbench"]
 QuerySetFormat = Literal["jsonl", "workbench"]
 
-_JSONL_KEYS = frozenset({"query_id", "query", "relevant", "assessor", "judged_at", "rubric"})
+_JSONL_KEYS = frozenset({"query_id", "query", "relevant", "assessor", "judged_at", "rubric", "source"})
 _WB_ENTRY_KEYS = frozenset({"query", "ratings"})
 _WB_RATING_KEYS = frozenset({"docId", "rating"})
 _QS_JSONL_KEYS = frozenset({"query_id", "query", "frequency", "reference_answer"})
@@ -508,7 +509,7 @@ def _parse_jsonl(path: str, text: str, corpus: Collection[str] | None) -> Qrels:
             _check_corpus(path, number, query_id, doc_id, corpus)
             docs[doc_id] = grade
         info: dict[str, Any] = {}
-        for key in ("assessor", "rubric"):
+        for key in ("assessor", "rubric", "source"):
             value = row.get(key)
             if value is not None and not isinstance(value, str):
                 raise QrelsError(path, number, f"query {query_id!r}: \"{key}\" must be a string or null")
@@ -697,7 +698,7 @@ def format_qrels(
                 row["query"] = texts[query_id]
             row["relevant"] = dict(docs)
             info = meta.get(query_id, {})
-            for key in ("assessor", "rubric"):
+            for key in ("assessor", "rubric", "source"):
                 if info.get(key):
                     row[key] = info[key]
             if isinstance(info.get("judged_at"), datetime):

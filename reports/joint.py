@@ -473,7 +473,10 @@ def _label_counts(labels: LabelSet) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for source in labels.sources():
         labs = [lab for ls in labels.by_pair.values() for lab in ls if lab.source == source]
+        # pairs, not rows: several assessors' rows of one pair are one pair (the labels are the rows)
         out[source] = {
+            "pairs": len({(lab.query, lab.doc_id) for lab in labs}),
+            "graded_pairs": len({(lab.query, lab.doc_id) for lab in labs if lab.grade is not None}),
             "labels": len(labs),
             "graded": sum(1 for lab in labs if lab.grade is not None),
             "queries": len({lab.query for lab in labs}),

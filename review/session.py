@@ -24,12 +24,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
 
 import duckdb
-import orjson
 import pyarrow as pa
 
+from ubi_pipeline.processors.labels.grades import default_rubric_text
 from ubi_pipeline.processors.labels.implicit import trec_query_id
 from ubi_pipeline.processors.labels.queue import Candidate, HumanGrade, Queue, QueueItem, build_queue
 from ubi_pipeline.schemas.errors import InputFileError, StoreError, UbiError
@@ -41,7 +40,6 @@ from ubi_pipeline.store.rows import HUMAN_JUDGMENT_SCHEMA, utcnow
 
 ORIGIN = "review:page"
 #: display fields a --docs catalog line may give beside doc_id (other keys are ignored)
-DOC_FIELDS = ("title", "description", "image", "url")
 #: longest assessor name and note accepted (the note column's own limit)
 ASSESSOR_MAX = 100
 NOTE_MAX = next(c.max_length for c in HUMAN_JUDGMENT_TABLE.columns if c.name == "note") or 2048
@@ -66,18 +64,6 @@ class Rubric(NamedTuple):
     version: str
 
 
-def default_rubric_text(grade_max: int) -> str:
-    """The rubric shown when no --rubric file is given: the ESCI-style scale of docs/metrics.md, 0..grade_max."""
-    if grade_max == 3:
-        lines = ["3  exact: the document is what the query asks for",
-                 "2  substitute: it would do, though it is not exactly what was asked for",
-                 "1  complement: related, useful next to what was asked for",
-                 "0  irrelevant: unrelated to the query"]
-    else:
-        lines = [f"{grade_max}  the best answer to the query", "...", "0  irrelevant: unrelated to the query"]
-    return "Grade how well the document answers the query.\n\n" + "\n".join(lines)
-
-
 def read_rubric(path: Path | None, grade_max: int) -> Rubric:
     """The rubric of ``path`` (UTF-8 text), or the built-in one; version ``<name>@<sha256 prefix>``."""
     if path is None:
@@ -89,48 +75,6 @@ def read_rubric(path: Path | None, grade_max: int) -> Rubric:
             raise InputFileError(str(path), None, f"cannot read the rubric: {exc}") from exc
         name = path.name
     return Rubric(text, f"{name}@{hashlib.sha256(text.encode()).hexdigest()[:12]}")
-
-
-def _http_url(value: str, path: Path, line: int, name: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InputFileError(str(path), line, f"'{name}' must be an http(s) URL, got {value[:80]!r}")
-    return value
-
-
-def read_docs(path: Path) -> dict[str, dict[str, str]]:
-    """The display fields of a JSONL catalog: ``doc_id`` plus any of title, description, image, url (strings;
-    image and url http(s) URLs). The first bad line raises naming it; a doc id given twice too."""
-    docs: dict[str, dict[str, str]] = {}
-    try:
-        f = open(path, "rb")  # noqa: SIM115 (closed below; the error names the file)
-    except OSError as exc:
-        raise InputFileError(str(path), None, f"cannot read the catalog: {exc}") from exc
-    with f:
-        for number, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise InputFileError(str(path), number, f"malformed JSON: {exc.msg} (column {exc.colno})") from exc
-            if not isinstance(obj, dict):
-                raise InputFileError(str(path), number, "expected a JSON object with doc_id")
-            doc_id = obj.get("doc_id")
-            if not isinstance(doc_id, str) or not doc_id.strip():
-                raise InputFileError(str(path), number, "'doc_id' must be a non-empty string")
-            if doc_id in docs:
-                raise InputFileError(str(path), number, f"doc_id {doc_id!r} given twice")
-            fields: dict[str, str] = {}
-            for name in DOC_FIELDS:
-                value = obj.get(name)
-                if value is None:
-                    continue
-                if not isinstance(value, str):
-                    raise InputFileError(str(path), number, f"'{name}' must be a string, got {type(value).__name__}")
-                fields[name] = _http_url(value, path, number, name) if name in ("image", "url") else value
-            docs[doc_id] = fields
-    return docs
 
 
 @dataclass(frozen=True)

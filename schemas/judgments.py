@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
+
+#: the kind prefix of a model judge's source, ``model:<name>``
+MODEL_PREFIX = "model:"
+#: what a model source's name may hold: no blanks or commas, so that it survives ``--precedence`` and ``--sources``
+#: lists and file names unquoted (``ubi judge`` makes such a name of any ``--model``)
+MODEL_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def model_source_problem(source: str) -> str | None:
+    """What is wrong with ``source`` as a model judge's source name, or None when it is one (``model:gpt-4o-mini``)."""
+    if not source.startswith(MODEL_PREFIX):
+        return f"expected {MODEL_PREFIX}NAME"
+    name = source[len(MODEL_PREFIX):]
+    if not name:
+        return f"expected {MODEL_PREFIX}NAME, the name is missing"
+    if not MODEL_NAME.fullmatch(name):
+        return f"the name {name!r} may hold only letters, digits, '.', '_' and '-'"
+    return None
 
 
 class Judgment(BaseModel):

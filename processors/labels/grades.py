@@ -284,3 +284,16 @@ def agreement(scores: NDArray[np.float64], human: NDArray[np.int64], mapping: Gr
 def mapping_from_thresholds(kind: str, thresholds: Sequence[float] | NDArray[np.float64], *, method: str) -> GradeMapping:
     """A calibrated mapping from fitted thresholds."""
     return GradeMapping(kind, tuple(float(x) for x in thresholds), calibrated=True, method=method)
+
+
+def default_rubric_text(grade_max: int) -> str:
+    """The rubric when no --rubric file is given, for people (`ubi review serve`) and model judges (`ubi judge`)
+    alike, so that both grade under one text (one digest): the ESCI-style scale of docs/metrics.md, 0..grade_max."""
+    if grade_max == 3:
+        lines = ["3  exact: the document is what the query asks for",
+                 "2  substitute: it would do, though it is not exactly what was asked for",
+                 "1  complement: related, useful next to what was asked for",
+                 "0  irrelevant: unrelated to the query"]
+    else:
+        lines = [f"{grade_max}  the best answer to the query", "...", "0  irrelevant: unrelated to the query"]
+    return "Grade how well the document answers the query.\n\n" + "\n".join(lines)

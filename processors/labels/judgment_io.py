@@ -57,6 +57,7 @@ from ubi_pipeline.processors.labels.merge import (
     labels_from_store,
 )
 from ubi_pipeline.schemas.errors import StoreError, UbiError
+from ubi_pipeline.schemas.judgments import model_source_problem
 from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.client import load_derived, reading
 from ubi_pipeline.store.rows import HUMAN_JUDGMENT_SCHEMA, JUDGMENT_SCHEMA, utcnow
@@ -224,8 +225,14 @@ def export_judgments(
     src = source_name(source)
     qrels, by_source, mixed, aggregated = _stored_qrels(con, src, precedence=precedence, trec_ids=format == "trec",
                                                         assessor=assessor)
+    if src not in (HUMAN_SOURCE, "merged"):
+        # a JSONL line says whose grades it holds when they are not people's, so that a model's or a click
+        # model's file cannot come back in as human grades unnoticed (import_human refuses it)
+        for qid in qrels.grades:
+            qrels.meta.setdefault(qid, {})["source"] = src
     # the Workbench refuses " \ < > in a description (ubi_pipeline.formats.qrels.workbench_text_problem): no ">" here
-    what = f"source {src}" + (f", precedence {' then '.join(precedence)}" if src == "merged" else "")
+    what = (f"source {src}" + (f", precedence {' then '.join(precedence)}" if src == "merged" else "")
+            + (f", assessor {assessor}" if assessor is not None else ""))
     body = format_qrels(qrels, format, rating_map=rating_map, name=name,
                         description=description or workbench_safe(f"Exported by ubi-pipeline from {what}"))
     summary = ExportSummary(src, format, len(qrels), qrels.n_judgments(), by_source,
@@ -346,6 +353,14 @@ def import_human(db: str | Path, path: str | Path, *, replace_all: bool = False,
     other assessors' labels stay. Works while a collector holds ``db``.
     """
     qrels, table = read_human_file(path, **read_options)
+    for qid, info in qrels.meta.items():
+        named = info.get("source")
+        if named and named != HUMAN_SOURCE:
+            hint = (f"import it with --source {named}" if named.startswith("model:") else
+                    "these are not grades people gave blind (implicit ones come from `ubi process`, reviewed ones "
+                    "from `ubi review import`)")
+            raise JudgmentIOError(f"{path}:{qrels.lines.get(qid, '?')}: query {qid!r} names source {named!r}, "
+                                  f"not human: {hint}")
     rating_map: RatingMap = read_options.get("rating_map", ESCI_RATINGS)
     stored, logged = _stored_state(Path(db))
     new = set(zip(table.column("query").to_pylist(), table.column("doc_id").to_pylist(),
@@ -379,8 +394,9 @@ def import_model(db: str | Path, path: str | Path, source: str, *, replace_all: 
     A stored row of the same (query, doc, source) is replaced; with ``replace_all`` the source's other rows go
     too (one transaction).
     """
-    if not source.startswith("model:") or len(source) <= len("model:"):
-        raise JudgmentIOError(f"--source {source!r}: model judgments are imported as model:<name>")
+    problem = model_source_problem(source)
+    if problem:
+        raise JudgmentIOError(f"--source {source!r}: {problem} (model judgments are imported as model:<name>)")
     qrels, table = read_human_file(path, **read_options)
     rating_map: RatingMap = read_options.get("rating_map", ESCI_RATINGS)
     db_path = Path(db)

@@ -263,8 +263,9 @@ class MergeSummary:
     """What the precedence did over all pairs: where each chosen label came from, and where sources disagree.
 
     A pair is a conflict when two of its graded labels differ, from two sources or from one source read
-    twice (a qrels file and the store); ``conflicts_by_sources`` counts each pair once per disagreeing
-    couple, named ``"A vs B"`` in :meth:`LabelSet.sources` order.
+    twice (a qrels file and the store), or when one source's assessors differ; ``conflicts_by_sources`` counts
+    each pair once per disagreeing couple, named ``"A vs B"`` in :meth:`LabelSet.sources` order (each side the
+    aggregate of its assessors, :func:`aggregate_label`), or ``"A: assessors differ"``.
     """
 
     precedence: tuple[str, ...]
@@ -302,9 +303,18 @@ def merge_view(labels: LabelSet, precedence: Sequence[str] = DEFAULT_PRECEDENCE)
             by_source[pick.source] += 1
         if len({lab.source for lab in labs}) > 1:
             several += 1
-        graded = sorted((lab for lab in labs if lab.grade is not None),
-                        key=lambda lab: (order[lab.source], lab.origin or ""))
+        # one source's assessors are compared among themselves; across sources, each side is its assessors'
+        # aggregate (the grade the merge and the reports use), so that three assessors who differ among themselves
+        # do not make a model or click model "disagree with human" on a pair whose merged grade it matches
+        groups: dict[tuple[str, bool], list[Label]] = defaultdict(list)
+        for lab in labs:
+            if lab.grade is not None:
+                groups[(lab.source, lab.from_file)].append(lab)
         couples: set[str] = set()
+        for group in groups.values():
+            if len({lab.grade for lab in group}) > 1:
+                couples.add(_couple(group[0], group[1]) if len(group) == 2 else f"{group[0].source}: assessors differ")
+        graded = sorted((aggregate_label(g) for g in groups.values()), key=lambda lab: (order[lab.source], lab.origin or ""))
         for i, a in enumerate(graded):
             for b in graded[i + 1:]:
                 if a.grade != b.grade:

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import duckdb
@@ -35,44 +34,45 @@ import httpx
 import orjson
 import pyarrow as pa
 
+from ubi_pipeline.processors.labels.grades import default_rubric_text
 from ubi_pipeline.processors.labels.queue import Candidate, HumanGrade, build_queue
-from ubi_pipeline.schemas.errors import InputFileError, UbiError
+from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.schemas.judgments import MODEL_PREFIX, model_source_problem
 from ubi_pipeline.schemas.text import normalize_query
 from ubi_pipeline.store.rows import JUDGMENT_SCHEMA, utcnow
 
-MODEL_PREFIX = "model:"
 #: bumped whenever the messages below change, so grades from different prompts are told apart
-PROMPT_VERSION = "ubi-judge-1"
+PROMPT_VERSION = "ubi-judge-2"
 #: characters of each answer kept in the row's parameters
 ANSWER_KEPT = 2_000
 #: longest wait between two attempts, whatever Retry-After asks
 MAX_WAIT_S = 30.0
-
-DEFAULT_RUBRIC = """\
-Grade how relevant the document is to the search query, on this scale:
-3 = exact: the document is what the query asks for.
-2 = substitute: close, and would satisfy many users, but differs in some asked-for detail.
-1 = complement: related (an accessory, a part, the same family), not what was asked for.
-0 = irrelevant: does not match the query."""
-
 
 class JudgeError(UbiError):
     """A model judge cannot run as asked (no pairs, a bad endpoint URL, a bad source name)."""
 
 
 def source_for(model: str, name: str | None = None) -> str:
-    """``model:<name>``: the given name, else the model's, with characters outside [A-Za-z0-9._-] as '-'."""
-    raw = (name or model).strip()
-    if raw.startswith(MODEL_PREFIX):
-        raw = raw[len(MODEL_PREFIX):]
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-")
+    """``model:<name>``: the given ``name`` (``--source``) as it is, when it is a valid model source name (a bad
+    spelling such as ``llm:x`` or ``model:`` is an error, never silently rewritten); else the model's name with
+    characters outside [A-Za-z0-9._-] as '-'."""
+    if name is not None:
+        problem = model_source_problem(name)
+        if problem:
+            raise JudgeError(f"--source {name!r}: {problem}")
+        return name
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", model.strip()).strip("-")
     if not cleaned:
-        raise JudgeError(f"cannot make a source name of {raw!r}; give --source model:NAME")
+        raise JudgeError(f"--model {model!r}: cannot make a source name of it; give --source model:NAME")
     return MODEL_PREFIX + cleaned
 
 
 def rubric_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+#: the catalogue fields a model is shown (text; an image URL is no use to a text model)
+MODEL_DOC_FIELDS = ("title", "description", "url")
 
 
 def build_messages(query: str, doc_id: str, doc_fields: Mapping[str, Any] | None, rubric: str,
@@ -82,7 +82,7 @@ def build_messages(query: str, doc_id: str, doc_fields: Mapping[str, Any] | None
               f'else: {{"grade": <an integer from 0 to {grade_max}>, "reason": "<one short sentence>"}}')
     lines = [f"Query: {query}", f"Document id: {doc_id}"]
     for key, value in (doc_fields or {}).items():
-        if key != "doc_id" and value not in (None, ""):
+        if key in MODEL_DOC_FIELDS and value not in (None, ""):
             lines.append(f"{key}: {value}")
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
 
@@ -210,7 +210,7 @@ def ask(client: httpx.Client, cfg: ClientSettings, messages: list[dict[str, str]
     return None, cfg.retries + 1, failure
 
 
-def judge_pairs(pairs: Sequence[tuple[str, str]], cfg: ClientSettings, *, rubric: str = DEFAULT_RUBRIC,
+def judge_pairs(pairs: Sequence[tuple[str, str]], cfg: ClientSettings, *, rubric: str | None = None,
                 grade_max: int = 3, docs: Mapping[str, Mapping[str, Any]] | None = None,
                 transport: httpx.BaseTransport | None = None,
                 sleep: Callable[[float], None] = time.sleep) -> list[Answer]:
@@ -218,10 +218,12 @@ def judge_pairs(pairs: Sequence[tuple[str, str]], cfg: ClientSettings, *, rubric
     cfg.url()  # a bad URL fails before any call
     docs = docs or {}
 
+    text = rubric if rubric is not None else default_rubric_text(grade_max)
+
     def one(client: httpx.Client, pair: tuple[str, str]) -> Answer:
         query, doc_id = pair
         start = time.monotonic()
-        content, attempts, failure = ask(client, cfg, build_messages(query, doc_id, docs.get(doc_id), rubric,
+        content, attempts, failure = ask(client, cfg, build_messages(query, doc_id, docs.get(doc_id), text,
                                                                      grade_max), sleep)
         parsed = parse_grade(content, grade_max) if content is not None else None
         if parsed is not None and parsed.failure:
@@ -315,28 +317,3 @@ def pairs_to_judge(con: duckdb.DuckDBPyConnection, source: str, *, limit: int | 
     items = build_queue(candidates, humans, freq, held_out=held_out, seed=seed)
     pairs = [it.pair for it in items if it.pair not in done]
     return pairs if limit is None else pairs[:limit]
-
-
-#: document fields a ``--docs`` catalogue line may give (what the review page shows too)
-DOC_FIELDS = ("title", "description", "url")
-
-
-def read_docs(path: Path | str) -> dict[str, dict[str, Any]]:
-    """A document catalogue: JSONL, one object a line with ``doc_id`` and any of :data:`DOC_FIELDS`."""
-    p = Path(path)
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        lines = p.read_bytes().splitlines()
-    except OSError as exc:
-        raise InputFileError(str(p), None, f"cannot read: {exc.strerror}") from exc
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise InputFileError(str(p), number, f"malformed JSON: {exc.msg}") from exc
-        if not isinstance(obj, dict) or not isinstance(obj.get("doc_id"), str) or not obj["doc_id"]:
-            raise InputFileError(str(p), number, 'expected an object with a non-empty string "doc_id"')
-        out[obj["doc_id"]] = {k: obj[k] for k in DOC_FIELDS if isinstance(obj.get(k), str | int | float)}
-    return out

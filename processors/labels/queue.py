@@ -5,7 +5,8 @@ Human time is the scarce resource of the label lifecycle, so the queue spends it
 1. **A held-out sample first** (``held_out`` items): a stratified random sample of the pairs, the same for a given
    ``seed``, that measures how far each implicit and model source (and each assessor) agrees with people. Strata
    are the query's frequency band (``head``/``torso``/``tail``: the thirds of the distinct queries' counts) crossed
-   with the pair's suggested grade (the median of its sources' grades, ``ungraded`` when none has one); each
+   with the pair's suggested grade (the median of its implicit sources' grades, ``ungraded`` when none has one:
+   a model judge grading queued pairs never moves the sample it is measured on); each
    stratum gets an equal share of ``held_out`` pairs (a stratum with fewer pairs gives its rest to the others, the
    strata taken in a seeded random order), so rare high grades are measured as well as the many zeros. The page shows these pairs blind
    (no evidence), so the agreement measured on them is not anchored on what a source suggested.
@@ -31,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ubi_pipeline.schemas.errors import UbiError
+from ubi_pipeline.schemas.judgments import MODEL_PREFIX
 
 #: Frequency bands of the held-out strata, from the least to the most frequent third of the queries.
 BANDS = ("tail", "torso", "head")
@@ -160,7 +162,6 @@ def build_queue(candidates: Iterable[Candidate], humans: Iterable[HumanGrade], f
     freq = np.array([frequencies.get(q, 0) for q, _ in pairs], dtype=np.int64)
     disagreement = np.zeros(n, dtype=np.int64)
     width = np.full(n, np.nan)
-    suggested: list[int | None] = []
     for i, p in enumerate(pairs):
         source_grades = [c.grade for c in evid[i] if c.grade is not None]
         grades = source_grades + [h.grade for h in human_by_pair.get(p, ())]
@@ -169,12 +170,13 @@ def build_queue(candidates: Iterable[Candidate], humans: Iterable[HumanGrade], f
         widths = [c.ci_high - c.ci_low for c in evid[i] if c.ci_low is not None and c.ci_high is not None]
         if widths:
             width[i] = max(widths)
-        suggested.append(_suggested(source_grades))
 
+    # strata by the implicit sources' grades only: a model judge's grades of queued pairs (``ubi judge``) must not
+    # move the sample the model is then measured on, nor the one people are already grading
     bands = _bands(frequencies, (q for q, _ in pairs))
     strata: dict[str, list[int]] = defaultdict(list)
     for i, (q, _) in enumerate(pairs):
-        g = suggested[i]
+        g = _suggested([c.grade for c in evid[i] if c.grade is not None and not c.source.startswith(MODEL_PREFIX)])
         strata[f"{bands[q]}/{'ungraded' if g is None else f'grade {g}'}"].append(i)
     sample = _sample(strata, held_out, np.random.default_rng(seed))
     in_sample = {i for i, _ in sample}

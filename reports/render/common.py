@@ -113,10 +113,11 @@ def systems_table(report: Report) -> tuple[Row, list[Row]]:
 
 
 def labels_table(report: Report) -> tuple[Row, list[Row]]:
-    """Labels per source, and how many (query, doc) pairs the merged view takes from each."""
+    """(query, doc) pairs per source (a pair several assessors graded counts once; their rows are the labels
+    column), and how many pairs the merged view takes from each."""
     chosen = report.merge.chosen_by_source if report.merge is not None else {}
-    head = ["source", "labels", "graded", "queries", "pairs chosen by the merge"]
-    rows = [[s, str(c["labels"]), str(c["graded"]), str(c["queries"]), str(chosen.get(s, 0))]
+    head = ["source", "pairs", "graded pairs", "labels (one per assessor)", "queries", "pairs chosen by the merge"]
+    rows = [[s, str(c["pairs"]), str(c["graded_pairs"]), str(c["labels"]), str(c["queries"]), str(chosen.get(s, 0))]
             for s, c in report.label_counts.items()]
     return head, rows
 
@@ -224,6 +225,18 @@ def left_out_note(report: Report) -> str | None:
             + ", ".join(f"{s} {n}" for s, n in counts.items()) + " searches; 'searches' counts the searches kept.")
 
 
+def _kind(source: str) -> str:
+    """``implicit`` or ``model``: the kind of label a measured source is (``implicit:pbm``, ``model:gpt-4o-mini``)."""
+    return source.split(":", 1)[0]
+
+
+def agreement_title(report: Report) -> str:
+    """The agreement table's title, naming the kinds of source it measures (model judges sit beside click models,
+    and a title that says "implicit" over a ``model:*`` row misnames it)."""
+    kinds = list(dict.fromkeys(_kind(s) for s in report.agreement))
+    return f"Agreement of {' and '.join(kinds) or 'implicit'} labels with human grades"
+
+
 def agreement_table(report: Report) -> tuple[Row, list[Row]]:
     head = ["source", "pairs", "excluded (calibration)", "kappa (quadratic)", "Spearman", "Kendall"]
     rows = [[s, str(a.pairs), str(a.excluded_calibration), num(a.kappa), num(a.spearman), num(a.kendall)]
@@ -262,7 +275,8 @@ def disputed_title(report: Report) -> str:
     if a is None:
         return ""
     shown = f", the {len(a.disputed)} widest shown" if a.disputed_total > len(a.disputed) else ""
-    return (f"Disputed pairs: assessors {a.dispute_span} or more grades apart ({a.disputed_total:,} pairs{shown})")
+    n = a.disputed_total
+    return f"Disputed pairs: assessors {a.dispute_span} or more grades apart ({n:,} pair{'' if n == 1 else 's'}{shown})"
 
 
 def disputed_table(report: Report) -> tuple[Row, list[Row]]:
@@ -281,12 +295,17 @@ def no_overlap(report: Report, source: str) -> str | None:
     if a.pairs > 0:
         return None
     excluded = f" ({a.excluded_calibration} held back as calibration pairs)" if a.excluded_calibration else ""
-    return f"{source}: no implicit label overlaps a human one{excluded}, so there is no confusion matrix"
+    return f"{source}: {no_overlap_reason(source)}{excluded}, so there is no confusion matrix"
+
+
+def no_overlap_reason(source: str) -> str:
+    """Why a source has no agreement figures: none of its graded labels is on a pair people graded."""
+    return f"no {_kind(source)} label overlaps a human one"
 
 
 def confusion_rows(report: Report, source: str) -> tuple[Row, list[Row]]:
     a = report.agreement[source]
-    head = ["human \\ implicit", *[str(g) for g in a.grades]]
+    head = [f"human \\ {source}", *[str(g) for g in a.grades]]
     return head, [[str(g), *[str(v) for v in row]] for g, row in zip(a.grades, a.confusion, strict=True)]
 
 

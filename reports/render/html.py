@@ -331,7 +331,7 @@ def render_html(report: Report) -> str:
             parts += [f"<h3>{html.escape(title)}</h3>", '<div class="plots">', _plot(forest_svg(pair)), "</div>",
                       _table(head, rows), f"<p><strong>{html.escape(verdict)}</strong></p>"]
     if report.agreement:
-        parts += ["<h2>Agreement of implicit labels with human grades</h2>", _table(*common.agreement_table(report)),
+        parts += [f"<h2>{html.escape(common.agreement_title(report))}</h2>", _table(*common.agreement_table(report)),
                   *[f'<p class="note">{html.escape(common.no_overlap(report, s) or "")}</p>'
                     for s in report.agreement if common.no_overlap(report, s)],
                   '<div class="plots">',

@@ -15,6 +15,7 @@ import orjson
 from ubi_pipeline.reports import interleaving
 from ubi_pipeline.reports.intervals import Interval, why_no_interval
 from ubi_pipeline.reports.joint import Report
+from ubi_pipeline.reports.render import common
 
 
 def _clean(value: Any, memo: dict[int, tuple[Any, Any]] | None = None) -> Any:
@@ -186,7 +187,7 @@ def report_dict(report: Report, *, label_pairs: bool = True) -> dict[str, Any]:
         "predicted": _predicted(report),
         "joint": _joint(report),
         "agreement": {s: {**_clean(a), "confusion": _clean(a.confusion) if a.pairs else None,
-                          "no_overlap": None if a.pairs else "no implicit label overlaps a human one"}
+                          "no_overlap": None if a.pairs else common.no_overlap_reason(s)}
                       for s, a in report.agreement.items()},
         "assessors": _clean(report.assessors),
         "comparisons": [_comparison(c) for c in report.comparisons],

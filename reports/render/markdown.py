@@ -57,7 +57,7 @@ def render_markdown(report: Report) -> str:
         for title, head, rows, verdict in common.pair_tables(report):
             out += [f"### {title}", "", _table(head, rows), f"**{verdict}**", ""]
     if report.agreement:
-        out += ["## Agreement with human grades", "", _table(*common.agreement_table(report))]
+        out += [f"## {common.agreement_title(report)}", "", _table(*common.agreement_table(report))]
         for source in report.agreement:
             empty = common.no_overlap(report, source)
             out += [f"### Confusion matrix: {source}", "",

@@ -83,7 +83,7 @@ def print_report(report: Report, console: Console) -> None:
             console.print(_shown(f"{title}: {verdict}"), highlight=False)
         console.print(f"[dim]{_shown(common.JOINT_NOTE)}[/]", highlight=False)
     if report.agreement:
-        console.print(_table("Agreement of implicit labels with human grades", *common.agreement_table(report)))
+        console.print(_table(common.agreement_title(report), *common.agreement_table(report)))
         for source in report.agreement:
             empty = common.no_overlap(report, source)
             if empty:

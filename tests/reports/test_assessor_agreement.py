@@ -164,3 +164,57 @@ def test_report_shows_assessor_agreement_in_every_format(tmp_path: Path) -> None
         assert f"Krippendorff's alpha (interval metric) {alpha:.3f} [" in text, fmt
         assert "Disputed pairs: assessors 2 or more grades apart (6 pairs)" in text, fmt
         assert "see rubric 2b" in text, fmt
+
+
+def test_report_names_model_sources_and_counts_pairs_not_assessor_rows(tmp_path: Path) -> None:
+    """A model source in the agreement table is not called implicit (title, confusion header, no-overlap note), and
+    the labels table counts (query, doc) pairs: 40 pairs graded by three assessors are 40 pairs and 120 labels."""
+    db = build_store(tmp_path / "ubi.duckdb")
+    with Store(db) as store:
+        store.load_table("human_judgments", pa.Table.from_pylist(_human_rows(40), schema=HUMAN_JUDGMENT_SCHEMA))
+    # the model grades the fixture's 40 pairs as ann did (grade i % 4), and one pair nobody graded ("nowhere")
+    llm = tmp_path / "llm.jsonl"
+    llm.write_text(json.dumps({"query_id": "q1", "query": "red shoes",
+                               "relevant": {f"x{i:02d}": i % 4 for i in range(40)}}) + "\n"
+                   + json.dumps({"query_id": "q9", "query": "nowhere", "relevant": {"z": 1}}) + "\n")
+    assert main(["judgments", "import", str(llm), "--db", str(db), "--source", "model:llm"]) == 0
+    out = tmp_path / "r.json"
+    assert main(["report", "--db", str(db), "--format", "json", "--out", str(out), "--no-labels"]) == 0
+    got = json.loads(out.read_text())
+    # human: 3 assessors x 40 pairs = 120 rows on 40 pairs; the fixture's JSONL adds none (its qrels are --qrels)
+    human = got["labels"]["counts"]["human"]
+    assert (human["pairs"], human["graded_pairs"], human["labels"]) == (40, 40, 120)
+    assert got["labels"]["counts"]["model:llm"] == {"pairs": 41, "graded_pairs": 41, "labels": 41, "graded": 41,
+                                                   "queries": 2}
+    # the merged human grade of pair i is the lower median of ann, bob, cat: 40 pairs with the model's grade
+    assert got["agreement"]["model:llm"]["pairs"] == 40
+    for fmt, name in (("md", "r.md"), ("html", "r.html"), ("text", "r.txt")):
+        path = tmp_path / name
+        assert main(["report", "--db", str(db), "--format", fmt, "--out", str(path)]) == 0
+        text = " ".join(html.unescape(path.read_text()).split())
+        assert "Agreement of implicit and model labels with human grades" in text, fmt
+        assert "Agreement of implicit labels" not in text, fmt
+        assert "labels (one per assessor)" in text, fmt
+        if fmt != "html":  # the HTML draws the confusion matrix as a plot with its own axis names
+            assert "human \\ model:llm" in text and "human \\ implicit " not in text, fmt
+
+
+def test_small_n_in_the_report_no_intervals_and_one_disputed_pair(tmp_path: Path) -> None:
+    """Two assessors on three pairs: x (3, 1, 0), y (2, 1, 2). Alpha (interval) 0.2424 and kappa (quadratic) 0.1176
+    from the `krippendorff` package and by hand (Cohen 1968); n = 3 < 5, so neither has an interval; one pair
+    (c: 0 and 2) is disputed, said as "1 pair" (it read "1 pairs")."""
+    db = build_store(tmp_path / "ubi.duckdb")
+    rows = [{"query_id": "q1", "query": "red shoes", "doc_id": d, "grade": g, "source": "human", "assessor": who,
+             "judged_at": datetime(2025, 1, 1), "rubric": "v1", "origin": "f", "note": None}
+            for who, grades in (("x", (3, 1, 0)), ("y", (2, 1, 2))) for d, g in zip("abc", grades, strict=True)]
+    with Store(db) as store:
+        store.load_table("human_judgments", pa.Table.from_pylist(rows, schema=HUMAN_JUDGMENT_SCHEMA))
+    reference = krippendorff.alpha(reliability_data=np.array([[3, 1, 0], [2, 1, 2]], dtype=float),
+                                   level_of_measurement="interval")
+    assert reference == pytest.approx(8 / 33)
+    path = tmp_path / "r.txt"
+    assert main(["report", "--db", str(db), "--out", str(path)]) == 0
+    text = " ".join(path.read_text().split())
+    assert f"Krippendorff's alpha (interval metric) {reference:.3f} (no interval: n = 3 < 5 for a bootstrap)" in text
+    assert "0.118 (no interval: n = 3 < 5 for a bootstrap)" in text
+    assert "Disputed pairs: assessors 2 or more grades apart (1 pair)" in text

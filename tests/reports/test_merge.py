@@ -204,3 +204,20 @@ def test_stored_parameters_read_back_as_stored_with_the_run_wide_part_shared(tmp
     assert [got[f"d{i}"] for i in range(len(texts))] == expected
     # the run-wide part is one object shared by the rows, not a copy per row
     assert got["d0"]["model"] is got["d1"]["model"] is got["d3"]["model"]
+
+
+def test_a_source_disagrees_with_the_assessors_aggregate_not_with_each_assessor():
+    """Three assessors who differ among themselves used to make a model disagree with "human" on every pair where
+    any one of them differed from it (ESCI, 3 perturbed copies: 4,559 pairs counted, 2,983 differ from the merged
+    grade). Each side of a couple of sources is now its assessors' aggregate, the lower median."""
+    def people(doc: str, grades: tuple[int, ...]) -> list[Label]:
+        return [Label("q", doc, g, "human", origin="store", assessor=w) for w, g in zip("abc", grades, strict=False)]
+    labels = LabelSet().add([
+        *people("d", (0, 3, 3)), Label("q", "d", 3, "model:llm", origin="store"),  # merged 3 = model: assessors only
+        *people("e", (1, 2)), Label("q", "e", 2, "model:llm", origin="store"),     # merged 1 (lower median) != 2
+        *people("f", (2, 2)), Label("q", "f", 2, "model:llm", origin="store"),     # all agree
+        *people("g", (1,)), Label("q", "g", 0, "model:llm", origin="store"),       # one assessor, model differs
+    ])
+    _, summary = merge_view(labels)
+    assert summary.conflicts_by_sources == {"human vs model:llm": 2, "human: assessors differ": 2}
+    assert summary.conflicts == 3  # d (assessors), e (both), g (model)

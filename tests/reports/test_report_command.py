@@ -88,7 +88,7 @@ def test_offline_on_implicit_and_merged_labels_by_hand(world):
     cov = {(c["system"], c["source"]): c for c in doc["coverage"]}
     # ranker b, implicit:ctr: red 3/3 judged, blue 2/2, green bag [b2] ungraded -> 0, purple socks empty -> 0
     assert cov[("shop/ranker=b", "implicit:ctr")]["judged_at_k"] == pytest.approx((1 + 1 + 0 + 0) / 4)
-    assert doc["labels"]["counts"]["implicit:ctr"] == {"labels": 6, "graded": 5, "queries": 3}
+    assert doc["labels"]["counts"]["implicit:ctr"] == {"pairs": 6, "graded_pairs": 5, "labels": 6, "graded": 5, "queries": 3}
 
 
 def test_labels_with_provenance_in_every_output(world):
@@ -113,7 +113,8 @@ def test_labels_with_provenance_in_every_output(world):
     db = tmp / "ubi.duckdb"
     assert ubi(["report", "--db", str(db), "--qrels", str(qrels), "--format", "md", "--out", str(md)]) == 0
     text = md.read_text()
-    assert "| human | 6 | 6 | 3 | 6 |" in text and "| implicit:ctr | 6 | 5 | 3 | 1 |" in text
+    # source | pairs | graded pairs | labels (one per assessor) | queries | pairs chosen by the merge
+    assert "| human | 6 | 6 | 6 | 3 | 6 |" in text and "| implicit:ctr | 6 | 5 | 6 | 3 | 1 |" in text
     assert "| pairs whose graded labels disagree | 2 |" in text
     assert "| disagree: human vs implicit:ctr | 2 |" in text
     assert "| pairs without a graded label the precedence names (not in the merged view) | 1 |" in text

@@ -10,8 +10,9 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from tests.review.review_store import ORDER, review_store
+from ubi_pipeline.processors.labels.catalog import read_docs
 from ubi_pipeline.review.app import create_review_app
-from ubi_pipeline.review.session import ReviewSession, read_docs, read_inputs, read_rubric
+from ubi_pipeline.review.session import ReviewSession, read_inputs, read_rubric
 from ubi_pipeline.schemas.errors import InputFileError, UbiError
 from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.store.client import reading

@@ -43,11 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", required=True, metavar="NAME", help="the model name the endpoint knows")
     p.add_argument("--source", metavar="model:NAME", help="source name to store under (default model:<--model>)")
     p.add_argument("--rubric", type=Path, metavar="FILE",
-                   help="grading instructions sent with every pair (default: a 0-3 exact/substitute/complement/"
-                        "irrelevant scale)")
+                   help="grading instructions sent with every pair (default: the built-in rubric `ubi review serve` "
+                        "shows people, an exact/substitute/complement/irrelevant scale)")
     p.add_argument("--docs", type=Path, metavar="FILE",
-                   help="document catalogue, JSONL {\"doc_id\", \"title\", \"description\", \"url\"}: shown to the "
-                        "model (without it the model sees the doc id only)")
+                   help="document catalogue, JSONL {\"doc_id\", \"title\", \"description\", \"url\"} (the file "
+                        "`ubi review serve --docs` reads; image is not sent): shown to the model (without it the "
+                        "model sees the doc id only)")
     p.add_argument("--limit", type=int, metavar="N", help="ask about at most N pairs")
     p.add_argument("--rejudge", action="store_true", help="ask again about pairs this model already graded")
     p.add_argument("--api-key-env", metavar="VAR",
@@ -61,8 +62,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_judge)
 
 
+#: pairs a text dry run lists (``--json`` lists every one)
+DRY_RUN_SHOWN = 50
+
+
 def cmd_judge(args: argparse.Namespace) -> int:
     from ubi_pipeline.processors.labels import model_judge as mj
+    from ubi_pipeline.processors.labels.catalog import read_docs
+    from ubi_pipeline.processors.labels.grades import default_rubric_text
     from ubi_pipeline.schemas.settings import Settings
     from ubi_pipeline.store.client import load_derived, reading
 
@@ -74,13 +81,14 @@ def cmd_judge(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UbiError(f"--timeout must be positive, got {args.timeout}")
     source = mj.source_for(args.model, args.source)
-    rubric, rubric_name = mj.DEFAULT_RUBRIC, f"default ({mj.PROMPT_VERSION})"
+    # the review page's built-in rubric: people and the model grade under one text, recorded under one digest
+    rubric, rubric_name = default_rubric_text(settings.grade_max), "builtin"
     if args.rubric is not None:
         try:
             rubric, rubric_name = args.rubric.read_text(encoding="utf-8"), args.rubric.name
         except OSError as exc:
             raise UbiError(f"--rubric {args.rubric}: cannot read: {exc.strerror}") from exc
-    docs = mj.read_docs(args.docs) if args.docs is not None else None
+    docs = read_docs(args.docs) if args.docs is not None else None
     api_key = None
     if args.api_key_env:
         # the variable is named on the command line, so it cannot be a Settings field; the key is never stored
@@ -99,10 +107,16 @@ def cmd_judge(args: argparse.Namespace) -> int:
     if args.dry_run:
         first = mj.build_messages(*pairs[0], (docs or {}).get(pairs[0][1]), rubric, settings.grade_max)
         if args.json:
-            print(json.dumps({"source": source, "pairs": len(pairs), "first_messages": first}, ensure_ascii=False))
+            print(json.dumps({"source": source, "pairs": len(pairs), "first_messages": first,
+                              "queue": [{"query": q, "doc_id": d} for q, d in pairs]}, ensure_ascii=False))
         else:
-            out.print(escape(f"would ask {cfg.url()} ({args.model}) about {len(pairs)} pairs as {source}; the first "
-                             "prompt:"))
+            out.print(escape(f"would ask {cfg.url()} ({args.model}) about {len(pairs)} pairs as {source}, in this "
+                             "order (query, tab, doc id):"))
+            for q, d in pairs[:DRY_RUN_SHOWN]:
+                print(f"{q}\t{d}")  # plain print: a tab-separated list to cut or grep, never wrapped
+            if len(pairs) > DRY_RUN_SHOWN:
+                out.print(escape(f"... and {len(pairs) - DRY_RUN_SHOWN:,} more (--json lists them all)"))
+            out.print("the first prompt:")
             for m in first:
                 out.print(escape(f"[{m['role']}]\n{m['content']}"))
         return 0

@@ -76,10 +76,11 @@ def _rating_map(text: str | None) -> RatingMap:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "judgments",
-        help="export stored judgments as JSONL, TREC or Workbench; import a human qrels file into the store",
+        help="export stored judgments as JSONL, TREC or Workbench; import a human (or a model's) judgments file",
         description="Move judgments between the store and files: `export` writes the graded labels of one source "
-                    "(human, reviewed, implicit:<model>, merged); `import` loads human judgments (JSONL, TREC qrels "
-                    "or Workbench JSON) into human_judgments with their provenance.",
+                    "(human, reviewed, implicit:<model>, model:<name>, merged); `import` loads human judgments (JSONL, "
+                    "TREC qrels or Workbench JSON) into human_judgments with their provenance, or with --source "
+                    "model:NAME a model's grades into the judgments table, apart from the human ones.",
     )
     js = p.add_subparsers(dest="judgments_command", metavar="{export,import}")
 
@@ -91,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("--format", required=True, choices=QRELS_FORMATS, help="jsonl, trec or workbench")
     e.add_argument("--source", default="human", metavar="SOURCE",
                    help="human (default), reviewed[:SRC], implicit:MODEL (or the model name; plain implicit when the "
-                        "store holds one model), or merged")
+                        "store holds one model), model:NAME (a model judge's grades), or merged")
     e.add_argument("--precedence", type=csv_list, default=DEFAULT_PRECEDENCE, metavar="LIST",
                    help="for --source merged: label kinds or sources in order (default human,reviewed,implicit)")
     e.add_argument("--rating-map", metavar="MAP", help=_MAP_HELP)
@@ -104,9 +105,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.set_defaults(func=cmd_export)
 
     i = js.add_parser(
-        "import", help="load a human judgments file (jsonl, trec, workbench) into the store",
+        "import", help="load a human judgments file (jsonl, trec, workbench) into the store, or a model's",
         description="Validate a human judgments file and store it in human_judgments as source human, with its\n"
-                    "provenance (assessor, date, rubric, the file).",
+                    "provenance (assessor, date, rubric, the file); with --source model:NAME, a model's grades\n"
+                    "in the judgments table instead (below).",
         epilog=_IMPORT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     i.add_argument("file", type=Path, metavar="FILE", help="the judgments: JSONL, TREC qrels or Workbench JSON")
@@ -147,7 +149,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.json:
         err.print_json(json.dumps(summary.as_dict()))
     elif args.out is not None:
-        origin = summary.source
+        origin = summary.source + (f", assessor {args.assessor}" if args.assessor is not None else "")
         if summary.source == "merged" or len(summary.chosen_by_source) > 1:
             origin += ": " + ", ".join(f"{n} {s}" for s, n in summary.chosen_by_source.items())
         mixed = (f"; {summary.mixed_provenance} queries with differing assessor/rubric/date written without them"

@@ -254,8 +254,9 @@ holds the store (through its admin protocol). Loopback only unless UBI_REVIEW_TO
 
 
 def cmd_review_serve(args: argparse.Namespace) -> int:
+    from ubi_pipeline.processors.labels.catalog import read_docs
     from ubi_pipeline.review.app import serve_review
-    from ubi_pipeline.review.session import ReviewSession, read_docs, read_rubric
+    from ubi_pipeline.review.session import ReviewSession, read_rubric
     from ubi_pipeline.schemas.settings import Settings
 
     settings = Settings.from_flags(args, only=("db",))
@@ -266,8 +267,11 @@ def cmd_review_serve(args: argparse.Namespace) -> int:
                                  docs=docs, blind=args.blind, assessors_per_pair=args.assessors_per_pair,
                                  held_out=args.held_out, seed=args.seed)
 
+    # with a token every request needs it: the address printed says so (the token itself stays out of logs)
+    token = "token=<UBI_REVIEW_TOKEN>&" if settings.review_token is not None else ""
+
     def ready(url: str) -> None:
-        print(f"review page: {url}?assessor=YOUR_NAME ({len(session.queue.items):,} pairs in the queue; "
+        print(f"review page: {url}?{token}assessor=YOUR_NAME ({len(session.queue.items):,} pairs in the queue; "
               f"{settings.db}); Ctrl-C stops", flush=True)
 
     return serve_review(session, settings, host=args.host, port=args.port, ready=ready)
@@ -308,9 +312,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print a machine-readable summary (JSON) instead")
     p.set_defaults(func=_guard(cmd_process))
 
-    r = sub.add_parser("review", help="export candidate judgments for assessors and import their grades",
-                       description="The review round trip: `export` writes candidates of a query set as CSV or "
-                                   "JSONL with empty grade columns; `import` loads the graded file into "
+    r = sub.add_parser("review", help="grade candidate judgments in the browser, or export them for assessors and "
+                                      "import their grades",
+                       description="Candidate judgments in front of people: `serve` puts them on a page at /review, "
+                                   "one pair at a time in the review queue's order, each grade stored at once "
+                                   "(docs/review.md); the file round trip: `export` writes candidates of a query set "
+                                   "as CSV or JSONL with empty grade columns; `import` loads the graded file into "
                                    "human_judgments (source reviewed:<implicit source>, or human for blind sheets).")
     rs = r.add_subparsers(dest="review_command", metavar="{export,import,serve}")
     e = rs.add_parser("export", help="write candidates of a query set for assessors", description=_EXPORT_HELP,

@@ -76,9 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=(
             "Evaluate the rankings each system showed (systems: the application of the query records, split by "
             "query_attributes ranker / experiment, plus any --run files) against the human judgments and against "
-            "each implicit "
+            "each implicit and model "
             "judgment source in the store, beside the online metrics of the same systems, the agreement of "
-            "the implicit labels with the human ones, a paired comparison with a baseline, and quality gates. "
+            "the implicit and model labels with the human ones (and of the assessors among themselves), a paired "
+            "comparison with a baseline, and quality gates. "
             "Every number says how many queries (or searches) it rests on; intervals are 95%."
         ),
         epilog=_EPILOG,
@@ -112,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--split-keys", type=csv_list, default=DEFAULT_SPLIT_KEYS, metavar="KEYS",
                    help="query_attributes keys that split an application into systems (default ranker,experiment)")
     p.add_argument("--sources", type=csv_list, metavar="LIST",
-                   help="implicit (or reviewed) sources to evaluate, e.g. implicit:ctr,implicit:pbm (default: all)")
+                   help="implicit, model (or reviewed) sources to evaluate, e.g. implicit:ctr,model:gpt-4o-mini (default: all)")
     p.add_argument("--precedence", type=csv_list, default=DEFAULT_PRECEDENCE, metavar="LIST",
                    help="merged view: label kinds or sources in order (default human,reviewed,implicit)")
     cls = p.add_mutually_exclusive_group()

@@ -101,7 +101,14 @@ def test_two_assessors_are_both_kept_and_reimport_replaces_only_ones_own(tmp_pat
     assert main(["judgments", "export", "--db", str(db), "--format", "trec", "--assessor", "bob"]) == 0
     assert capsys.readouterr().out == "red%20shoes 0 d1 1\nred%20shoes 0 d2 2\n"
     assert main(["judgments", "export", "--db", str(db), "--format", "workbench", "--assessor", "cat"]) == 0
-    assert '"docId": "d1"' in capsys.readouterr().out
+    got = json.loads(capsys.readouterr().out)
+    assert got["judgmentRatings"][0]["ratings"][0]["docId"] == "d1"
+    # one assessor's list says whose it is (it read "from source human", like the merge of all of them)
+    assert got["description"] == "Exported by ubi-pipeline from source human, assessor cat"
+    wb = tmp_path / "cat.json"
+    assert main(["judgments", "export", "--db", str(db), "--format", "workbench", "--assessor", "cat",
+                 "--out", str(wb)]) == 0
+    assert "(human, assessor cat)" in capsys.readouterr().err
     assert main(["judgments", "export", "--db", str(db), "--format", "trec", "--assessor", "nobody"]) == 2
 
 

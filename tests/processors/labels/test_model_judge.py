@@ -29,6 +29,7 @@ from ubi_pipeline.processors.labels.model_judge import (
     ask,
     build_messages,
     parse_grade,
+    rubric_digest,
     source_for,
 )
 
@@ -175,7 +176,7 @@ def test_ubi_judge_stores_a_model_source_measured_like_an_implicit_one(
     assert params["d4"]["answer"] == "I cannot tell from an id." and "grade" in params["d4"]["failure"]
     assert params["b2"]["failure"] == "timed out after 0.5 s" and "answer" not in params["b2"]
     assert (params["h1"]["attempts"], params["h1"]["reason"], params["h1"]["prompt_version"]) == (
-        2, "a hat, wrong colour", "ubi-judge-1")
+        2, "a hat, wrong colour", "ubi-judge-2")
     assert "sk-test" not in json.dumps(params)  # the key is never stored
 
     # a second run asks only about the pairs without a grade yet (b2, d4)
@@ -229,3 +230,111 @@ def test_import_model_judgments_keeps_them_apart(tmp_path: Path, capsys: pytest.
     assert "red%20shoes 0 d1 2" in capsys.readouterr().out
     assert main(["judgments", "import", str(llm), "--db", str(db), "--source", "gpt"]) == 2
     assert "expected human or model:NAME" in capsys.readouterr().err
+
+
+def test_bad_model_source_spellings_are_refused_naming_what_is_expected(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ubi judge --source llm:x` used to be rewritten to model:llm-x without a word, and `ubi judgments import
+    --source "model:a,b"` stored a source that no --precedence list can name; both commands now use one rule."""
+    db = build_store(tmp_path / "ubi.duckdb")
+    llm = tmp_path / "llm.jsonl"
+    llm.write_text('{"query_id": "q1", "query": "red shoes", "relevant": {"d1": 2}}\n')
+    judge = ["judge", "--db", str(db), "--endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--dry-run"]
+    for source, expected in (("llm:x", "--source 'llm:x': expected model:NAME"),
+                             ("model:", "--source 'model:': expected model:NAME, the name is missing"),
+                             ("model:a,b", "--source 'model:a,b': the name 'a,b' may hold only letters, digits")):
+        assert main([*judge, "--source", source]) == 2, source
+        assert expected in " ".join(capsys.readouterr().err.split()), source
+        assert main(["judgments", "import", str(llm), "--db", str(db), "--source", source]) == 2, source
+        err = " ".join(capsys.readouterr().err.split())
+        assert (expected if source != "llm:x" else "--source 'llm:x': expected human or model:NAME") in err, source
+    assert _rows(db, "SELECT count(*) FROM judgments WHERE source LIKE 'model:%'") == [(0,)]
+    assert source_for("llama3.1:8b") == "model:llama3.1-8b"  # a --model name is still made a source name
+
+
+def test_judge_dry_run_lists_the_pairs_it_would_ask_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--help promises "print the pairs and the first prompt": the pairs were only counted."""
+    db = build_store(tmp_path / "ubi.duckdb")  # implicit:ctr candidates of 6 pairs (joint_fixtures)
+    argv = ["judge", "--db", str(db), "--endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--dry-run", "--limit", "4"]
+    assert main([*argv, "--json"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert dry["pairs"] == 4 and len(dry["queue"]) == 4
+    first = dry["queue"][0]
+    assert f"Query: {first['query']}\nDocument id: {first['doc_id']}" == dry["first_messages"][1]["content"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    for item in dry["queue"]:  # the same pairs, in the same order, in the text
+        assert f"{item['query']}\t{item['doc_id']}" in text
+    assert [ln.split("\t")[1] for ln in text.splitlines() if "\t" in ln] == [i["doc_id"] for i in dry["queue"]]
+
+
+def test_people_and_the_model_judge_grade_under_one_default_rubric(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --rubric, `ubi review serve` showed people one scale text and `ubi judge` sent the model another
+    (recorded as 'builtin@eea60af22978' and 'default (ubi-judge-1)' with another digest), so a model's agreement
+    with people was measured across two rubrics. Both now use processors.labels.grades.default_rubric_text."""
+    from ubi_pipeline.processors.labels.grades import default_rubric_text
+    from ubi_pipeline.review.session import read_rubric
+
+    db = build_store(tmp_path / "ubi.duckdb")
+    assert main(["judge", "--db", str(db), "--endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--dry-run",
+                 "--json"]) == 0
+    system = json.loads(capsys.readouterr().out)["first_messages"][0]["content"]
+    assert default_rubric_text(3) in system
+    people = read_rubric(None, 3)
+    assert people.text == default_rubric_text(3)
+    assert people.version == f"builtin@{rubric_digest(default_rubric_text(3))}"
+
+
+def test_judge_reads_the_catalogue_the_review_page_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ubi judge --docs` had a reader of its own: it took a title of 5 and a javascript: url that `ubi review serve
+    --docs` refuses (and sent them to the model). One reader now (processors/labels/catalog.py), one verdict."""
+    db = build_store(tmp_path / "ubi.duckdb")
+    judge = ["judge", "--db", str(db), "--endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--dry-run", "--json"]
+    for line, expected in (('{"doc_id": "d1", "title": 5}', "c.jsonl:1: 'title' must be a string, got int"),
+                           ('{"doc_id": "d1", "url": "javascript:alert(1)"}', "c.jsonl:1: 'url' must be an http(s) URL")):
+        catalog = tmp_path / "c.jsonl"
+        catalog.write_text(line + "\n")
+        assert main([*judge, "--docs", str(catalog)]) == 2
+        assert expected in " ".join(capsys.readouterr().err.split())
+    # a good line: the text fields go to the model, the image does not
+    docs = {"doc_id": "d1", "title": "Red running shoe", "image": "https://img.example/d1.jpg"}
+    assert build_messages("red shoes", "d1", docs, "Be strict.", 3)[1]["content"] == (
+        "Query: red shoes\nDocument id: d1\ntitle: Red running shoe")
+
+
+def test_report_help_names_model_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    """`ubi report --sources model:NAME` works, but its help offered only "implicit (or reviewed) sources"."""
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "implicit, model (or reviewed) sources to evaluate" in text
+    assert "the implicit and model labels with the human ones" in text
+
+
+def test_a_model_export_says_whose_grades_and_cannot_come_back_as_human(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ubi judgments export --source model:gpt --format jsonl` wrote lines that said nothing of the model, and
+    `ubi judgments import` (default --source human) took them as people's grades. Lines now carry "source"."""
+    db = build_store(tmp_path / "ubi.duckdb")
+    llm = tmp_path / "llm.jsonl"
+    llm.write_text('{"query_id": "q1", "query": "red shoes", "relevant": {"d1": 2, "d2": 1}}\n')
+    assert main(["judgments", "import", str(llm), "--db", str(db), "--source", "model:gpt"]) == 0
+    out = tmp_path / "out.jsonl"
+    assert main(["judgments", "export", "--db", str(db), "--source", "model:gpt", "--format", "jsonl",
+                 "--out", str(out)]) == 0
+    line = json.loads(out.read_text())
+    assert (line["source"], line["relevant"]) == ("model:gpt", {"d1": 2, "d2": 1})
+    capsys.readouterr()
+    assert main(["judgments", "import", str(out), "--db", str(db)]) == 2
+    assert (f"{out}:1: query 'red shoes' names source 'model:gpt', not human: import it with --source model:gpt"
+            in " ".join(capsys.readouterr().err.split()))
+    assert _rows(db, "SELECT count(*) FROM human_judgments") == [(0,)]
+    # as a model source it round-trips
+    assert main(["judgments", "import", str(out), "--db", str(db), "--source", "model:gpt2"]) == 0
+    assert _rows(db, "SELECT doc_id, grade FROM judgments WHERE source = 'model:gpt2' ORDER BY doc_id") == [
+        ("d1", 2), ("d2", 1)]
+    # people's grades are written as before, without a source
+    assert main(["judgments", "import", str(llm), "--db", str(db), "--assessor", "ann"]) == 0
+    assert main(["judgments", "export", "--db", str(db), "--format", "jsonl", "--out", str(out)]) == 0
+    assert "source" not in json.loads(out.read_text())

@@ -104,3 +104,14 @@ def test_bad_limits():
     with pytest.raises(QueueError, match="assessors per pair 0"):
         Queue([], 0)
     assert build_queue([], [], {}) == []
+
+
+def test_a_model_judge_grading_queued_pairs_does_not_move_the_held_out_sample():
+    """`ubi judge --limit 5` on the ESCI sample store changed the first 8 held-out pairs of the queue for every later
+    judge and page: the strata took the model's grades into the suggested grade. They are the implicit sources' now."""
+    before = build_queue(_many(), [], FREQ, held_out=4, seed=3)
+    # a model grades every pair 3 (the strata would all become grade 2 or 3 under the median of pbm and llm)
+    judged = _many() + [_c(q, d, "model:llm", 3) for q, d in {(c.query, c.doc_id) for c in _many()}]
+    after = build_queue(judged, [], FREQ, held_out=4, seed=3)
+    assert [(it.pair, it.stratum) for it in after[:4]] == [(it.pair, it.stratum) for it in before[:4]]
+    assert all(it.held_out for it in after[:4])
