@@ -300,6 +300,10 @@ class LoaderProc:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+            self._keep_lines()
+
+    def _keep_lines(self) -> None:
+        (self.workdir / f"consume-{self.starts}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in self.lines))
 
     def stop(self) -> dict[str, Any]:
         """SIGTERM: the loader writes what it holds, commits, and prints its summary line (returned)."""
@@ -311,7 +315,34 @@ class LoaderProc:
                 self.proc.kill()
                 self.proc.wait()
         time.sleep(0.2)  # the reader thread takes the last lines
+        self._keep_lines()
         return next((line for line in reversed(self.lines) if line.get("event") == "summary"), {})
+
+
+class CommittedLag:
+    """Records of the loader's topics past its group's committed offsets: 0 when everything is committed.
+
+    Asked through a consumer of the group that never subscribes (so never joins it): an offset fetch.
+    """
+
+    def __init__(self, bootstrap: str, prefix: str, group: str) -> None:
+        from kafka import KafkaConsumer
+
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        self.topics = [f"{prefix}.{kind}" for kind in ("queries", "events", "failed")]
+
+    def __call__(self) -> int | None:
+        from kafka import TopicPartition
+
+        try:
+            parts = [TopicPartition(t, p) for t in self.topics for p in self.consumer.partitions_for_topic(t) or ()]
+            ends = self.consumer.end_offsets(parts)
+            return sum(max(0, end - (self.consumer.committed(tp) or 0)) for tp, end in ends.items())
+        except Exception:  # the broker busy: no figure this time
+            return None
+
+    def close(self) -> None:
+        self.consumer.close(autocommit=False)
 
 
 def poison_pills(prefix: str) -> tuple[list[tuple[str, bytes, str | None]], set[str]]:
@@ -410,24 +441,29 @@ def kafka_run(args: argparse.Namespace) -> dict[str, Any]:
 
             # 3. valid traffic; the loader is killed once in the middle of it and started again
             progress = {"sent": 0, "seconds": 0.0}
+            killed = threading.Event()
 
             def traffic() -> None:
                 t0 = time.perf_counter()
                 for k in range(args.valid):
+                    if k == args.valid // 2:  # the second half while the loader is down and starting again
+                        killed.wait(300)
                     valid_batch(client, url, batch + 1 + k, tally)
                     if k % 3 == 0:  # a retry of a batch already acknowledged: must add nothing
                         valid_batch(client, url, batch + 1 + k, tally)
                     progress["sent"] = k + 1
                 progress["seconds"] = time.perf_counter() - t0
+                progress["ended"] = time.monotonic()
 
             sender = threading.Thread(target=traffic, daemon=True)
             written_before = loader.written()
             sender.start()
-            wait_for(lambda: not sender.is_alive() or (progress["sent"] >= args.valid // 2
-                                                       and loader.written() > written_before),
+            # Killed as soon as it has written a batch of the traffic: its "written" line comes before the commit.
+            wait_for(lambda: progress["sent"] >= args.valid // 2 and loader.written() > written_before,
                      300, "half the valid traffic, and a batch of it written", loader.state)
             loader.kill()
             killed_at, killed_after = time.monotonic(), progress["sent"]
+            killed.set()
             loader.start()
             wait_for(lambda: loader.last().get("partitions"), 180, "the restarted loader to join", loader.state)
             joined = time.monotonic() - killed_at
@@ -439,11 +475,14 @@ def kafka_run(args: argparse.Namespace) -> dict[str, Any]:
                   f"{recovery:.1f} s after the kill", flush=True)
         bk.stop([serve])
         serve = None
-        done_at = time.time()
-        caught = wait_for(lambda: next((line for line in reversed(list(loader.lines)) if line.get("event") == "progress"
-                                        and line.get("time", 0) > done_at + 1 and line.get("lag") == 0), None),
-                          300, "the loader to catch up (lag 0)", loader.state)
-        out["caught_up_after_traffic_s"] = round(caught["time"] - done_at, 2)
+        done_at = progress["ended"]  # the last acknowledged record
+        behind = CommittedLag(bootstrap, prefix, f"{prefix}-loader")
+        try:
+            wait_for(lambda: behind() == 0, 300, "the loader's commits to reach the end of every partition",
+                     lambda: {"committed_lag": behind(), **loader.state()})
+        finally:
+            behind.close()
+        out["caught_up_after_traffic_s"] = round(time.monotonic() - done_at, 2)
         summary = loader.stop()
     finally:
         if serve is not None:
@@ -459,7 +498,6 @@ def kafka_run(args: argparse.Namespace) -> dict[str, Any]:
                              "FROM failed_records").fetchall()
     finally:
         con.close()
-    shutil.rmtree(work, ignore_errors=True)
     lost = len(tally.acked_events - set(events)) + len(tally.acked_queries - set(queries))
     duplicated = (len(events) - len(set(events))) + (len(queries) - len(set(queries)))
     poison = sorted((t, p, o) for kind, t, p, o, *_ in failed if kind == "poison")
@@ -477,15 +515,21 @@ def kafka_run(args: argparse.Namespace) -> dict[str, Any]:
         "loader_recovery_s": round(recovery, 2),
         "loader_summary_after_restart": summary,
     })
+    if ok(out) and not getattr(args, "keep", False):
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        out["workdir"] = str(work)
+        print(f"kept {work} (the loader's logs: consume-*.log)")
     print(f"acknowledged {out['acknowledged']:,}  stored {out['stored']:,}  lost {lost}  duplicated {duplicated}  "
           f"5xx answers {out['answers_5xx']}")
     print(f"poison set aside {len(poison)} of {len(expected)} sent ({'each once, at its topic/partition/offset' if poison == expected else 'MISMATCH: ' + str(sorted(set(poison) ^ set(expected)))}); "
           f"failed records from the collector {from_collector} of {collector_rejected} rejected bodies; "
           f"largest kept raw {out['largest_kept_raw_bytes']:,} bytes")
     print(f"loader: killed once, first batch written {recovery:.1f} s after the kill (restart and group join "
-          f"included), caught up {out['caught_up_after_traffic_s']:.1f} s after the traffic ended; after the restart it "
-          f"read {summary.get('records', 0):,} Kafka records, {summary.get('event_duplicates', 0) + summary.get('query_duplicates', 0):,} "
-          f"rows already stored (re-delivered)")
+          f"included); every partition committed to its end {out['caught_up_after_traffic_s']:.1f} s after the last "
+          f"acknowledged record; after the restart it read {summary.get('records', 0):,} Kafka records in {summary.get('batches', 0)} "
+          f"batches ({summary.get('commits', 0)} commits, {summary.get('commit_failures', 0)} failed), "
+          f"{summary.get('event_duplicates', 0) + summary.get('query_duplicates', 0):,} rows already stored (re-delivered)")
     return out
 
 
@@ -503,6 +547,7 @@ def main() -> int:
     ap.add_argument("--kafka", action="store_true",
                     help="then the same through Kafka: Tansu, ubi serve --sink kafka, ubi consume --db (the loader)")
     ap.add_argument("--kafka-only", action="store_true", help="only the Kafka run")
+    ap.add_argument("--keep", action="store_true", help="keep the Kafka run's folder (store, loader logs)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON at the end")
     args = ap.parse_args()
     outs: dict[str, dict[str, Any]] = {}
