@@ -529,7 +529,7 @@ def kafka_run(args: argparse.Namespace) -> dict[str, Any]:
           f"included); every partition committed to its end {out['caught_up_after_traffic_s']:.1f} s after the last "
           f"acknowledged record; after the restart it read {summary.get('records', 0):,} Kafka records in {summary.get('batches', 0)} "
           f"batches ({summary.get('commits', 0)} commits, {summary.get('commit_failures', 0)} failed), "
-          f"{summary.get('event_duplicates', 0) + summary.get('query_duplicates', 0):,} rows already stored (re-delivered)")
+          f"{summary.get('event_duplicates', 0) + summary.get('query_duplicates', 0):,} rows already stored (retried requests, and what was re-delivered after the kill)")
     return out
 
 
