@@ -170,3 +170,22 @@ def test_one_poison_line_in_a_big_batch_costs_a_few_parses_not_one_per_line(monk
     assert [(f["kafka_offset"], f["kind"]) for f in out.failed] == [(99_999, "poison")]
     assert "malformed JSON" in out.failed[0]["reason"]
     assert len(calls) <= 2 * math.ceil(math.log2(len(recs))) + 2, len(calls)
+
+
+def test_a_record_whose_row_no_message_can_hold_is_rejected_on_its_own():
+    """A query record with 2,000 hit ids of 256 characters (a list has no item limit): its stored row is about
+    520 KB, over the 256 KiB a message holds (transport.wire.MAX_VALUE_BYTES). It is rejected with its reason
+    and kept as a .failed record; the record beside it goes on; no message is over the limit. Before, the row
+    went out as a 520 KB message: a 4.9 MB one was refused by the producer, spooled, and stuck the spool."""
+    from ubi_pipeline.transport.wire import MAX_VALUE_BYTES
+
+    body = orjson.dumps([{"query_id": "big", "user_query": "q", "query_response_hit_ids": ["h" * 256] * 2000},
+                         {"query_id": "ok", "user_query": "q", "query_response_hit_ids": ["d1", "d2"]}])
+    enc = encode(validate_items(parse_items(body, "query")), source="/v1/queries")
+    assert (enc.queries, [e.index for e in enc.errors]) == (1, [0])
+    assert "cannot be stored: its stored row is" in enc.errors[0].message
+    assert "a Kafka message holds at most 262,144" in enc.errors[0].message
+    assert max(len(m.value) for m in enc.msgs) <= MAX_VALUE_BYTES
+    out = decode(_as_consumed(enc.msgs), NAMES)
+    assert out.queries.column("query_id").to_pylist() == ["ok"]
+    assert [(f["kind"], f["item_index"]) for f in out.failed] == [("query", 0)]
