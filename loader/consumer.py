@@ -217,30 +217,36 @@ class Consumer:
     def flush(self) -> None:
         """Write the buffered batch durably, then commit its offsets."""
         with self._lock:
-            if not self._buffer:
-                return
-            batch, offsets = self._buffer, dict(self._next)
-            decoded = decode(batch, self.topics)
-            try:
-                result = self.loader.write(decoded)  # raises: nothing committed, the batch comes again
-            except StoreUnavailable as exc:
-                # DuckDB invalidated the store and it was reopened, without this batch: write it once more
-                log.warning("%s; writing the batch again", exc)
-                result = self.loader.write(decoded)
-            self._buffer, self._next, self._buffer_since = [], {}, None
-            p = self.progress
-            p.loaded.add(result)
-            p.records += len(batch)
-            p.rows += sum(t.num_rows for t in (decoded.queries, decoded.events) if t is not None) + len(decoded.failed)
-            p.batches += 1
-            p.last_batch_at = time.monotonic()
-            if self._on_written is not None:
-                self._on_written(p)
-            if self._topics_recreated():
-                # The offsets are the old topics': committing them would skip records of the new ones.
-                self.progress.commit_failures += 1
-                return
-            self._commit(offsets)
+            self._write_buffer(commit=True)
+
+    def _write_buffer(self, *, commit: bool) -> None:
+        """Write the buffered batch durably and, if ``commit``, commit its offsets (the caller holds the lock)."""
+        if not self._buffer:
+            return
+        batch, offsets = self._buffer, dict(self._next)
+        decoded = decode(batch, self.topics)
+        try:
+            result = self.loader.write(decoded)  # raises: nothing committed, the batch comes again
+        except StoreUnavailable as exc:
+            # DuckDB invalidated the store and it was reopened, without this batch: write it once more
+            log.warning("%s; writing the batch again", exc)
+            result = self.loader.write(decoded)
+        self._buffer, self._next, self._buffer_since = [], {}, None
+        p = self.progress
+        p.loaded.add(result)
+        p.records += len(batch)
+        p.rows += sum(t.num_rows for t in (decoded.queries, decoded.events) if t is not None) + len(decoded.failed)
+        p.batches += 1
+        p.last_batch_at = time.monotonic()
+        if self._on_written is not None:
+            self._on_written(p)
+        if not commit:
+            return
+        if self._topics_recreated():
+            # The offsets are the old topics': committing them would skip records of the new ones.
+            self.progress.commit_failures += 1
+            return
+        self._commit(offsets)
 
     def _commit(self, offsets: dict[Any, int]) -> None:
         try:
@@ -298,17 +304,29 @@ class Consumer:
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Write and commit the buffered batch before partitions move to another member."""
+    """Write the buffered batch before partitions move to another member, without committing it.
+
+    kafka-python 3 calls the listener on its IO loop, where a blocking call such as a commit raises "Cannot
+    block on net.run() from the IO thread itself": the listener only writes. Written, the batch is safe
+    whatever happens to the partitions' positions; the member that gets a partition next re-reads it from the
+    last commit, and the dedup keys make that a no-op. If the poll loop is writing a batch right now (it holds
+    the lock, and its commit may be waiting for this very loop), the listener leaves it to that write.
+    """
 
     def __init__(self, owner: Consumer) -> None:
         self.owner = owner
 
     def on_partitions_revoked(self, revoked: Any) -> None:
+        owner = self.owner
+        if not owner._lock.acquire(blocking=False):
+            return
         try:
-            self.owner.flush()
+            owner._write_buffer(commit=False)
         except Exception:
             log.exception("could not write the batch before a rebalance; it will be re-delivered")
-            self.owner._buffer, self.owner._next, self.owner._buffer_since = [], {}, None
+            owner._buffer, owner._next, owner._buffer_since = [], {}, None
+        finally:
+            owner._lock.release()
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         log.info("assigned %d partitions", len(assigned))

@@ -39,6 +39,7 @@ from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.store.rows import Counts, event_row, failed_row, query_row, utcnow
 from ubi_pipeline.transport.kafka_client import ensure_topics, make_producer
 from ubi_pipeline.transport.wire import (
+    MAX_VALUE_BYTES,
     TOPIC_KINDS,
     Message,
     Topics,
@@ -71,6 +72,19 @@ class Encoded:
 _ROW_ERRORS = (orjson.JSONEncodeError, ValueError, OverflowError, TypeError)
 
 
+def _producible(line: bytes) -> bytes:
+    """A stored row's line, if one Kafka message of ours can hold it (``MAX_VALUE_BYTES``); ValueError if not.
+
+    Every string has a length limit but a list of hit ids has no item limit: one query record carried 4.9 MB
+    of them, the producer refused the message (over ``max_request_size``), the collector spooled it, and its
+    spool never drained again, holding every record acknowledged after it (found by bench/faults.py --kafka).
+    """
+    if len(line) > MAX_VALUE_BYTES:
+        raise ValueError(f"its stored row is {len(line):,} bytes of JSON; a Kafka message holds at most "
+                         f"{MAX_VALUE_BYTES:,} (ubi_pipeline.transport.wire.MAX_VALUE_BYTES)")
+    return line
+
+
 def encode(validated: Validated, *, source: str, received_at: datetime | None = None) -> Encoded:
     """The messages of one validated body: its stored rows, and its rejected items with their reasons.
 
@@ -85,13 +99,13 @@ def encode(validated: Validated, *, source: str, received_at: datetime | None = 
     for index, q in validated.queries:
         try:
             row = query_row(q, now)
-            qrows.append((row["query_id"], row_line(row)))
+            qrows.append((row["query_id"], _producible(row_line(row))))
         except _ROW_ERRORS as exc:
             late.append(ItemError(index, None, f"cannot be stored: {exc}", "query", validated.raws.get(index, b"")))
     for index, e, bulk_id in validated.events:
         try:
             row = event_row(e, now, bulk_id)
-            erows.append((row["query_id"] or row["event_key"], row_line(row)))
+            erows.append((row["query_id"] or row["event_key"], _producible(row_line(row))))
         except _ROW_ERRORS as exc:
             late.append(ItemError(index, None, f"cannot be stored: {exc}", "event", validated.raws.get(index, b"")))
     if late:

@@ -146,3 +146,46 @@ def test_dedup_keys_and_rows_survive_the_topic_unchanged(events):
     out = decode(_as_consumed([m for m in enc.msgs if m.kind == "events"]), NAMES)
     assert out.failed == []
     assert out.events.schema == p.events.schema and _bag(out.events) == _bag(p.events)
+
+
+def test_one_poison_line_in_a_big_batch_costs_a_few_parses_not_one_per_line(monkeypatch):
+    """A batch of 2,000 good event rows with one poison line: the good rows kept in order, the poison named
+    with its offset, in at most 2 log2(n) + 2 = 24 parses of Arrow's JSON reader. Parsing line by line took
+    2,001 (about a millisecond each: a batch of 15,000 rows with one poison line took 14 s, past the loader's
+    max.poll.interval, and its commit never succeeded; bench/faults.py --kafka found it)."""
+    import math
+
+    from ubi_pipeline.loader import decode as decode_module
+
+    body = orjson.dumps([{"action_name": "click", "timestamp": "2024-05-16T12:00:00Z", "event_id": f"e{i}",
+                          "query_id": f"q{i}"} for i in range(2000)])
+    msgs = encode(validate_items(parse_items(body, "event")), source="test").msgs
+    recs = _as_consumed(msgs)
+    recs.insert(1234, InRecord("ubi.events", 0, 99_999, b"not json"))
+    calls = []
+    real = decode_module._read_rows
+    monkeypatch.setattr(decode_module, "_read_rows", lambda kind, values: calls.append(len(values)) or real(kind, values))
+    out = decode(recs, NAMES)
+    assert out.events.column("event_id").to_pylist() == [f"e{i}" for i in range(2000)]
+    assert [(f["kafka_offset"], f["kind"]) for f in out.failed] == [(99_999, "poison")]
+    assert "malformed JSON" in out.failed[0]["reason"]
+    assert len(calls) <= 2 * math.ceil(math.log2(len(recs))) + 2, len(calls)
+
+
+def test_a_record_whose_row_no_message_can_hold_is_rejected_on_its_own():
+    """A query record with 2,000 hit ids of 256 characters (a list has no item limit): its stored row is about
+    520 KB, over the 256 KiB a message holds (transport.wire.MAX_VALUE_BYTES). It is rejected with its reason
+    and kept as a .failed record; the record beside it goes on; no message is over the limit. Before, the row
+    went out as a 520 KB message: a 4.9 MB one was refused by the producer, spooled, and stuck the spool."""
+    from ubi_pipeline.transport.wire import MAX_VALUE_BYTES
+
+    body = orjson.dumps([{"query_id": "big", "user_query": "q", "query_response_hit_ids": ["h" * 256] * 2000},
+                         {"query_id": "ok", "user_query": "q", "query_response_hit_ids": ["d1", "d2"]}])
+    enc = encode(validate_items(parse_items(body, "query")), source="/v1/queries")
+    assert (enc.queries, [e.index for e in enc.errors]) == (1, [0])
+    assert "cannot be stored: its stored row is" in enc.errors[0].message
+    assert "a Kafka message holds at most 262,144" in enc.errors[0].message
+    assert max(len(m.value) for m in enc.msgs) <= MAX_VALUE_BYTES
+    out = decode(_as_consumed(enc.msgs), NAMES)
+    assert out.queries.column("query_id").to_pylist() == ["ok"]
+    assert [(f["kind"], f["item_index"]) for f in out.failed] == [("query", 0)]
