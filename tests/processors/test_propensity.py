@@ -461,6 +461,24 @@ def test_propensity_json_shape(store: tuple[Path, Path], method: str, tmp_path: 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_propensity_shows_bootstrap_progress_on_a_terminal_only(store: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: the replicates done out of the total and the time elapsed, on stderr, when stderr is a terminal;
+    nothing in a pipe and nothing under --json (stdout then holds only the JSON document)."""
+    from rich.console import Console
+
+    db, _ = store
+    args = ["propensity", "--db", str(db), "--method", "harvest", "--bootstrap", "5", "--no-plot"]
+    assert main(args) == 0
+    assert "bootstrap" not in capsys.readouterr().err  # stderr is a pipe under pytest
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
+    assert main(args) == 0
+    assert "bootstrap (harvest)" in capsys.readouterr().err
+    assert main([*args, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "bootstrap" not in captured.err and json.loads(captured.out)["estimates"][0]["method"] == "harvest"
+
+
 def test_propensity_table_and_default_plot_path(store: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     db, _ = store
     assert main(["propensity", "--db", str(db), "--method", "em", "--bootstrap", "10"]) == 0
