@@ -100,8 +100,10 @@ def _counts(cells: ClickCells) -> _Counts:
     # a dense BLAS product of these thin matrices was 10x slower on a busy two-core machine (its threads contend)
     c = sparse.csr_matrix((clk, (pair, rank0)), shape=(n_pairs, k))
     n = sparse.csr_matrix((imps - clk, (pair, rank0)), shape=(n_pairs, k))
-    return _Counts(c, n, np.bincount(pair, weights=clk, minlength=n_pairs),
-                   np.bincount(rank0, weights=clk, minlength=k), np.bincount(rank0, weights=imps, minlength=k), design)
+    def total(at: NDArray[np.int64], w: NDArray[np.float64], size: int) -> NDArray[np.float64]:
+        return np.bincount(at, weights=w, minlength=size).astype(np.float64)
+
+    return _Counts(c, n, total(pair, clk, n_pairs), total(rank0, clk, k), total(rank0, imps, k), design)
 
 
 def _grid() -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
