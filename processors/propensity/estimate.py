@@ -174,7 +174,8 @@ def estimate_from_patterns(
     done = 0
     details: dict[str, object] = {}
     if replicates > 0:
-        boot = bootstrap(sessions.weight, replicate, replicates=replicates, seed=seed, level=level, progress=progress, clusters=sessions.query if unit == "query" else None)
+        boot = bootstrap(sessions.weight, replicate, replicates=replicates, seed=seed, level=level, progress=progress,
+                         clusters=sessions.query if unit == "query" else None)
         low, high, done = boot.low, boot.high, boot.replicates
         if method == "em":
             low, high = basic_log_interval(ratio, boot)
