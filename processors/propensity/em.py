@@ -5,6 +5,12 @@
 The fit is :class:`ubi_pipeline.processors.click_models.pbm.PBM` on aggregated (pair, rank) cells; θ is identifiable
 (up to scale) because the same pairs appear at several ranks, so the estimate rests on the pairs shown at two
 or more ranks and on the rank pairs they link. Only θ_k/θ_1 is reported.
+
+Bootstrap replicates (:func:`replicate_ratios`) leave out the pairs never clicked. Their maximum-likelihood α is
+0, where their cells add nothing to the likelihood or to θ's score, so the maximiser is the same; but EM starts
+them at α = 0.01 and lets α shrink geometrically, and while it does they slow θ's convergence. Without them (41%
+of the cells of 50,000 hard-scenario searches) a replicate took 30% less time and its θ̂_k/θ̂_1 moved by at
+most 6e-5, against 1.5e-2 to 5e-2 between replicates.
 """
 
 from __future__ import annotations
@@ -33,3 +39,18 @@ def em_ratios(cells: ClickCells, *, max_iter: int = EM_MAX_ITER, tol: float = EM
     except ClickModelError as exc:
         raise PropensityError(f"PBM EM failed: {exc}") from exc
     return np.asarray(model.theta_ratio, dtype=np.float64)
+
+
+def replicate_ratios(cells: ClickCells) -> NDArray[np.float64]:
+    """:func:`em_ratios` of a bootstrap replicate, fitted on the pairs clicked at least once (module docstring).
+
+    All cells when leaving the others out would empty a rank (its θ would then have no impressions at all).
+    """
+    clicked = np.bincount(cells.pair, weights=cells.clicks, minlength=len(cells.pairs))[cells.pair] > 0
+    k = cells.max_rank
+    shown = np.bincount(cells.rank - 1, weights=cells.impressions, minlength=k) > 0
+    kept = np.bincount(cells.rank[clicked] - 1, weights=cells.impressions[clicked], minlength=k) > 0
+    if not clicked.any() or (shown & ~kept).any():
+        return em_ratios(cells)
+    return em_ratios(ClickCells(cells.pairs, cells.pair[clicked], cells.rank[clicked], cells.impressions[clicked],
+                                cells.clicks[clicked], k))
