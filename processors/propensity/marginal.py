@@ -57,7 +57,7 @@ TOL = 1e-9
 
 
 #: a replicate's refit stops when no component of the gradient of the mean log-likelihood per pair exceeds this
-REFIT_GTOL = 1e-6
+REFIT_GTOL = 1e-5
 REFIT_MAX_ITER = 200
 
 

@@ -531,7 +531,7 @@ def test_marginal_refit_reaches_the_replicates_own_maximum() -> None:
 
     3,000 simulated sessions (40 queries x 20 docs, 3 rankers), 3 multinomial replicates. Measured: the two
     routes differ by 6e-5 to 9e-5 in θ̂_k/θ̂_1 (20,000 sessions: 6e-5 to 8e-5; 50,000 hard-scenario searches:
-    5e-5 to 8e-5; EM stops on a relative change of 1e-9 in the log-likelihood, BFGS on a gradient of 1e-6
+    5e-5 to 8e-5; EM stops on a relative change of 1e-9 in the log-likelihood, BFGS on a gradient of 1e-5
     per pair), while the replicates themselves move 0.023 to 0.031 from the full log's estimate. The test
     allows 1e-3: a twentieth of that spread, ten times the measured gap.
     """
