@@ -77,14 +77,21 @@ class MarginalFit(NamedTuple):
 
 
 class _Counts(NamedTuple):
-    """The cells as the marginal likelihood uses them: per-pair counts at each rank and the prior's design."""
+    """The cells as the marginal likelihood uses them: per-pair counts at each rank and the prior's design.
 
-    clicks: sparse.csr_matrix  # [pairs, K]
-    non: sparse.csr_matrix  # [pairs, K] impressions without a click
-    pair_clicks: NDArray[np.float64]  # [pairs]
+    Pairs with the same counts at every rank and the same features add the same term to the likelihood, so
+    each such group is one row with its size in ``mult`` (a fifth fewer rows on 50,000 hard-scenario searches).
+    """
+
+    clicks: sparse.csr_matrix  # [rows, K]
+    non: sparse.csr_matrix  # [rows, K] impressions without a click
+    non_mult: sparse.csr_matrix  # [rows, K] non·mult: Σ over pairs of the θ update and of θ's score
+    pair_clicks: NDArray[np.float64]  # [rows]
     rank_clicks: NDArray[np.float64]  # [K]
     rank_imps: NDArray[np.float64]  # [K]
-    design: NDArray[np.float64]  # [pairs, 1 + features]
+    design: NDArray[np.float64]  # [rows, 1 + features]
+    mult: NDArray[np.float64]  # [rows] pairs each row stands for
+    pairs: int  # Σ mult
 
 
 def _counts(cells: ClickCells) -> _Counts:
@@ -96,14 +103,24 @@ def _counts(cells: ClickCells) -> _Counts:
     clk = cells.clicks.astype(np.float64)
     feats = rank_features(pair, cells.rank, imps, cells.pairs.query_index[used], n_pairs)
     design, _, _ = standardise(feats, np.ones(n_pairs, dtype=bool))
+    dense_c = np.zeros((n_pairs, k))
+    dense_n = np.zeros((n_pairs, k))
+    np.add.at(dense_c, (pair, rank0), clk)
+    np.add.at(dense_n, (pair, rank0), imps - clk)
+    # equal rows by one random projection (sorting the rows themselves, np.unique(axis=0), cost 100 ms a call);
+    # two different rows sharing a key would be caught below, and then every pair keeps its own row
+    table = np.column_stack([dense_c, dense_n, design])
+    key = np.einsum("ij,j->i", table, np.random.default_rng(0).standard_normal(table.shape[1]))
+    _, first, group, mult = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+    if not np.array_equal(table, table[first][group]):
+        first, mult = np.arange(n_pairs), np.ones(n_pairs, dtype=np.int64)
+    dense_c, dense_n, design = dense_c[first], dense_n[first], design[first]  # one pair stands for its group
+    weight = mult.astype(np.float64)
     # sparse: a pair is shown at one or a few ranks, and scipy's sparse products run on one thread, where
     # a dense BLAS product of these thin matrices was 10x slower on a busy two-core machine (its threads contend)
-    c = sparse.csr_matrix((clk, (pair, rank0)), shape=(n_pairs, k))
-    n = sparse.csr_matrix((imps - clk, (pair, rank0)), shape=(n_pairs, k))
-    def total(at: NDArray[np.int64], w: NDArray[np.float64], size: int) -> NDArray[np.float64]:
-        return np.bincount(at, weights=w, minlength=size).astype(np.float64)
-
-    return _Counts(c, n, total(pair, clk, n_pairs), total(rank0, clk, k), total(rank0, imps, k), design)
+    return _Counts(sparse.csr_matrix(dense_c), sparse.csr_matrix(dense_n), sparse.csr_matrix(dense_n * weight[:, None]),
+                   dense_c.sum(axis=1), np.bincount(rank0, weights=clk, minlength=k).astype(np.float64),
+                   np.bincount(rank0, weights=imps, minlength=k).astype(np.float64), design, weight, n_pairs)
 
 
 def _grid() -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
@@ -178,27 +195,27 @@ def marginal_em(cells: ClickCells, *, max_iter: int = MAX_ITER, tol: float = TOL
         m = np.clip(expit(_dot(c.design, params[:-1])), 1e-6, 1 - 1e-6)
         s = float(np.exp(params[-1]))
         marg, w = _e_step(c, theta, _prior_grid(m, s, la, l1a)[0], alpha, la)
-        trace.append(float(marg.sum()))
+        trace.append(float((c.mult * marg).sum()))
         if len(trace) > 1 and abs(trace[-1] - trace[-2]) <= tol * abs(trace[-2]):
             converged = True
             break
         # θ: the PBM update averaged over α's posterior, E_w[θ_k(1 − α)/(1 − θ_k α)] summed through Nᵀ·w
         post_e = theta[:, None] * (1.0 - alpha[None, :]) / (1.0 - theta[:, None] * alpha[None, :])
-        num = c.rank_clicks + ((c.non.T @ w) * post_e).sum(axis=1)
+        num = c.rank_clicks + ((c.non_mult.T @ w) * post_e).sum(axis=1)
         theta = np.where(rank_imps > 0, num / np.where(rank_imps > 0, rank_imps, 1.0), theta)
         # prior: maximise the expected complete-data log prior
         e_log = _dot(w, np.column_stack([la, l1a]))  # E_w[ln α], E_w[ln(1 − α)] per pair
-        params = _fit_prior_step(params, c.design, e_log[:, 0], e_log[:, 1], la, l1a)
+        params = _fit_prior_step(params, c.design, e_log[:, 0], e_log[:, 1], la, l1a, c.mult)
     top = theta[rank_imps > 0].max() if (rank_imps > 0).any() else 1.0
     shown = np.where(rank_imps > 0, theta / top, np.nan)
     return MarginalFit(shown, params[:-1], float(np.exp(params[-1])), trace, it, converged, theta)
 
 
 def _fit_prior_step(params: NDArray[np.float64], design: NDArray[np.float64], e_la: NDArray[np.float64],
-                    e_l1a: NDArray[np.float64], la: NDArray[np.float64], l1a: NDArray[np.float64]
-                    ) -> NDArray[np.float64]:
-    """A few BFGS steps on Σ_i Σ_g w_ig ln prior_i(α_g) over (β, log s), from ``params``."""
-    n = len(e_la)
+                    e_l1a: NDArray[np.float64], la: NDArray[np.float64], l1a: NDArray[np.float64],
+                    mult: NDArray[np.float64]) -> NDArray[np.float64]:
+    """A few BFGS steps on Σ_i Σ_g w_ig ln prior_i(α_g) over (β, log s), from ``params`` (row i counted mult_i times)."""
+    n = float(mult.sum())
     logs = np.column_stack([la, l1a])
     seen: dict[bytes, tuple[float, NDArray[np.float64]]] = {}  # BFGS's points, so the check below costs nothing
 
@@ -211,12 +228,12 @@ def _fit_prior_step(params: NDArray[np.float64], design: NDArray[np.float64], e_
         a, b = m * s, (1 - m) * s
         _, log_z, q = _prior_grid(m, s, la, l1a)
         # Σ_g w ln prior = a E_w[ln α] + b E_w[ln(1 − α)] − ln Z; ∂/∂a = E_w[ln α] − E_q[ln α]
-        val = float((a * e_la + b * e_l1a).sum()) - float(log_z.sum())
+        val = float((mult * (a * e_la + b * e_l1a - log_z)).sum())
         e_q = _dot(q, logs)
         da = e_la - e_q[:, 0]
         db = e_l1a - e_q[:, 1]
-        d_eta = s * m * (1 - m) * (da - db)
-        d_logs = float((a * da + b * db).sum())
+        d_eta = mult * s * m * (1 - m) * (da - db)
+        d_logs = float((mult * (a * da + b * db)).sum())
         grad = np.append(_tdot(design, d_eta), d_logs)
         seen[key] = (-val / n, -grad / n)
         return seen[key]
@@ -247,7 +264,7 @@ class Refit:
         full = _counts(cells)
         self.shown = full.rank_imps > 0  # the ranks whose θ is a parameter (as in marginal_em)
         self.theta = np.clip(np.asarray(fit.raw_theta, dtype=np.float64), 1e-9, 1 - 1e-9)
-        self.scale = max(len(full.pair_clicks), 1)  # one scale for every replicate: gtol means the same
+        self.scale = max(full.pairs, 1)  # one scale for every replicate: gtol means the same
         self.grid = _grid()
         self.start = np.concatenate([np.log(self.theta[self.shown] / (1 - self.theta[self.shown])),
                                      fit.coef, [np.log(fit.strength)]])
@@ -266,7 +283,7 @@ class Refit:
         lp, _, q = _prior_grid(m, s, la, l1a)
         marg, w = _e_step(c, theta, lp, alpha, la)
         # θ_k: Σ_i Σ_g w_ig [C_ik/θ_k − N_ik α_g/(1 − θ_k α_g)], times dθ/d logit θ = θ(1 − θ)
-        nw = c.non.T @ w
+        nw = c.non_mult.T @ w
         with np.errstate(divide="ignore", invalid="ignore"):
             d_theta = np.where(c.rank_clicks > 0, c.rank_clicks / theta, 0.0) - (
                 nw * alpha[None, :] / (1.0 - theta[:, None] * alpha[None, :])).sum(axis=1)
@@ -275,10 +292,10 @@ class Refit:
         w -= q
         dlog = _dot(w, np.column_stack([la, l1a]))
         da, db = dlog[:, 0], dlog[:, 1]
-        g_beta = _tdot(c.design, s * m * (1 - m) * (da - db))
-        g_logs = float((a * da + b * db).sum())
+        g_beta = _tdot(c.design, c.mult * s * m * (1 - m) * (da - db))
+        g_logs = float((c.mult * (a * da + b * db)).sum())
         grad = np.concatenate([g_theta, g_beta, [g_logs]])
-        return -float(marg.sum()) / self.scale, -grad / self.scale
+        return -float((c.mult * marg).sum()) / self.scale, -grad / self.scale
 
     def _inverse_hessian(self, full: _Counts) -> NDArray[np.float64]:
         n = len(self.start)
