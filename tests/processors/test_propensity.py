@@ -574,12 +574,13 @@ def test_marginal_bootstrap_interval_matches_the_cold_refits() -> None:
 
 
 def test_em_replicates_without_unclicked_pairs_reach_the_same_maximum() -> None:
-    """``em.replicate_ratios`` fits a replicate on the pairs clicked at least once; a pair never clicked has
-    maximum-likelihood α = 0 and moves nothing, so θ̂_k/θ̂_1 is that of all the cells up to EM's stopping rule.
+    """``em.replicate_ratios`` fits a replicate on the pairs clicked at least once, to a relative gain of 1e-9;
+    a pair never clicked has maximum-likelihood α = 0 and moves nothing, so θ̂_k/θ̂_1 is that of all the cells
+    (``em_ratios``, to 1e-10) up to EM's stopping rules.
 
-    3,000 simulated sessions (40 queries x 20 docs, 3 rankers), 3 replicates. Measured with these seeds (four
-    replicates): 1.9e-5 to 6.0e-5 apart, and 2.5e-6 to 2.8e-5 on 50,000 hard-scenario searches, while the
-    replicates moved 2.6e-2 to 5.3e-2 from the full log's estimate. Allowed: 5e-4, a fiftieth of that. A log whose only clicks are at rank 1 would
+    3,000 simulated sessions (40 queries x 20 docs, 3 rankers), 3 replicates. Measured with these seeds: 2.0e-5
+    to 5.3e-5 apart, while the replicates moved 2.6e-2 to 5.3e-2 from the full log's estimate. Allowed: 5e-4,
+    a fiftieth of that spread. A log whose only clicks are at rank 1 would
     lose every other rank without the unclicked pairs: then all cells are used (the second case).
     """
     from ubi_pipeline.processors.propensity.em import em_ratios, replicate_ratios
