@@ -7,9 +7,14 @@ counts the percentile interval of the *same* replicates (the interval EM shipped
 the basic interval of log θ, [θ̂²/q_hi, θ̂²/q_lo], so the percentiles come back exactly as q_lo = θ̂²/hi,
 q_hi = θ̂²/lo. Prints, per method, covered / total, the mean signed relative error of θ̂ per rank (the bias)
 and the mean bootstrap estimate of bias the estimator reports. ``--demo`` uses the demo's traffic instead
-(2 rankers with noise 1.5 and 0.7, 6,000 searches, seed 7).
+(2 rankers with noise 1.5 and 0.7, 6,000 searches, seed 7). ``--cold`` also counts, for marginal and em, the
+interval their bootstrap gave before issue 26, every replicate fitted from scratch on all its cells, on the same
+resamples (same seed), beside the shipped one (marginal: replicates refitted from the full log's estimate,
+``marginal.Refit``; em: on the pairs clicked at least once, ``em.replicate_ratios``), with the largest
+difference between their interval ends.
 
     .venv/bin/python bench/propensity_coverage.py [--seeds 5] [--sessions 5000] [--rankers 3] [--replicates 200]
+    .venv/bin/python bench/propensity_coverage.py --methods marginal em --cold
     .venv/bin/python bench/propensity_coverage.py --demo
 """
 
@@ -25,8 +30,25 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ubi_pipeline.processors.clicks.stats import SessionPatterns  # noqa: E402
 from ubi_pipeline.processors.propensity import estimate_from_patterns  # noqa: E402
+from ubi_pipeline.processors.propensity.bootstrap import (  # noqa: E402
+    BootstrapResult,
+    CellMap,
+    basic_log_interval,
+    bootstrap,
+)
+from ubi_pipeline.processors.propensity.em import em_ratios  # noqa: E402
+from ubi_pipeline.processors.propensity.marginal import marginal_ratios  # noqa: E402
 from ubi_pipeline.processors.simulation import SimConfig, simulate  # noqa: E402
+
+
+def cold_refits(patterns: SessionPatterns, method: str, replicates: int, seed: int) -> BootstrapResult:
+    """The bootstrap as it was before issue 26: every replicate fitted from scratch on all its cells
+    (``marginal_em``, or PBM EM by ``em_ratios``)."""
+    cmap = CellMap(patterns)
+    fit = marginal_ratios if method == "marginal" else em_ratios
+    return bootstrap(patterns.weight, lambda w: fit(cmap.cells(w)), replicates=replicates, seed=seed)
 
 
 def main() -> int:
@@ -43,6 +65,9 @@ def main() -> int:
     parser.add_argument("--methods", nargs="+", default=["em", "harvest"])
     parser.add_argument(
         "--demo", action="store_true", help="the demo's traffic: 2 rankers, 6,000 searches, seed 7"
+    )
+    parser.add_argument(
+        "--cold", action="store_true", help="marginal, em: also the interval of replicates fitted from scratch on all cells"
     )
     args = parser.parse_args()
     if args.demo:
@@ -73,6 +98,17 @@ def main() -> int:
                 pct = int(((q_lo <= t) & (t <= q_hi)).sum())
                 covered["em (percentile, before)"] = covered.get("em (percentile, before)", 0) + pct
                 line += f", percentile {pct}/{len(t)}"
+            if method in ("marginal", "em") and args.cold:
+                t1 = time.perf_counter()
+                cold = cold_refits(patterns, method, args.replicates, config.seed)
+                c_lo, c_hi = cold.low[1:], cold.high[1:]
+                if method == "em":  # the shipped interval is the basic one of log θ, from the same replicates
+                    c_lo, c_hi = (x[1:] for x in basic_log_interval(est.ratio, cold))
+                n_cold = int(((c_lo <= t) & (t <= c_hi)).sum())
+                covered[f"{method} (cold, before)"] = covered.get(f"{method} (cold, before)", 0) + n_cold
+                gap = max(np.nanmax(np.abs(c_lo - lo)), np.nanmax(np.abs(c_hi - hi)))
+                line += (f"; cold refits {n_cold}/{len(t)} ({time.perf_counter() - t1:.1f} s), interval ends apart "
+                         f"by at most {gap:.1e} (width {np.nanmean(hi - lo):.3f})")
             errors[method].append(r / t - 1.0)
             bias = np.array([np.nan if b is None else b for b in est.details["bootstrap_bias"]], dtype=float)[
                 1:

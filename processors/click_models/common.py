@@ -227,7 +227,9 @@ def squarem(
             return EmRun(x1, trace, steps, False)
         r = x1 - x
         v = x2 - x1 - r
-        rr, vv = float(r @ r), float(v @ v)
+        # einsum, not r @ r: the BLAS dot runs threaded, and on a busy machine its threads waiting for each other
+        # made these two sums most of a PBM fit's time (0.95 s of CPU per fit on 50,000 searches, 0.23 s without)
+        rr, vv = float(np.einsum("i,i->", r, r)), float(np.einsum("i,i->", v, v))
         a = -np.sqrt(rr / vv) if vv > 0 else -1.0
         if a > -1.0:  # no extrapolation beyond the plain double step
             x = x2

@@ -33,7 +33,7 @@ The kernels are :mod:`ubi_pipeline.processors.counterfactual.direct` and :mod:`u
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -515,6 +515,7 @@ def predict(
     model_options: Mapping[str, Any] | None = None,
     unseen: str = "deep",
     evidence: UnseenEvidence | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Prediction:
     """The candidate ``rankings`` (normalised query text -> doc ids) predicted from the logged ``patterns``.
 
@@ -524,7 +525,7 @@ def predict(
     replicates (0: point estimates only). ``unseen``: "deep" (default) or "prior", what documents the log never
     showed rest on in the direct method and DR (module docstring). ``evidence``: human grades, the log's hit
     lists below the displayed depth and the candidate's scores, which value those documents before any prior
-    (:mod:`ubi_pipeline.processors.counterfactual.evidence`).
+    (:mod:`ubi_pipeline.processors.counterfactual.evidence`). ``progress(done)`` is called after each replicate.
     """
     _check(model, methods, k, clip, replicates, confidence)
     if unseen not in UNSEEN_CHOICES:
@@ -550,7 +551,7 @@ def predict(
     n = patterns.n_sessions
     p = patterns.weight / n
     reps: dict[str, dict[str, list[float]]] = {m: {x: [] for x in point[m]} for m in point}
-    for _ in range(replicates):
+    for b in range(replicates):
         wb = rng.multinomial(n, p)
         keep = wb > 0
         boot = SessionPatterns(patterns.pairs, patterns.query[keep], patterns.docs[keep], patterns.clicks[keep],
@@ -563,6 +564,8 @@ def predict(
         for m, figs in values.items():
             for x, v in figs.items():
                 reps[m][x].append(v)
+        if progress is not None:
+            progress(b + 1)
     tail = (1.0 - confidence) / 2.0
     ips_rejected = model_rejects_pbm(choice)
     figures: dict[str, dict[str, Figure]] = {}

@@ -126,3 +126,31 @@ def test_a_query_set_maps_run_ids_to_texts(store: tuple[Path, Path, float], tmp_
                  "--method", "dm", "--json"]) == 0
     (cand,) = json.loads(capsys.readouterr().out)["candidates"]
     assert cand["prediction"]["covered_queries"] == 40
+
+
+def test_predict_shows_bootstrap_progress_on_a_terminal_only(store: tuple[Path, Path, float],
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: the bootstrap (one click-model fit per replicate) is the long part of `ubi predict`, so a bar
+    counts its replicates on stderr when stderr is a terminal; never in a pipe, never under --json."""
+    from rich.console import Console
+
+    from ubi_pipeline.processors.counterfactual.predict import predict, query_texts
+
+    patterns = simulate(sessions=300, seed=5, rankers=2).patterns()
+    pairs = patterns.pairs
+    rankings = {text: [str(d) for d in pairs.doc_ids[pairs.query_index == q][:10]]
+                for q, text in enumerate(query_texts(patterns))}
+    ticks: list[int] = []
+    predict(patterns, rankings, methods=("dm",), replicates=4, progress=ticks.append)
+    assert ticks == [1, 2, 3, 4]
+
+    db, run, _ = store
+    args = ["predict", "--db", str(db), "--run", f"{run}=ideal", "--replicates", "3", "--method", "dm"]
+    assert main(args) == 0
+    assert "bootstrap" not in capsys.readouterr().err  # stderr is a pipe here: no bar
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
+    assert main(args) == 0
+    assert "bootstrap (ideal)" in capsys.readouterr().err
+    assert main([*args, "--json"]) == 0
+    assert "bootstrap" not in capsys.readouterr().err

@@ -1,12 +1,19 @@
-"""What several ``ubi`` subcommands share: list and ``--run FILE[=NAME]`` arguments, writing an output file."""
+"""What several ``ubi`` subcommands share: list and ``--run FILE[=NAME]`` arguments, writing an output file, and
+the progress bar of a long loop (bootstrap replicates)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ubi_pipeline.schemas.errors import UbiError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def csv_list(text: str) -> tuple[str, ...]:
@@ -47,3 +54,22 @@ def write_output(path: Path | None, data: str | bytes) -> None:
             path.write_text(data, encoding="utf-8")
     except OSError as exc:
         raise UbiError(f"{path}: cannot write: {exc.strerror or exc}") from exc
+
+
+@contextmanager
+def progress_bar(console: Console, label: str, total: int, enabled: bool) -> Iterator[Callable[[int], None]]:
+    """A transient bar (label, done/total, elapsed) on ``console`` while the block runs; yields ``tick(done)``.
+
+    Callers enable it only when the console (stderr) is a terminal and the output is not ``--json``, so
+    nothing reaches a pipe or a log file; disabled, ``tick`` does nothing.
+    """
+    if not enabled or total <= 0:
+        yield lambda done: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=True)
+    with bar:
+        task = bar.add_task(label, total=total)
+        yield lambda done: bar.update(task, completed=done)

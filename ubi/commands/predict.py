@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ubi_pipeline.commands.common import run_arg, write_output
+from ubi_pipeline.commands.common import progress_bar, run_arg, write_output
 from ubi_pipeline.schemas.cli_names import COUNTERFACTUAL_METHODS as METHODS
 from ubi_pipeline.schemas.cli_names import DEFAULT_CLIP, DEFAULT_REPLICATES, DEFAULT_SPLIT_KEYS
 from ubi_pipeline.schemas.errors import UbiError
@@ -274,12 +274,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
         returned = returned_not_shown(con, k_model)
     grades = labels.qrels("human")
     preds = []
+    err = Console(stderr=True)
+    show = not args.json and err.is_terminal  # the bootstrap is the long part: one click-model fit per replicate
     for name, path, run, system in systems:
         rankings = {system.query_of[qid]: docs for qid, docs in system.run.items()}
         evidence = run_evidence(grades, returned, run, system)  # grades, hit lists below the display, scores
-        pred = predict(data.patterns, rankings, model=args.model, methods=methods, k=args.k, clip=args.clip,
-                       replicates=args.replicates, seed=settings.seed, swaps=swaps,
-                       model_options=None if args.prior is None else {"prior": args.prior}, evidence=evidence)
+        with progress_bar(err, f"bootstrap ({escape(name)})", args.replicates, show) as tick:
+            pred = predict(data.patterns, rankings, model=args.model, methods=methods, k=args.k, clip=args.clip,
+                           replicates=args.replicates, seed=settings.seed, swaps=swaps,
+                           model_options=None if args.prior is None else {"prior": args.prior}, evidence=evidence,
+                           progress=tick)
         preds.append((name, f"{path} ({len(run)} queries, {run.n_docs()} ranked docs)", pred))
     inputs = {"db": str(settings.db), "runs": [r for _, r, _ in preds]}
     if args.json:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ubi_pipeline.commands.common import progress_bar
 from ubi_pipeline.schemas.cli_names import (
     POSITION_BASE_CHOICES,
     POSITION_BASE_HELP,
@@ -127,18 +126,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_propensity)
 
 
-@contextmanager
-def _progress(console: Console, label: str, total: int, enabled: bool) -> Iterator[Callable[[int], None]]:
-    if not enabled:
-        yield lambda done: None
-        return
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=console, transient=True)
-    with bar:
-        task = bar.add_task(label, total=total)
-        yield lambda done: bar.update(task, completed=done)
-
-
 # ---------------------------------------------------------------- simulate
 
 
@@ -166,12 +153,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     show = not args.json and err.is_terminal
     if args.post:
         headers = {"x-api-key": args.api_key} if args.api_key else None
-        with _progress(err, "posting", traffic.n_sessions, show) as tick:
+        with progress_bar(err, "posting", traffic.n_sessions, show) as tick:
             result = _post(traffic, args.post, headers, tick)
         summary["posted"] = {"url": args.post, **result}
     else:
         out = args.out or DEFAULT_OUT
-        with _progress(err, "writing", traffic.n_sessions, show) as tick:
+        with progress_bar(err, "writing", traffic.n_sessions, show) as tick:
             records = traffic.write_bulk(out, progress=tick)
         summary["written"] = {"path": str(out), "records": records, "format": "opensearch _bulk"}
     if args.truth:
@@ -266,7 +253,7 @@ def cmd_propensity(args: argparse.Namespace) -> int:
         try:
             if method == "randomized":
                 swaps, bad = read_swaps(settings.db, settings, k)
-                with _progress(err, "bootstrap (randomized)", args.bootstrap, show) as tick:
+                with progress_bar(err, "bootstrap (randomized)", args.bootstrap, show) as tick:
                     est = estimate_randomized(swaps, max_rank=k, replicates=args.bootstrap, seed=settings.seed,
                                               level=args.level, progress=tick)
                 if bad:
@@ -274,7 +261,7 @@ def cmd_propensity(args: argparse.Namespace) -> int:
             else:
                 if data is None:
                     data = read_patterns(settings.db, settings, k)
-                with _progress(err, f"bootstrap ({method})", args.bootstrap, show) as tick:
+                with progress_bar(err, f"bootstrap ({method})", args.bootstrap, show) as tick:
                     est = estimate_from_patterns(data.patterns, method, max_rank=k, replicates=args.bootstrap,
                                                  seed=settings.seed, level=args.level, progress=tick,
                                                  unit=args.resample)
