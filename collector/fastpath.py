@@ -42,7 +42,6 @@ from ubi_pipeline.collector.ingest import (
 )
 from ubi_pipeline.schemas.ubi import (
     CANONICAL_OPTIONS,
-    COMMON_TIMESTAMP_RE,
     CONTROL_CHARACTER,
     EPOCH_MS_MAX,
     EPOCH_MS_MIN,
@@ -51,6 +50,8 @@ from ubi_pipeline.schemas.ubi import (
     JSON_FIELD_MAX_LENGTH,
     RESERVED_QUERY_ID,
     USER_QUERY_MAX_LENGTH,
+    UbiQuery,
+    parse_timestamp,
 )
 from ubi_pipeline.store.duckdb_store import Store
 from ubi_pipeline.store.rows import EVENT_SCHEMA, QUERY_SCHEMA, Counts, failed_row, failed_table, rows_table
@@ -366,27 +367,44 @@ _HASHED = (*_HASHED_STRINGS, "timestamp", "event_attributes")
 
 # ---------------------------------------------------------------- plain query records, in Python
 
-_QUERY_KEYS = frozenset(
-    ("user_query", "query_id", "client_id", "application", "timestamp", "query_attributes", "object_id_field",
-     "query_response_id", "query_response_hit_ids")
-)
+_QUERY_KEYS = frozenset(UbiQuery.model_fields)
 #: Longest string each of these UbiQuery fields takes (checked against the models' JSON Schema in the tests).
 QUERY_LIMITS = {"query_id": 100, "client_id": 100, "application": 100, "object_id_field": 100,
                 "query_response_id": 100, "user_query": USER_QUERY_MAX_LENGTH}
 HIT_ID_LIMIT = 256
 
 
-def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | None:
-    """The stored row (``QUERY_SCHEMA`` order) of a plain query record, or None: let pydantic decide.
+def _hit_ids(hits: Any) -> list[str] | None:
+    """``query_response_hit_ids`` as the model stores them (strings; integers of 64 bits as their digits), or
+    None when any is something else (the exact path names it)."""
+    out = []
+    for h in hits:
+        t = type(h)
+        if t is str:
+            if len(h) > HIT_ID_LIMIT:
+                return None
+            out.append(h)
+        elif t is int and ID_INT_MIN <= h <= ID_INT_MAX:
+            out.append(str(h))
+        else:
+            return None
+    return out
 
-    The row is what ``ubi_pipeline.store.rows.query_values`` builds from the validated model: for a plain record the
-    model's dump equals the parsed value with null fields dropped and the timestamp as a UTC datetime.
+
+def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | None:
+    """The stored row (``QUERY_SCHEMA`` order) of a query record the columnar path decides, or None: let
+    pydantic decide (and explain).
+
+    Every spelling ``UbiQuery`` accepts is decided here except what could make the model's output differ from
+    the parsed value beyond the conversions made below (timestamps by the model's own
+    :func:`ubi_pipeline.schemas.ubi.parse_timestamp`, integer hit ids to strings, nulls dropped): the row is
+    what ``ubi_pipeline.store.rows.query_values`` builds from the validated model.
     """
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
-    if type(value) is not dict or not value.keys() <= _QUERY_KEYS:
+    if type(value) is not dict:
         return None
     user_query = value.get("user_query")
     if type(user_query) is not str:
@@ -402,29 +420,48 @@ def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | Non
     ts = value.get("timestamp")
     when: datetime | None = None
     if ts is not None:
-        if type(ts) is not str or not COMMON_TIMESTAMP_RE.match(ts) or not ts.isascii():
+        if type(ts) is not str and type(ts) is not int:
             return None
         try:
-            when = datetime.fromisoformat(ts)  # as ubi_pipeline.schemas.ubi.parse_timestamp reads this spelling
+            when = parse_timestamp(ts)
         except ValueError:
             return None
     attrs = value.get("query_attributes")
     if attrs is not None and type(attrs) is not dict:
         return None
-    attrs_json = orjson.dumps(attrs).decode() if attrs is not None else None
+    try:
+        attrs_json = orjson.dumps(attrs).decode() if attrs is not None else None
+    except orjson.JSONEncodeError:
+        return None
     if attrs_json is not None and len(attrs_json.encode()) > JSON_FIELD_MAX_LENGTH:
         return None  # the exact path refuses it, naming the limit
     hits = value.get("query_response_hit_ids")
-    if hits is not None and (
-        type(hits) is not list or not all(type(h) is str and len(h) <= HIT_ID_LIMIT for h in hits)
-    ):
-        return None
+    if hits is not None:
+        if type(hits) is not list:
+            return None
+        hits = _hit_ids(hits)
+        if hits is None:
+            return None
+    extra = {k: v for k, v in value.items() if k not in _QUERY_KEYS} if not value.keys() <= _QUERY_KEYS else None
+    extra_json = None
+    if extra:
+        try:
+            extra_json = orjson.dumps(extra).decode()
+        except orjson.JSONEncodeError:
+            return None
+        if len(extra_json.encode()) > JSON_FIELD_MAX_LENGTH:
+            return None
     if dropped_keys(text, value):  # a repeated key: the exact path names it
         return None
     dump = {k: v for k, v in value.items() if v is not None}
     if when is not None:
         dump["timestamp"] = when
-    digest = hashlib.sha256(orjson.dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
+    if hits is not None:
+        dump["query_response_hit_ids"] = hits
+    try:
+        digest = hashlib.sha256(orjson.dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
+    except orjson.JSONEncodeError:
+        return None
     qid = value.get("query_id") or ("h:" + digest)
     qrid = value.get("query_response_id")
     return (
@@ -438,7 +475,7 @@ def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | Non
         value.get("object_id_field"),
         qrid,
         hits,
-        None,
+        extra_json,
         digest,
         received_at,
     )

@@ -344,11 +344,20 @@ _ISSUE_SHAPES = [
 ]
 
 
+#: Valid query records of the same spellings, all decided by the columnar path.
+_QUERY_SHAPES = [
+    '{"query_id":"q1","user_query":"red shoes","timestamp":"2024-05-16T12:34:56Z"}',
+    '{"user_query": "no id", "timestamp": "2024-05-16 12:34:56.5+05:30", "query_response_hit_ids": [1, "b"]}',
+    '{"query_id":"q3","user_query":"caf\\u00e9","timestamp":1715862896789,"client_id":null,"page":2,'
+    '"query_attributes":{"f":[1.5,null]}}',
+]
+
+
 def test_every_spelling_of_the_issue_agrees_and_takes_the_columnar_path(tmp_path: Path) -> None:
     """Each valid spelling issue 26 lists is stored alike by both paths (keys and timestamps included), twice
     over (the second import: all duplicates, so the content-hash keys match); the columnar path decides all
     but extra keys and legacy positions, which pydantic (the exact path) still reads."""
-    lines = [line for _, line, _ in _ISSUE_SHAPES]
+    lines = [line for _, line, _ in _ISSUE_SHAPES] + _QUERY_SHAPES
     path = tmp_path / "shapes.ndjson"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     fast = _assert_same(tmp_path, [path])
