@@ -4,12 +4,12 @@ A file's records arrive in chunks of tens of thousands. The events of a chunk ar
 into stored rows by DuckDB's JSON functions over the whole chunk at once: :data:`LEAN_EVENT_SQL` for the
 compact shape the project's simulator writes (one JSON pass), :data:`GENERAL_EVENT_SQL` for every other
 spelling the ``UbiEvent`` model accepts and the statement can decide (any escapes, spaces, nulls, events
-without an id - keyed by the same content hash as the exact path, :func:`_content_keys` -, RFC 3339 and
+without an id - keyed by the same content hash as the exact path, :func:`_finish` -, RFC 3339 and
 ISO 8601 timestamps with or without a fraction or an offset, epoch milliseconds, integer object ids, every
-optional field). Its query records (about one per twelve events) go through a short Python check and
+optional field, extra keys). Its query records (about one per twelve events) go through a short Python check and
 orjson (:func:`plain_query_row`).
 
-What the statements leave - invalid records, extra keys, legacy position shapes, floats, repeated keys,
+What the statements leave - invalid records, extra keys inside ``event_attributes``, legacy position shapes, floats, repeated keys,
 anything DuckDB's JSON reader tolerates and orjson does not - is handed back, and the importer sends it
 through the exact path (:func:`ubi_pipeline.collector.bodies.json_item`,
 :func:`ubi_pipeline.collector.ingest.validate_items`, pydantic), which gives it its exact status and message.
@@ -50,6 +50,7 @@ from ubi_pipeline.schemas.ubi import (
     JSON_FIELD_MAX_LENGTH,
     RESERVED_QUERY_ID,
     USER_QUERY_MAX_LENGTH,
+    UbiEvent,
     UbiQuery,
     parse_timestamp,
 )
@@ -184,6 +185,10 @@ WHERE {_LEAN_PLAIN}
 
 # ---------------------------------------------------------------- every spelling the models accept, in columns
 
+def _sql_list(names: Sequence[str]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
+
 #: The UbiEvent spellings :data:`GENERAL_EVENT_SQL` decides by itself, derived from the models' declarations
 #: (:data:`EVENT_STRINGS`, :data:`OBJECT_STRINGS`, the epoch and id ranges of ``ubi_pipeline.schemas.ubi``): the
 #: top-level keys, ``event_attributes``' and ``object``'s and ``position``'s, each once; strings (any escapes)
@@ -191,14 +196,11 @@ WHERE {_LEAN_PLAIN}
 #: timestamps as epoch milliseconds or RFC 3339 / ISO 8601 with seconds (``T``, ``t`` or a space, a fraction
 #: of up to 6 digits after ``.`` or ``,``, ``Z``, ``z``, ``+hh``, ``+hhmm``, ``+hh:mm`` or none), the date and
 #: time existing and falling in years 1-9999 once in UTC; ids or none (the key is then the content hash,
-#: computed from the row as pydantic's dump would give it: :func:`_content_keys`). What it leaves - extra keys,
+#: computed from the row as pydantic's dump would give it: :func:`_finish`); extra keys at the top level
+#: (kept as the exact path keeps them: :func:`_finish`). What it leaves - extra keys inside event_attributes,
 #: floats, legacy positions, object strings that need escaping in the stored JSON, anything invalid - the
 #: exact path decides, so outcomes stay pydantic's (``tests/collector/test_fastpath.py``,
 #: ``tests/collector/test_columnar_property.py``).
-def _sql_list(names: Sequence[str]) -> str:
-    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
-
-
 _G_TYPE = (
     "{" + ",".join(f'"{name}":"JSON"' for name, _ in EVENT_STRINGS)
     + ',"event_attributes":{"object":{' + ",".join(f'"{name}":"JSON"' for name, _ in OBJECT_STRINGS)
@@ -224,15 +226,22 @@ def _ty(path: str) -> str:
     return f"ty[{_G_ALL.index(path) + 1}]"
 
 
+def _found(obj: str) -> str:
+    """How many of the known keys under ``obj`` it holds (each counted once)."""
+    return " + ".join(f"({_ty(p)} IS NOT NULL)::INTEGER" for p in _G_UNDER[obj])
+
+
 def _g_level(i: int, obj: str) -> str:
     """``obj`` is absent or null, or an object whose keys are the known ones, each once: its key count equals
     the number of known keys found under it (an unknown key, or a known one repeated, is one more)."""
-    found = " + ".join(f"({_ty(p)} IS NOT NULL)::INTEGER" for p in _G_UNDER[obj])
-    check = f"({_ty(obj)} = 'OBJECT' AND len(ks[{i + 1}]) = {found})"
-    return check if obj == "$" else f"(coalesce({_ty(obj)}, 'NULL') = 'NULL' OR {check})"
+    return f"(coalesce({_ty(obj)}, 'NULL') = 'NULL' OR ({_ty(obj)} = 'OBJECT' AND len(ks[{i + 1}]) = {_found(obj)}))"
 
 
-_G_KEYS_OK = " AND ".join(_g_level(i, o) for i, o in enumerate(_G_OBJECTS))
+#: The record is an object; its nested objects hold only their known keys, once. The record itself may hold
+#: more keys than the known ones found: extra keys (kept) or a repeated key (refused), told apart by
+#: :func:`_finish` (``_extra``).
+_G_KEYS_OK = " AND ".join([f"{_ty('$')} = 'OBJECT'", *(_g_level(i, o) for i, o in enumerate(_G_OBJECTS) if i)])
+_G_EXTRA = f"len(ks[1]) > {_found('$')}"
 _ID_NAMES = ("object_id", "internal_id")  # ObjectId fields: a string or an integer in 64 bits
 
 
@@ -292,12 +301,12 @@ WITH src AS (
           AND NOT (contains(line, ',}}') OR contains(line, ',]')
                    OR (regexp_matches(line, ',\\s') AND regexp_matches(line, ',\\s+[\\]}}]')))
 ), checked AS (
-    SELECT _pos, _bid, ty, s, s.event_attributes.object AS o, s.event_attributes.position AS p,
+    SELECT _pos, _bid, ty, ks, s, s.event_attributes.object AS o, s.event_attributes.position AS p,
            CASE WHEN {_is_str('s.timestamp')} THEN regexp_extract(s.timestamp->>'$', {_G_TS_RE}, {_G_TS_GROUPS})
            END AS m,
            CASE WHEN {_is_str('s.event_id')} THEN s.event_id->>'$' END AS ev
     FROM src
-    WHERE ty[1] = 'OBJECT' AND {_G_KEYS_OK}
+    WHERE {_G_KEYS_OK}
           AND {_is_str('s.action_name')} AND length(s.action_name->>'$') BETWEEN 1 AND 100
           AND {' AND '.join(_g_string(f's.{n}', lim) for n, lim in EVENT_STRINGS[2:])}
           AND {' AND '.join(_g_id(f's.event_attributes.object.{n}', lim) if n in _ID_NAMES
@@ -330,7 +339,7 @@ SELECT 'id:' || eid AS event_key, eid AS event_id, s.action_name->>'$' AS action
        s.user_query->>'$' AS user_query, {', '.join(n for n, _ in OBJECT_STRINGS)},
        CAST(p.ordinal AS INTEGER) AS position_ordinal, NULL::DOUBLE AS position_x, NULL::DOUBLE AS position_y,
        {_G_ATTRS_JSON} AS event_attributes, NULL::VARCHAR AS extra, ?::TIMESTAMP AS received_at,
-       _pos, s.event_id IS NOT NULL AS _doc_id
+       _pos, s.event_id IS NOT NULL AS _doc_id, {_G_EXTRA} AS _extra
 FROM stamped
 WHERE ts IS NOT NULL AND year(ts) BETWEEN 1 AND 9999
       AND (eid IS NOT NULL OR (s.event_id IS NULL AND _bid IS NULL))
@@ -338,11 +347,41 @@ WHERE ts IS NOT NULL AND year(ts) BETWEEN 1 AND 9999
 """
 
 
-def _content_keys(rows: pa.Table) -> pa.Table:
-    """``rows`` with the content-hash key of each event sent without an id (``event_key`` null): the hash of
-    the canonical dump pydantic would give (``ubi_pipeline.store.rows.event_values``), built from the row. A
-    row holds no extra key, so the dump is its non-null fields with ``event_attributes`` as stored (that JSON
-    is the dump of the model's attributes, in the same order)."""
+def _finish(rows: pa.Table, lines: pa.Table) -> pa.Table:
+    """:data:`GENERAL_EVENT_SQL`'s ``rows`` completed where SQL cannot say what the model would: the ``extra``
+    column of records with more keys than the known ones (orjson reads the line, as the exact path does; a
+    repeated key, or extra keys too long or too deep to store, leave the record to the exact path, which names
+    the problem), and the content-hash key of each event sent without an id (``event_key`` null): the hash of
+    the canonical dump pydantic would give (``ubi_pipeline.store.rows.event_values``), built from the row
+    (``event_attributes`` as stored is the dump of the model's attributes, in the same order)."""
+    flagged = np.flatnonzero(rows.column("_extra").to_numpy(zero_copy_only=False))
+    rows = rows.drop_columns(["_extra"])
+    extras: dict[int, dict[str, Any]] = {}
+    if len(flagged):
+        keep = np.ones(rows.num_rows, dtype=bool)
+        extra_col = rows.column("extra").to_pylist()
+        at = rows.column("_pos").to_numpy()
+        line_of = dict(zip(lines.column("_pos").to_numpy().tolist(), range(lines.num_rows), strict=True))
+        texts = lines.column("line").take(pa.array([line_of[int(at[j])] for j in flagged])).to_pylist()
+        for j, text in zip(flagged.tolist(), texts, strict=True):
+            raw = text.encode()
+            try:
+                value = orjson.loads(raw)
+                extra = {k: v for k, v in value.items() if k not in _EVENT_FIELDS}
+                extra_json = orjson.dumps(extra).decode()
+            except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+                keep[j] = False
+                continue
+            if dropped_keys(raw, value) or len(extra_json.encode()) > JSON_FIELD_MAX_LENGTH:
+                keep[j] = False
+                continue
+            extra_col[j] = extra_json
+            extras[j] = {k: v for k, v in extra.items() if v is not None}
+        rows = rows.set_column(rows.schema.get_field_index("extra"), "extra", pa.array(extra_col, pa.string()))
+        if not keep.all():
+            rows = rows.filter(pa.array(keep))
+            new_at = np.cumsum(keep) - 1
+            extras = {int(new_at[j]): e for j, e in extras.items() if keep[j]}
     keys = rows.column("event_key")
     missing = np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))
     if not len(missing):
@@ -351,15 +390,18 @@ def _content_keys(rows: pa.Table) -> pa.Table:
     attrs = pick["event_attributes"]
     loads, dumps, sha = orjson.loads, orjson.dumps, hashlib.sha256
     out = keys.to_pylist()
-    for j, at in enumerate(missing.tolist()):
+    for j, at_row in enumerate(missing.tolist()):
         dump = {name: pick[name][j] for name in _HASHED_STRINGS if pick[name][j] is not None}
         dump["timestamp"] = pick["timestamp"][j]
         if attrs[j] is not None:
             dump["event_attributes"] = loads(attrs[j])
-        out[at] = "h:" + sha(dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
+        if at_row in extras:
+            dump.update(extras[at_row])
+        out[at_row] = "h:" + sha(dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
     return rows.set_column(rows.schema.get_field_index("event_key"), "event_key", pa.array(out, pa.string()))
 
 
+_EVENT_FIELDS = frozenset(UbiEvent.model_fields)
 _HASHED_STRINGS = ("action_name", "query_id", "session_id", "client_id", "user_id", "application", "message_type",
                    "message", "user_query")
 _HASHED = (*_HASHED_STRINGS, "timestamp", "event_attributes")
@@ -663,7 +705,7 @@ def plain_events(con: duckdb.DuckDBPyConnection, c: Candidates, received_at: dat
     taken = np.zeros(len(c), dtype=bool)
     taken[lean.column("_pos").to_numpy()] = True
     rest = lines.filter(pa.array(~taken[lines.column("_pos").to_numpy()]))
-    other = _content_keys(_events_of(con, GENERAL_EVENT_SQL, rest, received_at))
+    other = _finish(_events_of(con, GENERAL_EVENT_SQL, rest, received_at), rest)
     if not lean.num_rows:
         return other
     both = pa.concat_tables([lean, other.cast(lean.schema)])

@@ -336,7 +336,9 @@ _ISSUE_SHAPES = [
      '{"object":{"object_id":123,"internal_id":-18446744073709551}}}', True),
     ("nulls everywhere", '{"event_id":null,"action_name":"click","timestamp":"2024-05-16T12:34:56Z","query_id":null,'
      '"event_attributes":{"object":null,"position":null}}', True),
-    ("extra keys", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","page":"/p","ab":{"arm":1}}', False),
+    ("extra keys", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","page":"/p","ab":{"arm":1},"n":null}', True),
+    ("Logstash's @timestamp and @version", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z",'
+     '"@timestamp":"2024-05-16T12:34:57.000Z","@version":"1"}', True),
     ("legacy ordinal {index}", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","event_attributes":'
      '{"position":{"ordinal":{"index":4}}}}', False),
     ("flat x, y", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","event_attributes":'
@@ -356,7 +358,7 @@ _QUERY_SHAPES = [
 def test_every_spelling_of_the_issue_agrees_and_takes_the_columnar_path(tmp_path: Path) -> None:
     """Each valid spelling issue 26 lists is stored alike by both paths (keys and timestamps included), twice
     over (the second import: all duplicates, so the content-hash keys match); the columnar path decides all
-    but extra keys and legacy positions, which pydantic (the exact path) still reads."""
+    but legacy positions, which pydantic (the exact path) still reads."""
     lines = [line for _, line, _ in _ISSUE_SHAPES] + _QUERY_SHAPES
     path = tmp_path / "shapes.ndjson"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -419,7 +421,7 @@ def test_the_lean_statement_takes_only_what_the_general_one_takes(lines: list[st
                                                                   bulk_ids: list[str | None]) -> None:
     """LEAN_EVENT_SQL may leave a line to GENERAL_EVENT_SQL, never take one it would not, nor make another row
     of it: every row it makes is GENERAL_EVENT_SQL's row of that line, column by column (content keys
-    included: the general statement leaves them to _content_keys)."""
+    included: the general statement leaves them to _finish)."""
     c = fastpath.Candidates()
     for i, line in enumerate(lines):
         c.add(i, i + 1, line.encode(), bulk_ids[i])
@@ -427,7 +429,8 @@ def test_the_lean_statement_takes_only_what_the_general_one_takes(lines: list[st
     con = fastpath.fast_parser()
     when = datetime(2025, 1, 2, 3, 4, 5)
     try:
-        three = fastpath._content_keys(fastpath._events_of(con, fastpath.GENERAL_EVENT_SQL, table, when)).to_pylist()
+        general = fastpath._events_of(con, fastpath.GENERAL_EVENT_SQL, table, when)
+        three = fastpath._finish(general, table).to_pylist()
         one = fastpath._events_of(con, fastpath.LEAN_EVENT_SQL, table, when).to_pylist()
     finally:
         con.close()
