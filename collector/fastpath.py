@@ -433,20 +433,25 @@ def _hit_ids(hits: Any) -> list[str] | None:
     return out
 
 
-def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | None:
+#: Keys only events have: a record holding one is an event when the kind is guessed (``importer.guess_kind``).
+_EVENT_ONLY_KEYS = frozenset(UbiEvent.model_fields) - frozenset(UbiQuery.model_fields)
+
+
+def plain_query_row(text: bytes, received_at: datetime, *, guessed: bool = False) -> tuple[Any, ...] | None:
     """The stored row (``QUERY_SCHEMA`` order) of a query record the columnar path decides, or None: let
     pydantic decide (and explain).
 
     Every spelling ``UbiQuery`` accepts is decided here except what could make the model's output differ from
     the parsed value beyond the conversions made below (timestamps by the model's own
     :func:`ubi_pipeline.schemas.ubi.parse_timestamp`, integer hit ids to strings, nulls dropped): the row is
-    what ``ubi_pipeline.store.rows.query_values`` builds from the validated model.
+    what ``ubi_pipeline.store.rows.query_values`` builds from the validated model. ``guessed``: the record's
+    kind was guessed from its text; one with an event's key is left to the exact path's guess.
     """
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
-    if type(value) is not dict:
+    if type(value) is not dict or (guessed and not _EVENT_ONLY_KEYS.isdisjoint(value)):
         return None
     user_query = value.get("user_query")
     if type(user_query) is not str:
@@ -772,7 +777,7 @@ def parse_chunk(con: duckdb.DuckDBPyConnection, chunk: Chunk, *, source: str, re
     fast_q: list[tuple[Any, ...]] = []
     fast_q_pos: list[int] = []
     for pos, text in enumerate(q.text.to_pylist()):
-        row = plain_query_row(text, received_at)
+        row = plain_query_row(text, received_at, guessed=chunk.given["query"] is None)
         if row is None:
             deferred.append(chunk.item("query", pos))
         else:
