@@ -232,16 +232,15 @@ def _found(obj: str) -> str:
 
 
 def _g_level(i: int, obj: str) -> str:
-    """``obj`` is absent or null, or an object whose keys are the known ones, each once: its key count equals
-    the number of known keys found under it (an unknown key, or a known one repeated, is one more)."""
-    return f"(coalesce({_ty(obj)}, 'NULL') = 'NULL' OR ({_ty(obj)} = 'OBJECT' AND len(ks[{i + 1}]) = {_found(obj)}))"
+    """``obj`` is absent or null, or an object (it may hold keys besides the known ones: :data:`_G_EXTRA`)."""
+    return f"(coalesce({_ty(obj)}, 'NULL') = 'NULL' OR {_ty(obj)} = 'OBJECT')"
 
 
-#: The record is an object; its nested objects hold only their known keys, once. The record itself may hold
-#: more keys than the known ones found: extra keys (kept) or a repeated key (refused), told apart by
-#: :func:`_finish` (``_extra``).
+#: The record is an object; so are event_attributes, its object and its position when they are there.
 _G_KEYS_OK = " AND ".join([f"{_ty('$')} = 'OBJECT'", *(_g_level(i, o) for i, o in enumerate(_G_OBJECTS) if i)])
-_G_EXTRA = f"len(ks[1]) > {_found('$')}"
+#: An object holds more keys than the known ones found in it: extra keys (kept) or a repeated key (refused),
+#: told apart by :func:`_finish` (an unknown key, or a known one repeated, is one more than those found).
+_G_EXTRA = " OR ".join(f"coalesce(len(ks[{i + 1}]) > {_found(o)}, false)" for i, o in enumerate(_G_OBJECTS))
 _ID_NAMES = ("object_id", "internal_id")  # ObjectId fields: a string or an integer in 64 bits
 
 
@@ -348,18 +347,21 @@ WHERE ts IS NOT NULL AND year(ts) BETWEEN 1 AND 9999
 
 
 def _finish(rows: pa.Table, lines: pa.Table) -> pa.Table:
-    """:data:`GENERAL_EVENT_SQL`'s ``rows`` completed where SQL cannot say what the model would: the ``extra``
-    column of records with more keys than the known ones (orjson reads the line, as the exact path does; a
-    repeated key, or extra keys too long or too deep to store, leave the record to the exact path, which names
-    the problem), and the content-hash key of each event sent without an id (``event_key`` null): the hash of
-    the canonical dump pydantic would give (``ubi_pipeline.store.rows.event_values``), built from the row
-    (``event_attributes`` as stored is the dump of the model's attributes, in the same order)."""
+    """:data:`GENERAL_EVENT_SQL`'s ``rows`` completed where SQL cannot say what the model would: the extra
+    keys of records with more keys than the known ones (orjson reads the line, as the exact path does; a
+    repeated key, a legacy position, or extras too long or too deep to store leave the record to the exact
+    path, which names the problem), kept as the model keeps them (``extra``; ``event_attributes`` with the
+    extras of each of its objects after the declared fields), and the content-hash key of each event sent
+    without an id (``event_key`` null): the hash of the canonical dump pydantic would give
+    (``ubi_pipeline.store.rows.event_values``), built from the row (``event_attributes`` as stored is the
+    dump of the model's attributes, in the same order)."""
     flagged = np.flatnonzero(rows.column("_extra").to_numpy(zero_copy_only=False))
     rows = rows.drop_columns(["_extra"])
     extras: dict[int, dict[str, Any]] = {}
     if len(flagged):
         keep = np.ones(rows.num_rows, dtype=bool)
-        extra_col = rows.column("extra").to_pylist()
+        cols = {name: rows.column(name).to_pylist() for name in ("extra", "event_attributes", *_OBJ_NAMES,
+                                                                 "position_ordinal")}
         at = rows.column("_pos").to_numpy()
         line_of = dict(zip(lines.column("_pos").to_numpy().tolist(), range(lines.num_rows), strict=True))
         texts = lines.column("line").take(pa.array([line_of[int(at[j])] for j in flagged])).to_pylist()
@@ -367,17 +369,15 @@ def _finish(rows: pa.Table, lines: pa.Table) -> pa.Table:
             raw = text.encode()
             try:
                 value = orjson.loads(raw)
-                extra = {k: v for k, v in value.items() if k not in _EVENT_FIELDS}
-                extra_json = orjson.dumps(extra).decode()
+                done = _with_extras(value, {name: col[j] for name, col in cols.items()})
             except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+                done = None
+            if done is None or dropped_keys(raw, value):
                 keep[j] = False
                 continue
-            if dropped_keys(raw, value) or len(extra_json.encode()) > JSON_FIELD_MAX_LENGTH:
-                keep[j] = False
-                continue
-            extra_col[j] = extra_json
-            extras[j] = {k: v for k, v in extra.items() if v is not None}
-        rows = rows.set_column(rows.schema.get_field_index("extra"), "extra", pa.array(extra_col, pa.string()))
+            cols["extra"][j], cols["event_attributes"][j], extras[j] = done
+        for name in ("extra", "event_attributes"):
+            rows = rows.set_column(rows.schema.get_field_index(name), name, pa.array(cols[name], pa.string()))
         if not keep.all():
             rows = rows.filter(pa.array(keep))
             new_at = np.cumsum(keep) - 1
@@ -402,6 +402,39 @@ def _finish(rows: pa.Table, lines: pa.Table) -> pa.Table:
 
 
 _EVENT_FIELDS = frozenset(UbiEvent.model_fields)
+_OBJ_NAMES = tuple(name for name, _ in OBJECT_STRINGS)
+_LEGACY_POSITION = frozenset(("x", "y", "xy"))
+
+
+def _kept(value: dict[str, Any], known: Any) -> dict[str, Any]:
+    """The extra keys of an object as the model's dump keeps them (nulls dropped)."""
+    return {k: v for k, v in value.items() if k not in known and v is not None}
+
+
+def _with_extras(value: Any, row: dict[str, Any]) -> tuple[str | None, str | None, dict[str, Any]] | None:
+    """(``extra``, ``event_attributes``, the top-level extras the dump holds) of a record with extra keys
+    whose known fields made ``row``; None: leave it to the exact path (a legacy position, a value over
+    JSON_FIELD_MAX_LENGTH once stored). Raises orjson.JSONEncodeError for extras nested too deep."""
+    extra = {k: v for k, v in value.items() if k not in _EVENT_FIELDS}
+    extra_json = orjson.dumps(extra).decode() if extra else None
+    attrs_json = row["event_attributes"]
+    ea = value.get("event_attributes")
+    if type(ea) is dict:
+        dump: dict[str, Any] = {}
+        obj, pos = ea.get("object"), ea.get("position")
+        if type(obj) is dict:
+            dump["object"] = {n: row[n] for n in _OBJ_NAMES if row[n] is not None} | _kept(obj, _OBJ_NAMES)
+        if type(pos) is dict:
+            if not _LEGACY_POSITION.isdisjoint(pos):
+                return None
+            ordinal = row["position_ordinal"]
+            dump["position"] = ({"ordinal": ordinal} if ordinal is not None else {}) | _kept(pos, ("ordinal",))
+        dump |= _kept(ea, ("object", "position"))
+        attrs_json = orjson.dumps(dump).decode()
+    for text in (extra_json, attrs_json):
+        if text is not None and len(text.encode()) > JSON_FIELD_MAX_LENGTH:
+            return None
+    return extra_json, attrs_json, {k: v for k, v in extra.items() if v is not None}
 _HASHED_STRINGS = ("action_name", "query_id", "session_id", "client_id", "user_id", "application", "message_type",
                    "message", "user_query")
 _HASHED = (*_HASHED_STRINGS, "timestamp", "event_attributes")

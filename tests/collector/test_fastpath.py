@@ -339,6 +339,11 @@ _ISSUE_SHAPES = [
     ("extra keys", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","page":"/p","ab":{"arm":1},"n":null}', True),
     ("Logstash's @timestamp and @version", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z",'
      '"@timestamp":"2024-05-16T12:34:57.000Z","@version":"1"}', True),
+    ("the reference JavaScript client (extras in object)", '{"application":"shop","action_name":"click",'
+     '"query_id":"q","session_id":"s","client_id":"c","user_id":"","timestamp":"2024-05-16T12:34:56.789Z",'
+     '"message_type":"INFO","message":"","event_attributes":{"object":{"object_id":"7","object_id_field":"sku",'
+     '"description":"Red shoe","price":12.5,"tags":["a",null]},"position":{"ordinal":3,"page":1},"note":null}}',
+     True),
     ("legacy ordinal {index}", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","event_attributes":'
      '{"position":{"ordinal":{"index":4}}}}', False),
     ("flat x, y", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","event_attributes":'
