@@ -20,6 +20,7 @@ same stored row (``tests/collector/test_fastpath.py`` compares the two record by
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,6 +35,7 @@ import pyarrow.compute as pc
 from ubi_pipeline.collector.bodies import RawItem, dropped_keys, json_item
 from ubi_pipeline.collector.ingest import (
     IngestResult,
+    ItemBytes,
     ItemError,
     Prepared,
     Validated,
@@ -55,7 +57,15 @@ from ubi_pipeline.schemas.ubi import (
     parse_timestamp,
 )
 from ubi_pipeline.store.duckdb_store import Store
-from ubi_pipeline.store.rows import EVENT_SCHEMA, QUERY_SCHEMA, Counts, failed_row, failed_table, rows_table
+from ubi_pipeline.store.rows import (
+    EVENT_SCHEMA,
+    QUERY_SCHEMA,
+    Counts,
+    failed_row,
+    failed_table,
+    rows_table,
+    utcnow,
+)
 
 #: Fields of an event the statements read, in the order of their path lists: (JSON path, longest
 #: string the model allows, None: no limit). ``tests/collector/test_fastpath.py`` checks the limits against
@@ -935,3 +945,84 @@ def _in_file_order(parts: list[pa.Table], index: list[int]) -> tuple[pa.Table | 
         table = table.take(pa.array(order))
         return table, order.tolist()
     return table, list(range(len(index)))
+
+
+# ---------------------------------------------------------------- a request's body (HTTP)
+
+#: Items a request needs before the columnar path serves it: a statement's set-up costs about what pydantic
+#: takes for a few dozen records, so smaller bodies (single events) go through the exact path.
+HTTP_MIN_ITEMS = 64
+_local = threading.local()
+
+
+def thread_parser() -> duckdb.DuckDBPyConnection:
+    """This thread's :func:`fast_parser` (the collector's request threads each keep one)."""
+    con: duckdb.DuckDBPyConnection | None = getattr(_local, "con", None)
+    if con is None:
+        con = _local.con = fast_parser()
+    return con
+
+
+def prepare_items(items: list[RawItem], *, source: str, received_at: datetime | None = None) -> Prepared:
+    """What :func:`ubi_pipeline.collector.ingest.prepare` makes of ``validate_items(items)``, the items the
+    columnar path decides turned into rows there (:func:`plain_events`, :func:`plain_query_row`) and only the
+    others validated by pydantic: the same rows, errors and order (``tests/collector/test_fastpath.py``)."""
+    now = received_at or utcnow()
+    events, queries = Candidates(), Candidates()
+    by_index: dict[int, RawItem] = {}
+    exact: list[RawItem] = []
+    for item in items:
+        if item.error is None and type(item.value) is dict and item.kind in ("event", "query"):
+            try:
+                text = item.raw if item.raw is not None else orjson.dumps(item.value)
+            except orjson.JSONEncodeError:
+                exact.append(item)
+                continue
+            (events if item.kind == "event" else queries).add(item.index, item.line or 0, text, item.event_id)
+            by_index[item.index] = item
+        else:
+            exact.append(item)
+    fast_events = plain_events(thread_parser(), events, now) if len(events) else None
+    e_rows: list[tuple[int, tuple[Any, ...], tuple[int, str | None, str | None]]] = []
+    if fast_events is not None:
+        taken = np.zeros(len(events), dtype=bool)
+        pos = fast_events.column("_pos").to_numpy()
+        taken[pos] = True
+        exact.extend(by_index[int(i)] for i in events.index[~taken])
+        doc = fast_events.column("_doc_id").to_pylist()
+        table = fast_events.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA)
+        for p, row, from_doc in zip(pos.tolist(), zip(*(c.to_pylist() for c in table.columns), strict=True), doc,
+                                    strict=True):
+            index = int(events.index[p])
+            e_rows.append((index, row, (index, row[1] if from_doc else None, by_index[index].event_id)))
+    q_rows: list[tuple[int, tuple[Any, ...]]] = []
+    for p, text in enumerate(queries.text.to_pylist()):
+        index = int(queries.index[p])
+        row = plain_query_row(text, now)
+        if row is None:
+            exact.append(by_index[index])
+        else:
+            q_rows.append((index, row))
+    if not exact:
+        validated = Validated(raws=ItemBytes(items))
+        prepared = prepare(validated, source=source, received_at=now)
+    else:
+        exact.sort(key=lambda it: it.index)
+        prepared = prepare(validate_items(exact), source=source, received_at=now)
+        validated = Validated(errors=prepared.validated.errors, raws=ItemBytes(items))
+    for index, row in zip(prepared.query_index, prepared.query_rows, strict=True):
+        q_rows.append((index, row))
+    for ids, row in zip(prepared.event_ids, prepared.event_rows, strict=True):
+        e_rows.append((ids[0], row, ids))
+    q_rows.sort(key=lambda r: r[0])
+    e_rows.sort(key=lambda r: r[0])
+    return Prepared(
+        validated=validated,
+        source=source,
+        received_at=now,
+        query_rows=[row for _, row in q_rows],
+        event_rows=[row for _, row, _ in e_rows],
+        failed_rows=prepared.failed_rows,
+        query_index=[index for index, _ in q_rows],
+        event_ids=[ids for _, _, ids in e_rows],
+    )

@@ -107,11 +107,11 @@ def _broken(draw: Any, valid: st.SearchStrategy[dict[str, Any]]) -> dict[str, An
     return record
 
 
-_EVENTS = _broken(from_schema(_spec("event.schema.json")))
-_QUERIES = _broken(from_schema(_spec("query.request.schema.json")))
+EVENTS = _broken(from_schema(_spec("event.schema.json")))
+QUERIES = _broken(from_schema(_spec("query.request.schema.json")))
 
 
-def _line(record: dict[str, Any], style: int, repeat: bool) -> str:
+def record_line(record: dict[str, Any], style: int, repeat: bool) -> str:
     """One record in a producer's layout: 0 JSON.stringify, 1 json.dumps (spaces, \\u escapes), 2 compact
     with non-ASCII as is; ``repeat``: the first key written twice (a repeated key)."""
     if style == 0:
@@ -145,9 +145,9 @@ def _import(files: list[Path], db: Path, *, fast: bool) -> tuple[Any, dict[str, 
 
 @settings(max_examples=40, deadline=timedelta(seconds=10), suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
-@given(events=st.lists(st.tuples(_EVENTS, st.integers(0, 2), st.integers(0, 19).map(lambda n: n == 0)),
+@given(events=st.lists(st.tuples(EVENTS, st.integers(0, 2), st.integers(0, 19).map(lambda n: n == 0)),
                        min_size=1, max_size=25),
-       queries=st.lists(st.tuples(_QUERIES, st.integers(0, 2), st.integers(0, 19).map(lambda n: n == 0)),
+       queries=st.lists(st.tuples(QUERIES, st.integers(0, 2), st.integers(0, 19).map(lambda n: n == 0)),
                         max_size=6))
 def test_records_from_the_spec_schema_store_and_fail_alike(
     tmp_path_factory: pytest.TempPathFactory,
@@ -156,8 +156,8 @@ def test_records_from_the_spec_schema_store_and_fail_alike(
 ) -> None:
     tmp = tmp_path_factory.mktemp("spec")
     ev_path, q_path = tmp / "events.ndjson", tmp / "queries.ndjson"
-    ev_path.write_text("".join(_line(*e) + "\n" for e in events), encoding="utf-8")
-    q_path.write_text("".join(_line(*q) + "\n" for q in queries) or "\n", encoding="utf-8")
+    ev_path.write_text("".join(record_line(*e) + "\n" for e in events), encoding="utf-8")
+    q_path.write_text("".join(record_line(*q) + "\n" for q in queries) or "\n", encoding="utf-8")
     files = [ev_path, q_path]
     fast = _import(files, tmp / "fast.duckdb", fast=True)
     exact = _import(files, tmp / "exact.duckdb", fast=False)

@@ -314,7 +314,7 @@ def test_records_over_the_length_limits_agree(tmp_path: Path) -> None:
 
 #: Valid events of each spelling issue 26 lists, one per line: (what it is, the line, whether the columnar
 #: path decides it; the others are left to the exact path).
-_ISSUE_SHAPES = [
+ISSUE_SHAPES = [
     ("no event_id: content-hash key", '{"action_name":"click","timestamp":"2024-05-16T12:34:56.789Z"}', True),
     ("no fraction", '{"event_id":"s1","action_name":"click","timestamp":"2024-05-16T12:34:56Z"}', True),
     ("offset +hh:mm, 3 digits", '{"action_name":"click","timestamp":"2024-05-16T12:34:56.5+05:30"}', True),
@@ -352,7 +352,7 @@ _ISSUE_SHAPES = [
 
 
 #: Valid query records of the same spellings, all decided by the columnar path.
-_QUERY_SHAPES = [
+QUERY_SHAPES = [
     '{"query_id":"q1","user_query":"red shoes","timestamp":"2024-05-16T12:34:56Z"}',
     '{"user_query": "no id", "timestamp": "2024-05-16 12:34:56.5+05:30", "query_response_hit_ids": [1, "b"]}',
     '{"query_id":"q3","user_query":"caf\\u00e9","timestamp":1715862896789,"client_id":null,"page":2,'
@@ -364,7 +364,7 @@ def test_every_spelling_of_the_issue_agrees_and_takes_the_columnar_path(tmp_path
     """Each valid spelling issue 26 lists is stored alike by both paths (keys and timestamps included), twice
     over (the second import: all duplicates, so the content-hash keys match); the columnar path decides all
     but legacy positions, which pydantic (the exact path) still reads."""
-    lines = [line for _, line, _ in _ISSUE_SHAPES] + _QUERY_SHAPES
+    lines = [line for _, line, _ in ISSUE_SHAPES] + QUERY_SHAPES
     path = tmp_path / "shapes.ndjson"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     fast = _assert_same(tmp_path, [path])
@@ -386,7 +386,7 @@ def test_every_spelling_of_the_issue_agrees_and_takes_the_columnar_path(tmp_path
         import_files([path], tmp_path / "spy.duckdb")
     finally:
         fastpath.validate_items = original  # type: ignore[assignment]
-    assert sorted(item.index for item in sent) == [i for i, (_, _, columnar) in enumerate(_ISSUE_SHAPES)
+    assert sorted(item.index for item in sent) == [i for i, (_, _, columnar) in enumerate(ISSUE_SHAPES)
                                                    if not columnar]
 
 
