@@ -301,14 +301,21 @@ _G_ATTRS_JSON = (
     "coalesce('\"ordinal\":' || CAST(CAST(p.ordinal AS BIGINT) AS VARCHAR), '') || '}' END) || '}' END"
 )
 
+#: The one JSON pass of :data:`GENERAL_EVENT_SQL`, run on its own: referenced from the checks, a
+#: ``json_transform`` is set up again for every reference (about 1.5 ms each, whatever the rows), which
+#: made the statement cost ~50 ms before its first row; read back from Arrow, its struct costs nothing to set up.
+GENERAL_PARSE_SQL = f"""
+SELECT _pos, _bid, json_type(line, {_G_TYPE_PATHS}) AS ty, json_keys(line, {_G_PATHS}) AS ks,
+       json_transform(line, '{_G_TYPE}') AS s
+FROM _ubi_fast_lines
+WHERE json_valid(line)
+      AND NOT (contains(line, ',}}') OR contains(line, ',]')
+               OR (regexp_matches(line, ',\\s') AND regexp_matches(line, ',\\s+[\\]}}]')))
+"""
+
 GENERAL_EVENT_SQL = f"""
 WITH src AS (
-    SELECT _pos, _bid, json_type(line, {_G_TYPE_PATHS}) AS ty, json_keys(line, {_G_PATHS}) AS ks,
-           json_transform(line, '{_G_TYPE}') AS s
-    FROM _ubi_fast_lines
-    WHERE json_valid(line)
-          AND NOT (contains(line, ',}}') OR contains(line, ',]')
-                   OR (regexp_matches(line, ',\\s') AND regexp_matches(line, ',\\s+[\\]}}]')))
+    SELECT * FROM _ubi_fast_parsed
 ), checked AS (
     SELECT _pos, _bid, ty, ks, s, s.event_attributes.object AS o, s.event_attributes.position AS p,
            CASE WHEN {_is_str('s.timestamp')} THEN regexp_extract(s.timestamp->>'$', {_G_TS_RE}, {_G_TS_GROUPS})
@@ -753,18 +760,25 @@ def plain_events(con: duckdb.DuckDBPyConnection, c: Candidates, received_at: dat
     taken = np.zeros(len(c), dtype=bool)
     taken[lean.column("_pos").to_numpy()] = True
     rest = lines.filter(pa.array(~taken[lines.column("_pos").to_numpy()]))
-    other = _finish(_events_of(con, GENERAL_EVENT_SQL, rest, received_at), rest)
+    other = _finish(_general_events(con, rest, received_at), rest)
     if not lean.num_rows:
         return other
     both = pa.concat_tables([lean, other.cast(lean.schema)])
     return both.take(pc.sort_indices(both.column("_pos")))
 
 
+def _general_events(con: duckdb.DuckDBPyConnection, lines: pa.Table, received_at: datetime) -> pa.Table:
+    """:data:`GENERAL_EVENT_SQL`'s rows for ``lines`` (after :data:`GENERAL_PARSE_SQL`), in ``_pos`` order."""
+    _ubi_fast_lines = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
+    parsed = con.sql(GENERAL_PARSE_SQL).to_arrow_table()
+    return _events_of(con, GENERAL_EVENT_SQL, parsed, received_at)
+
+
 def _events_of(con: duckdb.DuckDBPyConnection, sql: str, lines: pa.Table, received_at: datetime) -> pa.Table:
     """``sql``'s rows for ``lines``, in ``_pos`` order. The statements have no ORDER BY: on the parser's one
     thread DuckDB keeps the scan's order, so a sort of 50,000 rows (0.5 us of 4.8 per event) bought nothing;
     the order is checked here instead, and restored if it ever differs."""
-    _ubi_fast_lines = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
+    _ubi_fast_lines = _ubi_fast_parsed = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
     rows = con.sql(sql, params=[received_at]).to_arrow_table()
     pos = rows.column("_pos").to_numpy()
     if len(pos) > 1 and not bool(np.all(pos[1:] > pos[:-1])):
@@ -949,9 +963,12 @@ def _in_file_order(parts: list[pa.Table], index: list[int]) -> tuple[pa.Table | 
 
 # ---------------------------------------------------------------- a request's body (HTTP)
 
-#: Items a request needs before the columnar path serves it: a statement's set-up costs about what pydantic
-#: takes for a few dozen records, so smaller bodies (single events) go through the exact path.
-HTTP_MIN_ITEMS = 64
+#: Items a request needs before the columnar path serves it. Its statements cost a fixed ~50 ms per call
+#: before their first row (expression set-up; 2 cores under a load average of 5, bench/import_speed.py's
+#: machine note) and save ~3-8 us per record over the exact path (15 us), so they pay only for the largest
+#: bodies: ``ubi import``'s 5,000-record chunks to a running collector. 500-event batches and single events
+#: keep the exact path until that set-up cost comes down.
+HTTP_MIN_ITEMS = 5000
 _local = threading.local()
 
 

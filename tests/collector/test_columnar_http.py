@@ -87,7 +87,8 @@ def test_every_spelling_over_each_route_agrees(tmp_path: Path) -> None:
 
 
 def test_bodies_above_the_threshold_take_the_columnar_path(tmp_path: Path) -> None:
-    """A body of HTTP_MIN_ITEMS events reaches prepare_items; the rows are those of the exact path (above)."""
+    """A body of HTTP_MIN_ITEMS events reaches prepare_items, a single event does not; the rows are those of
+    the exact path (above)."""
     line = '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","query_id":"q%d"}'
     body = "\n".join(line % i for i in range(fastpath.HTTP_MIN_ITEMS)).encode()
     gen = _client(tmp_path / "t.duckdb")

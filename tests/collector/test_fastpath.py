@@ -434,7 +434,7 @@ def test_the_lean_statement_takes_only_what_the_general_one_takes(lines: list[st
     con = fastpath.fast_parser()
     when = datetime(2025, 1, 2, 3, 4, 5)
     try:
-        general = fastpath._events_of(con, fastpath.GENERAL_EVENT_SQL, table, when)
+        general = fastpath._general_events(con, table, when)
         three = fastpath._finish(general, table).to_pylist()
         one = fastpath._events_of(con, fastpath.LEAN_EVENT_SQL, table, when).to_pylist()
     finally:
