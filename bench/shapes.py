@@ -103,6 +103,11 @@ def write_shape(shape: str, sim: list[Path], folder: Path) -> list[Path]:
     return sorted(files, key=lambda p: "0" if "queries" in p.name else p.name)
 
 
+def render(shape: str, kind: str, rec: dict[str, Any]) -> bytes:
+    """One record (the simulator's fields) as ``shape``'s producer writes it (the NDJSON shapes only)."""
+    return _rewrite(shape, kind, orjson.dumps(rec), rec)
+
+
 def _rewrite(shape: str, kind: str, line: bytes, rec: dict[str, Any]) -> bytes:
     """One NDJSON record of the simulator in ``shape``."""
     if shape == "simulator":
