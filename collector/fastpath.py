@@ -301,6 +301,41 @@ _G_ATTRS_JSON = (
     "coalesce('\"ordinal\":' || CAST(CAST(p.ordinal AS BIGINT) AS VARCHAR), '') || '}' END) || '}' END"
 )
 
+def _pair(name: str, value: str | None = None) -> str:
+    """``"name":value`` as orjson writes it, or NULL when the value is (a key the dump leaves out)."""
+    v = value or name
+    return f"""CASE WHEN {v} IS NOT NULL THEN '"{name}":' || to_json({v})::VARCHAR END"""
+
+
+_OBJ_SORTED = sorted(name for name, _ in OBJECT_STRINGS)
+#: The canonical dump of an event without an id and without extra keys, as
+#: ``orjson.dumps(model_dump(exclude_none=True), option=CANONICAL_OPTIONS)`` writes it (sorted keys, UTC
+#: ``Z`` times with microseconds when there are any): its SHA-256 is the content-hash key, computed in the
+#: statement instead of a Python loop (``tests/collector/test_fastpath.py`` checks it against the exact path).
+_CANONICAL = (
+    "'{' || concat_ws(',', "
+    + ", ".join([
+        _pair("action_name"), _pair("application"), _pair("client_id"),
+        "CASE WHEN ty[2] = 'OBJECT' THEN '\"event_attributes\":{' || concat_ws(',', "
+        "CASE WHEN ty[3] = 'OBJECT' THEN '\"object\":{' || concat_ws(',', "
+        + ", ".join(_pair(n) for n in _OBJ_SORTED) + ") || '}' END, "
+        "CASE WHEN ty[4] = 'OBJECT' THEN '\"position\":{' || coalesce('\"ordinal\":' || position_ordinal, '') "
+        "|| '}' END) || '}' END",
+        _pair("message"), _pair("message_type"), _pair("query_id"), _pair("session_id"),
+        """'"timestamp":"' || CASE WHEN microsecond(timestamp) % 1000000 = 0 """
+        """THEN strftime(timestamp, '%Y-%m-%dT%H:%M:%SZ') ELSE strftime(timestamp, '%Y-%m-%dT%H:%M:%S.%fZ') END """
+        """|| '"'""",
+        _pair("user_id"), _pair("user_query"),
+    ])
+    + ") || '}'"
+)
+_HASHED_TEXT = ["action_name", "application", "client_id", "message", "message_type", "query_id", "session_id",
+                "user_id", "user_query", *_OBJ_SORTED]
+#: Control characters DuckDB's to_json escapes with upper-case hex digits (orjson: lower case): their
+#: events are hashed by :func:`_finish` instead.
+_HEX_CASE = r"'[\x0b\x0e\x0f\x1a-\x1f]'"
+
+
 #: The one JSON pass of :data:`GENERAL_EVENT_SQL`, run on its own: referenced from the checks, a
 #: ``json_transform`` is set up again for every reference (about 1.5 ms each, whatever the rows), which
 #: made the statement cost ~50 ms before its first row; read back from Arrow, its struct costs nothing to set up.
@@ -348,18 +383,23 @@ WITH src AS (
                 WHEN s.event_id IS NULL AND _bid <> '' THEN _bid END AS eid,
            {', '.join(f"{v} AS {n}" for n, v in _G_OBJ_VALUES.items())}
     FROM checked
+), rows AS (
+    SELECT 'id:' || eid AS event_key, eid AS event_id, s.action_name->>'$' AS action_name,
+           {', '.join(f"s.{n}->>'$' AS {n}" for n in ('query_id', 'session_id', 'client_id', 'user_id', 'application'))},
+           ts AS timestamp, s.message_type->>'$' AS message_type, s.message->>'$' AS message,
+           s.user_query->>'$' AS user_query, {', '.join(n for n, _ in OBJECT_STRINGS)},
+           CAST(p.ordinal AS INTEGER) AS position_ordinal, NULL::DOUBLE AS position_x, NULL::DOUBLE AS position_y,
+           {_G_ATTRS_JSON} AS event_attributes, NULL::VARCHAR AS extra, ?::TIMESTAMP AS received_at,
+           _pos, s.event_id IS NOT NULL AS _doc_id, {_G_EXTRA} AS _extra, ty
+    FROM stamped
+    WHERE ts IS NOT NULL AND year(ts) BETWEEN 1 AND 9999
+          AND (eid IS NOT NULL OR (s.event_id IS NULL AND _bid IS NULL))
+          AND NOT regexp_matches(concat({', '.join(n for n, _ in OBJECT_STRINGS)}), {_NEEDS_ESCAPE})
 )
-SELECT 'id:' || eid AS event_key, eid AS event_id, s.action_name->>'$' AS action_name,
-       {', '.join(f"s.{n}->>'$' AS {n}" for n in ('query_id', 'session_id', 'client_id', 'user_id', 'application'))},
-       ts AS timestamp, s.message_type->>'$' AS message_type, s.message->>'$' AS message,
-       s.user_query->>'$' AS user_query, {', '.join(n for n, _ in OBJECT_STRINGS)},
-       CAST(p.ordinal AS INTEGER) AS position_ordinal, NULL::DOUBLE AS position_x, NULL::DOUBLE AS position_y,
-       {_G_ATTRS_JSON} AS event_attributes, NULL::VARCHAR AS extra, ?::TIMESTAMP AS received_at,
-       _pos, s.event_id IS NOT NULL AS _doc_id, {_G_EXTRA} AS _extra
-FROM stamped
-WHERE ts IS NOT NULL AND year(ts) BETWEEN 1 AND 9999
-      AND (eid IS NOT NULL OR (s.event_id IS NULL AND _bid IS NULL))
-      AND NOT regexp_matches(concat({', '.join(n for n, _ in OBJECT_STRINGS)}), {_NEEDS_ESCAPE})
+SELECT * EXCLUDE (ty) REPLACE (
+    coalesce(event_key, CASE WHEN NOT _extra AND NOT regexp_matches(concat({', '.join(_HASHED_TEXT)}), {_HEX_CASE})
+                             THEN 'h:' || left(sha256({_CANONICAL}), 32) END) AS event_key)
+FROM rows
 """
 
 
