@@ -17,8 +17,16 @@ It prints wall time, CPU time (user + system of that process), peak RSS, events/
 wall time, and over CPU time: on a shared machine CPU time is the fairer figure) and the ratio of the
 import's rate to the ceiling's (``/ceil``: by wall time; then by CPU time, the fairer figure).
 
+With ``--shapes`` it writes the same simulated records in each producer's byte layout instead
+(``bench/shapes.py``: the simulator's, the reference JavaScript client's, Python ``json.dumps``', Logstash's
+and Data Prepper's ``_bulk`` exports) and prints per shape: records/s of ``ubi import`` (query records and
+events), peak RSS, the import's time over DuckDB's own parse of the same files (``read_json``, ``count(*)``,
+its default threads: the issue's "x DuckDB" figure) and its CPU rate over the pydantic ceiling's for the
+same files (``orjson + validate_python``, one core).
+
     .venv/bin/python bench/import_speed.py                      # 1M events, ndjson and bulk
     .venv/bin/python bench/import_speed.py --events 200000 --formats bulk
+    .venv/bin/python bench/import_speed.py --shapes --events 200000
 """
 
 from __future__ import annotations
@@ -35,6 +43,17 @@ from pathlib import Path
 import duckdb
 
 UBI = [sys.executable, "-m", "ubi_pipeline.cli"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shapes import BULK_SHAPES, SHAPES, write_shape  # noqa: E402  (bench/shapes.py, beside this file)
+
+#: DuckDB's own parse of the same files: read_json over them, counted (what issue 26's "x DuckDB" compares to).
+DUCKDB_PARSE = r"""
+import sys, duckdb
+con = duckdb.connect()
+((n,),) = con.execute("SELECT count(*) FROM read_json($f, format='newline_delimited', union_by_name=true)",
+                      {"f": sys.argv[1:]}).fetchall()
+print(n)
+"""
 
 CEILING = r"""
 import sys, orjson
@@ -118,7 +137,12 @@ def main() -> None:
     ap.add_argument("--ceilings", nargs="+", default=["python", "json", "line"], choices=["python", "json", "line"],
                     help="ways of validating measured for the ceiling (default: all three)")
     ap.add_argument("--dir", type=Path, help="work folder (default: a temporary one, removed)")
+    ap.add_argument("--shapes", action="store_true",
+                    help="the same records in each producer's byte layout (bench/shapes.py), one row per shape")
     args = ap.parse_args()
+    if args.shapes:
+        shapes_run(args)
+        return
     root = Path(__file__).resolve().parents[1]
     work = args.dir or Path(tempfile.mkdtemp(prefix="ubi-import-speed-"))
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared machine: wall times "
@@ -165,6 +189,50 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end; events/s count events only (query records, "
           "about 1 per 12 events, are imported too)")
+
+
+def shapes_run(args: argparse.Namespace) -> None:
+    """``--shapes``: the simulator's records written in each producer's layout, imported one shape at a time."""
+    root = Path(__file__).resolve().parents[1]
+    work = args.dir or Path(tempfile.mkdtemp(prefix="ubi-import-shapes-"))
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared machine: wall times "
+          "inflated by other work; CPU s is the fairer figure)")
+    try:
+        sim = work / "sim"
+        gen = ("import sys; from pathlib import Path; from ubi_pipeline.processors.simulation.bulk_log import write_files; "
+               "write_files(Path(sys.argv[1]), int(sys.argv[2]), fmt='ndjson')")
+        subprocess.run([sys.executable, "-c", gen, str(sim), str(args.events)], cwd=root, check=True)
+        sim_files = sorted(sim.iterdir(), key=lambda p: "0" if "queries" in p.name else p.name)
+        print(f"{'shape':<17} {'MB':>6} {'records':>9} {'wall s':>7} {'CPU s':>7} {'RSS MB':>7} {'rec/s':>9} "
+              f"{'rec/s CPU':>10} {'duck s':>7} {'x duck':>7} {'/ceil':>6}")
+        for shape in SHAPES:
+            files = write_shape(shape, sim_files, work / shape)
+            size = sum(p.stat().st_size for p in files) / 1e6
+            db = work / f"{shape}.duckdb"
+            duck = measured([sys.executable, "-c", DUCKDB_PARSE, *map(str, files)], root)
+            fmt = "bulk" if shape in BULK_SHAPES else "ndjson"
+            ceil = measured([sys.executable, "-c", CEILING, fmt, "python", *map(str, files)], root)
+            res = measured([*UBI, "import", *map(str, files), "--db", str(db), "--json"], root)
+            with duckdb.connect(str(db), read_only=True) as con:
+                ((n,),) = con.execute(
+                    "SELECT (SELECT count(*) FROM ubi_queries) + (SELECT count(*) FROM ubi_events)").fetchall()
+            wall, cpu, rss, code, text = res
+            ceil_rate = n / ceil[1] if ceil[1] and ceil[3] == 0 else 0.0
+            ratio = f"{n / cpu / ceil_rate:6.2f}" if ceil_rate and cpu else "      "
+            print(f"{shape:<17} {size:6,.0f} {n:9,} {wall:7.1f} {cpu:7.1f} {rss:7,.0f} {n / wall:9,.0f} "
+                  f"{n / cpu if cpu else 0:10,.0f} {duck[0]:7.2f} {wall / duck[0]:7.1f} {ratio}", flush=True)
+            for name, r in (("import", res), ("duckdb parse", duck), ("ceiling", ceil)):
+                if r[3] != 0:
+                    print(f"    ! {name} exited {r[3]}: {r[4][-600:]}", flush=True)
+            shutil.rmtree(work / shape, ignore_errors=True)
+            for p in work.glob(db.name + "*"):
+                p.unlink()
+    finally:
+        if args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end. records: query records and events stored; x duck: "
+          "import wall time over DuckDB's read_json of the same files; /ceil: import records per CPU second over "
+          "the pydantic ceiling's (orjson + validate_python, one core)")
 
 
 if __name__ == "__main__":

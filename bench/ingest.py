@@ -15,7 +15,15 @@ streams, request bytes built before the clock starts), so the client is not the 
 with a general-purpose client. On a 2-core machine client and server share the CPU: the HTTP figures are
 a lower bound for a server with its own cores.
 
+With ``--shapes`` it runs the batch and single-event runs once per producer shape instead (``bench/shapes.py``:
+the simulator's events with ``event_id``; the reference JavaScript client's, which posts one-element arrays and
+no ``event_id``; Python ``json.dumps``', no ``event_id``), each against a fresh server, and prints per shape
+events/s, requests/s, p99, the batch rate over the one-core pydantic validation ceiling of the same bodies
+(``TypeAdapter(list[UbiEvent]).validate_python`` of each parsed body, measured in the same run) and the
+server's peak RSS.
+
     .venv/bin/python bench/ingest.py [--events 100000] [--singles 20000] [--json]
+    .venv/bin/python bench/ingest.py --shapes [--events 50000] [--singles 10000]
 """
 
 from __future__ import annotations
@@ -39,6 +47,12 @@ import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from shapes import render  # noqa: E402  (bench/shapes.py)
+
+#: The shapes of --shapes: (name, shape of bench/shapes.py, whether a single event is sent as a one-element array).
+HTTP_SHAPES = (("simulator (event_id)", "simulator", False), ("js-client (no id)", "js-client", True),
+               ("python-json (no id)", "python-json", False))
 
 BATCH = 500
 
@@ -118,6 +132,41 @@ async def _connection(host: str, port: int, requests: list[bytes], latencies: li
     return ok
 
 
+def shaped_bodies(events: list[dict], per_request: int, shape: str | None, array_of_one: bool = False) -> list[bytes]:
+    """Request bodies of ``events``, ``per_request`` each, in ``shape`` (None: this bench's own compact JSON)."""
+    if shape is None:
+        if per_request == 1:
+            return [orjson.dumps(e) for e in events]
+        return [orjson.dumps(events[i : i + per_request]) for i in range(0, len(events), per_request)]
+    docs = [render(shape, "event", {**e, "event_id": f"{e['query_id']}-{n}"}) for n, e in enumerate(events)]
+    sep = b", " if shape == "python-json" else b","
+    if per_request == 1 and not array_of_one:
+        return docs
+    return [b"[" + sep.join(docs[i : i + per_request]) + b"]" for i in range(0, len(docs), per_request)]
+
+
+def validation_ceiling(bodies: list[bytes]) -> float:
+    """Events per CPU second of pydantic validating ``bodies`` (orjson parse, then one validate_python call
+    per body), one core, nothing else: the ceiling the issue compares HTTP ingest to."""
+    from pydantic import TypeAdapter
+
+    from ubi_pipeline.schemas.ubi import UbiEvent
+
+    many = TypeAdapter(list[UbiEvent])
+    t0, n = time.process_time(), 0
+    for body in bodies:
+        n += len(many.validate_python(orjson.loads(body)))
+    return n / (time.process_time() - t0)
+
+
+def peak_rss_mb(pid: int) -> float:
+    """A process's peak resident set (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def _request(body: bytes) -> bytes:
     return (
         b"POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -126,12 +175,9 @@ def _request(body: bytes) -> bytes:
 
 
 def _worker(args: tuple) -> tuple[int, list[float], float, float]:
-    host, port, tag, n_events, per_request, connections, barrier = args
+    host, port, tag, n_events, per_request, connections, barrier, shape, array_of_one = args
     events = make_events(n_events, tag, seed=hash(tag) % 1000)
-    if per_request == 1:
-        bodies = [orjson.dumps(e) for e in events]
-    else:
-        bodies = [orjson.dumps(events[i : i + per_request]) for i in range(0, n_events, per_request)]
+    bodies = shaped_bodies(events, per_request, shape, array_of_one)
     requests = [_request(b) for b in bodies]
     shares = [requests[i::connections] for i in range(connections)]
     latencies: list[float] = []
@@ -152,13 +198,14 @@ def _worker(args: tuple) -> tuple[int, list[float], float, float]:
 
 
 def http_load(
-    host: str, port: int, *, name: str, n_events: int, per_request: int, processes: int, connections: int
+    host: str, port: int, *, name: str, n_events: int, per_request: int, processes: int, connections: int,
+    shape: str | None = None, array_of_one: bool = False,
 ) -> dict:
     ctx = mp.get_context("fork")
     barrier = ctx.Manager().Barrier(processes)
     per_proc = n_events // processes
     jobs = [
-        (host, port, f"{name}-{p}-{os.getpid()}", per_proc, per_request, connections, barrier)
+        (host, port, f"{name}-{p}-{os.getpid()}", per_proc, per_request, connections, barrier, shape, array_of_one)
         for p in range(processes)
     ]
     with ctx.Pool(processes) as pool:
@@ -257,7 +304,10 @@ def main() -> int:
     parser.add_argument("--single-connections", type=int, default=32, help="connections for the single run")
     parser.add_argument("--processes", type=int, default=2, help="load-generator processes (default 2)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--shapes", action="store_true", help="one batch and one single run per producer shape")
     args = parser.parse_args()
+    if args.shapes:
+        return shapes_run(args)
 
     import duckdb
 
@@ -325,6 +375,49 @@ def main() -> int:
     )
     print("server loop/http:", server_stack())
     return 0 if stored == acknowledged else 1
+
+
+def shapes_run(args: argparse.Namespace) -> int:
+    """``--shapes``: per shape a fresh server, a 500-event batch run and a single-event run."""
+    import duckdb
+
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared machine: figures "
+          "inflated by other work)")
+    header = (f"{'shape':22} {'run':7} {'events/s':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'/ceil':>6} "
+              f"{'srv RSS MB':>10}")
+    print(header)
+    print("-" * len(header))
+    bad = 0
+    for name, shape, array_of_one in HTTP_SHAPES:
+        ceiling = validation_ceiling(shaped_bodies(make_events(args.events, "ceil"), BATCH, shape))
+        with tempfile.TemporaryDirectory(prefix="ubi-bench-") as tmp:
+            db = Path(tmp) / "served.duckdb"
+            proc, host, port = start_server(db)
+            rows = []
+            try:
+                for run, n, per, conns in (("500/req", args.events, BATCH, args.batch_connections),
+                                           ("1/req", args.singles, 1, args.single_connections)):
+                    row = http_load(host, port, name=f"{shape}-{run}", n_events=n, per_request=per,
+                                    processes=args.processes, connections=max(1, conns // args.processes),
+                                    shape=shape, array_of_one=array_of_one)
+                    rows.append((run, row))
+                rss = peak_rss_mb(proc.pid)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+            with duckdb.connect(str(db), read_only=True) as con:
+                ((stored,),) = con.execute("SELECT count(*) FROM ubi_events").fetchall()
+        for run, r in rows:
+            ratio = f"{r['events_per_s'] / ceiling:6.2f}" if run == "500/req" else "     -"
+            print(f"{name:22} {run:7} {r['events_per_s']:>9,.0f} {r['requests_per_s']:>7,.0f} {r['p50_ms']:>7.2f} "
+                  f"{r['p99_ms']:>7.2f} {ratio} {rss:>10,.0f}", flush=True)
+        acknowledged = sum(r["events"] for _, r in rows)
+        if stored != acknowledged:
+            print(f"    ! acknowledged {acknowledged:,} events, found {stored:,}")
+            bad += 1
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; /ceil: batch events/s over the one-core pydantic "
+          f"validation ceiling of the same bodies; single runs at {args.single_connections} connections")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

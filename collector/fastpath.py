@@ -1,30 +1,26 @@
-"""The columnar fast path of ``ubi import``: records of the common shape never become Python objects.
+"""The columnar path of ``ubi import``: valid records of every common spelling never become Python objects.
 
 A file's records arrive in chunks of tens of thousands. The events of a chunk are parsed, checked and turned
-into stored rows by DuckDB's JSON functions over the whole chunk at once (:data:`EVENT_SQL`); its query
-records (about one per twelve events) by a short Python check and orjson (:func:`plain_query_row`). Both
-accept only records of a *plain* shape that is strictly narrower than what the pydantic models accept:
+into stored rows by DuckDB's JSON functions over the whole chunk at once: :data:`LEAN_EVENT_SQL` for the
+compact shape the project's simulator writes (one JSON pass), :data:`GENERAL_EVENT_SQL` for every other
+spelling the ``UbiEvent`` model accepts and the statement can decide (any escapes, spaces, nulls, events
+without an id - keyed by the same content hash as the exact path, :func:`_finish` -, RFC 3339 and
+ISO 8601 timestamps with or without a fraction or an offset, epoch milliseconds, integer object ids, every
+optional field, extra keys). Its query records (about one per twelve events) go through a short Python check and
+orjson (:func:`plain_query_row`).
 
-* an event: an object whose keys are among ``UbiEvent``'s fields, each of the JSON type the model takes
-  without conversion (strings or null, the position's ``ordinal`` an integer in 32 bits), lengths within the
-  model's limits, ``timestamp`` spelt ``2024-05-16T12:34:56.789Z``, ``event_attributes`` null or an object
-  of ``object`` (string ids of printable ASCII) and ``position`` (``ordinal`` only), and an id: ``event_id``
-  or the ``_bulk`` ``_id``, equal when both are sent;
-* a query record: ``UbiQuery``'s fields only, strings within their limits, the same timestamp spelling,
-  ``query_attributes`` an object, hit ids strings.
-
-No line with a ``\\u`` escape, a repeated key (at any level), a trailing comma or anything else DuckDB's
-JSON reader tolerates and orjson does not is taken. Everything else - invalid records, legacy shapes, extra
-keys, integer ids, events without an id (their key is a content hash), floats - is handed back, and the
-importer sends it through the exact path (:func:`ubi_pipeline.collector.bodies.json_item`,
-:func:`ubi_pipeline.collector.ingest.validate_items`, pydantic), which gives it its exact status and message. So the
-fast path changes speed, never outcomes: a record it accepts is one pydantic accepts, with the same stored
-row (``tests/collector/test_fastpath.py`` compares the two record by record).
+What the statements leave - invalid records, extra keys inside ``event_attributes``, legacy position shapes, floats, repeated keys,
+anything DuckDB's JSON reader tolerates and orjson does not - is handed back, and the importer sends it
+through the exact path (:func:`ubi_pipeline.collector.bodies.json_item`,
+:func:`ubi_pipeline.collector.ingest.validate_items`, pydantic), which gives it its exact status and message.
+So the columnar path changes speed, never outcomes: a record it accepts is one pydantic accepts, with the
+same stored row (``tests/collector/test_fastpath.py`` compares the two record by record).
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,6 +35,7 @@ import pyarrow.compute as pc
 from ubi_pipeline.collector.bodies import RawItem, dropped_keys, json_item
 from ubi_pipeline.collector.ingest import (
     IngestResult,
+    ItemBytes,
     ItemError,
     Prepared,
     Validated,
@@ -47,16 +44,30 @@ from ubi_pipeline.collector.ingest import (
 )
 from ubi_pipeline.schemas.ubi import (
     CANONICAL_OPTIONS,
-    COMMON_TIMESTAMP_RE,
     CONTROL_CHARACTER,
+    EPOCH_MS_MAX,
+    EPOCH_MS_MIN,
+    ID_INT_MAX,
+    ID_INT_MIN,
     JSON_FIELD_MAX_LENGTH,
     RESERVED_QUERY_ID,
     USER_QUERY_MAX_LENGTH,
+    UbiEvent,
+    UbiQuery,
+    parse_timestamp,
 )
 from ubi_pipeline.store.duckdb_store import Store
-from ubi_pipeline.store.rows import EVENT_SCHEMA, QUERY_SCHEMA, Counts, failed_row, failed_table, rows_table
+from ubi_pipeline.store.rows import (
+    EVENT_SCHEMA,
+    QUERY_SCHEMA,
+    Counts,
+    failed_row,
+    failed_table,
+    rows_table,
+    utcnow,
+)
 
-#: Fields of a plain event read by :data:`EVENT_SQL`, in the order of its path lists: (JSON path, longest
+#: Fields of an event the statements read, in the order of their path lists: (JSON path, longest
 #: string the model allows, None: no limit). ``tests/collector/test_fastpath.py`` checks the limits against
 #: the models' JSON Schema.
 EVENT_STRINGS: tuple[tuple[str, int | None], ...] = (
@@ -80,145 +91,12 @@ OBJECT_STRINGS: tuple[tuple[str, int], ...] = (
 )
 EVENT_KEYS = (*(name for name, _ in EVENT_STRINGS), "event_attributes")
 
-_OBJ, _POS, _ATTRS = "$.event_attributes.object", "$.event_attributes.position", "$.event_attributes"
-_ORD = f"{_POS}.ordinal"
-_TOP_PATHS = [f"$.{name}" for name, _ in EVENT_STRINGS] + [_ATTRS]
-_OBJ_PATHS = [f"{_OBJ}.{name}" for name, _ in OBJECT_STRINGS]
-#: Every path a plain event may hold a value at; ``$`` first (the value itself), then by level.
-_PATHS = ["$", *_TOP_PATHS, _OBJ, _POS, *_OBJ_PATHS, _ORD]
-_I = {path: i + 1 for i, path in enumerate(_PATHS)}  # 1-based, as DuckDB lists are
-#: The objects of a plain event and the paths of their keys.
-_LEVELS = {"$": _TOP_PATHS, _ATTRS: [_OBJ, _POS], _OBJ: _OBJ_PATHS, _POS: [_ORD]}
-_STRING_PATHS = [*(f"$.{name}" for name, _ in EVENT_STRINGS), *_OBJ_PATHS]
-
-
-def _t(path: str) -> str:
-    """The JSON type at ``path`` (NULL: absent; 'NULL': null)."""
-    return f"t{_I[path]}"
-
-
-def _v(path: str) -> str:
-    """The string (or number text) at ``path``."""
-    return f"v{_I[path]}"
-
-
-def _absent(path: str) -> str:
-    return f"coalesce({_t(path)} = 'NULL', true)"
-
-
-def _string(path: str, limit: int | None) -> str:
-    """The value at ``path`` is absent, null, or a string within ``limit`` characters (code points, as
-    pydantic counts)."""
-    within = f" AND length({_v(path)}) <= {limit}" if limit is not None else ""
-    return f"({_absent(path)} OR ({_t(path)} = 'VARCHAR'{within}))"
-
-
-def _only_keys(level: str) -> str:
-    """No key check per object: :data:`_NO_OTHER_KEYS` counts colons for the whole line at once."""
-    return "true"
-
-
-def _object(path: str, *inside: str) -> str:
-    """``path`` is absent or null, or an object with no key but the plain ones, and ``inside`` holds."""
-    return f"({_absent(path)} OR ({_t(path)} = 'OBJECT' AND {' AND '.join([_only_keys(path), *inside])}))"
-
-
 _TS = "'%Y-%m-%dT%H:%M:%S.%gZ'"
 _TS_SHAPE = r"'[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z'"
-_INT32 = f"({_t(_ORD)} IN ('BIGINT', 'UBIGINT') AND TRY_CAST({_v(_ORD)} AS BIGINT) BETWEEN -2147483648 AND 2147483647)"
+
 
 def _colons(expr: str) -> str:
     return f"(strlen({expr}) - strlen(replace({expr}, ':', '')))"
-
-
-#: No key but the plain ones, none twice, at any level: in JSON text a colon ends a key or sits inside a
-#: string, and a plain line has no escapes, so its colons are one per key plus those of its strings. The
-#: keys found at the plain paths (null values included) plus the colons of the strings found there account
-#: for every colon exactly when there is no other key and no repeated one (a repeated key's colon, or an
-#: unknown key's, is left over; json_type and json_extract_string see one value per path).
-_NO_OTHER_KEYS = (
-    f"colons = {' + '.join(f'({_t(p)} IS NOT NULL)::INTEGER' for p in _PATHS[1:])} + "
-    f"{_colons('concat(' + ', '.join(_v(p) for p in _STRING_PATHS) + ')')}"
-)
-
-#: What makes a parsed line a plain event (see the module docstring).
-_PLAIN_EVENT = " AND ".join([
-    f"{_t('$')} = 'OBJECT'",
-    _NO_OTHER_KEYS,
-    f"{_t('$.action_name')} = 'VARCHAR' AND length({_v('$.action_name')}) BETWEEN 1 AND 100",
-    f"{_t('$.timestamp')} = 'VARCHAR' AND regexp_full_match({_v('$.timestamp')}, {_TS_SHAPE})",
-    f"substr({_v('$.timestamp')}, 1, 4) <> '0000'",  # year 0 exists for DuckDB (1 BC), not for Python
-    f"try_strptime({_v('$.timestamp')}, {_TS}) IS NOT NULL",  # the date and time exist
-    *(_string(f"$.{name}", limit) for name, limit in EVENT_STRINGS[2:]),
-    _object(_ATTRS,
-            _object(_OBJ, *(_string(p, lim) for p, (_, lim) in zip(_OBJ_PATHS, OBJECT_STRINGS, strict=True))),
-            _object(_POS, f"({_absent(_ORD)} OR {_INT32})")),
-    "eid IS NOT NULL",
-])
-
-
-def _object_json() -> str:
-    parts = ", ".join(
-        f"""CASE WHEN {_v(p)} IS NOT NULL THEN '"{n}":"' || {_v(p)} || '"' END"""
-        for p, (n, _) in zip(_OBJ_PATHS, OBJECT_STRINGS, strict=True)
-    )
-    return f"""CASE WHEN {_t(_OBJ)} = 'OBJECT' THEN '"object":{{' || concat_ws(',', {parts}) || '}}' END"""
-
-
-# event_attributes as pydantic writes it (model_dump_json(exclude_none=True)): declared field order, no
-# spaces, strings as they are (a plain line has no backslash, so no string holds a quote, a backslash or a
-# control character, the only characters pydantic escapes).
-_ATTRS_JSON = (
-    f"CASE WHEN {_t(_ATTRS)} = 'OBJECT' THEN '{{' || concat_ws(',', {_object_json()}, "
-    f"""CASE WHEN {_t(_POS)} = 'OBJECT' THEN '"position":{{' || """
-    f"""coalesce('"ordinal":' || CAST({_v(_ORD)} AS BIGINT)::VARCHAR, '') || '}}' END) || '}}' END"""
-)
-
-_PATH_LIST = "[" + ", ".join(f"'{p}'" for p in _PATHS) + "]"
-_COLUMNS = ", ".join(
-    [f"t[{i}] AS t{i}" for i in range(1, len(_PATHS) + 1)]
-    + [f"v[{i}] AS v{i}" for i in range(1, len(_PATHS) + 1)]
-)
-
-#: Plain events of ``_ubi_fast_lines(_pos, _bid, line)`` as stored rows (``EVENT_SCHEMA`` columns, then
-#: ``_pos``, ``_doc_id``: whether the id came from the document); ``?`` is the chunk's
-#: ``received_at``. Lines are first screened on their bytes: no backslash (so no escapes: every string is
-#: its raw text), no comma before a closing bracket (DuckDB's reader allows trailing commas, orjson does
-#: not), valid JSON. The JSON functions run only on lines that pass (a CASE branch is evaluated for the rows
-#: that take it), each line parsed three times in all; the lists are materialised once, not re-parsed for
-#: every reference.
-EVENT_SQL = f"""
-WITH src AS (
-    SELECT _pos, _bid, line, {_colons('line')} AS colons,
-           NOT contains(line, '\\')
-           AND NOT (contains(line, ',}}') OR contains(line, ',]')
-                    OR (regexp_matches(line, ',[ \\t\\r]') AND regexp_matches(line, ',[ \\t\\r]+[\\]}}]')))
-           AND json_valid(line) AS ok
-    FROM _ubi_fast_lines
-), lists AS MATERIALIZED (
-    SELECT _pos, _bid, colons,
-           CASE WHEN ok THEN json_type(line, {_PATH_LIST}) END AS t,
-           CASE WHEN ok THEN json_extract_string(line, {_PATH_LIST}) END AS v
-    FROM src
-), parsed AS MATERIALIZED (
-    SELECT _pos, _bid, colons, {_COLUMNS},
-           CASE WHEN t{_I['$.event_id']} = 'VARCHAR' AND length(v{_I['$.event_id']}) BETWEEN 1 AND 100
-                     AND (_bid IS NULL OR _bid = v{_I['$.event_id']}) THEN v{_I['$.event_id']}
-                WHEN coalesce(t{_I['$.event_id']} = 'NULL', true) AND _bid IS NOT NULL THEN _bid END AS eid
-    FROM lists WHERE t[1] = 'OBJECT'
-)
-SELECT 'id:' || eid AS event_key, eid AS event_id, {_v('$.action_name')} AS action_name,
-       {_v('$.query_id')} AS query_id, {_v('$.session_id')} AS session_id, {_v('$.client_id')} AS client_id,
-       {_v('$.user_id')} AS user_id, {_v('$.application')} AS application,
-       strptime({_v('$.timestamp')}, {_TS}) AS timestamp, {_v('$.message_type')} AS message_type,
-       {_v('$.message')} AS message, {_v('$.user_query')} AS user_query,
-       {', '.join(f"{_v(p)} AS {n}" for p, (n, _) in zip(_OBJ_PATHS, OBJECT_STRINGS, strict=True))},
-       CAST({_v(_ORD)} AS INTEGER) AS position_ordinal, NULL::DOUBLE AS position_x, NULL::DOUBLE AS position_y,
-       {_ATTRS_JSON} AS event_attributes, NULL::VARCHAR AS extra, ?::TIMESTAMP AS received_at,
-       _pos, {_t('$.event_id')} = 'VARCHAR' AS _doc_id
-FROM parsed
-WHERE {_PLAIN_EVENT}
-"""
 
 
 # ---------------------------------------------------------------- the common case in one JSON pass
@@ -260,9 +138,9 @@ _LEAN_ATTRS_JSON = (
 _L_EID = _L_TOP["event_id"]
 _L_STRINGS = [*_L_TOP.values(), *_L_OBJ.values()]
 
-#: What makes a line one :data:`LEAN_EVENT_SQL` takes: :data:`EVENT_SQL`'s plain event, read from one pass.
+#: What makes a line one :data:`LEAN_EVENT_SQL` takes: a compact event, read from one pass.
 #: With no ``null`` in the line a path's value is SQL NULL exactly when it is absent, so the colon count is
-#: :data:`_NO_OTHER_KEYS`'s; a value is a string when its JSON text starts with a quote; an object value
+#: the one of keys found; a value is a string when its JSON text starts with a quote; an object value
 #: is an object when the line holds its key followed by ``{`` (a quote never sits inside a string here,
 #: and the colon count has ruled out any other key of that name).
 _LEAN_PLAIN = " AND ".join([
@@ -283,10 +161,10 @@ _LEAN_PLAIN = " AND ".join([
     "eid IS NOT NULL",
 ])
 
-#: :data:`EVENT_SQL` for the lines of the common shape, in one JSON pass where it takes three (it cost
-#: about two thirds as much per event). It takes a line only when :data:`EVENT_SQL` would, with the same
-#: row (``tests/collector/test_fastpath.py`` runs both on every generated line); it leaves the rest to
-#: :data:`EVENT_SQL`: lines with a ``null``, or with a space between a key and an object value.
+#: :data:`GENERAL_EVENT_SQL` for the lines of the simulator's compact shape, in one JSON pass. It takes a
+#: line only when :data:`GENERAL_EVENT_SQL` would, with the same row (``tests/collector/test_fastpath.py``
+#: runs both on every generated line); it leaves the rest to it: lines with a ``null``, an escape, no id, or
+#: a space between a key and an object value.
 LEAN_EVENT_SQL = f"""
 WITH src AS (
     SELECT _pos, _bid, line, {_colons('line')} AS colons, json_transform(line, '{_LEAN_TYPE}') AS s
@@ -315,29 +193,355 @@ WHERE {_LEAN_PLAIN}
 """
 
 
+# ---------------------------------------------------------------- every spelling the models accept, in columns
+
+def _sql_list(names: Sequence[str]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
+
+#: The UbiEvent spellings :data:`GENERAL_EVENT_SQL` decides by itself, derived from the models' declarations
+#: (:data:`EVENT_STRINGS`, :data:`OBJECT_STRINGS`, the epoch and id ranges of ``ubi_pipeline.schemas.ubi``): the
+#: top-level keys, ``event_attributes``' and ``object``'s and ``position``'s, each once; strings (any escapes)
+#: within their limits; object ids as strings or integers of 64 bits; ``ordinal`` an integer of 32 bits;
+#: timestamps as epoch milliseconds or RFC 3339 / ISO 8601 with seconds (``T``, ``t`` or a space, a fraction
+#: of up to 6 digits after ``.`` or ``,``, ``Z``, ``z``, ``+hh``, ``+hhmm``, ``+hh:mm`` or none), the date and
+#: time existing and falling in years 1-9999 once in UTC; ids or none (the key is then the content hash,
+#: computed from the row as pydantic's dump would give it: :func:`_finish`); extra keys at the top level
+#: (kept as the exact path keeps them: :func:`_finish`). What it leaves - extra keys inside event_attributes,
+#: floats, legacy positions, object strings that need escaping in the stored JSON, anything invalid - the
+#: exact path decides, so outcomes stay pydantic's (``tests/collector/test_fastpath.py``,
+#: ``tests/collector/test_columnar_property.py``).
+_G_TYPE = (
+    "{" + ",".join(f'"{name}":"JSON"' for name, _ in EVENT_STRINGS)
+    + ',"event_attributes":{"object":{' + ",".join(f'"{name}":"JSON"' for name, _ in OBJECT_STRINGS)
+    + '},"position":{"ordinal":"JSON"}}}'
+)
+#: The objects of an event the statement reads: the record, event_attributes, its object and position.
+_G_OBJECTS = ("$", "$.event_attributes", "$.event_attributes.object", "$.event_attributes.position")
+_G_PATHS = _sql_list(_G_OBJECTS)
+#: The key paths under each object.
+_G_UNDER = {
+    "$": [f"$.{name}" for name in EVENT_KEYS],
+    "$.event_attributes": ["$.event_attributes.object", "$.event_attributes.position"],
+    "$.event_attributes.object": [f"$.event_attributes.object.{name}" for name, _ in OBJECT_STRINGS],
+    "$.event_attributes.position": ["$.event_attributes.position.ordinal"],
+}
+#: json_type of the objects then of every key the statement reads: one parse gives which keys are there
+#: (SQL NULL: absent; 'NULL': null) and their JSON types.
+_G_ALL = [*_G_OBJECTS, *(p for o in _G_OBJECTS for p in _G_UNDER[o] if p not in _G_OBJECTS)]
+_G_TYPE_PATHS = _sql_list(_G_ALL)
+
+
+def _ty(path: str) -> str:
+    return f"ty[{_G_ALL.index(path) + 1}]"
+
+
+def _found(obj: str) -> str:
+    """How many of the known keys under ``obj`` it holds (each counted once)."""
+    return " + ".join(f"({_ty(p)} IS NOT NULL)::INTEGER" for p in _G_UNDER[obj])
+
+
+def _g_level(i: int, obj: str) -> str:
+    """``obj`` is absent or null, or an object (it may hold keys besides the known ones: :data:`_G_EXTRA`)."""
+    return f"(coalesce({_ty(obj)}, 'NULL') = 'NULL' OR {_ty(obj)} = 'OBJECT')"
+
+
+#: The record is an object; so are event_attributes, its object and its position when they are there.
+_G_KEYS_OK = " AND ".join([f"{_ty('$')} = 'OBJECT'", *(_g_level(i, o) for i, o in enumerate(_G_OBJECTS) if i)])
+#: An object holds more keys than the known ones found in it: extra keys (kept) or a repeated key (refused),
+#: told apart by :func:`_finish` (an unknown key, or a known one repeated, is one more than those found).
+_G_EXTRA = " OR ".join(f"coalesce(len(ks[{i + 1}]) > {_found(o)}, false)" for i, o in enumerate(_G_OBJECTS))
+_ID_NAMES = ("object_id", "internal_id")  # ObjectId fields: a string or an integer in 64 bits
+
+
+def _is_str(leaf: str) -> str:
+    return f"starts_with({leaf}, '\"')"
+
+
+def _g_string(leaf: str, limit: int | None) -> str:
+    """Absent or null, or a string of at most ``limit`` code points once unescaped (as pydantic counts)."""
+    # escapes only shorten a string: its JSON text within the limit (quotes aside) settles most at no cost
+    within = (f" AND (length({leaf}) <= {limit + 2} OR length({leaf}->>'$') <= {limit})"
+              if limit is not None else "")
+    return f"({leaf} IS NULL OR ({_is_str(leaf)}{within}))"
+
+
+_INT_TEXT = "'-?[0-9]{1,20}'"
+
+
+def _g_id(leaf: str, limit: int) -> str:
+    """An ObjectId: absent or null, a string within ``limit``, or an integer of 64 bits (stored as its digits)."""
+    return (f"({_g_string(leaf, limit)} OR (regexp_full_match({leaf}, {_INT_TEXT}) AND "
+            f"TRY_CAST({leaf} AS HUGEINT) BETWEEN {ID_INT_MIN} AND {ID_INT_MAX}))")
+
+
+def _g_id_value(leaf: str) -> str:
+    return f"CASE WHEN {_is_str(leaf)} THEN ({leaf}->>'$') ELSE CAST(TRY_CAST({leaf} AS HUGEINT) AS VARCHAR) END"
+
+
+def _is_object(leaf: str) -> str:
+    return f"({leaf} IS NULL OR starts_with({leaf}, '{{'))"
+
+
+#: The timestamp spellings decided here (a subset of TIMESTAMP_PATTERN that datetime.fromisoformat reads).
+_G_TS_RE = (r"'^([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:[.,]([0-9]{1,6}))?"
+            r"(?:([Zz])|([+-])([0-9]{2})(?::?([0-9]{2}))?)?$'")
+_G_TS_GROUPS = "['y', 'mo', 'd', 'h', 'mi', 's', 'f', 'z', 'sg', 'oh', 'om']"
+# strings that stored JSON (event_attributes) would have to escape: left to the exact path's serialiser
+_NEEDS_ESCAPE = r"""'["\\\x00-\x1f]'"""
+
+_G_OBJ_VALUES = {name: f"({_g_id_value(f'o.{name}') if name in _ID_NAMES else f'o.{name}->>$$$$'})".replace("$$$$", "'$'")
+                 for name, _ in OBJECT_STRINGS}
+_G_ATTRS_JSON = (
+    "CASE WHEN ty[2] = 'OBJECT' THEN '{' || concat_ws(',', "
+    "CASE WHEN ty[3] = 'OBJECT' THEN '\"object\":{' || concat_ws(',', "
+    + ", ".join(f"""CASE WHEN {n} IS NOT NULL THEN '"{n}":"' || {n} || '"' END""" for n in _G_OBJ_VALUES)
+    + ") || '}' END, "
+    "CASE WHEN ty[4] = 'OBJECT' THEN '\"position\":{' || "
+    "coalesce('\"ordinal\":' || CAST(CAST(p.ordinal AS BIGINT) AS VARCHAR), '') || '}' END) || '}' END"
+)
+
+def _pair(name: str, value: str | None = None) -> str:
+    """``"name":value`` as orjson writes it, or NULL when the value is (a key the dump leaves out)."""
+    v = value or name
+    return f"""CASE WHEN {v} IS NOT NULL THEN '"{name}":' || to_json({v})::VARCHAR END"""
+
+
+_OBJ_SORTED = sorted(name for name, _ in OBJECT_STRINGS)
+#: The canonical dump of an event without an id and without extra keys, as
+#: ``orjson.dumps(model_dump(exclude_none=True), option=CANONICAL_OPTIONS)`` writes it (sorted keys, UTC
+#: ``Z`` times with microseconds when there are any): its SHA-256 is the content-hash key, computed in the
+#: statement instead of a Python loop (``tests/collector/test_fastpath.py`` checks it against the exact path).
+_CANONICAL = (
+    "'{' || concat_ws(',', "
+    + ", ".join([
+        _pair("action_name"), _pair("application"), _pair("client_id"),
+        "CASE WHEN ty[2] = 'OBJECT' THEN '\"event_attributes\":{' || concat_ws(',', "
+        "CASE WHEN ty[3] = 'OBJECT' THEN '\"object\":{' || concat_ws(',', "
+        + ", ".join(_pair(n) for n in _OBJ_SORTED) + ") || '}' END, "
+        "CASE WHEN ty[4] = 'OBJECT' THEN '\"position\":{' || coalesce('\"ordinal\":' || position_ordinal, '') "
+        "|| '}' END) || '}' END",
+        _pair("message"), _pair("message_type"), _pair("query_id"), _pair("session_id"),
+        """'"timestamp":"' || CASE WHEN microsecond(timestamp) % 1000000 = 0 """
+        """THEN strftime(timestamp, '%Y-%m-%dT%H:%M:%SZ') ELSE strftime(timestamp, '%Y-%m-%dT%H:%M:%S.%fZ') END """
+        """|| '"'""",
+        _pair("user_id"), _pair("user_query"),
+    ])
+    + ") || '}'"
+)
+_HASHED_TEXT = ["action_name", "application", "client_id", "message", "message_type", "query_id", "session_id",
+                "user_id", "user_query", *_OBJ_SORTED]
+#: Control characters DuckDB's to_json escapes with upper-case hex digits (orjson: lower case): their
+#: events are hashed by :func:`_finish` instead.
+_HEX_CASE = r"'[\x0b\x0e\x0f\x1a-\x1f]'"
+
+
+#: The one JSON pass of :data:`GENERAL_EVENT_SQL`, run on its own: referenced from the checks, a
+#: ``json_transform`` is set up again for every reference (about 1.5 ms each, whatever the rows), which
+#: made the statement cost ~50 ms before its first row; read back from Arrow, its struct costs nothing to set up.
+GENERAL_PARSE_SQL = f"""
+SELECT _pos, _bid, json_type(line, {_G_TYPE_PATHS}) AS ty, json_keys(line, {_G_PATHS}) AS ks,
+       json_transform(line, '{_G_TYPE}') AS s
+FROM _ubi_fast_lines
+WHERE json_valid(line)
+      AND NOT (contains(line, ',}}') OR contains(line, ',]')
+               OR (regexp_matches(line, ',\\s') AND regexp_matches(line, ',\\s+[\\]}}]')))
+"""
+
+GENERAL_EVENT_SQL = f"""
+WITH src AS (
+    SELECT * FROM _ubi_fast_parsed
+), checked AS (
+    SELECT _pos, _bid, ty, ks, s, s.event_attributes.object AS o, s.event_attributes.position AS p,
+           CASE WHEN {_is_str('s.timestamp')} THEN regexp_extract(s.timestamp->>'$', {_G_TS_RE}, {_G_TS_GROUPS})
+           END AS m,
+           CASE WHEN {_is_str('s.event_id')} THEN s.event_id->>'$' END AS ev
+    FROM src
+    WHERE {_G_KEYS_OK}
+          AND {_is_str('s.action_name')} AND length(s.action_name->>'$') BETWEEN 1 AND 100
+          AND {' AND '.join(_g_string(f's.{n}', lim) for n, lim in EVENT_STRINGS[2:])}
+          AND {' AND '.join(_g_id(f's.event_attributes.object.{n}', lim) if n in _ID_NAMES
+                            else _g_string(f's.event_attributes.object.{n}', lim) for n, lim in OBJECT_STRINGS)}
+          AND (s.event_attributes.position.ordinal IS NULL
+               OR (regexp_full_match(s.event_attributes.position.ordinal, '-?[0-9]{{1,10}}')
+                   AND TRY_CAST(s.event_attributes.position.ordinal AS BIGINT) BETWEEN {-(2**31)} AND {2**31 - 1}))
+), stamped AS (
+    SELECT *,
+           CASE WHEN m.y IS NULL THEN
+                     CASE WHEN regexp_full_match(s.timestamp, {_INT_TEXT})
+                               AND TRY_CAST(s.timestamp AS BIGINT) BETWEEN {EPOCH_MS_MIN} AND {EPOCH_MS_MAX}
+                          THEN make_timestamp(TRY_CAST(s.timestamp AS BIGINT) * 1000) END
+                WHEN m.y <> '' AND m.y <> '0000' AND (m.oh = '' OR (m.oh <= '23' AND (m.om = '' OR m.om <= '59')))
+                THEN try_strptime(m.y || '-' || m.mo || '-' || m.d || ' ' || m.h || ':' || m.mi || ':' || m.s,
+                                  '%Y-%m-%d %H:%M:%S')
+                     + to_microseconds(CASE WHEN m.f = '' THEN 0 ELSE CAST(rpad(m.f, 6, '0') AS BIGINT) END)
+                     - to_minutes(CASE WHEN m.sg = '' THEN 0 ELSE (CASE WHEN m.sg = '-' THEN -1 ELSE 1 END)
+                                  * (CAST(m.oh AS BIGINT) * 60 + coalesce(TRY_CAST(nullif(m.om, '') AS BIGINT), 0))
+                                  END)
+           END AS ts,
+           CASE WHEN length(ev) BETWEEN 1 AND 100 AND (_bid IS NULL OR _bid = ev) THEN ev
+                WHEN s.event_id IS NULL AND _bid <> '' THEN _bid END AS eid,
+           {', '.join(f"{v} AS {n}" for n, v in _G_OBJ_VALUES.items())}
+    FROM checked
+), rows AS (
+    SELECT 'id:' || eid AS event_key, eid AS event_id, s.action_name->>'$' AS action_name,
+           {', '.join(f"s.{n}->>'$' AS {n}" for n in ('query_id', 'session_id', 'client_id', 'user_id', 'application'))},
+           ts AS timestamp, s.message_type->>'$' AS message_type, s.message->>'$' AS message,
+           s.user_query->>'$' AS user_query, {', '.join(n for n, _ in OBJECT_STRINGS)},
+           CAST(p.ordinal AS INTEGER) AS position_ordinal, NULL::DOUBLE AS position_x, NULL::DOUBLE AS position_y,
+           {_G_ATTRS_JSON} AS event_attributes, NULL::VARCHAR AS extra, ?::TIMESTAMP AS received_at,
+           _pos, s.event_id IS NOT NULL AS _doc_id, {_G_EXTRA} AS _extra, ty
+    FROM stamped
+    WHERE ts IS NOT NULL AND year(ts) BETWEEN 1 AND 9999
+          AND (eid IS NOT NULL OR (s.event_id IS NULL AND _bid IS NULL))
+          AND NOT regexp_matches(concat({', '.join(n for n, _ in OBJECT_STRINGS)}), {_NEEDS_ESCAPE})
+)
+SELECT * EXCLUDE (ty) REPLACE (
+    coalesce(event_key, CASE WHEN NOT _extra AND NOT regexp_matches(concat({', '.join(_HASHED_TEXT)}), {_HEX_CASE})
+                             THEN 'h:' || left(sha256({_CANONICAL}), 32) END) AS event_key)
+FROM rows
+"""
+
+
+def _finish(rows: pa.Table, lines: pa.Table) -> pa.Table:
+    """:data:`GENERAL_EVENT_SQL`'s ``rows`` completed where SQL cannot say what the model would: the extra
+    keys of records with more keys than the known ones (orjson reads the line, as the exact path does; a
+    repeated key, a legacy position, or extras too long or too deep to store leave the record to the exact
+    path, which names the problem), kept as the model keeps them (``extra``; ``event_attributes`` with the
+    extras of each of its objects after the declared fields), and the content-hash key of each event sent
+    without an id (``event_key`` null): the hash of the canonical dump pydantic would give
+    (``ubi_pipeline.store.rows.event_values``), built from the row (``event_attributes`` as stored is the
+    dump of the model's attributes, in the same order)."""
+    flagged = np.flatnonzero(rows.column("_extra").to_numpy(zero_copy_only=False))
+    rows = rows.drop_columns(["_extra"])
+    extras: dict[int, dict[str, Any]] = {}
+    if len(flagged):
+        keep = np.ones(rows.num_rows, dtype=bool)
+        cols = {name: rows.column(name).to_pylist() for name in ("extra", "event_attributes", *_OBJ_NAMES,
+                                                                 "position_ordinal")}
+        at = rows.column("_pos").to_numpy()
+        line_of = dict(zip(lines.column("_pos").to_numpy().tolist(), range(lines.num_rows), strict=True))
+        texts = lines.column("line").take(pa.array([line_of[int(at[j])] for j in flagged])).to_pylist()
+        for j, text in zip(flagged.tolist(), texts, strict=True):
+            raw = text.encode()
+            try:
+                value = orjson.loads(raw)
+                done = _with_extras(value, {name: col[j] for name, col in cols.items()})
+            except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+                done = None
+            if done is None or dropped_keys(raw, value):
+                keep[j] = False
+                continue
+            cols["extra"][j], cols["event_attributes"][j], extras[j] = done
+        for name in ("extra", "event_attributes"):
+            rows = rows.set_column(rows.schema.get_field_index(name), name, pa.array(cols[name], pa.string()))
+        if not keep.all():
+            rows = rows.filter(pa.array(keep))
+            new_at = np.cumsum(keep) - 1
+            extras = {int(new_at[j]): e for j, e in extras.items() if keep[j]}
+    keys = rows.column("event_key")
+    missing = np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))
+    if not len(missing):
+        return rows
+    pick = rows.select(list(_HASHED)).take(pa.array(missing)).to_pydict()
+    attrs = pick["event_attributes"]
+    loads, dumps, sha = orjson.loads, orjson.dumps, hashlib.sha256
+    out = keys.to_pylist()
+    for j, at_row in enumerate(missing.tolist()):
+        dump = {name: pick[name][j] for name in _HASHED_STRINGS if pick[name][j] is not None}
+        dump["timestamp"] = pick["timestamp"][j]
+        if attrs[j] is not None:
+            dump["event_attributes"] = loads(attrs[j])
+        if at_row in extras:
+            dump.update(extras[at_row])
+        out[at_row] = "h:" + sha(dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
+    return rows.set_column(rows.schema.get_field_index("event_key"), "event_key", pa.array(out, pa.string()))
+
+
+_EVENT_FIELDS = frozenset(UbiEvent.model_fields)
+_OBJ_NAMES = tuple(name for name, _ in OBJECT_STRINGS)
+_LEGACY_POSITION = frozenset(("x", "y", "xy"))
+
+
+def _kept(value: dict[str, Any], known: Any) -> dict[str, Any]:
+    """The extra keys of an object as the model's dump keeps them (nulls dropped)."""
+    return {k: v for k, v in value.items() if k not in known and v is not None}
+
+
+def _with_extras(value: Any, row: dict[str, Any]) -> tuple[str | None, str | None, dict[str, Any]] | None:
+    """(``extra``, ``event_attributes``, the top-level extras the dump holds) of a record with extra keys
+    whose known fields made ``row``; None: leave it to the exact path (a legacy position, a value over
+    JSON_FIELD_MAX_LENGTH once stored). Raises orjson.JSONEncodeError for extras nested too deep."""
+    extra = {k: v for k, v in value.items() if k not in _EVENT_FIELDS}
+    extra_json = orjson.dumps(extra).decode() if extra else None
+    attrs_json = row["event_attributes"]
+    ea = value.get("event_attributes")
+    if type(ea) is dict:
+        dump: dict[str, Any] = {}
+        obj, pos = ea.get("object"), ea.get("position")
+        if type(obj) is dict:
+            dump["object"] = {n: row[n] for n in _OBJ_NAMES if row[n] is not None} | _kept(obj, _OBJ_NAMES)
+        if type(pos) is dict:
+            if not _LEGACY_POSITION.isdisjoint(pos):
+                return None
+            ordinal = row["position_ordinal"]
+            dump["position"] = ({"ordinal": ordinal} if ordinal is not None else {}) | _kept(pos, ("ordinal",))
+        dump |= _kept(ea, ("object", "position"))
+        attrs_json = orjson.dumps(dump).decode()
+    for text in (extra_json, attrs_json):
+        if text is not None and len(text.encode()) > JSON_FIELD_MAX_LENGTH:
+            return None
+    return extra_json, attrs_json, {k: v for k, v in extra.items() if v is not None}
+_HASHED_STRINGS = ("action_name", "query_id", "session_id", "client_id", "user_id", "application", "message_type",
+                   "message", "user_query")
+_HASHED = (*_HASHED_STRINGS, "timestamp", "event_attributes")
+
+
 # ---------------------------------------------------------------- plain query records, in Python
 
-_QUERY_KEYS = frozenset(
-    ("user_query", "query_id", "client_id", "application", "timestamp", "query_attributes", "object_id_field",
-     "query_response_id", "query_response_hit_ids")
-)
+_QUERY_KEYS = frozenset(UbiQuery.model_fields)
 #: Longest string each of these UbiQuery fields takes (checked against the models' JSON Schema in the tests).
 QUERY_LIMITS = {"query_id": 100, "client_id": 100, "application": 100, "object_id_field": 100,
                 "query_response_id": 100, "user_query": USER_QUERY_MAX_LENGTH}
 HIT_ID_LIMIT = 256
 
 
-def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | None:
-    """The stored row (``QUERY_SCHEMA`` order) of a plain query record, or None: let pydantic decide.
+def _hit_ids(hits: Any) -> list[str] | None:
+    """``query_response_hit_ids`` as the model stores them (strings; integers of 64 bits as their digits), or
+    None when any is something else (the exact path names it)."""
+    out = []
+    for h in hits:
+        t = type(h)
+        if t is str:
+            if len(h) > HIT_ID_LIMIT:
+                return None
+            out.append(h)
+        elif t is int and ID_INT_MIN <= h <= ID_INT_MAX:
+            out.append(str(h))
+        else:
+            return None
+    return out
 
-    The row is what ``ubi_pipeline.store.rows.query_values`` builds from the validated model: for a plain record the
-    model's dump equals the parsed value with null fields dropped and the timestamp as a UTC datetime.
+
+#: Keys only events have: a record holding one is an event when the kind is guessed (``importer.guess_kind``).
+_EVENT_ONLY_KEYS = frozenset(UbiEvent.model_fields) - frozenset(UbiQuery.model_fields)
+
+
+def plain_query_row(text: bytes, received_at: datetime, *, guessed: bool = False) -> tuple[Any, ...] | None:
+    """The stored row (``QUERY_SCHEMA`` order) of a query record the columnar path decides, or None: let
+    pydantic decide (and explain).
+
+    Every spelling ``UbiQuery`` accepts is decided here except what could make the model's output differ from
+    the parsed value beyond the conversions made below (timestamps by the model's own
+    :func:`ubi_pipeline.schemas.ubi.parse_timestamp`, integer hit ids to strings, nulls dropped): the row is
+    what ``ubi_pipeline.store.rows.query_values`` builds from the validated model. ``guessed``: the record's
+    kind was guessed from its text; one with an event's key is left to the exact path's guess.
     """
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
-    if type(value) is not dict or not value.keys() <= _QUERY_KEYS:
+    if type(value) is not dict or (guessed and not _EVENT_ONLY_KEYS.isdisjoint(value)):
         return None
     user_query = value.get("user_query")
     if type(user_query) is not str:
@@ -353,29 +557,48 @@ def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | Non
     ts = value.get("timestamp")
     when: datetime | None = None
     if ts is not None:
-        if type(ts) is not str or not COMMON_TIMESTAMP_RE.match(ts) or not ts.isascii():
+        if type(ts) is not str and type(ts) is not int:
             return None
         try:
-            when = datetime.fromisoformat(ts)  # as ubi_pipeline.schemas.ubi.parse_timestamp reads this spelling
+            when = parse_timestamp(ts)
         except ValueError:
             return None
     attrs = value.get("query_attributes")
     if attrs is not None and type(attrs) is not dict:
         return None
-    attrs_json = orjson.dumps(attrs).decode() if attrs is not None else None
+    try:
+        attrs_json = orjson.dumps(attrs).decode() if attrs is not None else None
+    except orjson.JSONEncodeError:
+        return None
     if attrs_json is not None and len(attrs_json.encode()) > JSON_FIELD_MAX_LENGTH:
         return None  # the exact path refuses it, naming the limit
     hits = value.get("query_response_hit_ids")
-    if hits is not None and (
-        type(hits) is not list or not all(type(h) is str and len(h) <= HIT_ID_LIMIT for h in hits)
-    ):
-        return None
+    if hits is not None:
+        if type(hits) is not list:
+            return None
+        hits = _hit_ids(hits)
+        if hits is None:
+            return None
+    extra = {k: v for k, v in value.items() if k not in _QUERY_KEYS} if not value.keys() <= _QUERY_KEYS else None
+    extra_json = None
+    if extra:
+        try:
+            extra_json = orjson.dumps(extra).decode()
+        except orjson.JSONEncodeError:
+            return None
+        if len(extra_json.encode()) > JSON_FIELD_MAX_LENGTH:
+            return None
     if dropped_keys(text, value):  # a repeated key: the exact path names it
         return None
     dump = {k: v for k, v in value.items() if v is not None}
     if when is not None:
         dump["timestamp"] = when
-    digest = hashlib.sha256(orjson.dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
+    if hits is not None:
+        dump["query_response_hit_ids"] = hits
+    try:
+        digest = hashlib.sha256(orjson.dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
+    except orjson.JSONEncodeError:
+        return None
     qid = value.get("query_id") or ("h:" + digest)
     qrid = value.get("query_response_id")
     return (
@@ -389,7 +612,7 @@ def plain_query_row(text: bytes, received_at: datetime) -> tuple[Any, ...] | Non
         value.get("object_id_field"),
         qrid,
         hits,
-        None,
+        extra_json,
         digest,
         received_at,
     )
@@ -524,7 +747,7 @@ class Chunk:
 
 
 def _lines_table(c: Candidates) -> tuple[pa.Table, list[int]]:
-    """The candidates' lines as an Arrow table for :data:`EVENT_SQL`; lines that are not UTF-8 are left out
+    """The candidates' lines as an Arrow table for the statements; lines that are not UTF-8 are left out
     (their positions returned: the exact path says why)."""
     raw = c.text
     ids = c.bulk_id
@@ -547,7 +770,7 @@ def _lines_table(c: Candidates) -> tuple[pa.Table, list[int]]:
 def fast_parser() -> duckdb.DuckDBPyConnection:
     """The in-memory DuckDB connection the fast path parses with (one thread: CPU is the cost that counts).
 
-    Filter pushdown is off: it moves :data:`EVENT_SQL`'s checks below the projections that compute the values
+    Filter pushdown is off: it moves the statements' checks below the projections that compute the values
     they test, where those values are computed again for each check (the statement cost 18.2 us of CPU per
     event with it, 15.1 without, same rows: 50,000 generated events, best of 6 alternating runs). Turning
     an optimizer off changes the plan, not the result.
@@ -558,28 +781,44 @@ def fast_parser() -> duckdb.DuckDBPyConnection:
     return con
 
 
+#: Lines :func:`plain_events` first tries :data:`LEAN_EVENT_SQL` on; when it takes fewer than half of them
+#: the chunk is not of the simulator's shape and the rest goes straight to :data:`GENERAL_EVENT_SQL`.
+LEAN_PROBE = 500
+
+
 def plain_events(con: duckdb.DuckDBPyConnection, c: Candidates, received_at: datetime) -> pa.Table:
-    """Stored rows of the plain events among ``c`` (with ``_pos`` and ``_doc_id``), in candidate order:
-    :data:`LEAN_EVENT_SQL`'s, then :data:`EVENT_SQL`'s of the lines it left."""
+    """Stored rows of the events among ``c`` the columnar path decides (with ``_pos`` and ``_doc_id``), in
+    candidate order: :data:`LEAN_EVENT_SQL`'s, then :data:`GENERAL_EVENT_SQL`'s of the lines it left. The
+    others (invalid records, spellings it leaves) go to the exact path."""
     lines, _ = _lines_table(c)
-    lean = _events_of(con, LEAN_EVENT_SQL, lines, received_at)
+    probe = lines.slice(0, LEAN_PROBE) if lines.num_rows > 2 * LEAN_PROBE else lines
+    lean = _events_of(con, LEAN_EVENT_SQL, probe, received_at)
+    if 2 * lean.num_rows >= probe.num_rows and probe.num_rows < lines.num_rows:
+        lean = pa.concat_tables([lean, _events_of(con, LEAN_EVENT_SQL, lines.slice(probe.num_rows), received_at)])
     if lean.num_rows == lines.num_rows:
         return lean
     taken = np.zeros(len(c), dtype=bool)
     taken[lean.column("_pos").to_numpy()] = True
     rest = lines.filter(pa.array(~taken[lines.column("_pos").to_numpy()]))
-    other = _events_of(con, EVENT_SQL, rest, received_at)
+    other = _finish(_general_events(con, rest, received_at), rest)
     if not lean.num_rows:
         return other
     both = pa.concat_tables([lean, other.cast(lean.schema)])
     return both.take(pc.sort_indices(both.column("_pos")))
 
 
+def _general_events(con: duckdb.DuckDBPyConnection, lines: pa.Table, received_at: datetime) -> pa.Table:
+    """:data:`GENERAL_EVENT_SQL`'s rows for ``lines`` (after :data:`GENERAL_PARSE_SQL`), in ``_pos`` order."""
+    _ubi_fast_lines = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
+    parsed = con.sql(GENERAL_PARSE_SQL).to_arrow_table()
+    return _events_of(con, GENERAL_EVENT_SQL, parsed, received_at)
+
+
 def _events_of(con: duckdb.DuckDBPyConnection, sql: str, lines: pa.Table, received_at: datetime) -> pa.Table:
     """``sql``'s rows for ``lines``, in ``_pos`` order. The statements have no ORDER BY: on the parser's one
     thread DuckDB keeps the scan's order, so a sort of 50,000 rows (0.5 us of 4.8 per event) bought nothing;
     the order is checked here instead, and restored if it ever differs."""
-    _ubi_fast_lines = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
+    _ubi_fast_lines = _ubi_fast_parsed = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
     rows = con.sql(sql, params=[received_at]).to_arrow_table()
     pos = rows.column("_pos").to_numpy()
     if len(pos) > 1 and not bool(np.all(pos[1:] > pos[:-1])):
@@ -635,7 +874,7 @@ def parse_chunk(con: duckdb.DuckDBPyConnection, chunk: Chunk, *, source: str, re
     fast_q: list[tuple[Any, ...]] = []
     fast_q_pos: list[int] = []
     for pos, text in enumerate(q.text.to_pylist()):
-        row = plain_query_row(text, received_at)
+        row = plain_query_row(text, received_at, guessed=chunk.given["query"] is None)
         if row is None:
             deferred.append(chunk.item("query", pos))
         else:
@@ -760,3 +999,87 @@ def _in_file_order(parts: list[pa.Table], index: list[int]) -> tuple[pa.Table | 
         table = table.take(pa.array(order))
         return table, order.tolist()
     return table, list(range(len(index)))
+
+
+# ---------------------------------------------------------------- a request's body (HTTP)
+
+#: Items a request needs before the columnar path serves it. Its statements cost a fixed ~50 ms per call
+#: before their first row (expression set-up; 2 cores under a load average of 5, bench/import_speed.py's
+#: machine note) and save ~3-8 us per record over the exact path (15 us), so they pay only for the largest
+#: bodies: ``ubi import``'s 5,000-record chunks to a running collector. 500-event batches and single events
+#: keep the exact path until that set-up cost comes down.
+HTTP_MIN_ITEMS = 5000
+_local = threading.local()
+
+
+def thread_parser() -> duckdb.DuckDBPyConnection:
+    """This thread's :func:`fast_parser` (the collector's request threads each keep one)."""
+    con: duckdb.DuckDBPyConnection | None = getattr(_local, "con", None)
+    if con is None:
+        con = _local.con = fast_parser()
+    return con
+
+
+def prepare_items(items: list[RawItem], *, source: str, received_at: datetime | None = None) -> Prepared:
+    """What :func:`ubi_pipeline.collector.ingest.prepare` makes of ``validate_items(items)``, the items the
+    columnar path decides turned into rows there (:func:`plain_events`, :func:`plain_query_row`) and only the
+    others validated by pydantic: the same rows, errors and order (``tests/collector/test_fastpath.py``)."""
+    now = received_at or utcnow()
+    events, queries = Candidates(), Candidates()
+    by_index: dict[int, RawItem] = {}
+    exact: list[RawItem] = []
+    for item in items:
+        if item.error is None and type(item.value) is dict and item.kind in ("event", "query"):
+            try:
+                text = item.raw if item.raw is not None else orjson.dumps(item.value)
+            except orjson.JSONEncodeError:
+                exact.append(item)
+                continue
+            (events if item.kind == "event" else queries).add(item.index, item.line or 0, text, item.event_id)
+            by_index[item.index] = item
+        else:
+            exact.append(item)
+    fast_events = plain_events(thread_parser(), events, now) if len(events) else None
+    e_rows: list[tuple[int, tuple[Any, ...], tuple[int, str | None, str | None]]] = []
+    if fast_events is not None:
+        taken = np.zeros(len(events), dtype=bool)
+        pos = fast_events.column("_pos").to_numpy()
+        taken[pos] = True
+        exact.extend(by_index[int(i)] for i in events.index[~taken])
+        doc = fast_events.column("_doc_id").to_pylist()
+        table = fast_events.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA)
+        for p, row, from_doc in zip(pos.tolist(), zip(*(c.to_pylist() for c in table.columns), strict=True), doc,
+                                    strict=True):
+            index = int(events.index[p])
+            e_rows.append((index, row, (index, row[1] if from_doc else None, by_index[index].event_id)))
+    q_rows: list[tuple[int, tuple[Any, ...]]] = []
+    for p, text in enumerate(queries.text.to_pylist()):
+        index = int(queries.index[p])
+        row = plain_query_row(text, now)
+        if row is None:
+            exact.append(by_index[index])
+        else:
+            q_rows.append((index, row))
+    if not exact:
+        validated = Validated(raws=ItemBytes(items))
+        prepared = prepare(validated, source=source, received_at=now)
+    else:
+        exact.sort(key=lambda it: it.index)
+        prepared = prepare(validate_items(exact), source=source, received_at=now)
+        validated = Validated(errors=prepared.validated.errors, raws=ItemBytes(items))
+    for index, row in zip(prepared.query_index, prepared.query_rows, strict=True):
+        q_rows.append((index, row))
+    for ids, row in zip(prepared.event_ids, prepared.event_rows, strict=True):
+        e_rows.append((ids[0], row, ids))
+    q_rows.sort(key=lambda r: r[0])
+    e_rows.sort(key=lambda r: r[0])
+    return Prepared(
+        validated=validated,
+        source=source,
+        received_at=now,
+        query_rows=[row for _, row in q_rows],
+        event_rows=[row for _, row, _ in e_rows],
+        failed_rows=prepared.failed_rows,
+        query_index=[index for index, _ in q_rows],
+        event_ids=[ids for _, _, ids in e_rows],
+    )

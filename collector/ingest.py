@@ -291,6 +291,11 @@ class Prepared:
     query_rows: list[tuple[Any, ...]]
     event_rows: list[tuple[Any, ...]]
     failed_rows: list[dict[str, Any]]
+    #: Request position of each query row.
+    query_index: list[int] = field(default_factory=list)
+    #: (request position, the document's event_id, the ``_bulk`` ``_id``) of each event row: what an answer
+    #: and a conflict's message name.
+    event_ids: list[tuple[int, str | None, str | None]] = field(default_factory=list)
 
     @property
     def n_queries(self) -> int:
@@ -338,17 +343,21 @@ def prepare(validated: Validated, *, source: str, received_at: datetime | None =
     now = received_at or utcnow()
     qrows: list[tuple[Any, ...]] = []
     erows: list[tuple[Any, ...]] = []
+    q_index: list[int] = []
+    e_ids: list[tuple[int, str | None, str | None]] = []
     late: list[ItemError] = []
     queries, events = validated.queries, validated.events
     for index, q in validated.queries:
         try:
             qrows.append(query_values(q, now))
+            q_index.append(index)
         except _ROW_ERRORS as exc:
             late.append(ItemError(index, getattr(exc, "field", None), _unstorable(exc), "query",
                                   validated.raws.get(index, b"")))
     for index, e, bulk_id in validated.events:
         try:
             erows.append(event_values(e, now, bulk_id))
+            e_ids.append((index, e.event_id, bulk_id))
         except _ROW_ERRORS as exc:
             late.append(ItemError(index, getattr(exc, "field", None), _unstorable(exc), "event",
                                   validated.raws.get(index, b"")))
@@ -379,6 +388,8 @@ def prepare(validated: Validated, *, source: str, received_at: datetime | None =
         query_rows=qrows,
         event_rows=erows,
         failed_rows=failed,
+        query_index=q_index,
+        event_ids=e_ids,
     )
 
 
@@ -387,17 +398,18 @@ def _table(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table | None:
 
 
 def _conflict_error(p: Prepared, pos: int) -> ItemError:
-    index, q = p.validated.queries[pos]
+    index, row = p.query_index[pos], p.query_rows[pos]
+    # a record sent without a query_id is keyed by its content: it can be a duplicate, never a conflict
     message = (
-        f"query_id {q.query_id!r} (query_response_id {q.query_response_id!r}) is already stored "
+        f"query_id {row[1]!r} (query_response_id {row[8]!r}) is already stored "
         "with different content; first write wins, this record is kept as a conflict"
     )
     return ItemError(index, "query_id", message, "conflict", p.validated.raws.get(index, b""))
 
 
 def _event_conflict_error(p: Prepared, pos: int) -> ItemError:
-    index, e, bulk_id = p.validated.events[pos]
-    sent = f"event_id {e.event_id!r}" if e.event_id else f"_bulk _id {bulk_id!r}"
+    index, event_id, bulk_id = p.event_ids[pos]
+    sent = f"event_id {event_id!r}" if event_id else f"_bulk _id {bulk_id!r}"
     message = (
         f"{sent} is already stored for an event with different content; first write wins, this event is "
         "kept as a conflict (give each event its own id)"
@@ -462,10 +474,10 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
         qs = outcome.query_status[q_offsets[b] : q_offsets[b] + p.n_queries]
         es = outcome.event_status[e_offsets[b] : e_offsets[b] + p.n_events]
         status: dict[int, tuple[RowStatus, str]] = {}
-        for (index, _), row, st in zip(p.validated.queries, p.query_rows, qs, strict=True):
+        for index, row, st in zip(p.query_index, p.query_rows, qs, strict=True):
             if st != RowStatus.CONFLICT:
                 status[index] = (st, row[1])
-        for (index, _, _), row, st in zip(p.validated.events, p.event_rows, es, strict=True):
+        for (index, _, _), row, st in zip(p.event_ids, p.event_rows, es, strict=True):
             if st != RowStatus.CONFLICT:
                 key = row[0]
                 stored = key[3:] if key.startswith("id:") else key

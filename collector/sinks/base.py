@@ -17,7 +17,7 @@ import asyncio
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
-from ubi_pipeline.collector.ingest import IngestResult, Validated
+from ubi_pipeline.collector.ingest import IngestResult, Prepared, Validated
 from ubi_pipeline.store.duckdb_store import Store
 
 
@@ -28,6 +28,9 @@ class Sink(abc.ABC):
     name: ClassVar[str] = "sink"
     #: The local store, when the sink writes to one (serves ``/v1/failed`` and the admin routes).
     store: Store | None = None
+    #: Whether :meth:`submit_prepared` takes stored rows built without models (the columnar path,
+    #: ``ubi_pipeline.collector.fastpath.prepare_items``); sinks that need the models (Kafka) do not.
+    takes_rows: ClassVar[bool] = False
 
     @abc.abstractmethod
     def submit(self, batch: Validated, *, source: str) -> Future[IngestResult]:
@@ -43,6 +46,10 @@ class Sink(abc.ABC):
         What the collector's routes call. Sinks may override it to answer many requests at once.
         """
         return await asyncio.wrap_future(self.submit(batch, source=source))
+
+    async def submit_prepared(self, prepared: Prepared) -> IngestResult:
+        """Queue one batch already turned into stored rows and wait until it is durable (:attr:`takes_rows`)."""
+        raise NotImplementedError(f"the {self.name} sink takes validated models only")
 
     @abc.abstractmethod
     def keep_unparseable(self, body: bytes, *, source: str, reason: str, kind: str = "body") -> Future[None]:

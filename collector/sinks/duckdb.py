@@ -150,9 +150,17 @@ class DuckDBSink(Sink):
         self._enqueue(batch, source, fut, loop)
         return await fut
 
+    takes_rows = True
+
+    async def submit_prepared(self, prepared: Prepared) -> IngestResult:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[IngestResult] = loop.create_future()
+        self._enqueue(prepared, prepared.source, fut, loop)
+        return await fut
+
     def _enqueue(
         self,
-        batch: Validated,
+        batch: Validated | Prepared,
         source: str,
         fut: Future[IngestResult] | asyncio.Future[IngestResult],
         loop: asyncio.AbstractEventLoop | None,
@@ -165,7 +173,8 @@ class DuckDBSink(Sink):
                 f"{self.max_pending} requests are waiting for the store; retry shortly", retry_after=1
             )
         # A row the store's shape cannot hold raises here: rejected loudly, nothing acknowledged.
-        self._queue.put(_Job(prepare(batch, source=source), fut, loop))
+        prepared = batch if isinstance(batch, Prepared) else prepare(batch, source=source)
+        self._queue.put(_Job(prepared, fut, loop))
 
     def keep_unparseable(self, body: bytes, *, source: str, reason: str, kind: str = "body") -> Future[None]:
         row = failed_row(source=source, kind=kind, reason=reason, raw=body)

@@ -312,6 +312,84 @@ def test_records_over_the_length_limits_agree(tmp_path: Path) -> None:
     assert errors[6]["field"] == "extra"
 
 
+#: Valid events of each spelling issue 26 lists, one per line: (what it is, the line, whether the columnar
+#: path decides it; the others are left to the exact path).
+ISSUE_SHAPES = [
+    ("no event_id: content-hash key", '{"action_name":"click","timestamp":"2024-05-16T12:34:56.789Z"}', True),
+    ("no fraction", '{"event_id":"s1","action_name":"click","timestamp":"2024-05-16T12:34:56Z"}', True),
+    ("offset +hh:mm, 3 digits", '{"action_name":"click","timestamp":"2024-05-16T12:34:56.5+05:30"}', True),
+    ("offset -hhmm, comma", '{"action_name":"click","timestamp":"2024-05-16T00:04:56,123456-0130"}', True),
+    ("offset +hh, space, naive", '{"action_name":"view","timestamp":"2024-05-16 12:34:56+02"}', True),
+    ("naive, lower-case t and z", '{"action_name":"view","timestamp":"2024-05-16t12:34:56.7z"}', True),
+    ("epoch milliseconds", '{"action_name":"view","timestamp":1715862896789}', True),
+    ("session_id, message_type, user_query on the event",
+     '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","session_id":"s","message_type":"QUERY",'
+     '"user_query":"red shoes","message":"m"}', True),
+    ("object_id_field inside object", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z",'
+     '"event_attributes":{"object":{"object_id":"sku-1","object_id_field":"sku","object_id_type":"product",'
+     '"internal_id":"7"},"position":{"ordinal":2}}}', True),
+    ("spaces after separators (json.dumps)", '{"action_name": "click", "timestamp": "2024-05-16T12:34:56Z", '
+     '"event_attributes": {"object": {"object_id": "sku-2"}, "position": {"ordinal": 0}}}', True),
+    ("\\u escapes", '{"action_name":"cl\\u0069ck","timestamp":"2024-05-16T12:34:56Z","query_id":"caf\\u00e9",'
+     '"event_attributes":{"object":{"object_id":"\\u00fcber"}}}', True),
+    ("integer ids", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","event_attributes":'
+     '{"object":{"object_id":123,"internal_id":-18446744073709551}}}', True),
+    ("nulls everywhere", '{"event_id":null,"action_name":"click","timestamp":"2024-05-16T12:34:56Z","query_id":null,'
+     '"event_attributes":{"object":null,"position":null}}', True),
+    ("extra keys", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","page":"/p","ab":{"arm":1},"n":null}', True),
+    ("Logstash's @timestamp and @version", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z",'
+     '"@timestamp":"2024-05-16T12:34:57.000Z","@version":"1"}', True),
+    ("the reference JavaScript client (extras in object)", '{"application":"shop","action_name":"click",'
+     '"query_id":"q","session_id":"s","client_id":"c","user_id":"","timestamp":"2024-05-16T12:34:56.789Z",'
+     '"message_type":"INFO","message":"","event_attributes":{"object":{"object_id":"7","object_id_field":"sku",'
+     '"description":"Red shoe","price":12.5,"tags":["a",null]},"position":{"ordinal":3,"page":1},"note":null}}',
+     True),
+    ("legacy ordinal {index}", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","event_attributes":'
+     '{"position":{"ordinal":{"index":4}}}}', False),
+    ("flat x, y", '{"action_name":"click","timestamp":"2024-05-16T12:34:56Z","event_attributes":'
+     '{"position":{"x":1.5,"y":2}}}', False),
+]
+
+
+#: Valid query records of the same spellings, all decided by the columnar path.
+QUERY_SHAPES = [
+    '{"query_id":"q1","user_query":"red shoes","timestamp":"2024-05-16T12:34:56Z"}',
+    '{"user_query": "no id", "timestamp": "2024-05-16 12:34:56.5+05:30", "query_response_hit_ids": [1, "b"]}',
+    '{"query_id":"q3","user_query":"caf\\u00e9","timestamp":1715862896789,"client_id":null,"page":2,'
+    '"query_attributes":{"f":[1.5,null]}}',
+]
+
+
+def test_every_spelling_of_the_issue_agrees_and_takes_the_columnar_path(tmp_path: Path) -> None:
+    """Each valid spelling issue 26 lists is stored alike by both paths (keys and timestamps included), twice
+    over (the second import: all duplicates, so the content-hash keys match); the columnar path decides all
+    but legacy positions, which pydantic (the exact path) still reads."""
+    lines = [line for _, line, _ in ISSUE_SHAPES] + QUERY_SHAPES
+    path = tmp_path / "shapes.ndjson"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    fast = _assert_same(tmp_path, [path])
+    (report,) = fast["reports"]
+    assert (report["accepted"], report["rejected"]) == (len(lines), 0), report["errors"]
+    again = tmp_path / "again"
+    again.mkdir()
+    twice = _assert_same(again, [path, path])
+    assert twice["reports"][1]["duplicates"] == len(lines)
+    sent: list[Any] = []
+    original = fastpath.validate_items
+
+    def spy(items: Any) -> Any:
+        sent.extend(items)
+        return original(items)
+
+    fastpath.validate_items = spy  # type: ignore[assignment]
+    try:
+        import_files([path], tmp_path / "spy.duckdb")
+    finally:
+        fastpath.validate_items = original  # type: ignore[assignment]
+    assert sorted(item.index for item in sent) == [i for i, (_, _, columnar) in enumerate(ISSUE_SHAPES)
+                                                   if not columnar]
+
+
 @pytest.mark.parametrize("fmt", ["ndjson", "bulk"])
 def test_generated_logs_agree_and_take_the_fast_path(tmp_path: Path, fmt: str) -> None:
     files = write_files(tmp_path / "in", 3_000, fmt=fmt, seed=2)
@@ -333,8 +411,7 @@ def test_generated_logs_agree_and_take_the_fast_path(tmp_path: Path, fmt: str) -
     assert sum(r["accepted"] for r in fast["reports"]) > 3_000
 
 
-#: Event lines of the shape LEAN_EVENT_SQL reads (compact, no null) with the edge pieces above: about one in
-#: nine is plain (EVENT_SQL's and LEAN_EVENT_SQL's counts agreed, 45 of 400 drawn).
+#: Event lines of the shape LEAN_EVENT_SQL reads (compact, no null) with the edge pieces above.
 compact_event_line = st.builds(
     _render,
     _pairs({k: v.filter(lambda x: "null" not in x) for k, v in _EVENT_FIELDS.items()}, ("action_name", "timestamp", "event_id")),
@@ -345,10 +422,11 @@ compact_event_line = st.builds(
 @settings(max_examples=50, deadline=None)
 @given(lines=st.lists(st.one_of(compact_event_line, compact_event_line, event_line), min_size=1, max_size=40),
        bulk_ids=st.lists(st.sampled_from([None, None, "e1", "e2", "k" * 101]), min_size=40, max_size=40))
-def test_the_one_pass_statement_takes_only_what_the_three_pass_one_takes(lines: list[str],
-                                                                       bulk_ids: list[str | None]) -> None:
-    """LEAN_EVENT_SQL may leave a line to EVENT_SQL, never take one EVENT_SQL would not, nor make another row
-    of it: every row it makes is EVENT_SQL's row of that line, column by column."""
+def test_the_lean_statement_takes_only_what_the_general_one_takes(lines: list[str],
+                                                                  bulk_ids: list[str | None]) -> None:
+    """LEAN_EVENT_SQL may leave a line to GENERAL_EVENT_SQL, never take one it would not, nor make another row
+    of it: every row it makes is GENERAL_EVENT_SQL's row of that line, column by column (content keys
+    included: the general statement leaves them to _finish)."""
     c = fastpath.Candidates()
     for i, line in enumerate(lines):
         c.add(i, i + 1, line.encode(), bulk_ids[i])
@@ -356,13 +434,14 @@ def test_the_one_pass_statement_takes_only_what_the_three_pass_one_takes(lines: 
     con = fastpath.fast_parser()
     when = datetime(2025, 1, 2, 3, 4, 5)
     try:
-        three = fastpath._events_of(con, fastpath.EVENT_SQL, table, when).to_pylist()
+        general = fastpath._general_events(con, table, when)
+        three = fastpath._finish(general, table).to_pylist()
         one = fastpath._events_of(con, fastpath.LEAN_EVENT_SQL, table, when).to_pylist()
     finally:
         con.close()
     by_pos = {row["_pos"]: row for row in three}
     assert all(by_pos.get(row["_pos"]) == row for row in one)
-    # what is left over, EVENT_SQL decides alone: the union is what plain_events returns
+    # what is left over, GENERAL_EVENT_SQL decides alone: the union is what plain_events returns
     con = fastpath.fast_parser()
     try:
         assert fastpath.plain_events(con, c, when).to_pylist() == three
@@ -372,7 +451,7 @@ def test_the_one_pass_statement_takes_only_what_the_three_pass_one_takes(lines: 
 
 def test_the_one_pass_statement_takes_the_common_shape() -> None:
     """Compact lines without a null (what the reference JavaScript client and OpenSearch exports send) take the
-    one JSON pass; a null or a space before an object value leaves the line to EVENT_SQL (same rows)."""
+    one JSON pass; a null or a space before an object value leaves the line to GENERAL_EVENT_SQL (same rows)."""
     common = ('{"event_id":"e1","action_name":"click","query_id":"q: 1","timestamp":"2024-05-16T12:34:56.789Z",'
               '"event_attributes":{"object":{"object_id":"sku-1","object_id_field":"sku"},"position":{"ordinal":3}}}')
     with_null = common.replace('"query_id":"q: 1"', '"query_id":null')
