@@ -1055,11 +1055,11 @@ def prepare_items(items: list[RawItem], *, source: str, received_at: datetime | 
     q_rows: list[tuple[int, tuple[Any, ...]]] = []
     for p, text in enumerate(queries.text.to_pylist()):
         index = int(queries.index[p])
-        row = plain_query_row(text, now)
-        if row is None:
+        query_row = plain_query_row(text, now)
+        if query_row is None:
             exact.append(by_index[index])
         else:
-            q_rows.append((index, row))
+            q_rows.append((index, query_row))
     if not exact:
         validated = Validated(raws=ItemBytes(items))
         prepared = prepare(validated, source=source, received_at=now)
