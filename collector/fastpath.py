@@ -207,7 +207,9 @@ def _sql_list(names: Sequence[str]) -> str:
 #: of up to 6 digits after ``.`` or ``,``, ``Z``, ``z``, ``+hh``, ``+hhmm``, ``+hh:mm`` or none), the date and
 #: time existing and falling in years 1-9999 once in UTC; ids or none (the key is then the content hash,
 #: computed from the row as pydantic's dump would give it: :func:`_finish`); extra keys at the top level
-#: (kept as the exact path keeps them: :func:`_finish`). What it leaves - extra keys inside event_attributes,
+#: and in event_attributes' objects, kept as the exact path keeps them (plain names with scalar values at the
+#: top level, as ``_bulk`` exports add them, written by the statement: :data:`_G_XPLAIN`; the others read
+#: back by :func:`_finish`). What it leaves - extra keys inside event_attributes,
 #: floats, legacy positions, object strings that need escaping in the stored JSON, anything invalid - the
 #: exact path decides, so outcomes stay pydantic's (``tests/collector/test_fastpath.py``,
 #: ``tests/collector/test_columnar_property.py``).
@@ -290,6 +292,37 @@ _G_TS_GROUPS = "['y', 'mo', 'd', 'h', 'mi', 's', 'f', 'z', 'sg', 'oh', 'om']"
 # strings that stored JSON (event_attributes) would have to escape: left to the exact path's serialiser
 _NEEDS_ESCAPE = r"""'["\\\x00-\x1f]'"""
 
+_OBJ_NAMES = tuple(name for name, _ in OBJECT_STRINGS)
+#: Extra keys the statement writes itself: plain names (no escapes in the stored JSON, and a JSON path
+#: needs no quoting rules beyond ``"..."``) ...
+_X_KEY = "[A-Za-z0-9_@.-]+"
+#: ... whose values are JSON scalars DuckDB writes back (``json_extract``) exactly as orjson does: strings
+#: without escapes, integers of up to 18 digits (64 bits at most; DuckDB reads larger ones as DOUBLE but may
+#: write them as digits), booleans and null. Anything else (floats, arrays, objects, escapes, longer
+#: integers, keys repeated, extras below the top level) is read back by :func:`_finish`. One regular
+#: expression per record for each test: per key, they cost more than the rest of the statement.
+_X_SCALAR = '(?:"[^"\\\\\\x01]*"|true|false|null|-?[0-9]{1,18})'
+
+
+def _x_values(line: str, keys: str) -> str:
+    """The JSON text of each top-level extra key in the list ``keys``; NULL when any key is not plain (its
+    path might not parse). Paths in a list must be constants, so one ``json_extract`` per key."""
+    return (f"CASE WHEN regexp_full_match(array_to_string({keys}, ','), '{_X_KEY}(?:,{_X_KEY})*') "
+            f"THEN list_transform({keys}, lambda k: json_extract({line}, '$.\"' || k || '\"')::VARCHAR) END")
+
+
+def _x_plain(keys: str, values: str) -> str:
+    """The extras in ``keys`` (``values``: their JSON text) are all ones the statement writes itself."""
+    return (f"(len({keys}) = 0 OR coalesce(regexp_full_match(array_to_string({values}, chr(1)), "
+            f"'{_X_SCALAR}(?:\\x01{_X_SCALAR})*'), false))")
+
+
+def _x_pairs(keys: str, values: str) -> str:
+    """``"key":value,...`` of the extras in document order (NULL when none), as orjson writes them."""
+    return (f"nullif(array_to_string(list_transform({keys}, lambda k, i: '\"' || k || '\":' || {values}[i]), ','), "
+            "'')")
+
+
 _G_OBJ_VALUES = {name: f"({_g_id_value(f'o.{name}') if name in _ID_NAMES else f'o.{name}->>$$$$'})".replace("$$$$", "'$'")
                  for name, _ in OBJECT_STRINGS}
 _G_ATTRS_JSON = (
@@ -336,23 +369,37 @@ _HASHED_TEXT = ["action_name", "application", "client_id", "message", "message_t
 _HEX_CASE = r"'[\x0b\x0e\x0f\x1a-\x1f]'"
 
 
+#: Every extra key of the record is one the statement writes itself (:func:`_x_plain`), at the top level or
+#: in ``object``, and no key is repeated: otherwise :func:`_finish` reads the record back.
+_G_XPLAIN = " AND ".join([
+    "list_unique(ks[1]) = len(ks[1])",
+    *(f"coalesce(len(ks[{i + 1}]) = {_found(o)}, true)" for i, o in enumerate(_G_OBJECTS) if i),
+    _x_plain("xk", "xv"),
+])
 #: The one JSON pass of :data:`GENERAL_EVENT_SQL`, run on its own: referenced from the checks, a
 #: ``json_transform`` is set up again for every reference (about 1.5 ms each, whatever the rows), which
 #: made the statement cost ~50 ms before its first row; read back from Arrow, its struct costs nothing to set up.
 GENERAL_PARSE_SQL = f"""
-SELECT _pos, _bid, json_type(line, {_G_TYPE_PATHS}) AS ty, json_keys(line, {_G_PATHS}) AS ks,
-       json_transform(line, '{_G_TYPE}') AS s
-FROM _ubi_fast_lines
-WHERE json_valid(line)
-      AND NOT (contains(line, ',}}') OR contains(line, ',]')
-               OR (regexp_matches(line, ',\\s') AND regexp_matches(line, ',\\s+[\\]}}]')))
+SELECT _pos, _bid, ty, ks, s, xk, CASE WHEN len(xk) > 0 THEN {_x_values('line', 'xk')} END AS xv
+FROM (
+    SELECT *, CASE WHEN len(ks[1]) > {_found('$')} THEN list_filter(ks[1], lambda k: NOT list_contains(
+                  {_sql_list(EVENT_KEYS)}, k)) ELSE []::VARCHAR[] END AS xk
+    FROM (
+        SELECT _pos, _bid, line, json_type(line, {_G_TYPE_PATHS}) AS ty, json_keys(line, {_G_PATHS}) AS ks,
+               json_transform(line, '{_G_TYPE}') AS s
+        FROM _ubi_fast_lines
+        WHERE json_valid(line)
+              AND NOT (contains(line, ',}}') OR contains(line, ',]')
+                       OR (regexp_matches(line, ',\\s') AND regexp_matches(line, ',\\s+[\\]}}]')))
+    )
+)
 """
 
 GENERAL_EVENT_SQL = f"""
 WITH src AS (
     SELECT * FROM _ubi_fast_parsed
 ), checked AS (
-    SELECT _pos, _bid, ty, ks, s, s.event_attributes.object AS o, s.event_attributes.position AS p,
+    SELECT _pos, _bid, ty, ks, s, xk, xv, s.event_attributes.object AS o, s.event_attributes.position AS p,
            CASE WHEN {_is_str('s.timestamp')} THEN regexp_extract(s.timestamp->>'$', {_G_TS_RE}, {_G_TS_GROUPS})
            END AS m,
            CASE WHEN {_is_str('s.event_id')} THEN s.event_id->>'$' END AS ev
@@ -389,23 +436,34 @@ WITH src AS (
            ts AS timestamp, s.message_type->>'$' AS message_type, s.message->>'$' AS message,
            s.user_query->>'$' AS user_query, {', '.join(n for n, _ in OBJECT_STRINGS)},
            CAST(p.ordinal AS INTEGER) AS position_ordinal, NULL::DOUBLE AS position_x, NULL::DOUBLE AS position_y,
-           {_G_ATTRS_JSON} AS event_attributes, NULL::VARCHAR AS extra, ?::TIMESTAMP AS received_at,
-           _pos, s.event_id IS NOT NULL AS _doc_id, {_G_EXTRA} AS _extra, ty
+           {_G_ATTRS_JSON} AS event_attributes,
+           CASE WHEN len(xk) > 0 THEN '{{' || {_x_pairs('xk', 'xv')} || '}}' END AS extra,
+           ?::TIMESTAMP AS received_at, _pos, s.event_id IS NOT NULL AS _doc_id, {_G_EXTRA} AS _x_any,
+           ty, ks, xk, xv
     FROM stamped
     WHERE ts IS NOT NULL AND year(ts) BETWEEN 1 AND 9999
           AND (eid IS NOT NULL OR (s.event_id IS NULL AND _bid IS NULL))
           AND NOT regexp_matches(concat({', '.join(n for n, _ in OBJECT_STRINGS)}), {_NEEDS_ESCAPE})
+), sized AS (
+    SELECT * EXCLUDE (_x_any, ks, xv),
+           CASE WHEN NOT _x_any THEN false
+                WHEN len(xk) = 0 THEN true
+                ELSE NOT ({_G_XPLAIN} AND coalesce(strlen(extra), 0) <= {JSON_FIELD_MAX_LENGTH}
+                          AND coalesce(strlen(event_attributes), 0) <= {JSON_FIELD_MAX_LENGTH}) END AS _extra
+    FROM rows
 )
-SELECT * EXCLUDE (ty) REPLACE (
-    coalesce(event_key, CASE WHEN NOT _extra AND NOT regexp_matches(concat({', '.join(_HASHED_TEXT)}), {_HEX_CASE})
+SELECT * EXCLUDE (ty, xk) REPLACE (
+    coalesce(event_key, CASE WHEN NOT _extra AND len(xk) = 0
+                                  AND NOT regexp_matches(concat({', '.join(_HASHED_TEXT)}), {_HEX_CASE})
                              THEN 'h:' || left(sha256({_CANONICAL}), 32) END) AS event_key)
-FROM rows
+FROM sized
 """
 
 
 def _finish(rows: pa.Table, lines: pa.Table) -> pa.Table:
     """:data:`GENERAL_EVENT_SQL`'s ``rows`` completed where SQL cannot say what the model would: the extra
-    keys of records with more keys than the known ones (orjson reads the line, as the exact path does; a
+    keys of records with more keys than the known ones, unless the statement wrote them itself
+    (:data:`_G_XPLAIN`; ``_extra`` false) (orjson reads the line, as the exact path does; a
     repeated key, a legacy position, or extras too long or too deep to store leave the record to the exact
     path, which names the problem), kept as the model keeps them (``extra``; ``event_attributes`` with the
     extras of each of its objects after the declared fields), and the content-hash key of each event sent
@@ -443,8 +501,8 @@ def _finish(rows: pa.Table, lines: pa.Table) -> pa.Table:
     missing = np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))
     if not len(missing):
         return rows
-    pick = rows.select(list(_HASHED)).take(pa.array(missing)).to_pydict()
-    attrs = pick["event_attributes"]
+    pick = rows.select([*_HASHED, "extra"]).take(pa.array(missing)).to_pydict()
+    attrs, extra = pick["event_attributes"], pick["extra"]
     loads, dumps, sha = orjson.loads, orjson.dumps, hashlib.sha256
     out = keys.to_pylist()
     for j, at_row in enumerate(missing.tolist()):
@@ -454,12 +512,13 @@ def _finish(rows: pa.Table, lines: pa.Table) -> pa.Table:
             dump["event_attributes"] = loads(attrs[j])
         if at_row in extras:
             dump.update(extras[at_row])
+        elif extra[j] is not None:  # extras the statement wrote (plain ones: no nesting to clean)
+            dump.update((k, v) for k, v in loads(extra[j]).items() if v is not None)
         out[at_row] = "h:" + sha(dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
     return rows.set_column(rows.schema.get_field_index("event_key"), "event_key", pa.array(out, pa.string()))
 
 
 _EVENT_FIELDS = frozenset(UbiEvent.model_fields)
-_OBJ_NAMES = tuple(name for name, _ in OBJECT_STRINGS)
 _LEGACY_POSITION = frozenset(("x", "y", "xy"))
 
 

@@ -192,3 +192,79 @@ def test_valid_spec_records_stay_off_pydantic(tmp_path: Path) -> None:
         fastpath.validate_items = original  # type: ignore[assignment]
     assert sent == []
     assert reports[0].public()["accepted"] == 3
+
+
+#: Top-level extra keys as other producers add them (Logstash's ``@timestamp`` and ``@version``, tags,
+#: counters): mostly plain names and scalars, which GENERAL_EVENT_SQL writes itself, now and then a key or a
+#: value it leaves to ``_finish`` (escapes, a float, an integer past 18 digits or 64 bits, an object).
+_PLAIN_KEY = st.text("abcXYZ019_@.-", min_size=1, max_size=6) | _KEY
+_EXTRA_VALUE = (
+    st.text(max_size=6) | st.text("ab\"\\\x01é/", max_size=4) | st.booleans() | st.none()
+    | st.integers(-(2**63), 2**64 - 1) | st.sampled_from([0, -1, 10**17, 10**18, -(10**18), 2**63, 2**64 - 1])
+    | st.floats(allow_nan=False, allow_infinity=False) | st.just({"a": 1}) | st.just([1])
+)
+_EXTRA_EVENT = st.fixed_dictionaries(
+    {"action_name": st.sampled_from(["click", "impression"]),
+     "timestamp": st.sampled_from(["2025-01-01T00:00:00Z", "2025-01-01T00:00:00.123+02:00"])},
+    optional={"event_id": st.text("abc", min_size=1, max_size=3), "query_id": st.just("q1"),
+              "event_attributes": st.just({"object": {"object_id": "sku-1"}, "position": {"ordinal": 2}})},
+).flatmap(lambda base: st.dictionaries(_PLAIN_KEY.filter(lambda k: k not in fastpath.EVENT_KEYS), _EXTRA_VALUE,
+                                       min_size=1, max_size=3).map(lambda extra: {**base, **extra}))
+
+
+@settings(max_examples=40, deadline=timedelta(seconds=10), suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(events=st.lists(st.tuples(_EXTRA_EVENT, st.integers(0, 2), st.integers(0, 29).map(lambda n: n == 0)),
+                       min_size=1, max_size=20))
+def test_top_level_extras_store_alike(tmp_path_factory: pytest.TempPathFactory,
+                                      events: list[tuple[dict[str, Any], int, bool]]) -> None:
+    """Events with extra keys at the top level: the rows the statement writes itself (``extra``, the
+    content-hash key of an event without an id) and those ``_finish`` reads back are the exact path's."""
+    tmp = tmp_path_factory.mktemp("extras")
+    path = tmp / "events.ndjson"
+    path.write_text("".join(record_line(*e) + "\n" for e in events), encoding="utf-8")
+    fast = _import([path], tmp / "fast.duckdb", fast=True)
+    exact = _import([path], tmp / "exact.duckdb", fast=False)
+    assert fast[0] == exact[0]
+    for table in _TABLES:
+        assert fast[1][table] == exact[1][table], table
+
+
+def test_plain_top_level_extras_stay_in_sql(tmp_path: Path) -> None:
+    """Logstash's ``@timestamp`` and ``@version`` and other plain scalars at the top level are written by the
+    statement: neither ``_finish``'s Python (``_with_extras``) nor pydantic sees them; an escaped string
+    still goes to ``_finish``. Expected rows: the extras as orjson writes them, in the order sent."""
+    lines = [
+        '{"action_name": "click", "timestamp": "2025-01-01T00:00:00Z", "@timestamp": "2025-01-01T00:00:01.000Z", '
+        '"@version": "1", "n": -12, "ok": true, "none": null}',
+        '{"event_id":"e2","action_name":"click","timestamp":"2025-01-01T00:00:00Z","big":999999999999999999,'
+        '"tag":"caf\\u00e9"}',
+        '{"event_id":"e3","action_name":"click","timestamp":"2025-01-01T00:00:00Z","q":"say \\"hi\\""}',
+    ]
+    path = tmp_path / "extras.ndjson"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    seen: list[Any] = []
+    original, original_items = fastpath._with_extras, fastpath.validate_items
+
+    def spy(value: Any, row: Any) -> Any:
+        seen.append(value)
+        return original(value, row)
+
+    fastpath._with_extras = spy  # type: ignore[assignment]
+    fastpath.validate_items = lambda items: pytest.fail(f"exact path reached: {items}")  # type: ignore[assignment]
+    try:
+        reports, _ = import_files([path], tmp_path / "x.duckdb")
+    finally:
+        fastpath._with_extras, fastpath.validate_items = original, original_items  # type: ignore[assignment]
+    assert reports[0].public()["accepted"] == 3
+    assert [v.get("event_id") for v in seen] == ["e3"]  # the escaped quote: read back in Python
+    con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
+    try:
+        extra = dict(con.execute("SELECT coalesce(event_id, '-'), extra FROM ubi_events").fetchall())
+    finally:
+        con.close()
+    assert extra == {
+        "-": '{"@timestamp":"2025-01-01T00:00:01.000Z","@version":"1","n":-12,"ok":true,"none":null}',
+        "e2": '{"big":999999999999999999,"tag":"café"}',
+        "e3": '{"q":"say \\"hi\\""}',
+    }
