@@ -6,7 +6,7 @@ Extension points (used by the security and Kafka work, and by tests):
 * ``app.state.collector.record_filters``: :data:`~ubi_pipeline.collector.ingest.RecordFilter` steps run on every validated
   batch before the sink.
 * The extensions (:mod:`ubi_pipeline.collector.security`, :mod:`ubi_pipeline.collector.browser`) are imported like any module:
-  ``security.record_filters(settings)`` (also used by ``ubi import``), ``security.body_filters(settings)``
+  ``security.record_filters(settings)`` (``record_filters.py``; also used by ``ubi import``), ``security.body_filters(settings)``
   (:data:`~ubi_pipeline.collector.deps.BodyFilter` steps run on a body refused as a whole before it is kept) and each
   one's ``install(app, settings)`` (middleware, extra routes), called in that order.
 * The store's admin protocol (``/healthz``, ``/v1/failed``, ``/v1/admin/*``) is :mod:`ubi_pipeline.transport.admin`, mounted
@@ -65,11 +65,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
-
-
-def extension_filters(settings: Settings) -> list[RecordFilter]:
-    """Record filters of the extensions (the security module's), in order; ``ubi import`` runs them too."""
-    return list(security.record_filters(settings))
 
 
 class SinkAdmin:

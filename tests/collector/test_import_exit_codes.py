@@ -100,3 +100,24 @@ def test_records_that_merely_mention_ext_or_metrics_are_imported(db, tmp_path, m
     assert not_ubi_records(f) is None
     assert not_ubi_records(shared_path("ubi-samples/ubi_queries_events.ndjson")) is None
     assert not_ubi_records(shared_path(ESCI_JUDGMENTS)) is None  # a likely_command hint after the import instead
+
+
+def test_import_applies_the_privacy_settings_the_collector_applies(db, tmp_path, monkeypatch, make_event):
+    """``ubi import`` runs the collector's record filters (``record_filters.py``, loaded without the web stack):
+    with a pseudonymisation key set, client_id is stored as its keyed hash and a dropped field is gone.
+    Expected value: :func:`ubi_pipeline.collector.record_filters.pseudonym` of the id sent, under the key set."""
+    import duckdb
+
+    from ubi_pipeline.collector.record_filters import pseudonym
+
+    monkeypatch.setenv("UBI_PSEUDONYMISE_KEY", "pepper")
+    monkeypatch.setenv("UBI_DROP_FIELDS", '["message"]')
+    f = tmp_path / "events.ndjson"
+    f.write_bytes(orjson.dumps({**make_event(), "client_id": "alice", "message": "secret"}) + b"\n")
+    assert _ubi_main(["import", str(f), "--db", str(db), "--json"]) == 0
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        assert con.execute("SELECT client_id, message FROM ubi_events").fetchall() == [
+            (pseudonym("alice", b"pepper"), None)]
+    finally:
+        con.close()

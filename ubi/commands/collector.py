@@ -203,9 +203,9 @@ def _non_negative_seconds(text: str) -> float:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ubi_pipeline.collector.app import extension_filters
     from ubi_pipeline.collector.import_hints import likely_command, not_ubi_records
     from ubi_pipeline.collector.importer import import_files
+    from ubi_pipeline.collector.record_filters import record_filters  # not the web stack: faster to start
     from ubi_pipeline.schemas.settings import Settings
     from ubi_pipeline.store.rows import Counts
 
@@ -248,7 +248,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             args.files,
             settings.db,
             kind=args.kind,
-            filters=extension_filters(settings),
+            filters=record_filters(settings),
             on_progress=on_progress,
             memory_limit=settings.writer_memory_limit,
             batch_records=settings.import_batch_records,
