@@ -206,11 +206,10 @@ def _sql_list(names: Sequence[str]) -> str:
 #: timestamps as epoch milliseconds or RFC 3339 / ISO 8601 with seconds (``T``, ``t`` or a space, a fraction
 #: of up to 6 digits after ``.`` or ``,``, ``Z``, ``z``, ``+hh``, ``+hhmm``, ``+hh:mm`` or none), the date and
 #: time existing and falling in years 1-9999 once in UTC; ids or none (the key is then the content hash,
-#: computed from the row as pydantic's dump would give it: :func:`_finish`); extra keys at the top level
-#: and in event_attributes' objects, kept as the exact path keeps them (plain names with scalar values at the
-#: top level, as ``_bulk`` exports add them, written by the statement: :data:`_G_XPLAIN`; the others read
-#: back by :func:`_finish`). What it leaves - extra keys inside event_attributes,
-#: floats, legacy positions, object strings that need escaping in the stored JSON, anything invalid - the
+#: computed from the row as pydantic's dump would give it: :func:`_finish`); extra keys anywhere, kept as
+#: the exact path keeps them (plain names with scalar values at the top level, as ``_bulk`` exports add
+#: them, written by the statement: :data:`_G_XPLAIN`; the others read back by :func:`_finish`). What it
+#: leaves - floats, legacy positions, object strings that need escaping in the stored JSON, anything invalid - the
 #: exact path decides, so outcomes stay pydantic's (``tests/collector/test_fastpath.py``,
 #: ``tests/collector/test_columnar_property.py``).
 _G_TYPE = (
@@ -311,10 +310,10 @@ def _x_values(line: str, keys: str) -> str:
             f"THEN list_transform({keys}, lambda k: json_extract({line}, '$.\"' || k || '\"')::VARCHAR) END")
 
 
-def _x_plain(keys: str, values: str) -> str:
-    """The extras in ``keys`` (``values``: their JSON text) are all ones the statement writes itself."""
-    return (f"(len({keys}) = 0 OR coalesce(regexp_full_match(array_to_string({values}, chr(1)), "
-            f"'{_X_SCALAR}(?:\\x01{_X_SCALAR})*'), false))")
+def _x_plain(values: str) -> str:
+    """Every value in the list ``values`` (the extras' JSON text; NULL: a key that is not plain) is one the
+    statement writes itself."""
+    return f"coalesce(regexp_full_match(array_to_string({values}, chr(1)), '{_X_SCALAR}(?:\\x01{_X_SCALAR})*'), false)"
 
 
 def _x_pairs(keys: str, values: str) -> str:
@@ -369,12 +368,13 @@ _HASHED_TEXT = ["action_name", "application", "client_id", "message", "message_t
 _HEX_CASE = r"'[\x0b\x0e\x0f\x1a-\x1f]'"
 
 
-#: Every extra key of the record is one the statement writes itself (:func:`_x_plain`), at the top level or
-#: in ``object``, and no key is repeated: otherwise :func:`_finish` reads the record back.
+#: The record's extra keys (evaluated only where there are some at the top level) are all there, plain
+#: (:func:`_x_plain`) and none below the top level, and no key is repeated: otherwise :func:`_finish` reads
+#: the record back.
 _G_XPLAIN = " AND ".join([
     "list_unique(ks[1]) = len(ks[1])",
     *(f"coalesce(len(ks[{i + 1}]) = {_found(o)}, true)" for i, o in enumerate(_G_OBJECTS) if i),
-    _x_plain("xk", "xv"),
+    _x_plain("xv"),
 ])
 #: The one JSON pass of :data:`GENERAL_EVENT_SQL`, run on its own: referenced from the checks, a
 #: ``json_transform`` is set up again for every reference (about 1.5 ms each, whatever the rows), which

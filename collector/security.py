@@ -54,10 +54,7 @@ from ubi_pipeline.collector.record_filters import (
 from ubi_pipeline.schemas.errors import UbiError
 from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.schemas.terminal import printable
-from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
 from ubi_pipeline.transport.admin import LOOPBACK_HOSTS, host_name
-
-Record = UbiQuery | UbiEvent
 
 log = logging.getLogger("ubi.collector.security")
 

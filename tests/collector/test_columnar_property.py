@@ -230,7 +230,7 @@ def test_top_level_extras_store_alike(tmp_path_factory: pytest.TempPathFactory,
         assert fast[1][table] == exact[1][table], table
 
 
-def test_plain_top_level_extras_stay_in_sql(tmp_path: Path) -> None:
+def test_plain_top_level_extras_stay_in_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Logstash's ``@timestamp`` and ``@version`` and other plain scalars at the top level are written by the
     statement: neither ``_finish``'s Python (``_with_extras``) nor pydantic sees them; an escaped string
     still goes to ``_finish``. Expected rows: the extras as orjson writes them, in the order sent."""
@@ -244,18 +244,15 @@ def test_plain_top_level_extras_stay_in_sql(tmp_path: Path) -> None:
     path = tmp_path / "extras.ndjson"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     seen: list[Any] = []
-    original, original_items = fastpath._with_extras, fastpath.validate_items
+    original = fastpath._with_extras
 
     def spy(value: Any, row: Any) -> Any:
         seen.append(value)
         return original(value, row)
 
-    fastpath._with_extras = spy  # type: ignore[assignment]
-    fastpath.validate_items = lambda items: pytest.fail(f"exact path reached: {items}")  # type: ignore[assignment]
-    try:
-        reports, _ = import_files([path], tmp_path / "x.duckdb")
-    finally:
-        fastpath._with_extras, fastpath.validate_items = original, original_items  # type: ignore[assignment]
+    monkeypatch.setattr(fastpath, "_with_extras", spy)
+    monkeypatch.setattr(fastpath, "validate_items", lambda items: pytest.fail(f"exact path reached: {items}"))
+    reports, _ = import_files([path], tmp_path / "x.duckdb")
     assert reports[0].public()["accepted"] == 3
     assert [v.get("event_id") for v in seen] == ["e3"]  # the escaped quote: read back in Python
     con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)

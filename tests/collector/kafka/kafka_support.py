@@ -132,6 +132,7 @@ class Consume:
         self.proc: subprocess.Popen[str] | None = None
         self.lines: list[dict[str, Any]] = []
         self.starts = 0
+        self.log_path: Path | None = None  # the stderr of the latest start
 
     def args(self) -> list[str]:
         target = ["--db", str(self.db)] if self.db is not None else ["--parquet", str(self.parquet)]
@@ -142,7 +143,8 @@ class Consume:
     def start(self, stdout: Any = None) -> Consume:
         self.starts += 1
         self.lines = []
-        log = open(self.log_dir / f"consume-{id(self)}-{self.starts}.log", "w")
+        self.log_path = self.log_dir / f"consume-{id(self)}-{self.starts}.log"
+        log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.args(), cwd=ROOT, stdout=stdout or subprocess.PIPE, stderr=log,
                                      text=True, env=_env())
         log.close()

@@ -75,11 +75,10 @@ def _state(db: Path, tag: str, load: Load, consume: Consume, serve: Serve) -> di
         health = serve.health()
     except Exception as exc:  # the collector may be the problem
         health = repr(exc)
-    proc = consume.proc
-    logs = sorted(consume.log_dir.glob(f"consume-{id(consume)}-*.log"))
+    proc, log = consume.proc, consume.log_path
     return {"store": _store_counts(db, tag), "acked": (len(load.acked.queries), load.acked.n_events),
             "loader": consume.last(), "loader_exit": None if proc is None else proc.poll(),
-            "loader_log": logs[-1].read_text(errors="replace")[-1500:] if logs else None, "collector": health}
+            "loader_log": log.read_text(errors="replace")[-1500:] if log is not None else None, "collector": health}
 
 
 def _final(db: Path, tag: str) -> tuple[list[str], list[str]]:
