@@ -20,6 +20,10 @@ SEARCHES = {"Red Shoes": 2, "red  shoes": 1, "blue hat": 2, "green bag": 1}
 def judgment(query: str, doc: str, source: str, grade: int | None, width: float | None, *, score: float = 0.5,
              support: int = 20) -> dict:
     lo = None if width is None else 0.3
+    if source.startswith("model:"):  # as `ubi judge` and `judgments import --source model:*` store them: no clicks
+        return {"query": query, "doc_id": doc, "source": source, "score": None if grade is None else float(grade),
+                "ci_low": None, "ci_high": None, "impressions": None, "clicks": None, "sessions": None,
+                "grade": grade, "created_at": T}
     return {"query": query, "doc_id": doc, "source": source, "score": score, "ci_low": lo,
             "ci_high": None if width is None else round(lo + width, 6), "impressions": support, "clicks": support // 4,
             "sessions": support, "grade": grade, "created_at": T}
