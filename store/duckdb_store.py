@@ -259,8 +259,20 @@ class Store:
         self, after_commit: list[Callable[[duckdb.DuckDBPyConnection], None]] | None = None
     ) -> Iterator[duckdb.DuckDBPyConnection]:
         """One write transaction under the store lock; rolled back on any error. ``after_commit`` callbacks
-        (filled in by the body) run once it committed, still under the lock."""
+        (filled in by the body) run once it committed, still under the lock. Rows it inserts into a keyed
+        table get their key rows at the next write (:meth:`KeyIndex.sync`)."""
+        with self._transaction(after_commit, raw=True) as cur:
+            yield cur
+
+    @contextmanager
+    def _transaction(
+        self, after_commit: list[Callable[[duckdb.DuckDBPyConnection], None]] | None = None, *, raw: bool = False
+    ) -> Iterator[duckdb.DuckDBPyConnection]:
+        """:meth:`transaction`; ``raw`` false: a write through the key indexes (:meth:`write_rows`)."""
         with self.lock:
+            if raw:
+                for index in self.keys.values():
+                    index.stale = True
             if self._invalid is not None:
                 self._recover(self._invalid)
             cur = self.con.cursor()
@@ -370,7 +382,7 @@ class Store:
         Other threads' writes wait for the block to end (the store lock is held throughout).
         """
         after: list[Callable[[duckdb.DuckDBPyConnection], None]] = []
-        with self.transaction(after) as cur:
+        with self._transaction(after) as cur:
             for index in self.keys.values():
                 index.begin()
             self._batch = (threading.get_ident(), cur, after)
@@ -389,7 +401,7 @@ class Store:
             yield batch[1], batch[2]
             return
         after: list[Callable[[duckdb.DuckDBPyConnection], None]] = []
-        with self.transaction(after) as cur:
+        with self._transaction(after) as cur:
             for index in self.keys.values():
                 index.begin()
             yield cur, after
@@ -483,6 +495,8 @@ class Store:
         """
         index = self.keys[table.name]
         index.sync(cur)
+        # Also with no new row: the key rows sync added for raw inserts commit with this transaction.
+        after.append(index.committed)
         first = [keys[p] for p in keep]
         hashes = index.hashes(first)
         stored = index.lookup(cur, first, hashes, fetch)
@@ -493,7 +507,6 @@ class Store:
             self._witness.append((table.name, table.key[0], str(batch.column(table.key[0])[0].as_py())))
             added = hashes[new] if len(new) < len(hashes) else hashes
             index.append(cur, added, batch)
-            after.append(index.committed)
         return {keep[j]: row for j, row in stored.items()}, {keep[j] for j in new}
 
     def _insert_events(

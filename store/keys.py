@@ -204,6 +204,9 @@ class KeyIndex:
         # apart until it commits, so a later write of the same transaction (Store.batch) finds them here.
         self._local: list[tuple[int, pa.Table]] = []
         self.filter: KeyFilter | None = None  # filled from the key table at the first write
+        #: Whether rows may have been committed around this index (:meth:`Store.transaction`, a raw write)
+        #: since :meth:`sync` last counted them: only then does :meth:`sync` count the table.
+        self.stale = True
         self.blocks = BlockFilters()  # filled with the filter
 
     def open(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -217,6 +220,7 @@ class KeyIndex:
             con.execute(f"INSERT INTO {self.keys} SELECT md5_number_lower({self.key}), rowid FROM {self.table} "
                         f"WHERE rowid >= {int(keyed)}")
         self.rows = self._top = int(rows)
+        self.stale = True
         # The filter is filled at the first write (:meth:`sync`), not here: opening stays a few statements, so
         # a collector or loader advertises itself as soon as it holds the file (readers look for it then).
         self.filter = None
@@ -300,6 +304,11 @@ class KeyIndex:
         have their key rows already (``_top``)."""
         if self.filter is None:
             self.refill(cur)
+        if not self.stale:
+            # Only this store writes the file, and every write but a raw one comes through here: nothing was
+            # committed around the index (a count(*) per write was 0.7 ms of a 6 ms single-event commit).
+            self._base = self._top
+            return
         (count,) = _one(cur, f"SELECT count(*) FROM {self.table}")
         if count > self._top:
             added = cur.execute(
@@ -330,6 +339,7 @@ class KeyIndex:
         """The transaction of :meth:`append` committed: count its rows; a filter past its capacity is rebuilt."""
         self.rows = self._top
         self._local = []
+        self.stale = False  # this transaction's sync counted the table, under the same lock
         if self._filter().full:
             self.refill(con)
 

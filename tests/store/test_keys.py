@@ -192,6 +192,49 @@ def test_rows_inserted_through_the_open_stores_transaction_are_found(tmp_path, m
     assert _mismatched_key_rows(path) == (3, 3, 0)
 
 
+def test_raw_inserts_around_a_write_that_stored_nothing_are_found(tmp_path, make_event):
+    """A write whose every row was stored already commits no key rows: the raw insert before it is still
+    counted by the next write (the index only skips its count(*) after a committed write of its own)."""
+    a, b, c = (make_event(event_id=x) for x in "abc")
+    path = tmp_path / "s.duckdb"
+    with Store(path) as store:
+        store.write_rows(events=events(a))
+        with store.transaction() as cur:
+            _direct = events(b)  # noqa: F841 (read by DuckDB by name)
+            cur.execute("INSERT INTO ubi_events SELECT * FROM _direct")
+        assert store.write_rows(events=events(a)).event_status == (DUPLICATE,)
+        with store.transaction() as cur:
+            _direct = events(c)  # noqa: F841 (read by DuckDB by name)
+            cur.execute("INSERT INTO ubi_events SELECT * FROM _direct")
+        out = store.write_rows(events=events(b, c, a, make_event(event_id="d")))
+        assert out.event_status == (DUPLICATE, DUPLICATE, DUPLICATE, INSERTED)
+    assert _mismatched_key_rows(path) == (4, 4, 0)
+
+
+def test_a_write_after_a_write_does_not_count_the_table(tmp_path, make_event, monkeypatch):
+    """Only this store writes the file: after its own committed write, the next one needs no count(*) to
+    find rows committed around the index; after a raw transaction it counts again."""
+    counted: list[str] = []
+    real = store_keys._one
+
+    def spy(con, sql):
+        if "count(*)" in sql:
+            counted.append(sql)
+        return real(con, sql)
+
+    monkeypatch.setattr(store_keys, "_one", spy)
+    with Store(tmp_path / "s.duckdb") as store:
+        store.write_rows(events=events(make_event(event_id="a")))
+        counted.clear()
+        store.write_rows(events=events(make_event(event_id="b")))
+        store.write_rows(events=events(make_event(event_id="c")))
+        assert counted == []
+        with store.transaction() as cur:
+            cur.execute("SELECT 1")
+        store.write_rows(events=events(make_event(event_id="d")))
+        assert counted == ['SELECT count(*) FROM "ubi_events"']
+
+
 def test_the_writers_key_hashes_are_duckdbs_md5_number_lower() -> None:
     """The writer hashes keys in Python, the key table is filled by DuckDB's SQL on open: they must agree
     (ASCII, accents, astral characters, the empty string, the key shapes of ubi_pipeline.schemas.ubi)."""
