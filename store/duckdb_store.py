@@ -220,6 +220,13 @@ class Store:
         with self._idle:
             self._closed = True
             self._idle.wait_for(lambda: self._copies == 0)
+            if self._invalid is None:
+                for index in self.keys.values():
+                    try:
+                        index.write_held(self.con)
+                    except duckdb.Error as exc:  # the next open writes them from the stored rows
+                        log.warning("%s: key rows not written on close (%s); the next open writes them",
+                                    self.path, _first_line(exc))
             self.con.close()
 
     @contextmanager

@@ -5,7 +5,10 @@ event for the ``event_key`` strings (40 for a UBIGINT key), so a writer's memory
 ``memory_limit`` made a long import fail ("failed to pin block"). Here ``ubi_events`` and ``ubi_queries``
 have no index. Beside each is a key table (``ubi_pipeline.schemas.tables.EVENT_KEY_TABLE``): one row per stored row,
 ``md5_number_lower(key)`` and the stored row's ``rowid``. It lives in DuckDB's buffer pool like any table, so
-``memory_limit`` bounds it and it is written, committed and recovered in the same transaction as the rows.
+``memory_limit`` bounds it. A write of :data:`KEY_FLUSH_ROWS` rows or more (a file chunk) writes its key rows in
+its own transaction; smaller writes (HTTP requests) hold theirs in memory, where lookups search them too, until
+that many are held or the store closes, then one INSERT writes them. Key rows lost with the process are written
+from the stored rows on the next open, as for rows written around the store.
 
 A write looks its keys up in two steps:
 
@@ -30,6 +33,7 @@ last key rows are also checked against their stored rows, and the key table is r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -51,6 +55,9 @@ MAX_FILTER_BYTES = 64 * 1024 * 1024
 _MIN_WORDS = 1 << 14
 #: Key rows checked against their stored rows on open (the last ones written).
 _CHECK_ON_OPEN = 1000
+#: Key rows of small writes held in memory (and searched there) before one INSERT writes them to the key
+#: table (:meth:`KeyIndex._flush`); a write of this many rows or more writes its key rows at once.
+KEY_FLUSH_ROWS = 8192
 
 
 class KeyFilter:
@@ -207,6 +214,13 @@ class KeyIndex:
         #: Whether rows may have been committed around this index (:meth:`Store.transaction`, a raw write)
         #: since :meth:`sync` last counted them: only then does :meth:`sync` count the table.
         self.stale = True
+        # Key rows not yet in the key table, (hashes, row_ids) arrays: of committed rows (_pending) and of this
+        # transaction's (_txn). Small writes leave theirs here and the key table gets them KEY_FLUSH_ROWS at a
+        # time (:meth:`_flush`): one INSERT was 1.0 ms of a 6 ms single-event group commit. Rows whose key rows
+        # were never written (a crash) get them on open, as rows written around the store do.
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._txn: list[tuple[np.ndarray, np.ndarray]] = []
+        self._pending_flushed = False  # _pending went into the key table in the open transaction
         self.blocks = BlockFilters()  # filled with the filter
 
     def open(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -221,6 +235,7 @@ class KeyIndex:
                         f"WHERE rowid >= {int(keyed)}")
         self.rows = self._top = int(rows)
         self.stale = True
+        self._pending, self._txn, self._pending_flushed = [], [], False
         # The filter is filled at the first write (:meth:`sync`), not here: opening stays a few statements, so
         # a collector or loader advertises itself as soon as it holds the file (readers look for it then).
         self.filter = None
@@ -235,12 +250,17 @@ class KeyIndex:
     def refill(self, con: duckdb.DuckDBPyConnection) -> None:
         """A new filter sized for the stored keys (twice their number), filled from the key table."""
         (count,) = _one(con, f"SELECT count(*) FROM {self.keys}")
+        pending = [] if self._pending_flushed else self._pending
+        count += sum(len(h) for h, _ in pending)
         fresh, blocks = KeyFilter(2 * int(count)), BlockFilters(int(count))
         reader = con.sql(f"SELECT key_hash, row_id FROM {self.keys}").to_arrow_reader(1 << 20)
         for batch in reader:
             hashes = batch.column(0).to_numpy()
             fresh.add(hashes)
             blocks.add(hashes, batch.column(1).to_numpy())
+        for hashes, row_ids in pending:
+            fresh.add(hashes)
+            blocks.add(hashes, row_ids)
         self.filter, self.blocks = fresh, blocks
 
     def hashes(self, keys: Sequence[str]) -> np.ndarray:
@@ -254,21 +274,24 @@ class KeyIndex:
         maybe = np.flatnonzero(self._filter().might_contain(hashes))
         if not len(maybe):
             return {}
-        _ubi_probe = pa.table({"h": pa.array(hashes[maybe], pa.uint64())})  # noqa: F841 (replacement scan)
-        probe = f"SELECT k.row_id FROM {self.keys} k SEMI JOIN _ubi_probe p ON k.key_hash = p.h"
+        found = self._unwritten(hashes[maybe])
         blocks = self.blocks.candidates(hashes[maybe], most=max(1, int(_MAX_BLOCK_SHARE * self.blocks.blocks)))
-        if blocks is not None:  # else: most blocks may hold one of the keys, and one scan of the table is cheaper
-            if not len(blocks):
-                return {}
-            # one range per run of neighbouring blocks; ints only in the SQL (row_id bounds)
-            probe = " UNION ALL ".join(f"{probe} WHERE k.row_id >= {int(lo)} AND k.row_id < {int(hi)}"
-                                       for lo, hi in block_ranges(blocks))
-        hits = cur.execute(f"SELECT DISTINCT row_id FROM ({probe})").fetchall()
+        if blocks is not None and not len(blocks):
+            hits: list[int] = []
+        else:
+            _ubi_probe = pa.table({"h": pa.array(hashes[maybe], pa.uint64())})  # noqa: F841 (replacement scan)
+            probe = f"SELECT k.row_id FROM {self.keys} k SEMI JOIN _ubi_probe p ON k.key_hash = p.h"
+            if blocks is not None:  # else: most blocks may hold one of the keys, and one scan is cheaper
+                # one range per run of neighbouring blocks; ints only in the SQL (row_id bounds)
+                probe = " UNION ALL ".join(f"{probe} WHERE k.row_id >= {int(lo)} AND k.row_id < {int(hi)}"
+                                           for lo, hi in block_ranges(blocks))
+            hits = [r for (r,) in cur.execute(f"SELECT DISTINCT row_id FROM ({probe})").fetchall()]
+        hits = sorted(set(hits).union(found))
         if not hits:
             return {}
         cols = ", ".join(quote_ident(c) for c in columns)
         first_local = self._local[0][0] if self._local else None  # rows from here on: this transaction's
-        table_rows = [r for (r,) in hits if first_local is None or r < first_local]
+        table_rows = [r for r in hits if first_local is None or r < first_local]
         stored = {
             row[0]: row[1:]
             for row in cur.execute(
@@ -276,7 +299,7 @@ class KeyIndex:
             ).fetchall()
         } if table_rows else {}
         if first_local is not None:
-            stored.update(self._local_rows(sorted(r for (r,) in hits if r >= first_local), columns))
+            stored.update(self._local_rows([r for r in hits if r >= first_local], columns))
         # The exact key decides: a hash hit whose stored key differs is another key (a collision), not stored.
         return {int(p): stored[keys[int(p)]] for p in maybe if keys[int(p)] in stored}
 
@@ -285,6 +308,43 @@ class KeyIndex:
         it left nothing)."""
         self._top = self.rows
         self._local = []
+        self._txn, self._pending_flushed = [], False
+
+    def _unwritten(self, probe: np.ndarray) -> list[int]:
+        """Row ids of the key rows not yet in the key table whose hash is in ``probe``."""
+        held = [*self._pending, *self._txn]
+        if not held:
+            return []
+        hashes = np.concatenate([h for h, _ in held])
+        row_ids = np.concatenate([r for _, r in held])
+        return [int(r) for r in row_ids[np.isin(hashes, probe)]]
+
+    def _flush(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """The key rows held in memory into the key table, in row_id order, in the open transaction."""
+        held = [*([] if self._pending_flushed else self._pending), *self._txn]
+        if held:
+            _ubi_new_keys = pa.table({  # noqa: F841 (read by name by DuckDB's replacement scan)
+                "key_hash": pa.array(np.concatenate([h for h, _ in held]), pa.uint64()),
+                "row_id": pa.array(np.concatenate([r for _, r in held]), pa.int64()),
+            })
+            cur.execute(f"INSERT INTO {self.keys} SELECT key_hash, row_id FROM _ubi_new_keys")
+        self._pending_flushed, self._txn = True, []
+
+    def write_held(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Before the store closes: the key rows held in memory into the key table, in a transaction of their
+        own (if this fails or never runs, the next :meth:`open` writes them from the stored rows)."""
+        if not self._pending:
+            return
+        con.execute("BEGIN TRANSACTION")
+        try:
+            self._flush(con)
+            con.execute("COMMIT")
+        except duckdb.Error:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            self._pending_flushed = False
+            raise
+        self._pending, self._pending_flushed = [], False
 
     def _local_rows(self, row_ids: Sequence[int], columns: Sequence[str]) -> dict[str, tuple[Any, ...]]:
         """By key, the ``columns`` of rows this transaction appended (``row_ids`` from its key rows)."""
@@ -311,6 +371,7 @@ class KeyIndex:
             return
         (count,) = _one(cur, f"SELECT count(*) FROM {self.table}")
         if count > self._top:
+            self._flush(cur)  # the key rows held in memory first: key rows stay in row_id order
             added = cur.execute(
                 f"INSERT INTO {self.keys} SELECT md5_number_lower({self.key}), rowid FROM {self.table} "
                 f"WHERE rowid >= {int(self._top)} RETURNING key_hash, row_id").fetchall()
@@ -325,21 +386,25 @@ class KeyIndex:
         :meth:`sync`), and their hashes in the filter at once, so that a later write of the same transaction
         finds them (if the transaction rolls back, the filter says "maybe" for keys it need not, never the
         reverse). Call :meth:`committed` once the transaction committed."""
-        _ubi_new_keys = pa.table({  # noqa: F841 (read by name by DuckDB's replacement scan)
-            "key_hash": pa.array(hashes, pa.uint64()),
-            "row_id": pa.array(np.arange(self._base, self._base + len(hashes), dtype=np.int64)),
-        })
-        cur.execute(f"INSERT INTO {self.keys} SELECT key_hash, row_id FROM _ubi_new_keys")
+        row_ids = np.arange(self._base, self._base + len(hashes), dtype=np.int64)
+        self._txn.append((np.asarray(hashes, dtype=np.uint64), row_ids))
+        held = sum(len(h) for h, _ in self._txn)
+        if not self._pending_flushed:
+            held += sum(len(h) for h, _ in self._pending)
+        if held >= KEY_FLUSH_ROWS:
+            self._flush(cur)
         self._local.append((self._base, rows))
         self._top = self._base + len(hashes)
         self._filter().add(hashes)
-        self.blocks.add(hashes, np.arange(self._base, self._base + len(hashes), dtype=np.int64))
+        self.blocks.add(hashes, row_ids)
 
     def committed(self, con: duckdb.DuckDBPyConnection) -> None:
         """The transaction of :meth:`append` committed: count its rows; a filter past its capacity is rebuilt."""
         self.rows = self._top
         self._local = []
         self.stale = False  # this transaction's sync counted the table, under the same lock
+        self._pending = [*([] if self._pending_flushed else self._pending), *self._txn]
+        self._txn, self._pending_flushed = [], False
         if self._filter().full:
             self.refill(con)
 

@@ -75,7 +75,12 @@ def test_keys_that_share_a_hash_are_all_stored(tmp_path, make_event, monkeypatch
         out = store.write_rows(events=events(b, a, c, dict(a, action_name="view"), c))
         assert out.event_status == (INSERTED, DUPLICATE, INSERTED, CONFLICT, DUPLICATE)
         assert store.read("SELECT count(*), count(DISTINCT event_key) FROM ubi_events") == [(3, 3)]
-        assert store.read("SELECT count(*), count(DISTINCT key_hash) FROM ubi_event_keys") == [(3, 1)]
+    # small writes' key rows are held in memory until KEY_FLUSH_ROWS of them or the store closes
+    con = duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT count(*), count(DISTINCT key_hash) FROM ubi_event_keys").fetchall() == [(3, 1)]
+    finally:
+        con.close()
 
 
 def test_an_old_store_with_primary_keys_is_migrated_on_open(tmp_path, make_event):
@@ -152,7 +157,11 @@ def test_the_query_table_is_kept_unique_the_same_way(tmp_path, make_query):
         out = store.write_rows(queries=queries(a, dict(a, user_query="other"), make_query(query_id="b")),
                                conflicts=keep)
         assert out.query_status == (DUPLICATE, CONFLICT, INSERTED) and kept == [1]
-        assert store.read("SELECT count(*) FROM ubi_query_keys") == [(2,)]
+    con = duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True)  # key rows written on close at the latest
+    try:
+        assert con.execute("SELECT count(*) FROM ubi_query_keys").fetchall() == [(2,)]
+    finally:
+        con.close()
 
 
 def test_the_filter_has_no_false_negatives_and_few_false_positives() -> None:
@@ -233,6 +242,46 @@ def test_a_write_after_a_write_does_not_count_the_table(tmp_path, make_event, mo
             cur.execute("SELECT 1")
         store.write_rows(events=events(make_event(event_id="d")))
         assert counted == ['SELECT count(*) FROM "ubi_events"']
+
+
+def test_key_rows_held_in_memory_are_found_flushed_and_survive_a_rollback(tmp_path, make_event, monkeypatch):
+    """Small writes hold their key rows in memory until KEY_FLUSH_ROWS of them (here 3): retries find rows
+    whether their key rows are in memory or in the key table, and a rolled-back transaction that flushed
+    leaves the held rows held."""
+    monkeypatch.setattr(store_keys, "KEY_FLUSH_ROWS", 3)
+    ev = [make_event(event_id=f"e{i}") for i in range(7)]
+    path = tmp_path / "s.duckdb"
+    with Store(path) as store:
+        for e in ev[:2]:
+            store.write_rows(events=events(e))
+        assert store.read("SELECT count(*) FROM ubi_event_keys") == [(0,)]
+        store.write_rows(events=events(ev[2]))  # the third held row: all three written
+        assert store.read("SELECT count(*) FROM ubi_event_keys") == [(3,)]
+        store.write_rows(events=events(ev[3]))
+        assert store.write_rows(events=events(*ev[:4])).event_status == (DUPLICATE,) * 4
+        with pytest.raises(RuntimeError), store.batch():
+            store.write_rows(events=events(ev[4], ev[5]))  # held: 3 -> flushed with e3, in this transaction
+            raise RuntimeError("rolled back")
+        assert store.read("SELECT count(*) FROM ubi_event_keys") == [(3,)]
+        out = store.write_rows(events=events(ev[3], ev[4], ev[5], ev[6]))
+        assert out.event_status == (DUPLICATE, INSERTED, INSERTED, INSERTED)
+        assert store.write_rows(events=events(*ev)).event_status == (DUPLICATE,) * 7
+    assert _mismatched_key_rows(path) == (7, 7, 0)
+
+
+def test_key_rows_lost_with_the_process_are_written_on_open(tmp_path, make_event):
+    """A writer that dies holding key rows in memory (the connection closed without Store.close): the rows
+    are committed, so the next open writes their key rows and a retry is a duplicate."""
+    ev = [make_event(event_id=f"e{i}") for i in range(5)]
+    path = tmp_path / "s.duckdb"
+    store = Store(path)
+    for e in ev:
+        store.write_rows(events=events(e))
+    store.con.close()  # no Store.close: the held key rows are never written
+    assert _mismatched_key_rows(path) == (5, 0, 0)
+    with Store(path) as store:
+        assert store.write_rows(events=events(*ev)).event_status == (DUPLICATE,) * 5
+    assert _mismatched_key_rows(path) == (5, 5, 0)
 
 
 def test_the_writers_key_hashes_are_duckdbs_md5_number_lower() -> None:
