@@ -469,57 +469,81 @@ def _finish(rows: pa.Table, lines: pa.Table) -> pa.Table:
     extras of each of its objects after the declared fields), and the content-hash key of each event sent
     without an id (``event_key`` null): the hash of the canonical dump pydantic would give
     (``ubi_pipeline.store.rows.event_values``), built from the row (``event_attributes`` as stored is the
-    dump of the model's attributes, in the same order)."""
-    flagged = np.flatnonzero(rows.column("_extra").to_numpy(zero_copy_only=False))
+    dump of the model's attributes, in the same order).
+
+    One pass over the rows that need either, with their columns read into Python once (the conversion from
+    Arrow cost more than the loop's work when each step read its own columns)."""
+    flag = rows.column("_extra").to_numpy(zero_copy_only=False)
     rows = rows.drop_columns(["_extra"])
-    extras: dict[int, dict[str, Any]] = {}
-    if len(flagged):
-        keep = np.ones(rows.num_rows, dtype=bool)
-        cols = {name: rows.column(name).to_pylist() for name in ("extra", "event_attributes", *_OBJ_NAMES,
-                                                                 "position_ordinal")}
-        at = rows.column("_pos").to_numpy()
+    need = rows.column("event_key").is_null().to_numpy(zero_copy_only=False)
+    todo = np.flatnonzero(flag | need)
+    if not len(todo):
+        return rows
+    picked = pa.array(todo)
+    sub = rows.select([n for n in _FINISH_COLUMNS if n != "timestamp"]).take(picked).to_pydict()
+    # the timestamps as the canonical dump writes them (orjson: UTC "Z", microseconds only when there are
+    # some); Arrow's datetime objects cost 2.6 us each, more than the rest of a row's hash
+    stamps = rows.column("timestamp").take(picked).to_numpy().astype("datetime64[us]")
+    whole = stamps.astype(np.int64) % 1_000_000 == 0
+    sub["timestamp"] = np.where(whole, np.char.add(np.datetime_as_string(stamps, unit="s"), "Z"),
+                                np.char.add(np.datetime_as_string(stamps, unit="us"), "Z")).tolist()
+    columns = [sub[name] for name in _FINISH_COLUMNS]
+    n_flagged = int(flag.sum())
+    texts: list[str] = []
+    if n_flagged:
+        at = rows.column("_pos").to_numpy()[flag]
         line_of = dict(zip(lines.column("_pos").to_numpy().tolist(), range(lines.num_rows), strict=True))
-        texts = lines.column("line").take(pa.array([line_of[int(at[j])] for j in flagged])).to_pylist()
-        for j, text in zip(flagged.tolist(), texts, strict=True):
-            raw = text.encode()
+        texts = lines.column("line").take(pa.array([line_of[int(p)] for p in at.tolist()])).to_pylist()
+    extra_col, attrs_col, key_col = sub["extra"], sub["event_attributes"], sub["event_key"]
+    keep = np.ones(len(todo), dtype=bool)
+    loads, dumps, sha = orjson.loads, orjson.dumps, hashlib.sha256
+    next_text = iter(texts).__next__
+    for k, (flagged, hashed) in enumerate(zip(flag[todo].tolist(), need[todo].tolist(), strict=True)):
+        row = dict(zip(_FINISH_COLUMNS, [col[k] for col in columns], strict=True))
+        attrs: dict[str, Any] | None = None
+        extras: dict[str, Any] | None = None
+        if flagged:
+            raw = next_text().encode()
             try:
                 value = orjson.loads(raw)
-                done = _with_extras(value, {name: col[j] for name, col in cols.items()})
+                done = _with_extras(value, row)
             except (orjson.JSONDecodeError, orjson.JSONEncodeError):
                 done = None
             if done is None or dropped_keys(raw, value):
-                keep[j] = False
+                keep[k] = False
                 continue
-            cols["extra"][j], cols["event_attributes"][j], extras[j] = done
-        for name in ("extra", "event_attributes"):
-            rows = rows.set_column(rows.schema.get_field_index(name), name, pa.array(cols[name], pa.string()))
-        if not keep.all():
-            rows = rows.filter(pa.array(keep))
-            new_at = np.cumsum(keep) - 1
-            extras = {int(new_at[j]): e for j, e in extras.items() if keep[j]}
-    keys = rows.column("event_key")
-    missing = np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))
-    if not len(missing):
-        return rows
-    pick = rows.select([*_HASHED, "extra"]).take(pa.array(missing)).to_pydict()
-    attrs, extra = pick["event_attributes"], pick["extra"]
-    loads, dumps, sha = orjson.loads, orjson.dumps, hashlib.sha256
-    out = keys.to_pylist()
-    for j, at_row in enumerate(missing.tolist()):
-        dump = {name: pick[name][j] for name in _HASHED_STRINGS if pick[name][j] is not None}
-        dump["timestamp"] = pick["timestamp"][j]
-        if attrs[j] is not None:
-            dump["event_attributes"] = loads(attrs[j])
-        if at_row in extras:
-            dump.update(extras[at_row])
-        elif extra[j] is not None:  # extras the statement wrote (plain ones: no nesting to clean)
-            dump.update((k, v) for k, v in loads(extra[j]).items() if v is not None)
-        out[at_row] = "h:" + sha(dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
-    return rows.set_column(rows.schema.get_field_index("event_key"), "event_key", pa.array(out, pa.string()))
+            extra_col[k], attrs_col[k], extras, attrs = done
+        if hashed:
+            dump = {name: row[name] for name in _HASHED_STRINGS if row[name] is not None}
+            dump["timestamp"] = row["timestamp"]
+            if attrs is not None:
+                dump["event_attributes"] = attrs
+            elif attrs_col[k] is not None:
+                dump["event_attributes"] = loads(attrs_col[k])
+            if extras is not None:
+                dump.update(extras)
+            elif extra_col[k] is not None:  # extras the statement wrote (plain ones: no nesting to clean)
+                dump.update((key, v) for key, v in loads(extra_col[k]).items() if v is not None)
+            key_col[k] = "h:" + sha(dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
+    mask = np.zeros(rows.num_rows, dtype=bool)
+    mask[todo] = True
+    arrow_mask = pa.array(mask)
+    for name, values in (("extra", extra_col), ("event_attributes", attrs_col), ("event_key", key_col)):
+        i = rows.schema.get_field_index(name)
+        column = pc.replace_with_mask(rows.column(i).combine_chunks(), arrow_mask, pa.array(values, pa.string()))
+        rows = rows.set_column(i, name, column)
+    if not keep.all():
+        drop = np.zeros(rows.num_rows, dtype=bool)
+        drop[todo[~keep]] = True
+        rows = rows.filter(pa.array(~drop))
+    return rows
 
 
 _EVENT_FIELDS = frozenset(UbiEvent.model_fields)
 _LEGACY_POSITION = frozenset(("x", "y", "xy"))
+_OBJ_KNOWN = frozenset(_OBJ_NAMES)
+_POSITION_KNOWN = frozenset(("ordinal",))
+_ATTRS_KNOWN = frozenset(("object", "position"))
 
 
 def _kept(value: dict[str, Any], known: Any) -> dict[str, Any]:
@@ -527,33 +551,45 @@ def _kept(value: dict[str, Any], known: Any) -> dict[str, Any]:
     return {k: v for k, v in value.items() if k not in known and v is not None}
 
 
-def _with_extras(value: Any, row: dict[str, Any]) -> tuple[str | None, str | None, dict[str, Any]] | None:
-    """(``extra``, ``event_attributes``, the top-level extras the dump holds) of a record with extra keys
-    whose known fields made ``row``; None: leave it to the exact path (a legacy position, a value over
-    JSON_FIELD_MAX_LENGTH once stored). Raises orjson.JSONEncodeError for extras nested too deep."""
-    extra = {k: v for k, v in value.items() if k not in _EVENT_FIELDS}
-    extra_json = orjson.dumps(extra).decode() if extra else None
-    attrs_json = row["event_attributes"]
+def _with_extras(
+    value: Any, row: dict[str, Any]
+) -> tuple[str | None, str | None, dict[str, Any], dict[str, Any] | None] | None:
+    """(``extra``, ``event_attributes``, the top-level extras the dump holds, the attributes' dump when the
+    record has an ``event_attributes`` object) of a record with extra keys whose known fields made ``row``;
+    None: leave it to the exact path (a legacy position, a value over JSON_FIELD_MAX_LENGTH once stored).
+    Raises orjson.JSONEncodeError for extras nested too deep."""
+    extra = None if value.keys() <= _EVENT_FIELDS else {k: v for k, v in value.items() if k not in _EVENT_FIELDS}
+    extra_json = orjson.dumps(extra) if extra else None
+    attrs_text: str | None = row["event_attributes"]
+    attrs_json = attrs_text.encode() if attrs_text is not None else None
     ea = value.get("event_attributes")
+    dump: dict[str, Any] | None = None
     if type(ea) is dict:
-        dump: dict[str, Any] = {}
+        dump = {}
         obj, pos = ea.get("object"), ea.get("position")
         if type(obj) is dict:
-            dump["object"] = {n: row[n] for n in _OBJ_NAMES if row[n] is not None} | _kept(obj, _OBJ_NAMES)
+            known = {n: row[n] for n in _OBJ_NAMES if row[n] is not None}
+            dump["object"] = known if obj.keys() <= _OBJ_KNOWN else known | _kept(obj, _OBJ_KNOWN)
         if type(pos) is dict:
             if not _LEGACY_POSITION.isdisjoint(pos):
                 return None
             ordinal = row["position_ordinal"]
-            dump["position"] = ({"ordinal": ordinal} if ordinal is not None else {}) | _kept(pos, ("ordinal",))
-        dump |= _kept(ea, ("object", "position"))
-        attrs_json = orjson.dumps(dump).decode()
+            known = {"ordinal": ordinal} if ordinal is not None else {}
+            dump["position"] = known if pos.keys() <= _POSITION_KNOWN else known | _kept(pos, _POSITION_KNOWN)
+        if not ea.keys() <= _ATTRS_KNOWN:
+            dump |= _kept(ea, _ATTRS_KNOWN)
+        attrs_json = orjson.dumps(dump)
     for text in (extra_json, attrs_json):
-        if text is not None and len(text.encode()) > JSON_FIELD_MAX_LENGTH:
+        if text is not None and len(text) > JSON_FIELD_MAX_LENGTH:
             return None
-    return extra_json, attrs_json, {k: v for k, v in extra.items() if v is not None}
+    return (extra_json.decode() if extra_json is not None else None,
+            attrs_json.decode() if attrs_json is not None else None,
+            {k: v for k, v in extra.items() if v is not None} if extra else {}, dump)
 _HASHED_STRINGS = ("action_name", "query_id", "session_id", "client_id", "user_id", "application", "message_type",
                    "message", "user_query")
 _HASHED = (*_HASHED_STRINGS, "timestamp", "event_attributes")
+#: The columns :func:`_finish` reads, once.
+_FINISH_COLUMNS = ("event_key", "extra", *_HASHED, *_OBJ_NAMES, "position_ordinal")
 
 
 # ---------------------------------------------------------------- plain query records, in Python
