@@ -47,7 +47,9 @@ import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+# last, not first: bench/kafka.py loads this file, and with bench/ first on the path `import kafka` would find
+# bench/kafka.py instead of kafka-python (bench/faults.py --kafka broke that way)
+sys.path.append(str(ROOT / "bench"))
 from shapes import render  # noqa: E402  (bench/shapes.py)
 
 #: The shapes of --shapes: (name, shape of bench/shapes.py, whether a single event is sent as a one-element array).
