@@ -473,7 +473,7 @@ def _finish(rows: pa.Table, lines: pa.Table) -> pa.Table:
 
     One pass over the rows that need either, with their columns read into Python once (the conversion from
     Arrow cost more than the loop's work when each step read its own columns)."""
-    flag = rows.column("_extra").to_numpy(zero_copy_only=False)
+    flag = rows.column("_extra").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
     rows = rows.drop_columns(["_extra"])
     need = rows.column("event_key").is_null().to_numpy(zero_copy_only=False)
     todo = np.flatnonzero(flag | need)
