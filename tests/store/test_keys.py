@@ -187,15 +187,20 @@ def test_the_filter_stops_growing_at_its_cap(monkeypatch) -> None:
     assert not f.full  # past its capacity, but it may not grow: it only says "maybe" more often
 
 
+def _insert_around(store: Store, *records) -> None:
+    """A raw INSERT of ``records`` through ``Store.transaction`` (as tests and benches write rows)."""
+    with store.transaction() as cur:
+        _direct = events(*records)  # noqa: F841 (read by DuckDB by name)
+        cur.execute("INSERT INTO ubi_events SELECT * FROM _direct")
+
+
 def test_rows_inserted_through_the_open_stores_transaction_are_found(tmp_path, make_event):
     """A raw INSERT through ``Store.transaction`` (as tests and benches do) gets its key rows at the next write."""
     a, b = make_event(event_id="a"), make_event(event_id="b")
     path = tmp_path / "s.duckdb"
     with Store(path) as store:
         store.write_rows(events=events(a))
-        with store.transaction() as cur:
-            _direct = events(b)  # noqa: F841 (read by DuckDB by name)
-            cur.execute("INSERT INTO ubi_events SELECT * FROM _direct")
+        _insert_around(store, b)
         out = store.write_rows(events=events(b, a, make_event(event_id="c")))
         assert out.event_status == (DUPLICATE, DUPLICATE, INSERTED)
     assert _mismatched_key_rows(path) == (3, 3, 0)
@@ -208,13 +213,9 @@ def test_raw_inserts_around_a_write_that_stored_nothing_are_found(tmp_path, make
     path = tmp_path / "s.duckdb"
     with Store(path) as store:
         store.write_rows(events=events(a))
-        with store.transaction() as cur:
-            _direct = events(b)  # noqa: F841 (read by DuckDB by name)
-            cur.execute("INSERT INTO ubi_events SELECT * FROM _direct")
+        _insert_around(store, b)
         assert store.write_rows(events=events(a)).event_status == (DUPLICATE,)
-        with store.transaction() as cur:
-            _direct = events(c)  # noqa: F841 (read by DuckDB by name)
-            cur.execute("INSERT INTO ubi_events SELECT * FROM _direct")
+        _insert_around(store, c)
         out = store.write_rows(events=events(b, c, a, make_event(event_id="d")))
         assert out.event_status == (DUPLICATE, DUPLICATE, DUPLICATE, INSERTED)
     assert _mismatched_key_rows(path) == (4, 4, 0)
