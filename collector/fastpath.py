@@ -303,10 +303,15 @@ _X_KEY = "[A-Za-z0-9_@.-]+"
 _X_SCALAR = '(?:"[^"\\\\\\x01]*"|true|false|null|-?[0-9]{1,18})'
 
 
+def _x_keys_plain(keys: str) -> str:
+    """Every key in the list ``keys`` is plain (:data:`_X_KEY`)."""
+    return f"regexp_full_match(array_to_string({keys}, ','), '{_X_KEY}(?:,{_X_KEY})*')"
+
+
 def _x_values(line: str, keys: str) -> str:
     """The JSON text of each top-level extra key in the list ``keys``; NULL when any key is not plain (its
     path might not parse). Paths in a list must be constants, so one ``json_extract`` per key."""
-    return (f"CASE WHEN regexp_full_match(array_to_string({keys}, ','), '{_X_KEY}(?:,{_X_KEY})*') "
+    return (f"CASE WHEN {_x_keys_plain(keys)} "
             f"THEN list_transform({keys}, lambda k: json_extract({line}, '$.\"' || k || '\"')::VARCHAR) END")
 
 
@@ -322,13 +327,30 @@ def _x_pairs(keys: str, values: str) -> str:
             "'')")
 
 
+def _x_sorted(pairs: Sequence[str], extras: str) -> str:
+    """The non-null ``"key":value`` texts of ``pairs`` (known keys) and of the list ``extras`` merged in key
+    order, comma-separated (``array_to_string`` skips the nulls): what ``OPT_SORT_KEYS`` writes. Sorting the texts sorts by key, since a plain key
+    (:data:`_X_KEY`) holds no character below the closing quote that ends it."""
+    return f"array_to_string(list_sort(list_concat([{', '.join(pairs)}], {extras})), ',')"
+
+
+_OBJ_PATH = "$.event_attributes.object"
+#: The extra keys of ``event_attributes.object`` (the reference JavaScript client spreads an object's
+#: details there), in document order, read where that object holds more keys than the known ones found.
+_OXK = (f"CASE WHEN coalesce(len(ks[3]) > {_found(_OBJ_PATH)}, false) THEN "
+        f"list_filter(ks[3], lambda k: NOT list_contains({_sql_list(_OBJ_NAMES)}, k)) END")
+#: ``"key":value`` of each of the object's extras that is not null (the dump leaves nulls out), in
+#: document order (column ``oxp``; NULL when none).
+_OX_PAIRS = ("CASE WHEN len(oxk) > 0 THEN nullif(list_filter(list_transform(oxk, lambda k, i: '\"' || k || '\":' "
+             "|| oxv[i]), lambda x: NOT suffix(x, ':null')), []) END")
+
 _G_OBJ_VALUES = {name: f"({_g_id_value(f'o.{name}') if name in _ID_NAMES else f'o.{name}->>$$$$'})".replace("$$$$", "'$'")
                  for name, _ in OBJECT_STRINGS}
 _G_ATTRS_JSON = (
     "CASE WHEN ty[2] = 'OBJECT' THEN '{' || concat_ws(',', "
     "CASE WHEN ty[3] = 'OBJECT' THEN '\"object\":{' || concat_ws(',', "
     + ", ".join(f"""CASE WHEN {n} IS NOT NULL THEN '"{n}":"' || {n} || '"' END""" for n in _G_OBJ_VALUES)
-    + ") || '}' END, "
+    + ", array_to_string(oxp, ',')) || '}' END, "
     "CASE WHEN ty[4] = 'OBJECT' THEN '\"position\":{' || "
     "coalesce('\"ordinal\":' || CAST(CAST(p.ordinal AS BIGINT) AS VARCHAR), '') || '}' END) || '}' END"
 )
@@ -344,13 +366,16 @@ _OBJ_SORTED = sorted(name for name, _ in OBJECT_STRINGS)
 #: ``orjson.dumps(model_dump(exclude_none=True), option=CANONICAL_OPTIONS)`` writes it (sorted keys, UTC
 #: ``Z`` times with microseconds when there are any): its SHA-256 is the content-hash key, computed in the
 #: statement instead of a Python loop (``tests/collector/test_fastpath.py`` checks it against the exact path).
-_CANONICAL = (
-    "'{' || concat_ws(',', "
-    + ", ".join([
+_C_OBJECT = [_pair(n) for n in _OBJ_SORTED]
+
+
+def _c_top(obj: str) -> list[str]:
+    """The ``"key":value`` texts of the known top-level keys in key order, ``event_attributes`` with ``obj``
+    for its object's content."""
+    return [
         _pair("action_name"), _pair("application"), _pair("client_id"),
         "CASE WHEN ty[2] = 'OBJECT' THEN '\"event_attributes\":{' || concat_ws(',', "
-        "CASE WHEN ty[3] = 'OBJECT' THEN '\"object\":{' || concat_ws(',', "
-        + ", ".join(_pair(n) for n in _OBJ_SORTED) + ") || '}' END, "
+        f"CASE WHEN ty[3] = 'OBJECT' THEN '\"object\":{{' || {obj} || '}}' END, "
         "CASE WHEN ty[4] = 'OBJECT' THEN '\"position\":{' || coalesce('\"ordinal\":' || position_ordinal, '') "
         "|| '}' END) || '}' END",
         _pair("message"), _pair("message_type"), _pair("query_id"), _pair("session_id"),
@@ -358,8 +383,19 @@ _CANONICAL = (
         """THEN strftime(timestamp, '%Y-%m-%dT%H:%M:%SZ') ELSE strftime(timestamp, '%Y-%m-%dT%H:%M:%S.%fZ') END """
         """|| '"'""",
         _pair("user_id"), _pair("user_query"),
-    ])
-    + ") || '}'"
+    ]
+
+
+#: The top-level extras the dump holds (null values left out), as ``"key":value`` texts.
+_C_EXTRAS = ("list_filter(list_transform(xk, lambda k, i: '\"' || k || '\":' || xv[i]), "
+             "lambda x: NOT suffix(x, ':null'))")
+_CANONICAL = "'{' || concat_ws(',', " + ", ".join(_c_top(f"concat_ws(',', {', '.join(_C_OBJECT)})")) + ") || '}'"
+#: The same with extra keys in the object (``oxp``), sorted in with its known ones ...
+_CANONICAL_OBJECT_EXTRAS = "'{' || concat_ws(',', " + ", ".join(_c_top(_x_sorted(_C_OBJECT, "oxp"))) + ") || '}'"
+#: ... and with extra keys at the top level too (each kept apart: a sort costs more than the rest).
+_CANONICAL_EXTRAS = (
+    "'{' || " + _x_sorted(_c_top(f"CASE WHEN oxp IS NOT NULL THEN {_x_sorted(_C_OBJECT, 'oxp')} "
+                                 f"ELSE concat_ws(',', {', '.join(_C_OBJECT)}) END"), _C_EXTRAS) + " || '}'"
 )
 _HASHED_TEXT = ["action_name", "application", "client_id", "message", "message_type", "query_id", "session_id",
                 "user_id", "user_query", *_OBJ_SORTED]
@@ -368,21 +404,27 @@ _HASHED_TEXT = ["action_name", "application", "client_id", "message", "message_t
 _HEX_CASE = r"'[\x0b\x0e\x0f\x1a-\x1f]'"
 
 
-#: The record's extra keys (evaluated only where there are some at the top level) are all there, plain
-#: (:func:`_x_plain`) and none below the top level, and no key is repeated: otherwise :func:`_finish` reads
-#: the record back.
+#: The record's extra keys (evaluated only where some object has more keys than the known ones found in
+#: it) are ones the statement writes itself: at the top level and in ``event_attributes.object``, plain
+#: (:func:`_x_plain`), none repeated; none in ``event_attributes`` or ``position``. Otherwise :func:`_finish`
+#: reads the record back.
 _G_XPLAIN = " AND ".join([
-    "list_unique(ks[1]) = len(ks[1])",
-    *(f"coalesce(len(ks[{i + 1}]) = {_found(o)}, true)" for i, o in enumerate(_G_OBJECTS) if i),
-    _x_plain("xv"),
+    # a known key repeated is one more key than found; an extra one, a repeat in xk
+    f"len(ks[1]) = {_found('$')} + len(xk)",
+    f"(len(xk) = 0 OR (list_unique(xk) = len(xk) AND {_x_plain('xv')}))",
+    f"coalesce(len(ks[2]) = {_found('$.event_attributes')}, true)",
+    f"(coalesce(len(ks[3]) = {_found(_OBJ_PATH)}, true) OR (len(ks[3]) = {_found(_OBJ_PATH)} + len(oxk) "
+    f"AND list_unique(oxk) = len(oxk) AND {_x_plain('oxv')}))",
+    f"coalesce(len(ks[4]) = {_found('$.event_attributes.position')}, true)",
 ])
 #: The one JSON pass of :data:`GENERAL_EVENT_SQL`, run on its own: referenced from the checks, a
 #: ``json_transform`` is set up again for every reference (about 1.5 ms each, whatever the rows), which
 #: made the statement cost ~50 ms before its first row; read back from Arrow, its struct costs nothing to set up.
 GENERAL_PARSE_SQL = f"""
-SELECT _pos, _bid, ty, ks, s, xk, CASE WHEN len(xk) > 0 THEN {_x_values('line', 'xk')} END AS xv
+SELECT _pos, _bid, ty, ks, s, xk, CASE WHEN len(xk) > 0 THEN {_x_values('line', 'xk')} END AS xv, oxk,
+       CASE WHEN len(oxk) > 0 THEN {_x_values('ot', 'oxk')} END AS oxv
 FROM (
-    SELECT *, CASE WHEN len(ks[1]) > {_found('$')} THEN list_filter(ks[1], lambda k: NOT list_contains(
+    SELECT *, {_OXK} AS oxk, CASE WHEN len({_OXK}) > 0 THEN json_extract(line, '{_OBJ_PATH}') END AS ot, CASE WHEN len(ks[1]) > {_found('$')} THEN list_filter(ks[1], lambda k: NOT list_contains(
                   {_sql_list(EVENT_KEYS)}, k)) ELSE []::VARCHAR[] END AS xk
     FROM (
         SELECT _pos, _bid, line, json_type(line, {_G_TYPE_PATHS}) AS ty, json_keys(line, {_G_PATHS}) AS ks,
@@ -399,7 +441,7 @@ GENERAL_EVENT_SQL = f"""
 WITH src AS (
     SELECT * FROM _ubi_fast_parsed
 ), checked AS (
-    SELECT _pos, _bid, ty, ks, s, xk, xv, s.event_attributes.object AS o, s.event_attributes.position AS p,
+    SELECT _pos, _bid, ty, ks, s, xk, xv, oxk, oxv, s.event_attributes.object AS o, s.event_attributes.position AS p,
            CASE WHEN {_is_str('s.timestamp')} THEN regexp_extract(s.timestamp->>'$', {_G_TS_RE}, {_G_TS_GROUPS})
            END AS m,
            CASE WHEN {_is_str('s.event_id')} THEN s.event_id->>'$' END AS ev
@@ -425,7 +467,7 @@ WITH src AS (
                      - to_minutes(CASE WHEN m.sg = '' THEN 0 ELSE (CASE WHEN m.sg = '-' THEN -1 ELSE 1 END)
                                   * (CAST(m.oh AS BIGINT) * 60 + coalesce(TRY_CAST(nullif(m.om, '') AS BIGINT), 0))
                                   END)
-           END AS ts,
+           END AS ts, {_OX_PAIRS} AS oxp,
            CASE WHEN length(ev) BETWEEN 1 AND 100 AND (_bid IS NULL OR _bid = ev) THEN ev
                 WHEN s.event_id IS NULL AND _bid <> '' THEN _bid END AS eid,
            {', '.join(f"{v} AS {n}" for n, v in _G_OBJ_VALUES.items())}
@@ -439,23 +481,24 @@ WITH src AS (
            {_G_ATTRS_JSON} AS event_attributes,
            CASE WHEN len(xk) > 0 THEN '{{' || {_x_pairs('xk', 'xv')} || '}}' END AS extra,
            ?::TIMESTAMP AS received_at, _pos, s.event_id IS NOT NULL AS _doc_id, {_G_EXTRA} AS _x_any,
-           ty, ks, xk, xv
+           ty, ks, xk, xv, oxk, oxv, oxp
     FROM stamped
     WHERE ts IS NOT NULL AND year(ts) BETWEEN 1 AND 9999
           AND (eid IS NOT NULL OR (s.event_id IS NULL AND _bid IS NULL))
           AND NOT regexp_matches(concat({', '.join(n for n, _ in OBJECT_STRINGS)}), {_NEEDS_ESCAPE})
 ), sized AS (
-    SELECT * EXCLUDE (_x_any, ks, xv),
+    SELECT * EXCLUDE (_x_any, ks),
            CASE WHEN NOT _x_any THEN false
-                WHEN len(xk) = 0 THEN true
                 ELSE NOT ({_G_XPLAIN} AND coalesce(strlen(extra), 0) <= {JSON_FIELD_MAX_LENGTH}
                           AND coalesce(strlen(event_attributes), 0) <= {JSON_FIELD_MAX_LENGTH}) END AS _extra
     FROM rows
 )
-SELECT * EXCLUDE (ty, xk) REPLACE (
-    coalesce(event_key, CASE WHEN NOT _extra AND len(xk) = 0
-                                  AND NOT regexp_matches(concat({', '.join(_HASHED_TEXT)}), {_HEX_CASE})
-                             THEN 'h:' || left(sha256({_CANONICAL}), 32) END) AS event_key)
+SELECT * EXCLUDE (ty, xk, xv, oxk, oxv, oxp) REPLACE (
+    coalesce(event_key, CASE WHEN _extra IS NOT false
+                                  OR regexp_matches(concat({', '.join(_HASHED_TEXT)}), {_HEX_CASE}) THEN NULL
+                             WHEN len(xk) = 0 AND oxp IS NULL THEN 'h:' || left(sha256({_CANONICAL}), 32)
+                             WHEN len(xk) = 0 THEN 'h:' || left(sha256({_CANONICAL_OBJECT_EXTRAS}), 32)
+                             ELSE 'h:' || left(sha256({_CANONICAL_EXTRAS}), 32) END) AS event_key)
 FROM sized
 """
 

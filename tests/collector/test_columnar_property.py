@@ -265,3 +265,107 @@ def test_plain_top_level_extras_stay_in_sql(tmp_path: Path, monkeypatch: pytest.
         "e2": '{"big":999999999999999999,"tag":"café"}',
         "e3": '{"q":"say \\"hi\\""}',
     }
+
+
+#: Extra keys inside ``event_attributes.object``, as the reference JavaScript client spreads an object's
+#: details there (``description``, ``brand``, ...): names sorting before, between and after the known ones
+#: (the content hash sorts them together), null values (the dump drops them), and values the statement
+#: leaves to ``_finish``.
+_OBJECT_KEY = st.sampled_from(["brand", "description", "a", "internal", "object_idx", "object_id_fieldz", "zz",
+                               "price", "@x"]) | _PLAIN_KEY
+_OBJECT_EVENT = st.fixed_dictionaries(
+    {"action_name": st.sampled_from(["click", "impression"]),
+     "timestamp": st.sampled_from(["2025-01-01T00:00:00Z", "2025-01-01T00:00:00.123+02:00"]),
+     "event_attributes": st.fixed_dictionaries(
+         {"object": st.fixed_dictionaries({}, optional={
+             "object_id": st.sampled_from(["sku-1", 42]), "object_id_field": st.just("sku"),
+             "internal_id": st.just("i-9"), "object_id_type": st.just("product")})},
+         optional={"position": st.just({"ordinal": 3})})},
+    optional={"event_id": st.text("abc", min_size=1, max_size=3), "query_id": st.just("q1"),
+              "message": st.just(""), "user_id": st.just(""),
+              "tag": _EXTRA_VALUE},
+).flatmap(lambda base: st.dictionaries(_OBJECT_KEY.filter(lambda k: k not in fastpath._OBJ_NAMES), _EXTRA_VALUE,
+                                       min_size=1, max_size=3).map(
+    lambda extra: {**base, "event_attributes": {**base["event_attributes"],
+                                                "object": {**base["event_attributes"]["object"], **extra}}}))
+
+
+@settings(max_examples=40, deadline=timedelta(seconds=10), suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(events=st.lists(st.tuples(_OBJECT_EVENT, st.integers(0, 2), st.integers(0, 29).map(lambda n: n == 0)),
+                       min_size=1, max_size=20))
+def test_object_extras_store_alike(tmp_path_factory: pytest.TempPathFactory,
+                                   events: list[tuple[dict[str, Any], int, bool]]) -> None:
+    """Events with extra keys inside ``event_attributes.object`` (and now and then at the top level): the
+    stored ``event_attributes`` and the content-hash keys the statement writes itself, and those ``_finish``
+    reads back, are the exact path's."""
+    tmp = tmp_path_factory.mktemp("object")
+    path = tmp / "events.ndjson"
+    path.write_text("".join(record_line(*e) + "\n" for e in events), encoding="utf-8")
+    fast = _import([path], tmp / "fast.duckdb", fast=True)
+    exact = _import([path], tmp / "exact.duckdb", fast=False)
+    assert fast[0] == exact[0]
+    for table in _TABLES:
+        assert fast[1][table] == exact[1][table], table
+
+
+def test_plain_object_extras_stay_in_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The JavaScript client's events (no id, ``description`` and details inside ``object``) are written by
+    the statement: key, ``event_attributes`` and all; an object with an escaped string, a nested value or a
+    repeated key still goes to ``_finish`` or the exact path. Expected values: the model's dump (known
+    fields, then the extras in the order sent, nulls dropped) and the SHA-256 of the canonical dump
+    computed here with orjson, as ``ubi_pipeline.store.rows.event_values`` does."""
+    import hashlib
+
+    import orjson
+
+    from ubi_pipeline.schemas.ubi import CANONICAL_OPTIONS
+
+    js = ('{"application":"shop","action_name":"click","query_id":"q1","session_id":"s1","client_id":"c1",'
+          '"user_id":"","timestamp":"2025-01-01T00:00:00.100Z","message_type":"INFO","message":"",'
+          '"event_attributes":{"object":{"object_id":"sku-1","object_id_field":"sku","description":"product sku-1",'
+          '"brand":"acme","gone":null,"n":7},"position":{"ordinal":0}}}')
+    lines = [
+        js,
+        '{"event_id":"e2","action_name":"click","timestamp":"2025-01-01T00:00:00Z",'
+        '"event_attributes":{"object":{"object_id":"a","note":"say \\"hi\\""}}}',
+        '{"event_id":"e3","action_name":"click","timestamp":"2025-01-01T00:00:00Z",'
+        '"event_attributes":{"object":{"object_id":"a","nested":{"k":1}}}}',
+        '{"event_id":"e4","action_name":"click","timestamp":"2025-01-01T00:00:00Z",'
+        '"event_attributes":{"object":{"object_id":"a","x":1,"x":2}}}',
+    ]
+    path = tmp_path / "js.ndjson"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    seen: list[Any] = []
+    original = fastpath._with_extras
+
+    def spy(value: Any, row: Any) -> Any:
+        seen.append(value)
+        return original(value, row)
+
+    sent: list[Any] = []
+    exact = fastpath.validate_items
+
+    def spy_exact(items: Any) -> Any:
+        sent.extend(items)
+        return exact(items)
+
+    monkeypatch.setattr(fastpath, "_with_extras", spy)
+    monkeypatch.setattr(fastpath, "validate_items", spy_exact)
+    reports, _ = import_files([path], tmp_path / "x.duckdb")
+    assert reports[0].public()["accepted"] == 3 and reports[0].public()["rejected"] == 1
+    # e2 (escaped quote) and e3 (nested object) are read back in Python; e4 (repeated key) too, which
+    # leaves it to the exact path to name the key
+    assert sorted(v.get("event_id") for v in seen) == ["e2", "e3", "e4"]
+    assert [item.index for item in sent] == [3]
+    con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
+    try:
+        key, attrs = con.execute("SELECT event_key, event_attributes FROM ubi_events WHERE event_id IS NULL").fetchone()
+    finally:
+        con.close()
+    assert attrs == ('{"object":{"object_id":"sku-1","object_id_field":"sku","description":"product sku-1",'
+                     '"brand":"acme","n":7},"position":{"ordinal":0}}')
+    dump = {k: v for k, v in orjson.loads(js).items() if v is not None}
+    del dump["event_attributes"]["object"]["gone"]
+    dump["timestamp"] = "2025-01-01T00:00:00.100000Z"
+    assert key == "h:" + hashlib.sha256(orjson.dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
