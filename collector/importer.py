@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import itertools
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -741,7 +742,7 @@ def import_files(
         remote = CollectorWriter(collector_url(db))
         write, mode = remote, remote.url
     # The fast path (ubi_pipeline.collector.fastpath) needs the store itself and no record filter (filters work on models).
-    parser = fast_parser() if store is not None and not filters and fast else None
+    parser = fast_parser(os.cpu_count() or 1) if store is not None and not filters and fast else None
     # One thread validates the next chunk while this one writes its chunk (see _import_fast).
     pool = ThreadPoolExecutor(1, thread_name_prefix="ubi-import-parse") if parser is not None else None
     reports = []

@@ -631,3 +631,26 @@ def test_query_ids_that_would_share_a_key_are_refused_alike(tmp_path: Path) -> N
     assert any("query_id must not hold control characters" in m for m in messages)
     assert any("query_response_id must not hold control characters" in m for m in messages)
     assert any("reserved for records sent without one" in m for m in messages)
+
+
+def test_a_parser_of_several_threads_makes_the_same_rows_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ubi import`` parses with one DuckDB thread per core over batches of LINE_BATCH_ROWS lines:
+    plain_events gives the one-thread parser's rows, in candidate order (DuckDB keeps the scan's order,
+    ``preserve_insertion_order``; _events_of would restore it otherwise). Small batches (100 lines) so that 3,000 mostly plain records make 30 of them; lines without an
+    id among them take the general statement too."""
+    monkeypatch.setattr(fastpath, "LINE_BATCH_ROWS", 100)
+    lines = [line for line in _mostly_plain_lines(3_000, 3) if '"user_query": "' not in line[:40]]
+    c = fastpath.Candidates()
+    for i, line in enumerate(lines):
+        c.add(i, i + 1, line.replace('"event_id": ', '"eid": ', 1 if i % 2 else 0).encode())
+    when = datetime(2025, 1, 2)
+    rows = {}
+    for threads in (1, 2):
+        con = fastpath.fast_parser(threads)
+        try:
+            rows[threads] = fastpath.plain_events(con, c, when)
+        finally:
+            con.close()
+    assert rows[1].num_rows > 1_000
+    assert rows[2].to_pylist() == rows[1].to_pylist()
+    assert rows[2].column("_pos").to_pylist() == sorted(rows[1].column("_pos").to_pylist())
