@@ -654,3 +654,45 @@ def test_a_parser_of_several_threads_makes_the_same_rows_in_order(monkeypatch: p
     assert rows[1].num_rows > 1_000
     assert rows[2].to_pylist() == rows[1].to_pylist()
     assert rows[2].column("_pos").to_pylist() == sorted(rows[1].column("_pos").to_pylist())
+
+
+def test_the_one_pass_probe_is_skipped_where_no_line_has_an_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines without an id (the JavaScript client's, json.dumps') cannot take LEAN_EVENT_SQL, so plain_events
+    does not run its probe (about 20 ms a chunk) and gives the same rows; lines with ids still run it."""
+    ran: list[str] = []
+    original = fastpath._events_of
+
+    def spy(con: Any, sql: str, lines: Any, when: Any) -> Any:
+        ran.append("lean" if sql is fastpath.LEAN_EVENT_SQL else "general")
+        return original(con, sql, lines, when)
+
+    line = ('{"action_name":"click","query_id":"q1","timestamp":"2024-05-16T12:34:56.789Z",'
+            '"event_attributes":{"object":{"object_id":"sku-%d"},"position":{"ordinal":3}}}')
+    when = datetime(2025, 1, 2)
+    rows = {}
+    for with_ids in (False, True):
+        c = fastpath.Candidates()
+        for i in range(1_200):
+            text = line % i if not with_ids else f'{{"event_id":"e{i}",' + (line % i)[1:]
+            c.add(i, i + 1, text.encode())
+        monkeypatch.setattr(fastpath, "_events_of", spy)
+        ran.clear()
+        con = fastpath.fast_parser()
+        try:
+            rows[with_ids] = fastpath.plain_events(con, c, when)
+        finally:
+            con.close()
+            monkeypatch.setattr(fastpath, "_events_of", original)
+        assert ("lean" in ran) is with_ids, ran
+        assert rows[with_ids].num_rows == 1_200
+    # the id-less rows are those the general statement makes with the probe run first (none taken by it)
+    c = fastpath.Candidates()
+    for i in range(1_200):
+        c.add(i, i + 1, (line % i).encode())
+    table, _ = fastpath._lines_table(c)
+    con = fastpath.fast_parser()
+    try:
+        expected = fastpath._finish(fastpath._general_events(con, table, when), table)
+    finally:
+        con.close()
+    assert rows[False].to_pylist() == expected.to_pylist()
