@@ -4,15 +4,16 @@ A file's records arrive in chunks of tens of thousands. The events of a chunk ar
 into stored rows by DuckDB's JSON functions over the whole chunk at once: :data:`LEAN_EVENT_SQL` for the
 compact shape the project's simulator writes (one JSON pass), :data:`GENERAL_EVENT_SQL` for every other
 spelling the ``UbiEvent`` model accepts and the statement can decide (any escapes, spaces, nulls, events
-without an id - keyed by the same content hash as the exact path, :func:`_finish` -, RFC 3339 and
+without an id - keyed by the same content hash as the exact path, computed in the statement -, RFC 3339 and
 ISO 8601 timestamps with or without a fraction or an offset, epoch milliseconds, integer object ids, every
 optional field, extra keys). Its query records (about one per twelve events) go through a short Python check and
 orjson (:func:`plain_query_row`).
 
-What the statements leave - invalid records, extra keys inside ``event_attributes``, legacy position shapes, floats, repeated keys,
-anything DuckDB's JSON reader tolerates and orjson does not - is handed back, and the importer sends it
-through the exact path (:func:`ubi_pipeline.collector.bodies.json_item`,
-:func:`ubi_pipeline.collector.ingest.validate_items`, pydantic), which gives it its exact status and message.
+What the statements leave - invalid records, legacy position shapes, floats, repeated keys, anything DuckDB's
+JSON reader tolerates and orjson does not - is handed back (extra keys with nested, escaped or float values are
+read back by orjson first, :func:`_finish`), and the importer sends it through the exact path
+(:func:`ubi_pipeline.collector.bodies.json_item`, :func:`ubi_pipeline.collector.ingest.validate_items`,
+pydantic), which gives it its exact status and message.
 So the columnar path changes speed, never outcomes: a record it accepts is one pydantic accepts, with the
 same stored row (``tests/collector/test_fastpath.py`` compares the two record by record).
 """
@@ -206,9 +207,10 @@ def _sql_list(names: Sequence[str]) -> str:
 #: timestamps as epoch milliseconds or RFC 3339 / ISO 8601 with seconds (``T``, ``t`` or a space, a fraction
 #: of up to 6 digits after ``.`` or ``,``, ``Z``, ``z``, ``+hh``, ``+hhmm``, ``+hh:mm`` or none), the date and
 #: time existing and falling in years 1-9999 once in UTC; ids or none (the key is then the content hash,
-#: computed from the row as pydantic's dump would give it: :func:`_finish`); extra keys anywhere, kept as
-#: the exact path keeps them (plain names with scalar values at the top level, as ``_bulk`` exports add
-#: them, written by the statement: :data:`_G_XPLAIN`; the others read back by :func:`_finish`). What it
+#: computed from the row as pydantic's dump would give it); extra keys anywhere, kept as the exact path
+#: keeps them (plain names with scalar values at the top level, as ``_bulk`` exports add them, and inside
+#: ``event_attributes.object``, as the reference JavaScript client adds them, written and hashed by the
+#: statement: :data:`_G_XPLAIN`; the others read back by :func:`_finish`). What it
 #: leaves - floats, legacy positions, object strings that need escaping in the stored JSON, anything invalid - the
 #: exact path decides, so outcomes stay pydantic's (``tests/collector/test_fastpath.py``,
 #: ``tests/collector/test_columnar_property.py``).
@@ -298,7 +300,7 @@ _X_KEY = "[A-Za-z0-9_@.-]+"
 #: ... whose values are JSON scalars DuckDB writes back (``json_extract``) exactly as orjson does: strings
 #: without escapes, integers of up to 18 digits (64 bits at most; DuckDB reads larger ones as DOUBLE but may
 #: write them as digits), booleans and null. Anything else (floats, arrays, objects, escapes, longer
-#: integers, keys repeated, extras below the top level) is read back by :func:`_finish`. One regular
+#: integers, keys repeated, extras elsewhere than the top level and the object) is read back by :func:`_finish`. One regular
 #: expression per record for each test: per key, they cost more than the rest of the statement.
 _X_SCALAR = '(?:"[^"\\\\\\x01]*"|true|false|null|-?[0-9]{1,18})'
 
@@ -329,16 +331,16 @@ def _x_pairs(keys: str, values: str) -> str:
 
 def _x_sorted(pairs: Sequence[str], extras: str) -> str:
     """The non-null ``"key":value`` texts of ``pairs`` (known keys) and of the list ``extras`` merged in key
-    order, comma-separated (``array_to_string`` skips the nulls): what ``OPT_SORT_KEYS`` writes. Sorting the texts sorts by key, since a plain key
-    (:data:`_X_KEY`) holds no character below the closing quote that ends it."""
+    order, comma-separated (``array_to_string`` skips the nulls): what ``OPT_SORT_KEYS`` writes. Sorting the
+    texts sorts by key, since a plain key (:data:`_X_KEY`) holds no character below the quote that ends it."""
     return f"array_to_string(list_sort(list_concat([{', '.join(pairs)}], {extras})), ',')"
 
 
 _OBJ_PATH = "$.event_attributes.object"
 #: The extra keys of ``event_attributes.object`` (the reference JavaScript client spreads an object's
 #: details there), in document order, read where that object holds more keys than the known ones found.
-_OXK = (f"CASE WHEN coalesce(len(ks[3]) > {_found(_OBJ_PATH)}, false) THEN "
-        f"list_filter(ks[3], lambda k: NOT list_contains({_sql_list(_OBJ_NAMES)}, k)) END")
+_OBJ_EXTRA = f"coalesce(len(ks[3]) > {_found(_OBJ_PATH)}, false)"
+_OXK = f"CASE WHEN {_OBJ_EXTRA} THEN list_filter(ks[3], lambda k: NOT list_contains({_sql_list(_OBJ_NAMES)}, k)) END"
 #: ``"key":value`` of each of the object's extras that is not null (the dump leaves nulls out), in
 #: document order (column ``oxp``; NULL when none).
 _OX_PAIRS = ("CASE WHEN len(oxk) > 0 THEN nullif(list_filter(list_transform(oxk, lambda k, i: '\"' || k || '\":' "
@@ -424,7 +426,8 @@ GENERAL_PARSE_SQL = f"""
 SELECT _pos, _bid, ty, ks, s, xk, CASE WHEN len(xk) > 0 THEN {_x_values('line', 'xk')} END AS xv, oxk,
        CASE WHEN len(oxk) > 0 THEN {_x_values('ot', 'oxk')} END AS oxv
 FROM (
-    SELECT *, {_OXK} AS oxk, CASE WHEN len({_OXK}) > 0 THEN json_extract(line, '{_OBJ_PATH}') END AS ot, CASE WHEN len(ks[1]) > {_found('$')} THEN list_filter(ks[1], lambda k: NOT list_contains(
+    SELECT *, {_OXK} AS oxk, CASE WHEN {_OBJ_EXTRA} THEN json_extract(line, '{_OBJ_PATH}') END AS ot,
+              CASE WHEN len(ks[1]) > {_found('$')} THEN list_filter(ks[1], lambda k: NOT list_contains(
                   {_sql_list(EVENT_KEYS)}, k)) ELSE []::VARCHAR[] END AS xk
     FROM (
         SELECT _pos, _bid, line, json_type(line, {_G_TYPE_PATHS}) AS ty, json_keys(line, {_G_PATHS}) AS ks,
