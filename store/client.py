@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import httpx
 import pyarrow as pa
 
 from ubi_pipeline.schemas.errors import StoreError, StoreLocked
@@ -105,6 +104,8 @@ def collector_url(db: Path) -> str:
 
 def request_seal(db: Path) -> Sealed:
     """Ask the collector holding ``db`` to seal what it stored since the last seal; return every segment."""
+    import httpx  # here: 50 ms of start-up every command importing this module need not pay
+
     url = collector_url(db)
     try:
         # no read timeout: the first seal of a large store copies all of it (about 20 min for a 20M-event store on
@@ -153,6 +154,8 @@ def delete_derived(db: Path | str, name: str, keys: pa.Table) -> int:
             return store.delete_rows(name, keys)
     except StoreLocked:
         pass
+    import httpx
+
     url = collector_url(path)
     try:
         resp = httpx.post(f"{url}/v1/admin/delete/{name}", content=_arrow_stream(keys),
@@ -171,6 +174,8 @@ def _arrow_stream(data: pa.Table) -> bytes:
 
 
 def _load_through(url: str, name: str, data: pa.Table, replace_source: str | None) -> int:
+    import httpx
+
     try:
         resp = httpx.post(
             f"{url}/v1/admin/load/{name}",
@@ -200,6 +205,8 @@ def failed_records(db: Path, *, limit: int, offset: int, kind: str | None) -> di
     try:
         store = Store(db, create=False)
     except StoreLocked:
+        import httpx
+
         url = collector_url(db)
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if kind:
