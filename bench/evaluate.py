@@ -19,16 +19,14 @@ Every per-query value is compared with ranx's; the largest difference is printed
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from _common import best_of  # bench/_common.py, the script's folder
 from rich.console import Console
 from rich.table import Table
 
@@ -59,18 +57,6 @@ def make_data(n_queries: int, depth: int, judged: int, seed: int) -> tuple[dict,
         judged_docs = [docs[j] for j in picks[i]] + docs[depth : depth + judged - ranked_n]
         qrels[q] = dict(zip(judged_docs, grades[i], strict=True))
     return qrels, run
-
-
-def best_of(repeat: int, fn: Callable[[], Any]) -> tuple[float, float, Any]:
-    """Best wall time and best CPU time (all threads of this process) over ``repeat`` calls."""
-    wall, cpu, result = float("inf"), float("inf"), None
-    for _ in range(repeat):
-        gc.collect()
-        t0, c0 = time.perf_counter(), time.process_time()
-        result = fn()
-        wall = min(wall, time.perf_counter() - t0)
-        cpu = min(cpu, time.process_time() - c0)
-    return wall, cpu, result
 
 
 def main() -> None:

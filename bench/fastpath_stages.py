@@ -22,11 +22,11 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import best_of  # noqa: E402  (bench/_common.py, beside this file)
 from shapes import SHAPES, write_shape  # noqa: E402  (bench/shapes.py, beside this file)
 
 from ubi_pipeline.collector import fastpath as fp  # noqa: E402
@@ -34,16 +34,6 @@ from ubi_pipeline.collector.importer import fast_chunks  # noqa: E402
 from ubi_pipeline.processors.simulation.bulk_log import write_files  # noqa: E402
 from ubi_pipeline.store.duckdb_store import Store  # noqa: E402
 from ubi_pipeline.store.rows import utcnow  # noqa: E402
-
-
-def best(fn: Callable[[], Any], repeat: int, clock: Callable[[], float]) -> float:
-    """The least ``clock`` time of ``repeat`` calls of ``fn``, in seconds."""
-    out = float("inf")
-    for _ in range(repeat):
-        t = clock()
-        fn()
-        out = min(out, clock() - t)
-    return out
 
 
 def parse(con: Any, lines: Any) -> Any:
@@ -58,33 +48,32 @@ def stages(shape: str, sim: list[Path], work: Path, repeat: int) -> None:
     n = len(chunk.events)
     lines, _ = fp._lines_table(chunk.events)
     when = utcnow()
-    cpu = time.process_time
     figures: dict[str, float] = {}
     con = fp.fast_parser()
     parsed = parse(con, lines)
     rows = fp._events_of(con, fp.GENERAL_EVENT_SQL, parsed, when)
-    figures["one-pass probe"] = best(lambda: fp._events_of(con, fp.LEAN_EVENT_SQL, lines.slice(0, fp.LEAN_PROBE),
-                                                           when), repeat, cpu)
-    figures["parse statement"] = best(lambda: parse(con, lines), repeat, cpu)
-    figures["event statement"] = best(lambda: fp._events_of(con, fp.GENERAL_EVENT_SQL, parsed, when), repeat, cpu)
-    figures["_finish (Python)"] = best(lambda: fp._finish(rows, lines), repeat, cpu)
-    figures["parse_chunk"] = best(lambda: fp.parse_chunk(con, chunk, source="bench", received_at=when), repeat, cpu)
+    figures["one-pass probe"] = best_of(
+        repeat, lambda: fp._events_of(con, fp.LEAN_EVENT_SQL, lines.slice(0, fp.LEAN_PROBE), when))[1]
+    figures["parse statement"] = best_of(repeat, lambda: parse(con, lines))[1]
+    figures["event statement"] = best_of(repeat, lambda: fp._events_of(con, fp.GENERAL_EVENT_SQL, parsed, when))[1]
+    figures["_finish (Python)"] = best_of(repeat, lambda: fp._finish(rows, lines))[1]
+    figures["parse_chunk"] = best_of(repeat, lambda: fp.parse_chunk(con, chunk, source="bench", received_at=when))[1]
     done = fp.parse_chunk(con, chunk, source="bench", received_at=when)
     store_cpu = float("inf")
     for _ in range(repeat):
         with tempfile.TemporaryDirectory() as d:
             store = Store(Path(d) / "s.duckdb")
-            t = cpu()
+            t = time.process_time()
             fp.store_chunk(store, done)
-            store_cpu = min(store_cpu, cpu() - t)
+            store_cpu = min(store_cpu, time.process_time() - t)
             store.close()
     figures["store_chunk"] = store_cpu
     small = lines.slice(0, 10)
     small_parsed = parse(con, small)
     fixed = {
-        "parse": best(lambda: parse(con, small), repeat, time.perf_counter),
-        "event": best(lambda: fp._events_of(con, fp.GENERAL_EVENT_SQL, small_parsed, when), repeat, time.perf_counter),
-        "probe": best(lambda: fp._events_of(con, fp.LEAN_EVENT_SQL, small, when), repeat, time.perf_counter),
+        "parse": best_of(repeat, lambda: parse(con, small))[0],
+        "event": best_of(repeat, lambda: fp._events_of(con, fp.GENERAL_EVENT_SQL, small_parsed, when))[0],
+        "probe": best_of(repeat, lambda: fp._events_of(con, fp.LEAN_EVENT_SQL, small, when))[0],
     }
     con.close()
     walls = {}
@@ -94,7 +83,7 @@ def stages(shape: str, sim: list[Path], work: Path, repeat: int) -> None:
         def both(con: Any = con) -> None:
             fp._events_of(con, fp.GENERAL_EVENT_SQL, parse(con, lines), when)
 
-        walls[threads] = best(both, repeat, time.perf_counter)
+        walls[threads] = best_of(repeat, both)[0]
         con.close()
     taken = len(done.exact)
     print(f"{shape}: {n:,} events in the chunk, {n - taken:,} on the columnar path")

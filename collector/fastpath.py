@@ -323,10 +323,20 @@ def _x_plain(values: str) -> str:
     return f"coalesce(regexp_full_match(array_to_string({values}, chr(1)), '{_X_SCALAR}(?:\\x01{_X_SCALAR})*'), false)"
 
 
+def _x_texts(keys: str, values: str) -> str:
+    """The list of ``"key":value`` texts of the extras (keys in the list ``keys``, their JSON text in
+    ``values``), in document order, as orjson writes them."""
+    return f"list_transform({keys}, lambda k, i: '\"' || k || '\":' || {values}[i])"
+
+
+def _x_dumped(keys: str, values: str) -> str:
+    """:func:`_x_texts` of the extras the dump keeps (not null)."""
+    return f"list_filter({_x_texts(keys, values)}, lambda x: NOT suffix(x, ':null'))"
+
+
 def _x_pairs(keys: str, values: str) -> str:
     """``"key":value,...`` of the extras in document order (NULL when none), as orjson writes them."""
-    return (f"nullif(array_to_string(list_transform({keys}, lambda k, i: '\"' || k || '\":' || {values}[i]), ','), "
-            "'')")
+    return f"nullif(array_to_string({_x_texts(keys, values)}, ','), '')"
 
 
 def _x_sorted(pairs: Sequence[str], extras: str) -> str:
@@ -343,8 +353,7 @@ _OBJ_EXTRA = f"coalesce(len(ks[3]) > {_found(_OBJ_PATH)}, false)"
 _OXK = f"CASE WHEN {_OBJ_EXTRA} THEN list_filter(ks[3], lambda k: NOT list_contains({_sql_list(_OBJ_NAMES)}, k)) END"
 #: ``"key":value`` of each of the object's extras that is not null (the dump leaves nulls out), in
 #: document order (column ``oxp``; NULL when none).
-_OX_PAIRS = ("CASE WHEN len(oxk) > 0 THEN nullif(list_filter(list_transform(oxk, lambda k, i: '\"' || k || '\":' "
-             "|| oxv[i]), lambda x: NOT suffix(x, ':null')), []) END")
+_OX_PAIRS = f"CASE WHEN len(oxk) > 0 THEN nullif({_x_dumped('oxk', 'oxv')}, []) END"
 
 _G_OBJ_VALUES = {name: f"({_g_id_value(f'o.{name}') if name in _ID_NAMES else f'o.{name}->>$$$$'})".replace("$$$$", "'$'")
                  for name, _ in OBJECT_STRINGS}
@@ -389,8 +398,7 @@ def _c_top(obj: str) -> list[str]:
 
 
 #: The top-level extras the dump holds (null values left out), as ``"key":value`` texts.
-_C_EXTRAS = ("list_filter(list_transform(xk, lambda k, i: '\"' || k || '\":' || xv[i]), "
-             "lambda x: NOT suffix(x, ':null'))")
+_C_EXTRAS = _x_dumped("xk", "xv")
 _CANONICAL = "'{' || concat_ws(',', " + ", ".join(_c_top(f"concat_ws(',', {', '.join(_C_OBJECT)})")) + ") || '}'"
 #: The same with extra keys in the object (``oxp``), sorted in with its known ones ...
 _CANONICAL_OBJECT_EXTRAS = "'{' || concat_ws(',', " + ", ".join(_c_top(_x_sorted(_C_OBJECT, "oxp"))) + ") || '}'"

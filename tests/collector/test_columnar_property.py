@@ -143,6 +143,18 @@ def _import(files: list[Path], db: Path, *, fast: bool) -> tuple[Any, dict[str, 
     return [r.public() for r in reports], stored
 
 
+def _assert_events_store_alike(tmp: Path, events: list[tuple[dict[str, Any], int, bool]]) -> None:
+    """``events`` (record, layout, repeated key) written as one NDJSON file and imported through both paths:
+    the same reports and the same stored rows."""
+    path = tmp / "events.ndjson"
+    path.write_text("".join(record_line(*e) + "\n" for e in events), encoding="utf-8")
+    fast = _import([path], tmp / "fast.duckdb", fast=True)
+    exact = _import([path], tmp / "exact.duckdb", fast=False)
+    assert fast[0] == exact[0]
+    for table in _TABLES:
+        assert fast[1][table] == exact[1][table], table
+
+
 @settings(max_examples=40, deadline=timedelta(seconds=10), suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(events=st.lists(st.tuples(EVENTS, st.integers(0, 2), st.integers(0, 19).map(lambda n: n == 0)),
@@ -220,14 +232,7 @@ def test_top_level_extras_store_alike(tmp_path_factory: pytest.TempPathFactory,
                                       events: list[tuple[dict[str, Any], int, bool]]) -> None:
     """Events with extra keys at the top level: the rows the statement writes itself (``extra``, the
     content-hash key of an event without an id) and those ``_finish`` reads back are the exact path's."""
-    tmp = tmp_path_factory.mktemp("extras")
-    path = tmp / "events.ndjson"
-    path.write_text("".join(record_line(*e) + "\n" for e in events), encoding="utf-8")
-    fast = _import([path], tmp / "fast.duckdb", fast=True)
-    exact = _import([path], tmp / "exact.duckdb", fast=False)
-    assert fast[0] == exact[0]
-    for table in _TABLES:
-        assert fast[1][table] == exact[1][table], table
+    _assert_events_store_alike(tmp_path_factory.mktemp("extras"), events)
 
 
 def test_plain_top_level_extras_stay_in_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -299,14 +304,7 @@ def test_object_extras_store_alike(tmp_path_factory: pytest.TempPathFactory,
     """Events with extra keys inside ``event_attributes.object`` (and now and then at the top level): the
     stored ``event_attributes`` and the content-hash keys the statement writes itself, and those ``_finish``
     reads back, are the exact path's."""
-    tmp = tmp_path_factory.mktemp("object")
-    path = tmp / "events.ndjson"
-    path.write_text("".join(record_line(*e) + "\n" for e in events), encoding="utf-8")
-    fast = _import([path], tmp / "fast.duckdb", fast=True)
-    exact = _import([path], tmp / "exact.duckdb", fast=False)
-    assert fast[0] == exact[0]
-    for table in _TABLES:
-        assert fast[1][table] == exact[1][table], table
+    _assert_events_store_alike(tmp_path_factory.mktemp("object"), events)
 
 
 def test_plain_object_extras_stay_in_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
