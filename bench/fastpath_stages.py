@@ -36,12 +36,6 @@ from ubi_pipeline.store.duckdb_store import Store  # noqa: E402
 from ubi_pipeline.store.rows import utcnow  # noqa: E402
 
 
-def parse(con: Any, lines: Any) -> Any:
-    """GENERAL_PARSE_SQL over ``lines`` (DuckDB finds the table by this frame's local name)."""
-    _ubi_fast_lines = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
-    return con.sql(fp.GENERAL_PARSE_SQL).to_arrow_table()
-
-
 def stages(shape: str, sim: list[Path], work: Path, repeat: int) -> None:
     files = write_shape(shape, sim, work / shape)
     chunk = max((c for f in files for c in fast_chunks(f)), key=lambda c: len(c.events))
@@ -50,11 +44,11 @@ def stages(shape: str, sim: list[Path], work: Path, repeat: int) -> None:
     when = utcnow()
     figures: dict[str, float] = {}
     con = fp.fast_parser()
-    parsed = parse(con, lines)
+    parsed = fp.general_parse(con, lines)
     rows = fp._events_of(con, fp.GENERAL_EVENT_SQL, parsed, when)
     figures["one-pass probe"] = best_of(
         repeat, lambda: fp._events_of(con, fp.LEAN_EVENT_SQL, lines.slice(0, fp.LEAN_PROBE), when))[1]
-    figures["parse statement"] = best_of(repeat, lambda: parse(con, lines))[1]
+    figures["parse statement"] = best_of(repeat, lambda: fp.general_parse(con, lines))[1]
     figures["event statement"] = best_of(repeat, lambda: fp._events_of(con, fp.GENERAL_EVENT_SQL, parsed, when))[1]
     figures["_finish (Python)"] = best_of(repeat, lambda: fp._finish(rows, lines))[1]
     figures["parse_chunk"] = best_of(repeat, lambda: fp.parse_chunk(con, chunk, source="bench", received_at=when))[1]
@@ -69,9 +63,9 @@ def stages(shape: str, sim: list[Path], work: Path, repeat: int) -> None:
             store.close()
     figures["store_chunk"] = store_cpu
     small = lines.slice(0, 10)
-    small_parsed = parse(con, small)
+    small_parsed = fp.general_parse(con, small)
     fixed = {
-        "parse": best_of(repeat, lambda: parse(con, small))[0],
+        "parse": best_of(repeat, lambda: fp.general_parse(con, small))[0],
         "event": best_of(repeat, lambda: fp._events_of(con, fp.GENERAL_EVENT_SQL, small_parsed, when))[0],
         "probe": best_of(repeat, lambda: fp._events_of(con, fp.LEAN_EVENT_SQL, small, when))[0],
     }
@@ -81,7 +75,7 @@ def stages(shape: str, sim: list[Path], work: Path, repeat: int) -> None:
         con = fp.fast_parser(threads)
 
         def both(con: Any = con) -> None:
-            fp._events_of(con, fp.GENERAL_EVENT_SQL, parse(con, lines), when)
+            fp._events_of(con, fp.GENERAL_EVENT_SQL, fp.general_parse(con, lines), when)
 
         walls[threads] = best_of(repeat, both)[0]
         con.close()

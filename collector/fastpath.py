@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -67,6 +68,10 @@ from ubi_pipeline.store.rows import (
     rows_table,
     utcnow,
 )
+
+# The statements' results are read through ``execute`` (one bind, not two: :func:`_events_of`), for which DuckDB
+# warns that Arrow output copies the rows once more: measured, the copy costs less than the second bind.
+warnings.filterwarnings("ignore", message="Arrow output on a DB-API result", category=UserWarning, module=__name__)
 
 #: Fields of an event the statements read, in the order of their path lists: (JSON path, longest
 #: string the model allows, None: no limit). ``tests/collector/test_fastpath.py`` checks the limits against
@@ -979,18 +984,26 @@ def plain_events(con: duckdb.DuckDBPyConnection, c: Candidates, received_at: dat
 
 def _general_events(con: duckdb.DuckDBPyConnection, lines: pa.Table, received_at: datetime) -> pa.Table:
     """:data:`GENERAL_EVENT_SQL`'s rows for ``lines`` (after :data:`GENERAL_PARSE_SQL`), in ``_pos`` order."""
+    return _events_of(con, GENERAL_EVENT_SQL, general_parse(con, lines), received_at)
+
+
+def general_parse(con: duckdb.DuckDBPyConnection, lines: pa.Table) -> pa.Table:
+    """:data:`GENERAL_PARSE_SQL` over ``lines`` (read through ``execute``: see :func:`_events_of`)."""
     _ubi_fast_lines = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
-    parsed = con.sql(GENERAL_PARSE_SQL).to_arrow_table()
-    return _events_of(con, GENERAL_EVENT_SQL, parsed, received_at)
+    return con.execute(GENERAL_PARSE_SQL).to_arrow_reader().read_all()
 
 
 def _events_of(con: duckdb.DuckDBPyConnection, sql: str, lines: pa.Table, received_at: datetime) -> pa.Table:
     """``sql``'s rows for ``lines``, in ``_pos`` order. The statements have no ORDER BY: on one thread
     DuckDB keeps the scan's order, so a sort of 50,000 rows (0.5 us of 4.8 per event) bought nothing; the
     order is checked here instead, and restored if it ever differs (with several threads DuckDB keeps it
-    too: ``preserve_insertion_order``, on by default)."""
+    too: ``preserve_insertion_order``, on by default).
+
+    The statement runs through ``execute`` and its result is read as a stream: ``con.sql(...)`` binds it once
+    to build a relation and again to run it, 20 ms a call for :data:`GENERAL_EVENT_SQL`, more than a third of
+    its fixed cost (``execute(...).to_arrow_table()`` would copy the rows once more)."""
     _ubi_fast_lines = _ubi_fast_parsed = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
-    rows = con.sql(sql, params=[received_at]).to_arrow_table()
+    rows = con.execute(sql, [received_at]).to_arrow_reader().read_all()
     pos = rows.column("_pos").to_numpy()
     if len(pos) > 1 and not bool(np.all(pos[1:] > pos[:-1])):
         rows = rows.take(pa.array(np.argsort(pos, kind="stable")))
