@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.abc
 import importlib.metadata
 import os
 import sys
@@ -112,12 +113,45 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
         return _run(parser, argv)
 
 
+class _NoPandas(importlib.abc.MetaPathFinder):
+    """A finder that says pandas is not installed (used for one pyarrow call: :func:`skip_pyarrow_pandas_probe`)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def skip_pyarrow_pandas_probe() -> None:
+    """Keep pyarrow from importing pandas on its first array.
+
+    pyarrow looks once, on the first array it builds, whether pandas is installed, so that it can recognise
+    pandas objects; where it is (the README's venv has it, for the tests), that look imports all of pandas:
+    0.2-0.3 s of every command's start-up. No command hands pyarrow a pandas object, so the look is made here,
+    once, with pandas hidden: pyarrow notes "no pandas" and never looks again. pandas is still imported when
+    something asks pyarrow for it by name (``Table.to_pandas``: tests/ubi/test_stages.py).
+    """
+    if "pandas" in sys.modules:
+        return
+    try:
+        import pyarrow as pa
+    except ImportError:
+        return
+    hide = _NoPandas()
+    sys.meta_path.insert(0, hide)
+    try:
+        pa.array([0])  # a non-empty list: an empty one leaves one of its looks for later
+    finally:
+        sys.meta_path.remove(hide)
+
+
 def _run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.flag_names = flag_names(parser, args)  # so that Settings.from_flags names a bad flag as typed
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    skip_pyarrow_pandas_probe()
     try:
         return int(args.func(args) or 0)
     except UbiError as exc:
