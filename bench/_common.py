@@ -1,5 +1,4 @@
-"""What the benches share (not a bench itself): the closing line of wall time, CPU time and peak RSS, and a
-probe of how fast the machine runs at the moment."""
+"""What the benches share (not a bench itself): the closing line of wall time, CPU time and peak RSS."""
 
 from __future__ import annotations
 
@@ -35,23 +34,3 @@ def best_of(repeat: int, fn: Callable[[], Any]) -> tuple[float, float, Any]:
         wall = min(wall, time.perf_counter() - t0)
         cpu = min(cpu, time.process_time() - c0)
     return wall, cpu, result
-
-
-#: Iterations of :func:`machine_speed`'s loop (about 0.25 s on the project's machine in its fast phases).
-SPEED_LOOP = 3_000_000
-
-
-def machine_speed(runs: int = 3) -> float:
-    """Seconds a fixed pure-Python loop takes, best of ``runs``: the machine's speed at the moment.
-
-    The project's 2-core machine runs the same code up to twice as slow in some phases, within minutes, with no
-    other load on it. A bench prints this before and after its runs, so that figures taken at different times
-    can be told apart from changes in the code: compare runs whose probes agree.
-    """
-    best = float("inf")
-    for _ in range(runs):
-        t0, acc = time.perf_counter(), 0
-        for k in range(SPEED_LOOP):
-            acc += k * k
-        best = min(best, time.perf_counter() - t0)
-    return best

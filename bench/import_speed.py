@@ -44,7 +44,6 @@ import duckdb
 
 UBI = [sys.executable, "-m", "ubi_pipeline.cli"]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_speed  # noqa: E402  (bench/_common.py, beside this file)
 from shapes import BULK_SHAPES, SHAPES, write_shape  # noqa: E402  (bench/shapes.py, beside this file)
 
 #: DuckDB's own parse of the same files: read_json over them, counted (what issue 26's "x DuckDB" compares to).
@@ -146,8 +145,8 @@ def main() -> None:
         return
     root = Path(__file__).resolve().parents[1]
     work = args.dir or Path(tempfile.mkdtemp(prefix="ubi-import-speed-"))
-    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, speed probe {machine_speed():.3f} s at "
-          "start (shared machine: wall times inflated by other work; CPU s is the fairer figure)")
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared machine: wall times "
+          "inflated by other work; CPU s is the fairer figure)")
     print(f"{'step':<36} {'wall s':>8} {'CPU s':>8} {'RSS MB':>8} {'ev/s wall':>11} {'ev/s CPU':>11} {'/ceil':>6}")
     try:
         for fmt in args.formats:
@@ -188,7 +187,7 @@ def main() -> None:
     finally:
         if args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"load average {os.getloadavg()[0]:.1f}, speed probe {machine_speed():.3f} s at the end; events/s count events only (query records, "
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; events/s count events only (query records, "
           "about 1 per 12 events, are imported too)")
 
 
@@ -196,8 +195,8 @@ def shapes_run(args: argparse.Namespace) -> None:
     """``--shapes``: the simulator's records written in each producer's layout, imported one shape at a time."""
     root = Path(__file__).resolve().parents[1]
     work = args.dir or Path(tempfile.mkdtemp(prefix="ubi-import-shapes-"))
-    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, speed probe {machine_speed():.3f} s at "
-          "start (shared machine: wall times inflated by other work; CPU s is the fairer figure)")
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared machine: wall times "
+          "inflated by other work; CPU s is the fairer figure)")
     try:
         sim = work / "sim"
         gen = ("import sys; from pathlib import Path; from ubi_pipeline.processors.simulation.bulk_log import write_files; "
@@ -231,8 +230,7 @@ def shapes_run(args: argparse.Namespace) -> None:
     finally:
         if args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"load average {os.getloadavg()[0]:.1f}, speed probe {machine_speed():.3f} s at the end (a fixed Python "
-          "loop, bench/_common.py: compare runs whose probes agree). records: query records and events stored; x duck: "
+    print(f"load average {os.getloadavg()[0]:.1f} at the end. records: query records and events stored; x duck: "
           "import wall time over DuckDB's read_json of the same files; /ceil: import records per CPU second over "
           "the pydantic ceiling's (orjson + validate_python, one core)")
 

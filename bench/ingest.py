@@ -50,7 +50,6 @@ sys.path.insert(0, str(ROOT))
 # last, not first: bench/kafka.py loads this file, and with bench/ first on the path `import kafka` would find
 # bench/kafka.py instead of kafka-python (bench/faults.py --kafka broke that way)
 sys.path.append(str(ROOT / "bench"))
-from _common import machine_speed  # noqa: E402  (bench/_common.py)
 from shapes import render  # noqa: E402  (bench/shapes.py)
 
 #: The shapes of --shapes: (name, shape of bench/shapes.py, whether a single event is sent as a one-element array).
@@ -384,8 +383,8 @@ def shapes_run(args: argparse.Namespace) -> int:
     """``--shapes``: per shape a fresh server, a 500-event batch run and a single-event run."""
     import duckdb
 
-    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, speed probe {machine_speed():.3f} s at "
-          "start (shared machine: figures inflated by other work)")
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared machine: figures "
+          "inflated by other work)")
     header = (f"{'shape':22} {'run':7} {'events/s':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'/ceil':>6} "
               f"{'srv RSS MB':>10}")
     print(header)
@@ -418,8 +417,7 @@ def shapes_run(args: argparse.Namespace) -> int:
         if stored != acknowledged:
             print(f"    ! acknowledged {acknowledged:,} events, found {stored:,}")
             bad += 1
-    print(f"load average {os.getloadavg()[0]:.1f}, speed probe {machine_speed():.3f} s at the end (a fixed Python "
-          "loop, bench/_common.py: compare runs whose probes agree); /ceil: batch events/s over the one-core pydantic "
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; /ceil: batch events/s over the one-core pydantic "
           f"validation ceiling of the same bodies; single runs at {args.single_connections} connections")
     return 1 if bad else 0
 
