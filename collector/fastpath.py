@@ -404,13 +404,16 @@ def _c_top(obj: str) -> list[str]:
 
 #: The top-level extras the dump holds (null values left out), as ``"key":value`` texts.
 _C_EXTRAS = _x_dumped("xk", "xv")
-_CANONICAL = "'{' || concat_ws(',', " + ", ".join(_c_top(f"concat_ws(',', {', '.join(_C_OBJECT)})")) + ") || '}'"
-#: The same with extra keys in the object (``oxp``), sorted in with its known ones ...
-_CANONICAL_OBJECT_EXTRAS = "'{' || concat_ws(',', " + ", ".join(_c_top(_x_sorted(_C_OBJECT, "oxp"))) + ") || '}'"
+#: The object's content: its known keys only, or with its extras (``oxp``) sorted in.
+_C_OBJECT_KNOWN = f"concat_ws(',', {', '.join(_C_OBJECT)})"
+_C_OBJECT_ALL = _x_sorted(_C_OBJECT, "oxp")
+_CANONICAL = "'{' || concat_ws(',', " + ", ".join(_c_top(_C_OBJECT_KNOWN)) + ") || '}'"
+#: The same with extra keys in the object ...
+_CANONICAL_OBJECT_EXTRAS = "'{' || concat_ws(',', " + ", ".join(_c_top(_C_OBJECT_ALL)) + ") || '}'"
 #: ... and with extra keys at the top level too (each kept apart: a sort costs more than the rest).
 _CANONICAL_EXTRAS = (
-    "'{' || " + _x_sorted(_c_top(f"CASE WHEN oxp IS NOT NULL THEN {_x_sorted(_C_OBJECT, 'oxp')} "
-                                 f"ELSE concat_ws(',', {', '.join(_C_OBJECT)}) END"), _C_EXTRAS) + " || '}'"
+    "'{' || " + _x_sorted(_c_top(f"CASE WHEN oxp IS NOT NULL THEN {_C_OBJECT_ALL} ELSE {_C_OBJECT_KNOWN} END"),
+                          _C_EXTRAS) + " || '}'"
 )
 _HASHED_TEXT = ["action_name", "application", "client_id", "message", "message_type", "query_id", "session_id",
                 "user_id", "user_query", *_OBJ_SORTED]
@@ -999,9 +1002,10 @@ def _events_of(con: duckdb.DuckDBPyConnection, sql: str, lines: pa.Table, receiv
     order is checked here instead, and restored if it ever differs (with several threads DuckDB keeps it
     too: ``preserve_insertion_order``, on by default).
 
-    The statement runs through ``execute`` and its result is read as a stream: ``con.sql(...)`` binds it once
-    to build a relation and again to run it, 20 ms a call for :data:`GENERAL_EVENT_SQL`, more than a third of
-    its fixed cost (``execute(...).to_arrow_table()`` would copy the rows once more)."""
+    The statement runs through ``execute``: ``con.sql(...)`` binds it once to build a relation and again to
+    run it, 20 ms a call for :data:`GENERAL_EVENT_SQL`, more than a third of its fixed cost. Arrow output of
+    an ``execute`` result copies the rows once more (DuckDB warns of it; the warning is filtered above), which
+    costs less than that bind."""
     _ubi_fast_lines = _ubi_fast_parsed = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
     rows = con.execute(sql, [received_at]).to_arrow_reader().read_all()
     pos = rows.column("_pos").to_numpy()

@@ -235,6 +235,19 @@ def test_top_level_extras_store_alike(tmp_path_factory: pytest.TempPathFactory,
     _assert_events_store_alike(tmp_path_factory.mktemp("extras"), events)
 
 
+def _spy_finish(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The records ``_finish`` reads back in Python (``_with_extras``), in the order it reads them."""
+    seen: list[Any] = []
+    original = fastpath._with_extras
+
+    def spy(value: Any, row: Any) -> Any:
+        seen.append(value)
+        return original(value, row)
+
+    monkeypatch.setattr(fastpath, "_with_extras", spy)
+    return seen
+
+
 def test_plain_top_level_extras_stay_in_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Logstash's ``@timestamp`` and ``@version`` and other plain scalars at the top level are written by the
     statement: neither ``_finish``'s Python (``_with_extras``) nor pydantic sees them; an escaped string
@@ -248,14 +261,7 @@ def test_plain_top_level_extras_stay_in_sql(tmp_path: Path, monkeypatch: pytest.
     ]
     path = tmp_path / "extras.ndjson"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    seen: list[Any] = []
-    original = fastpath._with_extras
-
-    def spy(value: Any, row: Any) -> Any:
-        seen.append(value)
-        return original(value, row)
-
-    monkeypatch.setattr(fastpath, "_with_extras", spy)
+    seen = _spy_finish(monkeypatch)
     monkeypatch.setattr(fastpath, "validate_items", lambda items: pytest.fail(f"exact path reached: {items}"))
     reports, _ = import_files([path], tmp_path / "x.duckdb")
     assert reports[0].public()["accepted"] == 3
@@ -334,13 +340,7 @@ def test_plain_object_extras_stay_in_sql(tmp_path: Path, monkeypatch: pytest.Mon
     ]
     path = tmp_path / "js.ndjson"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    seen: list[Any] = []
-    original = fastpath._with_extras
-
-    def spy(value: Any, row: Any) -> Any:
-        seen.append(value)
-        return original(value, row)
-
+    seen = _spy_finish(monkeypatch)
     sent: list[Any] = []
     exact = fastpath.validate_items
 
@@ -348,7 +348,6 @@ def test_plain_object_extras_stay_in_sql(tmp_path: Path, monkeypatch: pytest.Mon
         sent.extend(items)
         return exact(items)
 
-    monkeypatch.setattr(fastpath, "_with_extras", spy)
     monkeypatch.setattr(fastpath, "validate_items", spy_exact)
     reports, _ = import_files([path], tmp_path / "x.duckdb")
     assert reports[0].public()["accepted"] == 3 and reports[0].public()["rejected"] == 1
