@@ -57,6 +57,8 @@ def is_lock_error(exc: Exception) -> bool:
     return "lock" in str(exc).lower()
 
 
+#: The statuses as module names: a class attribute of an Enum costs a lookup per row in the loops below.
+_INSERTED, _DUPLICATE, _CONFLICT = RowStatus.INSERTED, RowStatus.DUPLICATE, RowStatus.CONFLICT
 _FLOCK = "hhqqi4x"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid (+ padding)
 
 
@@ -465,9 +467,9 @@ class Store:
         status: list[RowStatus],
         keep: Callable[[Sequence[int]], pa.Table | None] | None,
     ) -> int:
-        positions = [i for i, s in enumerate(status) if s == RowStatus.CONFLICT]
-        if not positions or keep is None:
+        if keep is None or _CONFLICT not in status:  # `in` runs in C: no loop in Python for the common write
             return 0
+        positions = [i for i, s in enumerate(status) if s is _CONFLICT]
         rows = keep(positions)
         if rows is None or not rows.num_rows:
             return 0
@@ -477,6 +479,8 @@ class Store:
 
     @staticmethod
     def _first_occurrences(keys: list[str]) -> list[int]:
+        if len(set(keys)) == len(keys):  # the common case, every key once: a set in C, no loop in Python
+            return list(range(len(keys)))
         seen: set[str] = set()
         keep: list[int] = []
         for pos, key in enumerate(keys):
@@ -507,7 +511,7 @@ class Store:
         first = [keys[p] for p in keep]
         hashes = index.hashes(first)
         stored = index.lookup(cur, first, hashes, fetch)
-        new = [j for j in range(len(keep)) if j not in stored]
+        new = [j for j in range(len(keep)) if j not in stored] if stored else list(range(len(keep)))
         if new:
             batch = rows if len(new) == len(keys) else rows.take(pa.array([keep[j] for j in new], pa.int64()))
             insert_arrow(cur, f"INSERT INTO {quote_ident(table.name)}", ", ".join(table.names), batch)
@@ -525,11 +529,13 @@ class Store:
         keys = events.column("event_key").to_pylist()
         keep = self._first_occurrences(keys)
         stored, new = self._insert_new(cur, tables.EVENT_TABLE, events, keys, keep, EVENT_CONTENT_COLUMNS, after)
-        status = [RowStatus.INSERTED if pos in new else RowStatus.DUPLICATE for pos in range(len(keys))]
+        if len(new) == len(keys):  # every row inserted (the common write): nothing to compare
+            return [_INSERTED] * len(keys)
+        status = [_INSERTED if pos in new else _DUPLICATE for pos in range(len(keys))]
         # A taken key is a retry only if the content is the same. Hash keys ("h:") are the content already;
         # client event_ids ("id:") are compared with the row stored under them, or with this batch's first
         # occurrence. Only taken keys pay for this, so the common write stays fast.
-        suspects = [pos for pos, st in enumerate(status) if st == RowStatus.DUPLICATE and keys[pos].startswith("id:")]
+        suspects = [pos for pos, st in enumerate(status) if st is _DUPLICATE and keys[pos].startswith("id:")]
         if suspects:
             first_pos = {k: p for p, k in ((p, keys[p]) for p in reversed(keep))}
             batch_refs = sorted({first_pos[keys[p]] for p in suspects if first_pos[keys[p]] in new})
@@ -543,7 +549,7 @@ class Store:
                 old = reference.get(first_pos[keys[pos]])
                 # Equal values (a replay of the same bytes) need no hashing; else compare JSON key-order free.
                 if old is None or (old != row and event_content_digest(old) != event_content_digest(row)):
-                    status[pos] = RowStatus.CONFLICT
+                    status[pos] = _CONFLICT
         return status
 
     def _insert_queries(
@@ -556,11 +562,12 @@ class Store:
         hashes = queries.column("content_hash").to_pylist()
         keep = self._first_occurrences(keys)
         stored, new = self._insert_new(cur, tables.QUERY_TABLE, queries, keys, keep, ("content_hash",), after)
+        if len(new) == len(keys):  # every record inserted (the common write): nothing to compare
+            return [_INSERTED] * len(keys)
         # The content hash of each key's first record: stored before, or inserted by this batch.
         reference = {keys[p]: (row[0] if p in stored else hashes[p]) for p in keep for row in [stored.get(p, ())]}
         return [
-            RowStatus.INSERTED if pos in new
-            else RowStatus.DUPLICATE if reference[key] == h else RowStatus.CONFLICT
+            _INSERTED if pos in new else _DUPLICATE if reference[key] == h else _CONFLICT
             for pos, (key, h) in enumerate(zip(keys, hashes, strict=True))
         ]
 
