@@ -22,6 +22,11 @@ events/s, requests/s, p99, the batch rate over the one-core pydantic validation 
 (``TypeAdapter(list[UbiEvent]).validate_python`` of each parsed body, measured in the same run) and the
 server's peak RSS.
 
+Every HTTP run also says where its time went: the server's CPU over the run's wall time (cores busy), the
+share of wall time the writer thread spent writing groups (``ubi_sink_write_seconds_total``: rows into
+DuckDB and COMMIT) and the requests per commit. A run with both well below their limits is bound by the
+time each request takes (single events: the group-commit cycle), not by the CPU.
+
     .venv/bin/python bench/ingest.py [--events 100000] [--singles 20000] [--json]
     .venv/bin/python bench/ingest.py --shapes [--events 50000] [--singles 10000]
 """
@@ -245,7 +250,7 @@ def sink_counters(host: str, port: int) -> dict[str, float]:
     text = httpx.get(f"http://{host}:{port}/metrics", timeout=30).text
     out = {}
     for line in text.splitlines():
-        if line.startswith(("ubi_sink_commits_total", "ubi_sink_grouped_requests_total")):
+        if line.startswith(("ubi_sink_commits_total", "ubi_sink_grouped_requests_total", "ubi_sink_write_seconds_total")):
             out[line.split("{")[0]] = float(line.split()[-1])
     return out
 
@@ -260,6 +265,11 @@ def measured(proc: subprocess.Popen, host: str, port: int, **kwargs) -> dict:
     row["requests_per_commit"] = (
         c1["ubi_sink_grouped_requests_total"] - c0["ubi_sink_grouped_requests_total"]
     ) / max(1, commits)
+    # Where the time went: the server's CPU over the run's wall time (cores busy, of os.cpu_count()), and the
+    # share of it the writer thread spent writing groups (rows to DuckDB and COMMIT). Both well under their
+    # limits while requests wait means the run is bound by the time a request takes, not by the CPU.
+    row["server_cores"] = (cpu1 - cpu0) / row["seconds"]
+    row["writer_busy"] = (c1["ubi_sink_write_seconds_total"] - c0["ubi_sink_write_seconds_total"]) / row["seconds"]
     return row
 
 
@@ -361,7 +371,7 @@ def main() -> int:
     )
     header = (
         f"{'run':34} {'events':>8} {'requests':>8} {'events/s':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'% ceiling':>9} {'srv CPU ms/req':>14} {'req/commit':>10}"
+        f"{'% ceiling':>9} {'srv CPU ms/req':>14} {'srv cores':>9} {'writer':>6} {'req/commit':>10}"
     )
     print(header)
     print("-" * len(header))
@@ -370,6 +380,7 @@ def main() -> int:
             f"{r['run']:34} {r['events']:>8,} {r.get('requests', 0):>8,} {r['events_per_s']:>9,.0f} "
             f"{r.get('requests_per_s', 0):>7,.0f} {r.get('p50_ms', 0):>7.2f} {r.get('p99_ms', 0):>7.2f} "
             f"{pct(r, ceiling):>9} {r.get('server_cpu_ms_per_request', 0):>14.3f} "
+            f"{r.get('server_cores', 0):>9.2f} {r.get('writer_busy', 0):>6.0%} "
             f"{r.get('requests_per_commit', 0):>10.1f}"
         )
     print(
@@ -386,7 +397,7 @@ def shapes_run(args: argparse.Namespace) -> int:
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared machine: figures "
           "inflated by other work)")
     header = (f"{'shape':22} {'run':7} {'events/s':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'/ceil':>6} "
-              f"{'srv RSS MB':>10}")
+              f"{'srv RSS MB':>10} {'srv cores':>9} {'writer':>6} {'req/commit':>10}")
     print(header)
     print("-" * len(header))
     bad = 0
@@ -399,9 +410,9 @@ def shapes_run(args: argparse.Namespace) -> int:
             try:
                 for run, n, per, conns in (("500/req", args.events, BATCH, args.batch_connections),
                                            ("1/req", args.singles, 1, args.single_connections)):
-                    row = http_load(host, port, name=f"{shape}-{run}", n_events=n, per_request=per,
-                                    processes=args.processes, connections=max(1, conns // args.processes),
-                                    shape=shape, array_of_one=array_of_one)
+                    row = measured(proc, host, port, name=f"{shape}-{run}", n_events=n, per_request=per,
+                                   processes=args.processes, connections=max(1, conns // args.processes),
+                                   shape=shape, array_of_one=array_of_one)
                     rows.append((run, row))
                 rss = peak_rss_mb(proc.pid)
             finally:
@@ -412,13 +423,15 @@ def shapes_run(args: argparse.Namespace) -> int:
         for run, r in rows:
             ratio = f"{r['events_per_s'] / ceiling:6.2f}" if run == "500/req" else "     -"
             print(f"{name:22} {run:7} {r['events_per_s']:>9,.0f} {r['requests_per_s']:>7,.0f} {r['p50_ms']:>7.2f} "
-                  f"{r['p99_ms']:>7.2f} {ratio} {rss:>10,.0f}", flush=True)
+                  f"{r['p99_ms']:>7.2f} {ratio} {rss:>10,.0f} {r['server_cores']:>9.2f} {r['writer_busy']:>6.0%} "
+                  f"{r['requests_per_commit']:>10.1f}", flush=True)
         acknowledged = sum(r["events"] for _, r in rows)
         if stored != acknowledged:
             print(f"    ! acknowledged {acknowledged:,} events, found {stored:,}")
             bad += 1
     print(f"load average {os.getloadavg()[0]:.1f} at the end; /ceil: batch events/s over the one-core pydantic "
-          f"validation ceiling of the same bodies; single runs at {args.single_connections} connections")
+          f"validation ceiling of the same bodies; single runs at {args.single_connections} connections; srv cores: "
+          "server CPU over wall time; writer: share of wall time the writer spent writing groups (DuckDB and COMMIT)")
     return 1 if bad else 0
 
 

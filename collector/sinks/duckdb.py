@@ -119,6 +119,9 @@ class DuckDBSink(Sink):
         self._close_lock = threading.Lock()
         self.commits = 0
         self.grouped_requests = 0
+        #: Seconds the writer spent writing groups (rows to DuckDB, COMMIT), failed writes included: over a
+        #: stretch of wall time, the share the writer was busy (``bench/ingest.py`` prints it).
+        self.write_seconds = 0.0
         self.failed_writes = 0
         self.last_error: str | None = None
         # pyarrow imports pandas on its first conversion from Python objects (~150 ms): pay it now, not on
@@ -222,6 +225,7 @@ class DuckDBSink(Sink):
             "pending_requests": float(self._queue.qsize()),
             "commits_total": float(self.commits),
             "grouped_requests_total": float(self.grouped_requests),
+            "write_seconds_total": self.write_seconds,
             "commit_delay_seconds": self.commit_delay,
             "failed_writes_total": float(self.failed_writes),
             "store_recoveries_total": float(self._db.recoveries),
@@ -260,6 +264,7 @@ class DuckDBSink(Sink):
             with _gil_handover() if rows >= BIG_GROUP_ROWS else contextlib.nullcontext():
                 results = ingest_many(self._db, [j.prepared for j in jobs])
         except Exception as exc:
+            self.write_seconds += time.perf_counter() - started
             if len(jobs) > 1:
                 # One request's rows spoiled the shared transaction: write each alone so only it fails.
                 for j in jobs:
@@ -272,6 +277,7 @@ class DuckDBSink(Sink):
             err.__cause__ = exc
             self._settle([(jobs[0], None, err)])
             return
+        self.write_seconds += time.perf_counter() - started
         self.last_error = None
         self.commits += 1
         self.grouped_requests += len(jobs)

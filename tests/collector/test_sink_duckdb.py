@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import wait
 
 import orjson
@@ -46,6 +47,20 @@ def test_requests_waiting_together_share_one_commit_and_keep_their_own_results(s
     # nine after it count it as a duplicate, exactly as if they had been written one by one
     assert [(r.accepted, r.duplicates) for r in results] == [(2, 0)] + [(1, 1)] * 9
     assert sink.store.read("SELECT count(*) FROM ubi_events") == [(1 + 10 + 1,)]
+
+
+def test_the_writer_counts_the_seconds_it_spends_writing(sink, make_event):
+    # bench/ingest.py divides this by wall time to say how busy the writer was; a write held back by the
+    # store's lock for 0.2 s must count those 0.2 s (the write starts when the writer takes the request)
+    assert sink.gauges()["write_seconds_total"] == 0.0
+    with sink.store.lock:
+        fut = sink.submit(batch(make_event()), source="t")
+        deadline = time.monotonic() + 10
+        while sink._queue.qsize() and time.monotonic() < deadline:  # the writer has taken it
+            time.sleep(0.005)
+        time.sleep(0.2)
+    assert fut.result(timeout=30).accepted == 1
+    assert 0.2 <= sink.gauges()["write_seconds_total"] < 30
 
 
 def test_concurrent_submitters_all_get_durable_results(sink, make_event):
