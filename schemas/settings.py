@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     sink: str = Field("duckdb", description="where validated records go: duckdb (embedded store) or kafka")
     max_load_bytes: int = Field(1024 * 1024 * 1024, description="largest Arrow body for /v1/admin/load (413 above)")
     commit_delay_ms: float = Field(
-        1.0, ge=0, le=100,
+        0.5, ge=0, le=100,
         description="group commit: when the last commit carried several requests (a loaded collector), the writer "
         "waits this long for more before committing; a lone request is never delayed; 0 turns it off",
     )
