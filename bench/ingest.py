@@ -379,9 +379,10 @@ def main() -> int:
         print(
             f"{r['run']:34} {r['events']:>8,} {r.get('requests', 0):>8,} {r['events_per_s']:>9,.0f} "
             f"{r.get('requests_per_s', 0):>7,.0f} {r.get('p50_ms', 0):>7.2f} {r.get('p99_ms', 0):>7.2f} "
-            f"{pct(r, ceiling):>9} {r.get('server_cpu_ms_per_request', 0):>14.3f} "
-            f"{r.get('server_cores', 0):>9.2f} {r.get('writer_busy', 0):>6.0%} "
-            f"{r.get('requests_per_commit', 0):>10.1f}"
+            f"{pct(r, ceiling):>9} "
+            + (f"{r['server_cpu_ms_per_request']:>14.3f} {r['server_cores']:>9.2f} {r['writer_busy']:>6.0%} "
+               f"{r['requests_per_commit']:>10.1f}" if "server_cores" in r else  # the in-process row has no server
+               f"{'-':>14} {'-':>9} {'-':>6} {'-':>10}")
         )
     print(
         f"\nacknowledged {acknowledged:,} events over HTTP; found {stored:,} in the database after shutdown"
