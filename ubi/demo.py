@@ -15,7 +15,6 @@ import contextlib
 import io
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -44,18 +43,30 @@ class DemoError(UbiError):
     """The demo could not run (collector did not start, a stage failed)."""
 
 
-def free_port() -> int:
-    """A free TCP port on loopback (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _advertised_by(db: Path, pid: int) -> str | None:
+    """The URL in the sidecar beside ``db`` if the process ``pid`` wrote it (a stale one names another pid)."""
+    from ubi_pipeline.store.client import sidecar_path
+
+    try:
+        side = json.loads(sidecar_path(db).read_text())
+    except (OSError, ValueError):
+        return None
+    url = side.get("url") if isinstance(side, dict) and side.get("pid") == pid else None
+    return url if isinstance(url, str) else None
 
 
 @contextlib.contextmanager
-def running_collector(db: Path, port: int, log: Path) -> Iterator[str]:
-    """Run ``ubi serve`` as its own process until the block ends; yield its base URL."""
+def running_collector(db: Path, port: int = 0, log: Path | None = None) -> Iterator[str]:
+    """Run ``ubi serve`` as its own process until the block ends; yield its base URL.
+
+    ``port`` 0 (the default) lets the collector bind a free port itself. The URL is the one the started process
+    advertises beside ``db`` (the sidecar carries its pid), never a guess: a port picked beforehand can be taken
+    by another program before the collector binds it, and a health check on that port would then reach the
+    other program's server (the collector itself exits with "address already in use").
+    """
     import httpx
-    url = f"http://127.0.0.1:{port}"
+
+    log = log if log is not None else db.with_name(db.name + ".collector.log")
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(db), "--port", str(port)],
@@ -66,13 +77,15 @@ def running_collector(db: Path, port: int, log: Path) -> Iterator[str]:
             while True:
                 if proc.poll() is not None:
                     raise DemoError(f"the collector exited with code {proc.returncode}; see {log}")
-                try:
-                    if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
+                url = _advertised_by(db, proc.pid)
+                if url is not None:
+                    try:
+                        if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
                 if time.monotonic() > deadline:
-                    raise DemoError(f"the collector did not answer on {url} within 30 s; see {log}")
+                    raise DemoError(f"the collector did not come up within 30 s; see {log}")
                 time.sleep(0.1)
             yield url
         finally:
@@ -159,7 +172,7 @@ def run_demo(args: argparse.Namespace) -> int:
                   "candidate judgments with their evidence, and a joint online + offline report.")
     console.print(f"Work folder: {workdir}/ (store, human judgments, truth, HTML report)")
 
-    with running_collector(db, free_port(), workdir / "collector.log") as url:
+    with running_collector(db, 0, workdir / "collector.log") as url:
         _step(console, f"Collector running at {url}, storing into {db}")
         console.print(f"Simulated shop: {summary['queries']} queries, {summary['sessions']:,} searches, "
                       f"{summary['clicks']:,} clicks; rankers {', '.join(RANKERS)} "

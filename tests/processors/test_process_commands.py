@@ -208,13 +208,13 @@ def test_help_texts_explain(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_process_while_a_collector_holds_the_store(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A real `ubi serve` process owns the file: sessions come from its sealed segments, judgments go through it."""
-    from ubi_pipeline.demo import free_port, running_collector
+    from ubi_pipeline.demo import running_collector
 
     # A row of an earlier ctr run for a pair this run does not see: replacing the source must remove it.
     with duckdb.connect(str(db)) as con:
         con.execute("INSERT INTO judgments (query, doc_id, source, score, created_at) "
                     "VALUES ('stale query', 'gone-doc', 'implicit:ctr', 0.5, now())")
-    with running_collector(db, free_port(), tmp_path / "collector.log"):
+    with running_collector(db, log=tmp_path / "collector.log"):
         summary = run_json(capsys, "process", "--db", str(db), *BASE0, "--model", "ctr", "--json")
         assert (summary["sessions"]["sessions"], summary["stored"], summary["stale_rows_removed"]) == (278, 1003, True)
         exp = run_json(capsys, "review", "export", "--db", str(db), "--top", "1", "--out", str(tmp_path / "r.csv"),

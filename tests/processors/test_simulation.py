@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -275,12 +274,6 @@ def test_bad_settings_are_refused(bad: dict[str, object]) -> None:
 # ---------------------------------------------------------------- posting to a running collector
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def collector(tmp_path: Path) -> object:
     import uvicorn
@@ -288,8 +281,8 @@ def collector(tmp_path: Path) -> object:
     from ubi_pipeline.collector.app import create_app
 
     db = tmp_path / "live.duckdb"
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(Settings(db=db)), host="127.0.0.1", port=port,
+    # port 0: uvicorn binds a free port itself (one picked in advance may be taken by another program meanwhile)
+    server = uvicorn.Server(uvicorn.Config(create_app(Settings(db=db)), host="127.0.0.1", port=0,
                                            log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -298,6 +291,7 @@ def collector(tmp_path: Path) -> object:
         if time.monotonic() > deadline:
             raise RuntimeError("collector did not start")
         time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
     yield f"http://127.0.0.1:{port}", db
     server.should_exit = True
     thread.join(timeout=20)

@@ -198,12 +198,12 @@ def test_export_implicit_names_the_one_model_and_refuses_to_mix_several(tmp_path
 
 
 def test_import_and_export_while_a_collector_holds_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ubi_pipeline.demo import free_port, running_collector
+    from ubi_pipeline.demo import running_collector
 
     db = build_store(tmp_path / "ubi.duckdb")
     qrels = tmp_path / "h.jsonl"
     qrels.write_text(HUMAN_JSONL)
-    with running_collector(db, free_port(), tmp_path / "collector.log"):
+    with running_collector(db, log=tmp_path / "collector.log"):
         got = run_json(capsys, "judgments", "import", str(qrels), "--db", str(db), "--json")
         assert (got["judgments"], got["unmatched_queries"]) == (6, 0)
         assert main(["judgments", "export", "--db", str(db), "--format", "trec"]) == 0

@@ -9,6 +9,7 @@ assessor the README asks for: it fills the ``grade`` column with the suggested g
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import shlex
@@ -150,6 +151,14 @@ def test_readme_tour_with_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert repository_root() == before, "the tour wrote into the repository root"
 
 
+def _advertised_pid(db: Path) -> int | None:
+    """The pid in the sidecar a running collector writes beside ``db`` (None: none yet)."""
+    try:
+        return int(json.loads(Path(str(db) + ".collector.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -173,11 +182,14 @@ def test_readme_tour_with_serve(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 60
         while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
+            # up once the sidecar names this server's pid: a port picked in advance may have been taken by
+            # another program in between, whose server would answer the health check instead
+            if _advertised_pid(tmp_path / "ubi.duckdb") == server.pid:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
             assert server.poll() is None and time.monotonic() < deadline, "ubi serve did not come up"
             time.sleep(0.2)
         printed = walk(rest, tmp_path)

@@ -145,13 +145,13 @@ def test_review_sheet_with_several_assessors_and_notes(tmp_path: Path, capsys: p
 def test_scoped_replace_and_model_import_while_a_collector_holds_the_store(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tests.reports.joint_fixtures import build_store
-    from ubi_pipeline.demo import free_port, running_collector
+    from ubi_pipeline.demo import running_collector
 
     db = build_store(tmp_path / "ubi.duckdb")
     ann = _jsonl(tmp_path / "ann.jsonl", [{"query_id": "q1", "query": "red shoes", "relevant": {"d1": 3, "d2": 1}}])
     bob = _jsonl(tmp_path / "bob.jsonl", [{"query_id": "q1", "query": "red shoes", "relevant": {"d1": 1, "d2": 2}}])
     ann2 = _jsonl(tmp_path / "ann2.jsonl", [{"query_id": "q1", "query": "red shoes", "relevant": {"d1": 2}}])
-    with running_collector(db, free_port(), tmp_path / "collector.log"):
+    with running_collector(db, log=tmp_path / "collector.log"):
         # through the admin protocol: the same scoped replace as on a free file
         assert _import(db, ann, "--assessor", "ann") == 0
         assert _import(db, bob, "--assessor", "bob") == 0
