@@ -991,18 +991,21 @@ def _general_events(con: duckdb.DuckDBPyConnection, lines: pa.Table, received_at
     return _events_of(con, GENERAL_EVENT_SQL, general_parse(con, lines), received_at)
 
 
-def _arrow(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> pa.Table:
-    """The rows of the SELECT ``sql``, run through ``execute`` (see :func:`_events_of`), as an Arrow table."""
-    reader = con.execute(sql, params).to_arrow_reader()
+def _read_all(reader: Any, sql: str) -> pa.Table:
+    """The rows of an ``execute`` result's Arrow reader; a typed error if the statement had no result set.
+
+    The statement itself runs in the caller: DuckDB's replacement scan finds the Arrow tables it names among
+    the variables of the frame that calls ``execute``."""
     if reader is None:  # a statement without a result set: never one of ours
         raise StoreError(f"the import's statement returned no rows to read: {sql[:80]}...")
-    return reader.read_all()
+    table: pa.Table = reader.read_all()
+    return table
 
 
 def general_parse(con: duckdb.DuckDBPyConnection, lines: pa.Table) -> pa.Table:
     """:data:`GENERAL_PARSE_SQL` over ``lines`` (read through ``execute``: see :func:`_events_of`)."""
     _ubi_fast_lines = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
-    return _arrow(con, GENERAL_PARSE_SQL)
+    return _read_all(con.execute(GENERAL_PARSE_SQL).to_arrow_reader(), GENERAL_PARSE_SQL)
 
 
 def _events_of(con: duckdb.DuckDBPyConnection, sql: str, lines: pa.Table, received_at: datetime) -> pa.Table:
@@ -1016,7 +1019,7 @@ def _events_of(con: duckdb.DuckDBPyConnection, sql: str, lines: pa.Table, receiv
     an ``execute`` result copies the rows once more (DuckDB warns of it; the warning is filtered above), which
     costs less than that bind."""
     _ubi_fast_lines = _ubi_fast_parsed = lines  # noqa: F841 (read by name by DuckDB's replacement scan)
-    rows = _arrow(con, sql, [received_at])
+    rows = _read_all(con.execute(sql, [received_at]).to_arrow_reader(), sql)
     pos = rows.column("_pos").to_numpy()
     if len(pos) > 1 and not bool(np.all(pos[1:] > pos[:-1])):
         rows = rows.take(pa.array(np.argsort(pos, kind="stable")))
