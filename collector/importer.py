@@ -686,6 +686,12 @@ def _import_fast(
                 previous, pending = pending, None
                 write(previous)
             pending = (parsed, len(part), cursor.done)
+        # The last chunk too inside the try: a failure there must roll the open transaction back, or the store
+        # lock it holds is never released and closing the store waits for ever.
+        if pending is not None:
+            previous, pending = pending, None
+            write(previous)
+        commit()
     except InputFileError:
         # The file stops being readable after this chunk: its records are written before the error is
         # raised, as they are without the read-ahead.
@@ -699,9 +705,6 @@ def _import_fast(
             batch, open_batch = None, batch
             open_batch.__exit__(type(exc), exc, exc.__traceback__)
         raise
-    if pending is not None:
-        write(pending)
-    commit()
     return records
 
 
