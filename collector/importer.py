@@ -12,6 +12,7 @@ import dataclasses
 import io
 import itertools
 import os
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -188,12 +189,29 @@ def iter_items(path: Path, kind: Kind | None = None, cursor: FileCursor | None =
 
 @contextmanager
 def _opened(path: Path, cursor: FileCursor | None) -> Iterator[tuple[io.BufferedReader, str | None]]:
-    """The file open (gzip undone), attached to ``cursor`` for progress, and its format (:func:`_format`)."""
+    """The file open (gzip undone), attached to ``cursor`` for progress, and its format (:func:`_format`).
+
+    A file that stops being readable while it is read raises :class:`InputFileError` naming it: a gzip file cut
+    short (an interrupted copy or download), gzip data that is corrupt, a read error of the disk. The records
+    read before are kept as for any error that ends a file (``ubi import`` writes them first)."""
     fh = _open(path)
     if cursor is not None:
         cursor.attach(fh)
     with fh:
-        yield fh, _format(fh, path)
+        try:
+            yield fh, _format(fh, path)
+        except EOFError as exc:  # gzip's "Compressed file ended before the end-of-stream marker was reached"
+            raise InputFileError(str(path), None, f"the gzip data ends early, {_read_so_far(path, cursor)}: the file "
+                                 "is cut short (an interrupted copy or download?)") from exc
+        except (zlib.error, OSError) as exc:  # gzip.BadGzipFile is an OSError
+            raise InputFileError(str(path), None, f"cannot read on, {_read_so_far(path, cursor)}: "
+                                 f"{getattr(exc, 'strerror', None) or exc}") from exc
+
+
+def _read_so_far(path: Path, cursor: FileCursor | None) -> str:
+    """Where reading stopped, for a message: bytes of the file on disk read of its size."""
+    size = cursor.size if cursor is not None else path.stat().st_size
+    return f"after {cursor.done:,} of {size:,} bytes" if cursor is not None else f"in {size:,} bytes"
 
 
 def _file_error(path: Path, exc: BodyError) -> InputFileError:
@@ -678,6 +696,13 @@ def _import_fast(
         if in_batch >= batch_records:
             commit()
 
+    def rollback(exc: BaseException) -> None:
+        """Roll the open transaction back (nothing of it was reported), releasing the store lock it holds."""
+        nonlocal batch
+        if batch is not None:
+            batch, open_batch = None, batch
+            open_batch.__exit__(type(exc), exc, exc.__traceback__)
+
     pending: tuple[Future[ParsedChunk], int, int] | None = None
     try:
         for part in fast_chunks(path, kind, cursor):
@@ -695,15 +720,17 @@ def _import_fast(
     except InputFileError:
         # The file stops being readable after this chunk: its records are written before the error is
         # raised, as they are without the read-ahead.
-        if pending is not None:
-            previous, pending = pending, None
-            write(previous)
-        commit()
+        try:
+            if pending is not None:
+                previous, pending = pending, None
+                write(previous)
+            commit()
+        except BaseException as exc:
+            rollback(exc)
+            raise
         raise
     except BaseException as exc:
-        if batch is not None:  # roll the open transaction back: nothing of it was reported
-            batch, open_batch = None, batch
-            open_batch.__exit__(type(exc), exc, exc.__traceback__)
+        rollback(exc)
         raise
     return records
 

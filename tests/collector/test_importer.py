@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -96,3 +97,82 @@ def test_a_failure_while_writing_a_chunk_rolls_back_and_releases_the_store(
     assert len(outcome) == 1 and isinstance(outcome[0], duckdb.CatalogException)
     with duckdb.connect(str(db), read_only=True) as con:  # closed: a read-only open succeeds
         assert con.execute("SELECT count(*) FROM ubi_events").fetchall() == [(0,)]
+
+
+def _cut_gzip(tmp_path: Path, lines: int) -> Path:
+    """An NDJSON file of ``lines`` events, gzipped and cut in half (an interrupted copy)."""
+    import gzip
+
+    whole = gzip.compress(_events_file(tmp_path / "e.ndjson", lines).read_bytes())
+    cut = tmp_path / "e.ndjson.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    return cut
+
+
+@pytest.fixture
+def small_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 1,000 records read 64 kB at a time, so that a small file has chunks before its cut."""
+    from ubi_pipeline.collector import blocks
+
+    chunked = importer.fast_chunks
+    monkeypatch.setattr(importer, "fast_chunks",
+                        lambda path, kind=None, cursor=None: chunked(path, kind, cursor, size=1000))
+    monkeypatch.setattr(blocks, "LINE_BLOCK", 64 << 10)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_gzip_file_cut_short_is_an_input_error_naming_it(tmp_path: Path, small_reads: None, fast: bool) -> None:
+    # an interrupted download: gzip raises EOFError half-way, which used to end `ubi import` as an internal error
+    from ubi_pipeline.schemas.errors import InputFileError
+
+    cut = _cut_gzip(tmp_path, 30_000)
+    db = tmp_path / "s.duckdb"
+    with pytest.raises(InputFileError, match=r"e\.ndjson\.gz: the gzip data ends early, after .* bytes: the file is cut short"):
+        import_files([cut], db, fast=fast)
+    with duckdb.connect(str(db), read_only=True) as con:  # what was read before the cut is stored, once
+        stored, distinct = con.execute("SELECT count(*), count(DISTINCT query_id) FROM ubi_events").fetchall()[0]
+    assert 0 < stored < 30_000 and stored == distinct
+
+
+def test_a_failure_writing_what_was_read_before_a_cut_also_rolls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_reads: None
+) -> None:
+    # the chunks read before the cut are written before the InputFileError is raised; if that write fails
+    # too, its transaction is rolled back and the store released all the same
+    from ubi_pipeline.schemas.errors import InputFileError
+
+    cut = _cut_gzip(tmp_path, 30_000)
+    ended: list[InputFileError] = []  # set once reading the file raised: only the writes after it fail
+    reading, storing = importer.fast_chunks, importer.store_chunk
+
+    def read(*args: object, **kwargs: object) -> Iterator[object]:
+        try:
+            yield from reading(*args, **kwargs)
+        except InputFileError as exc:
+            ended.append(exc)
+            raise
+
+    def store(*args: object, **kwargs: object) -> object:
+        if ended:
+            raise duckdb.CatalogException("Catalog Error: made to fail by the test")
+        return storing(*args, **kwargs)
+
+    monkeypatch.setattr(importer, "fast_chunks", read)
+    monkeypatch.setattr(importer, "store_chunk", store)
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            import_files([cut], tmp_path / "t.duckdb", batch_records=2000)  # a commit every two chunks
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 (kept for the assertion below)
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "import_files hung after a failed chunk"
+    assert ended and len(outcome) == 1 and isinstance(outcome[0], duckdb.CatalogException)
+    with duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True) as con:  # the store was released
+        stored = con.execute("SELECT count(*) FROM ubi_events").fetchall()[0][0]
+    assert 0 < stored < 30_000  # the transactions committed before the cut stay; the failed one left nothing
