@@ -210,8 +210,9 @@ def _opened(path: Path, cursor: FileCursor | None) -> Iterator[tuple[io.Buffered
 
 def _read_so_far(path: Path, cursor: FileCursor | None) -> str:
     """Where reading stopped, for a message: bytes of the file on disk read of its size."""
-    size = cursor.size if cursor is not None else path.stat().st_size
-    return f"after {cursor.done:,} of {size:,} bytes" if cursor is not None else f"in {size:,} bytes"
+    if cursor is None:
+        return f"in {path.stat().st_size:,} bytes"
+    return f"after {cursor.done:,} of {cursor.size:,} bytes"
 
 
 def _file_error(path: Path, exc: BodyError) -> InputFileError:
@@ -704,6 +705,16 @@ def _import_fast(
             open_batch.__exit__(type(exc), exc, exc.__traceback__)
 
     pending: tuple[Future[ParsedChunk], int, int] | None = None
+
+    def finish() -> None:
+        """Write the chunk read last and commit. Always inside a try that rolls back: a failure here with the
+        transaction left open would hold the store lock, and closing the store would wait for ever."""
+        nonlocal pending
+        if pending is not None:
+            previous, pending = pending, None
+            write(previous)
+        commit()
+
     try:
         for part in fast_chunks(path, kind, cursor):
             parsed = pool.submit(parse_chunk, parser, part, source=source, received_at=utcnow())
@@ -711,20 +722,12 @@ def _import_fast(
                 previous, pending = pending, None
                 write(previous)
             pending = (parsed, len(part), cursor.done)
-        # The last chunk too inside the try: a failure there must roll the open transaction back, or the store
-        # lock it holds is never released and closing the store waits for ever.
-        if pending is not None:
-            previous, pending = pending, None
-            write(previous)
-        commit()
+        finish()
     except InputFileError:
         # The file stops being readable after this chunk: its records are written before the error is
         # raised, as they are without the read-ahead.
         try:
-            if pending is not None:
-                previous, pending = pending, None
-                write(previous)
-            commit()
+            finish()
         except BaseException as exc:
             rollback(exc)
             raise

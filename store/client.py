@@ -89,17 +89,26 @@ def reading(db: Path | str, settings: Settings | None = None) -> Iterator[duckdb
         con.close()
 
 
+def advertised(db: Path) -> tuple[str, int | None] | None:
+    """``(url, pid)`` from the sidecar a running collector writes beside ``db`` (:func:`advertise`); None when there
+    is none or it cannot be read."""
+    try:
+        info = json.loads(sidecar_path(db).read_text())
+        url, pid = info["url"], info.get("pid")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return (url, pid if isinstance(pid, int) else None) if isinstance(url, str) else None
+
+
 def collector_url(db: Path) -> str:
     """URL of the collector that holds ``db``, from its sidecar file."""
-    side = sidecar_path(db)
-    try:
-        info = json.loads(side.read_text())
-        return str(info["url"])
-    except (OSError, ValueError, KeyError) as exc:
+    found = advertised(db)
+    if found is None:
         raise StoreLocked(
-            f"{db} is locked by another process and no running collector advertises it ({side} missing or "
-            "unreadable). Stop the process holding the file, or run this command again once it has finished."
-        ) from exc
+            f"{db} is locked by another process and no running collector advertises it ({sidecar_path(db)} missing "
+            "or unreadable). Stop the process holding the file, or run this command again once it has finished."
+        )
+    return found[0]
 
 
 def request_seal(db: Path) -> Sealed:

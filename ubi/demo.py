@@ -43,18 +43,6 @@ class DemoError(UbiError):
     """The demo could not run (collector did not start, a stage failed)."""
 
 
-def _advertised_by(db: Path, pid: int) -> str | None:
-    """The URL in the sidecar beside ``db`` if the process ``pid`` wrote it (a stale one names another pid)."""
-    from ubi_pipeline.store.client import sidecar_path
-
-    try:
-        side = json.loads(sidecar_path(db).read_text())
-    except (OSError, ValueError):
-        return None
-    url = side.get("url") if isinstance(side, dict) and side.get("pid") == pid else None
-    return url if isinstance(url, str) else None
-
-
 @contextlib.contextmanager
 def running_collector(db: Path, port: int = 0, log: Path | None = None) -> Iterator[str]:
     """Run ``ubi serve`` as its own process until the block ends; yield its base URL.
@@ -65,6 +53,8 @@ def running_collector(db: Path, port: int = 0, log: Path | None = None) -> Itera
     other program's server (the collector itself exits with "address already in use").
     """
     import httpx
+
+    from ubi_pipeline.store.client import advertised
 
     log = log if log is not None else db.with_name(db.name + ".collector.log")
     with log.open("wb") as out:
@@ -77,7 +67,8 @@ def running_collector(db: Path, port: int = 0, log: Path | None = None) -> Itera
             while True:
                 if proc.poll() is not None:
                     raise DemoError(f"the collector exited with code {proc.returncode}; see {log}")
-                url = _advertised_by(db, proc.pid)
+                found = advertised(db)
+                url = found[0] if found is not None and found[1] == proc.pid else None  # a stale one: another pid
                 if url is not None:
                     try:
                         if httpx.get(url + "/healthz", timeout=1).status_code == 200:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -56,6 +57,25 @@ def test_a_file_imported_twice_reports_its_counts_by_kind(tmp_path: Path) -> Non
     assert second.public()["accepted"] == 0 and second.public()["duplicates"] == 3
 
 
+def _import_within_a_minute(paths: list[Path], db: Path, **options: Any) -> BaseException | None:
+    """What ``import_files`` raised (None: nothing), run in a thread that must end within 60 s: a hang fails the
+    test instead of stalling the whole run."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            import_files(paths, db, **options)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 (returned to the test)
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "import_files hung after a failed chunk"
+    return outcome[0]
+
+
 def _events_file(path: Path, n: int) -> Path:
     path.write_text("".join(
         f'{{"action_name": "click", "query_id": "q{i}", "timestamp": "2024-01-01T00:00:00Z"}}\n' for i in range(n)))
@@ -81,20 +101,7 @@ def test_a_failure_while_writing_a_chunk_rolls_back_and_releases_the_store(
     monkeypatch.setattr(fastpath, "general_parse", fail)
     path = _events_file(tmp_path / "e.ndjson", 1000 * chunks)
     db = tmp_path / "s.duckdb"
-    outcome: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            import_files([path], db)
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 (kept for the assertion below)
-            outcome.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(timeout=60)
-    assert not worker.is_alive(), "import_files hung after a failed chunk"
-    assert len(outcome) == 1 and isinstance(outcome[0], duckdb.CatalogException)
+    assert isinstance(_import_within_a_minute([path], db), duckdb.CatalogException)
     with duckdb.connect(str(db), read_only=True) as con:  # closed: a read-only open succeeds
         assert con.execute("SELECT count(*) FROM ubi_events").fetchall() == [(0,)]
 
@@ -159,20 +166,8 @@ def test_a_failure_writing_what_was_read_before_a_cut_also_rolls_back(
 
     monkeypatch.setattr(importer, "fast_chunks", read)
     monkeypatch.setattr(importer, "store_chunk", store)
-    outcome: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            import_files([cut], tmp_path / "t.duckdb", batch_records=2000)  # a commit every two chunks
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 (kept for the assertion below)
-            outcome.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(timeout=60)
-    assert not worker.is_alive(), "import_files hung after a failed chunk"
-    assert ended and len(outcome) == 1 and isinstance(outcome[0], duckdb.CatalogException)
+    outcome = _import_within_a_minute([cut], tmp_path / "t.duckdb", batch_records=2000)  # a commit every 2 chunks
+    assert ended and isinstance(outcome, duckdb.CatalogException)
     with duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True) as con:  # the store was released
         stored = con.execute("SELECT count(*) FROM ubi_events").fetchall()[0][0]
     assert 0 < stored < 30_000  # the transactions committed before the cut stay; the failed one left nothing

@@ -9,7 +9,6 @@ assessor the README asks for: it fills the ``grade`` column with the suggested g
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 import shlex
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from ubi_pipeline.cli import build_parser, main
+from ubi_pipeline.store.client import advertised
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -151,14 +151,6 @@ def test_readme_tour_with_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert repository_root() == before, "the tour wrote into the repository root"
 
 
-def _advertised_pid(db: Path) -> int | None:
-    """The pid in the sidecar a running collector writes beside ``db`` (None: none yet)."""
-    try:
-        return int(json.loads(Path(str(db) + ".collector.json").read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -184,7 +176,8 @@ def test_readme_tour_with_serve(tmp_path: Path) -> None:
         while True:
             # up once the sidecar names this server's pid: a port picked in advance may have been taken by
             # another program in between, whose server would answer the health check instead
-            if _advertised_pid(tmp_path / "ubi.duckdb") == server.pid:
+            found = advertised(tmp_path / "ubi.duckdb")
+            if found is not None and found[1] == server.pid:
                 try:
                     if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
                         break
