@@ -39,7 +39,7 @@ from ubi_pipeline.stages import skip_pyarrow_pandas_probe  # noqa: E402
 from ubi_pipeline.store.duckdb_store import Store  # noqa: E402
 
 #: Layouts of bench/ingest.py's --shapes runs (None: its own compact JSON, with event_id).
-SHAPES: dict[str, str | None] = {"simulator": None, "js-client": "javascript", "python-json": "python-json"}
+SHAPES: dict[str, str | None] = {"simulator": "simulator", "js-client": "js-client", "python-json": "python-json"}
 
 
 def stored(store: Store) -> int:
