@@ -8,7 +8,7 @@ Layout of one spool directory::
     cursor                   {"segment": n, "offset": b}: everything before it has been replayed
 
 A frame is a 16-byte header (magic ``UBIS``, payload length, record count, CRC-32 of the payload) and the
-payload. :meth:`Spool.append` writes whole frames and fsyncs before it returns, so an entry that was
+payload (the format is :mod:`ubi_pipeline.store.framelog`, shared with the store's answer log). :meth:`Spool.append` writes whole frames and fsyncs before it returns, so an entry that was
 acknowledged survives a crash; a torn frame at the tail (the process died mid-write, before the fsync,
 hence before any acknowledgement) is cut off when the spool is opened again. Replay reads entries in the
 order they were appended and moves the cursor (written atomically: temp file, fsync, rename) only after the
@@ -22,22 +22,28 @@ and a collector adopts and drains slots left behind by collectors that died (:fu
 from __future__ import annotations
 
 import fcntl
-import json
 import os
-import struct
 import threading
-import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ubi_pipeline.collector.errors import SinkUnavailable
 from ubi_pipeline.schemas.errors import UbiError
 from ubi_pipeline.store.files import fsync_dir
-
-MAGIC = b"UBIS"
-HEADER = struct.Struct("<4sIII")  # magic, payload length, records, crc32(payload)
-_SEGMENT = "seg-{:012d}.log"
+from ubi_pipeline.store.framelog import (  # noqa: F401  (HEADER, MAGIC: re-exported for the spool's tests)
+    HEADER,
+    MAGIC,
+    FrameLogError,
+    Position,
+    frame,
+    frames,
+    read_cursor,
+    segment_path,
+    segments,
+    write_cursor,
+)
 
 
 class SpoolError(UbiError):
@@ -54,14 +60,6 @@ class SpoolFull(SinkUnavailable):
     kind = "spool_full"
 
 
-@dataclass(frozen=True, order=True)
-class Position:
-    """A place in the spool: segment number and byte offset in it."""
-
-    segment: int
-    offset: int
-
-
 @dataclass(frozen=True)
 class Entry:
     """One appended payload and where the next entry starts (what to acknowledge after replaying it)."""
@@ -71,28 +69,22 @@ class Entry:
     end: Position
 
 
-def _frames(data: bytes, start: int = 0) -> Iterator[tuple[int, int, bytes]]:
-    """Valid frames of a segment's bytes from ``start``: (end offset, records, payload); stops at the first bad one."""
-    pos = start
-    while pos + HEADER.size <= len(data):
-        magic, length, records, crc = HEADER.unpack_from(data, pos)
-        body_end = pos + HEADER.size + length
-        if magic != MAGIC or body_end > len(data):
-            return
-        payload = data[pos + HEADER.size:body_end]
-        if zlib.crc32(payload) != crc:
-            return
-        pos = body_end
-        yield pos, records, payload
-
-
 class Spool:
     """One spool directory, owned by this process (thread-safe)."""
 
-    def __init__(self, directory: Path | str, *, max_bytes: int = 1024**3, segment_bytes: int = 64 * 1024**2) -> None:
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        max_bytes: int = 1024**3,
+        segment_bytes: int = 64 * 1024**2,
+        name: str = "local spool",
+        full_reason: str = "(UBI_SPOOL_MAX_BYTES) while the Kafka broker is unreachable",
+    ) -> None:
         self.dir = Path(directory)
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
+        self.name, self.full_reason = name, full_reason  # what it is and why it fills, for the 503 when full
         self._lock = threading.Lock()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -113,16 +105,10 @@ class Spool:
     # ------------------------------------------------------------ opening
 
     def _segments(self) -> list[int]:
-        out = []
-        for p in self.dir.glob("seg-*.log"):
-            try:
-                out.append(int(p.stem[4:]))
-            except ValueError:
-                continue
-        return sorted(out)
+        return segments(self.dir)
 
     def _path(self, segment: int) -> Path:
-        return self.dir / _SEGMENT.format(segment)
+        return segment_path(self.dir, segment)
 
     def _recover(self) -> None:
         self.cursor = self._read_cursor()
@@ -135,7 +121,7 @@ class Spool:
             data = self._path(s).read_bytes()
             start = self.cursor.offset if s == self.cursor.segment else 0
             end = start
-            for frame_end, records, _ in _frames(data, start):
+            for frame_end, records, _ in frames(data, start):
                 end = frame_end
                 self.depth_entries += 1
                 self.depth_records += records
@@ -156,35 +142,30 @@ class Spool:
         fsync_dir(self.dir)
 
     def _read_cursor(self) -> Position:
-        path = self.dir / "cursor"
         try:
-            obj = json.loads(path.read_text())
-            return Position(int(obj["segment"]), int(obj["offset"]))
-        except FileNotFoundError:
-            segments = self._segments()
-            return Position(segments[0] if segments else 1, 0)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SpoolError(f"{path}: unreadable spool cursor ({exc}); inspect the segments before deleting it, "
-                             "or entries would be replayed from the start (duplicates the loader absorbs)") from exc
+            return read_cursor(self.dir)
+        except FrameLogError as exc:
+            raise SpoolError(str(exc)) from exc
 
     # ------------------------------------------------------------ writing
 
-    def append(self, payloads: Iterable[tuple[int, bytes]]) -> None:
-        """Append entries ``(records, payload)`` and fsync; all or none (raises :class:`SpoolFull`)."""
+    def append(self, payloads: Iterable[tuple[int, bytes]]) -> Position:
+        """Append entries ``(records, payload)`` and fsync; all or none (raises :class:`SpoolFull`). Returns
+        where the next entry will start: :meth:`ack_through` it once the entries are stored elsewhere."""
         items = list(payloads)
-        frames = [HEADER.pack(MAGIC, len(p), n, zlib.crc32(p)) + p for n, p in items]
-        size = sum(len(f) for f in frames)
+        framed = [frame(n, p) for n, p in items]
+        size = sum(len(f) for f in framed)
         with self._lock:
             if self._closed:
                 raise SpoolError(f"{self.dir}: the spool is closed")
             if self.depth_bytes + size > self.max_bytes:
                 raise SpoolFull(
-                    f"the local spool is full ({self.depth_bytes} of {self.max_bytes} bytes, UBI_SPOOL_MAX_BYTES) "
-                    "while the Kafka broker is unreachable; retry later", retry_after=5)
+                    f"the {self.name} is full ({self.depth_bytes} of {self.max_bytes} bytes) {self.full_reason}; "
+                    "retry later", retry_after=5)
             if self._write_offset >= self.segment_bytes:
                 self._rotate()
             try:
-                self._fh.write(b"".join(frames))
+                self._fh.write(b"".join(framed))
                 self._fh.flush()
                 os.fsync(self._fh.fileno())
             except OSError as exc:
@@ -193,8 +174,9 @@ class Spool:
                 raise SinkUnavailable(f"could not write the local spool {self.dir}: {exc}") from exc
             self._write_offset += size
             self.depth_bytes += size
-            self.depth_entries += len(frames)
+            self.depth_entries += len(framed)
             self.depth_records += sum(n for n, _ in items)
+            return Position(self._write_segment, self._write_offset)
 
     def _rotate(self) -> None:
         self._fh.close()
@@ -218,7 +200,7 @@ class Spool:
                 data = path.read_bytes() if path.exists() else b""
                 if pos.segment == self._write_segment:
                     data = data[:self._write_offset]
-                for end, n, payload in _frames(data, pos.offset):
+                for end, n, payload in frames(data, pos.offset):
                     if out and (records + n > max_records or size + len(payload) > max_bytes):
                         return out
                     out.append(Entry(n, payload, Position(pos.segment, end)))
@@ -233,29 +215,27 @@ class Spool:
         """Mark ``entries`` (the first ones :meth:`read` returned) as replayed: persist the cursor, drop old segments."""
         if not entries:
             return
-        end = entries[-1].end
+        self.ack_through(entries[-1].end, entries=len(entries), records=sum(e.records for e in entries),
+                         size=sum(HEADER.size + len(e.payload) for e in entries))
+
+    def ack_through(self, end: Position, *, entries: int, records: int, size: int) -> None:
+        """Mark everything before ``end`` as replayed: ``entries`` entries of ``records`` records, ``size`` bytes
+        with their headers (what :meth:`append` or :meth:`read` gave for them)."""
         with self._lock:
             if self._closed:
                 raise SpoolError(f"{self.dir}: the spool is closed")
             if end <= self.cursor:
                 return
-            tmp = self.dir / "cursor.tmp"
-            with open(tmp, "w") as fh:
-                fh.write(json.dumps({"segment": end.segment, "offset": end.offset}))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.dir / "cursor")
-            fsync_dir(self.dir)
+            write_cursor(self.dir, end)
             old = self.cursor
             self.cursor = end
             for s in range(old.segment, end.segment):
                 self._path(s).unlink(missing_ok=True)
-            freed = sum(HEADER.size + len(e.payload) for e in entries)
-            self.depth_bytes -= freed
-            self.depth_entries -= len(entries)
-            self.depth_records -= sum(e.records for e in entries)
-            self.replayed_entries += len(entries)
-            self.replayed_records += sum(e.records for e in entries)
+            self.depth_bytes -= size
+            self.depth_entries -= entries
+            self.depth_records -= records
+            self.replayed_entries += entries
+            self.replayed_records += records
 
     # ------------------------------------------------------------ state
 
@@ -293,7 +273,7 @@ def slot_dir(root: Path, n: int) -> Path:
     return Path(root) / f"slot-{n}"
 
 
-def claim(root: Path | str, **kwargs: int) -> Spool:
+def claim(root: Path | str, **kwargs: Any) -> Spool:
     """Open the first spool slot under ``root`` that no running process owns."""
     root = Path(root)
     n = 0
