@@ -469,28 +469,37 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
         conflicts=keep_conflicts,
         event_conflicts=lambda positions: keep_conflicts(positions, events=True),
     )
-    results = []
-    for b, p in enumerate(batches):
-        qs = outcome.query_status[q_offsets[b] : q_offsets[b] + p.n_queries]
-        es = outcome.event_status[e_offsets[b] : e_offsets[b] + p.n_events]
-        status: dict[int, tuple[RowStatus, str]] = {}
-        for index, row, st in zip(p.query_index, p.query_rows, qs, strict=True):
-            if st != RowStatus.CONFLICT:
-                status[index] = (st, row[1])
-        for (index, _, _), row, st in zip(p.event_ids, p.event_rows, es, strict=True):
-            if st != RowStatus.CONFLICT:
-                key = row[0]
-                stored = key[3:] if key.startswith("id:") else key
-                status[index] = (st, stored)
-        errors = list(p.validated.errors)
-        if b in conflict_errors:
-            errors.extend(conflict_errors[b])
-            errors.sort(key=lambda e: e.index)
-        counts = Counts.of(qs, es, failed=len(p.validated.errors))
-        results.append(
-            IngestResult(counts=counts, rejected=len(errors), errors=tuple(errors), item_status=status)
+    return [
+        result_of(
+            p,
+            outcome.query_status[q_offsets[b] : q_offsets[b] + p.n_queries],
+            outcome.event_status[e_offsets[b] : e_offsets[b] + p.n_events],
+            conflict_errors.get(b, ()),
         )
-    return results
+        for b, p in enumerate(batches)
+    ]
+
+
+def result_of(
+    p: Prepared, qs: Sequence[RowStatus], es: Sequence[RowStatus], conflicts: Sequence[ItemError] = ()
+) -> IngestResult:
+    """The answer for body ``p`` whose query rows and event rows were written with statuses ``qs`` and ``es``;
+    ``conflicts``: the errors of its rows that conflicted with stored ones."""
+    status: dict[int, tuple[RowStatus, str]] = {}
+    for index, row, st in zip(p.query_index, p.query_rows, qs, strict=True):
+        if st != RowStatus.CONFLICT:
+            status[index] = (st, row[1])
+    for (index, _, _), row, st in zip(p.event_ids, p.event_rows, es, strict=True):
+        if st != RowStatus.CONFLICT:
+            key = row[0]
+            stored = key[3:] if key.startswith("id:") else key
+            status[index] = (st, stored)
+    errors = list(p.validated.errors)
+    if conflicts:
+        errors.extend(conflicts)
+        errors.sort(key=lambda e: e.index)
+    counts = Counts.of(qs, es, failed=len(p.validated.errors))
+    return IngestResult(counts=counts, rejected=len(errors), errors=tuple(errors), item_status=status)
 
 
 def ingest(store: Store, validated: Validated, *, source: str) -> IngestResult:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -64,6 +64,20 @@ class Settings(BaseSettings):
         0.5, ge=0, le=100,
         description="group commit: when the last commit carried several requests (a loaded collector), the writer "
         "waits this long for more before committing; a lone request is never delayed; 0 turns it off",
+    )
+    ack: Literal["log", "commit"] = Field(
+        "log",
+        description="when the collector answers: 'log' after the rows are fsync'd to the answer log beside the store "
+        "(when every key is surely new; others wait for their commit), DuckDB committing them within "
+        "UBI_LOG_COMMIT_MS or before any read; 'commit' always after the DuckDB commit",
+    )
+    log_commit_ms: float = Field(
+        200.0, gt=0, le=60_000,
+        description="longest time rows answered from the answer log wait for their DuckDB commit",
+    )
+    answer_log_max_bytes: int = Field(
+        256 * 1024**2, ge=1024 * 1024,
+        description="answer log size above which the collector answers 503 (reached only while the store cannot commit)",
     )
 
     # --- kafka transport: `ubi serve --sink kafka`, `ubi consume` ---

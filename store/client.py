@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from ubi_pipeline.schemas.errors import StoreError, StoreLocked
 from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store.answer_log import has_unapplied
 from ubi_pipeline.store.duckdb_store import Store, is_lock_error
 from ubi_pipeline.store.failed import failed_page
 from ubi_pipeline.store.parquet_store import is_parquet_store, open_parquet_reader
@@ -46,6 +47,14 @@ def open_reader(db: Path | str, settings: Settings | None = None) -> duckdb.Duck
         return open_parquet_reader(path)
     if not path.exists():
         raise StoreError(f"{path}: no such database; ingest something first (`ubi serve`, `ubi import`)")
+    if has_unapplied(path):
+        # A collector answered rows and stopped before DuckDB committed them: a writer's open writes them
+        # (ubi_pipeline.store.answer_log). Held by a writer: that one did it when it opened.
+        try:
+            Store(path).close()
+        except StoreError as exc:
+            if not isinstance(exc, StoreLocked):
+                raise
     try:
         return duckdb.connect(str(path), read_only=True)
     except duckdb.IOException as exc:

@@ -35,6 +35,7 @@ import pyarrow as pa
 from ubi_pipeline.schemas import tables
 from ubi_pipeline.schemas.errors import StoreError, StoreHeldByReader, StoreLocked
 from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store import answer_log
 from ubi_pipeline.store.judgment_params import table_columns
 from ubi_pipeline.store.keys import KeyIndex
 from ubi_pipeline.store.rows import EVENT_CONTENT_COLUMNS, Counts, RowStatus, event_content_digest
@@ -157,6 +158,10 @@ class Store:
         self._closed = False
         # The open batch (Store.batch): (thread, cursor, after-commit callbacks)
         self._batch: tuple[int, duckdb.DuckDBPyConnection, list[Callable[[duckdb.DuckDBPyConnection], None]]] | None = None
+        #: Called before every read (:meth:`read`, :meth:`reading_cursor`, so seals too), outside any lock: a
+        #: writer that acknowledges rows before it commits them (the collector's answer log) commits them
+        #: here, so that a read sees every acknowledged row.
+        self.before_read: Callable[[], None] | None = None
         if threads is not None:
             # The writer's transactions are inserts of one request group or file chunk: DuckDB's worker threads
             # cost CPU there without speeding anything up (bench/ingest.py: a 31-request group commit 5.5 ->
@@ -171,9 +176,16 @@ class Store:
         self.keys = {t.name: KeyIndex(t) for t in (tables.QUERY_TABLE, tables.EVENT_TABLE)}
         for index in self.keys.values():
             index.open(self.con)
+        #: Rows of the answer log written on open: answered by a collector that stopped before it committed them.
+        self.replayed = 0
         self.sealer = Sealer(self, seal_dir)
         if str(self.path) != ":memory:":
             self.sealer.clean()  # staging left by a seal cut short; files no manifest names
+            try:
+                self.replayed = answer_log.replay(self)
+            except BaseException:
+                self.con.close()
+                raise
 
     def _connect(self, wait_for_readers: float) -> duckdb.DuckDBPyConnection:
         """The read-write connection; while readers hold the file, retry for up to ``wait_for_readers`` s."""
@@ -234,6 +246,8 @@ class Store:
     @contextmanager
     def reading_cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A cursor of its own, outside the store lock, for a read transaction; :meth:`close` waits for it."""
+        if self.before_read is not None:
+            self.before_read()
         with self._idle:
             if self._closed:
                 raise StoreError(f"{self.path}: the store is closed")
@@ -438,13 +452,15 @@ class Store:
         *,
         conflicts: Callable[[Sequence[int]], pa.Table | None] | None = None,
         event_conflicts: Callable[[Sequence[int]], pa.Table | None] | None = None,
+        failed_or_ignore: bool = False,
     ) -> RowOutcome:
         """Like :meth:`write`, but report the outcome of every row, and keep conflicts in the same transaction.
 
         ``conflicts`` (``event_conflicts``) receives the batch positions of conflicting query records
         (events) and returns the ``failed_records`` rows to insert for them, in the same transaction as
         everything else. Within a batch the first occurrence of a key wins; later ones are duplicates (or
-        conflicts).
+        conflicts). ``failed_or_ignore``: a ``failed`` row whose ``failed_id`` is stored already is skipped (a
+        replay of rows written before), not an error.
         """
         q_status: list[RowStatus] = []
         e_status: list[RowStatus] = []
@@ -455,11 +471,24 @@ class Store:
             if events is not None and events.num_rows:
                 e_status = self._insert_events(cur, events, after)
             if failed is not None and failed.num_rows:
-                self._insert_failed(cur, failed)
+                self._insert_failed(cur, failed, or_ignore=failed_or_ignore)
                 f_ins += failed.num_rows
             f_ins += self._keep_conflicts(cur, q_status, conflicts)
             f_ins += self._keep_conflicts(cur, e_status, event_conflicts)
         return RowOutcome(tuple(q_status), tuple(e_status), f_ins)
+
+    def surely_new(self, table: str, keys: Sequence[str]) -> bool:
+        """Whether none of ``keys`` is stored in ``table`` (``ubi_events`` or ``ubi_queries``), known without reading
+        the table: the key index's filter has no false negatives (:mod:`ubi_pipeline.store.keys`). False when it
+        cannot tell: a key may be stored, the filter is not filled yet (no write since the store opened), or
+        rows may have been written around the index since its last write."""
+        if not keys:
+            return True
+        index = self.keys[table]
+        with self.lock:
+            if index.filter is None or index.stale:
+                return False
+            return not bool(index.filter.might_contain(index.hashes(keys)).any())
 
     def _keep_conflicts(
         self,
@@ -683,6 +712,8 @@ class Store:
 
     def read(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a read query on the writer connection (for the collector's own routes)."""
+        if self.before_read is not None:
+            self.before_read()
         with self.lock:
             if self._invalid is not None:
                 self._recover(self._invalid)

@@ -9,9 +9,10 @@ from ubi_pipeline.store.sealed import MANIFEST, default_root
 
 def only_store_files(db: Path) -> bool:
     """Whether everything named after ``db`` is the store's own: the file, its WAL and spill folder, the
-    sidecar, and the seal folder, whose manifest names every segment in it (a reader that read through the
+    sidecar, the collector's answer log, and the seal folder, whose manifest names every segment in it (a reader that read through the
     collector found it there, and left no copy of its own)."""
-    allowed = {db.name, db.name + ".wal", db.name + ".tmp", db.name + ".collector.json", db.name + ".sealed"}
+    allowed = {db.name, db.name + ".wal", db.name + ".tmp", db.name + ".collector.json", db.name + ".sealed",
+               db.name + ".answers"}
     present = {p.name for p in db.parent.glob(db.name + "*")}
     root = default_root(db)
     if not (root / MANIFEST).exists():

@@ -24,15 +24,25 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ubi_pipeline.collector.errors import SinkUnavailable
-from ubi_pipeline.collector.ingest import IngestResult, Prepared, Validated, ingest_many, prepare
+from ubi_pipeline.collector.ingest import IngestResult, Prepared, Validated, ingest_many, prepare, result_of
 from ubi_pipeline.collector.sinks.base import Sink
+from ubi_pipeline.collector.spool import Position, Spool, SpoolError
 from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store import answer_log
 from ubi_pipeline.store.duckdb_store import Store
-from ubi_pipeline.store.rows import EVENT_SCHEMA, failed_row, rows_table
+from ubi_pipeline.store.rows import (
+    EVENT_SCHEMA,
+    QUERY_SCHEMA,
+    RowStatus,
+    failed_row,
+    failed_table,
+    rows_table,
+)
 
 log = logging.getLogger("ubi.collector.sink")
 
@@ -57,6 +67,29 @@ def _settle_on_loop(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException
 
 
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class _Commit:
+    """Asks the writer to commit the rows it answered from the log (a read is waiting for them)."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Answered:
+    """Rows answered from the log and not yet committed to DuckDB, and how far the log holds them."""
+
+    frames: list[answer_log.Tables] = field(default_factory=list)
+    query_keys: set[str] = field(default_factory=set)
+    event_keys: set[str] = field(default_factory=set)
+    requests: int = 0
+    rows: int = 0
+    since: float = 0.0  # monotonic time of the first frame
+    end: Position | None = None  # where the log's next frame starts
+    entries: int = 0
+    records: int = 0
+    size: int = 0  # bytes of the frames in the log, headers included
 
 #: Groups of at least this many rows are committed with a short GIL switch interval (:func:`_gil_handover`).
 BIG_GROUP_ROWS = 500
@@ -107,6 +140,10 @@ class DuckDBSink(Sink):
         max_group_rows: int = 50_000,
         max_pending: int = 10_000,
         commit_delay: float = 0.0,
+        log_dir: Path | None = None,
+        log_commit_seconds: float = 0.2,
+        log_max_bytes: int = 256 * 1024**2,
+        log_commit_rows: int = 50_000,
     ) -> None:
         self.store = store
         self.commit_delay = commit_delay
@@ -127,13 +164,37 @@ class DuckDBSink(Sink):
         # pyarrow imports pandas on its first conversion from Python objects (~150 ms): pay it now, not on
         # the first request.
         rows_table([tuple([None] * len(EVENT_SCHEMA))], EVENT_SCHEMA)
+        #: The answer log (:mod:`ubi_pipeline.store.answer_log`); None: every answer waits for its commit.
+        self._log: Spool | None = None
+        self.log_commit_seconds, self.log_commit_rows = log_commit_seconds, log_commit_rows
+        self._answered = _Answered()
+        self.answered_from_log = 0  # requests answered before their commit
+        if log_dir is not None:
+            try:
+                # The store wrote what an earlier collector answered but did not commit when it opened.
+                self._log = Spool(log_dir, max_bytes=log_max_bytes, name="answer log",
+                                  full_reason="(UBI_ANSWER_LOG_MAX_BYTES): the store has not committed the rows "
+                                  "answered so far (its last error is on /healthz)")
+            except BaseException:
+                store.close()
+                raise
+            store.before_read = self.commit_answered
         self._thread = threading.Thread(target=self._run, name="ubi-duckdb-writer", daemon=True)
         self._thread.start()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DuckDBSink:
-        """Open (or create) the store at ``settings.db`` for writing."""
-        return cls(Store.from_settings(settings), commit_delay=settings.commit_delay_ms / 1000)
+        """Open (or create) the store at ``settings.db`` for writing (with its answer log unless
+        ``settings.ack`` is ``commit`` or the store is in memory)."""
+        store = Store.from_settings(settings)
+        logged = settings.ack == "log" and str(store.path) != ":memory:"
+        return cls(
+            store,
+            commit_delay=settings.commit_delay_ms / 1000,
+            log_dir=answer_log.answer_log_dir(store.path) if logged else None,
+            log_commit_seconds=settings.log_commit_ms / 1000,
+            log_max_bytes=settings.answer_log_max_bytes,
+        )
 
     # ------------------------------------------------------------ the two verbs
 
@@ -206,19 +267,25 @@ class DuckDBSink(Sink):
                 return
             self._closed = True
         self._queue.put(_STOP)
-        self._thread.join()
+        self._thread.join()  # the writer commits what it answered before it stops
+        if self._log is not None:
+            self._db.before_read = None
+            self._log.close()
         self._db.close()
 
     # ------------------------------------------------------------ state
 
     def health(self) -> dict[str, Any]:
-        return {
+        state: dict[str, Any] = {
             "sink": self.name,
             "ok": self.last_error is None and not self._closed,
             "db": str(self._db.path),
             "last_error": self.last_error,
             "recoveries": self._db.recoveries,
         }
+        if self._log is not None:
+            state["answer_log"] = self._log.state()
+        return state
 
     def gauges(self) -> dict[str, float]:
         return {
@@ -229,6 +296,8 @@ class DuckDBSink(Sink):
             "commit_delay_seconds": self.commit_delay,
             "failed_writes_total": float(self.failed_writes),
             "store_recoveries_total": float(self._db.recoveries),
+            "answered_from_log_total": float(self.answered_from_log),
+            "answered_uncommitted_rows": float(self._answered.rows),
         }
 
     # ------------------------------------------------------------ the writer thread
@@ -236,10 +305,19 @@ class DuckDBSink(Sink):
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            job = self._queue.get()
+            try:
+                job = self._queue.get(timeout=self._commit_wait())
+            except queue.Empty:  # answered rows waited long enough: commit them
+                self._commit_answered_now()
+                continue
             if job is _STOP:
                 break
+            if isinstance(job, _Commit):
+                self._commit_answered_now()
+                job.done.set()
+                continue
             jobs: list[_Job] = [job]
+            commits: list[_Commit] = []
             rows = job.prepared.n_queries + job.prepared.n_events
             if self.commit_delay and self._last_group > 1:
                 time.sleep(self.commit_delay)  # loaded: let more requests join this commit
@@ -252,10 +330,133 @@ class DuckDBSink(Sink):
                 if nxt is _STOP:
                     stopping = True
                     break
+                if isinstance(nxt, _Commit):
+                    commits.append(nxt)
+                    continue
                 jobs.append(nxt)
                 rows += nxt.prepared.n_queries + nxt.prepared.n_events
             self._last_group = len(jobs)
-            self._write(jobs)
+            if self._log is not None and self._answerable(jobs):
+                self._answer_from_log(jobs)
+            else:
+                self._commit_answered_now()  # rows answered before these come first in the store
+                self._write(jobs)
+            for c in commits:
+                self._commit_answered_now()
+                c.done.set()
+        self._commit_answered_now()
+
+    # ------------------------------------------------------------ the answer log
+
+    def _commit_wait(self) -> float | None:
+        """How long the writer may wait for a request before it commits the rows it answered."""
+        if not self._answered.frames:
+            return None
+        return max(0.0, self._answered.since + self.log_commit_seconds - time.monotonic())
+
+    def _answerable(self, jobs: list[_Job]) -> bool:
+        """Whether the group's answer can be given before its commit: every key surely new (module doc of
+        :mod:`ubi_pipeline.store.answer_log`), and the store's last write did not fail."""
+        if self.last_error is not None:
+            return False
+        q_keys = [r[0] for j in jobs for r in j.prepared.query_rows]
+        e_keys = [r[0] for j in jobs for r in j.prepared.event_rows]
+        a = self._answered
+        return (
+            len(set(q_keys)) == len(q_keys)
+            and len(set(e_keys)) == len(e_keys)
+            and a.query_keys.isdisjoint(q_keys)
+            and a.event_keys.isdisjoint(e_keys)
+            and self._db.surely_new("ubi_queries", q_keys)
+            and self._db.surely_new("ubi_events", e_keys)
+        )
+
+    def _answer_from_log(self, jobs: list[_Job]) -> None:
+        """Append the group's rows to the log (fsync'd), answer every request, keep the rows for the commit."""
+        if self._log is None:
+            raise SinkUnavailable("the answer log is not open")  # never: _run checks it
+        preps = [j.prepared for j in jobs]
+        q_rows = [r for p in preps for r in p.query_rows]
+        e_rows = [r for p in preps for r in p.event_rows]
+        f_rows = [r for p in preps for r in p.failed_rows]
+        frame: answer_log.Tables = (
+            rows_table(q_rows, QUERY_SCHEMA) if q_rows else None,
+            rows_table(e_rows, EVENT_SCHEMA) if e_rows else None,
+            failed_table(f_rows) if f_rows else None,
+        )
+        n = len(q_rows) + len(e_rows) + len(f_rows)
+        payload = answer_log.encode(frame)
+        started = time.perf_counter()
+        try:
+            end = self._log.append([(n, payload)])
+        except (SinkUnavailable, SpoolError) as exc:  # full, or the disk refused: nothing was answered
+            self.write_seconds += time.perf_counter() - started
+            err = exc if isinstance(exc, SinkUnavailable) else SinkUnavailable(str(exc))
+            self._settle([(j, None, err) for j in jobs])
+            return
+        self.write_seconds += time.perf_counter() - started
+        a = self._answered
+        if not a.frames:
+            a.since = time.monotonic()
+        a.frames.append(frame)
+        a.query_keys.update(r[0] for r in q_rows)
+        a.event_keys.update(r[0] for r in e_rows)
+        a.requests += len(jobs)
+        a.rows += n
+        a.end = end
+        a.entries += 1
+        a.records += n
+        a.size += len(payload) + 16  # the frame header (collector.spool.HEADER)
+        self.answered_from_log += len(jobs)
+        inserted = RowStatus.INSERTED
+        self._settle([(j, result_of(j.prepared, [inserted] * j.prepared.n_queries,
+                                    [inserted] * j.prepared.n_events), None) for j in jobs])
+        if a.rows >= self.log_commit_rows:
+            self._commit_answered_now()
+
+    def _commit_answered_now(self) -> None:
+        """Commit the rows answered from the log in one transaction, then move the log's cursor past them.
+        On failure they stay (in memory and in the log) and the next request or timeout tries again."""
+        a = self._answered
+        if not a.frames or self._log is None or a.end is None:
+            return
+        started = time.perf_counter()
+        try:
+            odd = answer_log.write_frames(self._db, answer_log.concat(a.frames))
+            if odd:
+                log.warning("%d rows answered from the answer log were not new when committed", odd)
+        except Exception as exc:
+            self.write_seconds += time.perf_counter() - started
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.failed_writes += 1
+            a.since = time.monotonic()  # try again after another log_commit_seconds
+            log.exception("committing %d answered rows to %s failed; they stay in the answer log %s and are "
+                          "committed again later", a.rows, self._db.path, self._log.dir)
+            return
+        self.write_seconds += time.perf_counter() - started
+        self.last_error = None
+        self.commits += 1
+        self.grouped_requests += a.requests
+        try:
+            self._log.ack_through(a.end, entries=a.entries, records=a.records, size=a.size)
+        except (OSError, SpoolError):  # committed: replaying these frames after a restart stores nothing twice
+            log.exception("the answer log %s could not record a commit; its frames will be written again "
+                          "(as duplicates) on the next start", self._log.dir)
+        self._answered = _Answered()
+
+    def commit_answered(self) -> None:
+        """Commit every row answered so far (any thread; :attr:`Store.before_read` calls it): after it, a read
+        sees every acknowledged row."""
+        if not self._answered.frames:
+            return
+        if threading.current_thread() is self._thread:
+            self._commit_answered_now()
+            return
+        request = _Commit()
+        self._queue.put(request)
+        while not request.done.wait(0.5):
+            if not self._thread.is_alive():  # stopped: it committed what it had on its way out
+                return
 
     def _write(self, jobs: list[_Job]) -> None:
         started = time.perf_counter()
@@ -305,3 +506,4 @@ class DuckDBSink(Sink):
 def create(settings: Settings) -> DuckDBSink:
     """Sink factory used by ``--sink duckdb`` (the default)."""
     return DuckDBSink.from_settings(settings)
+

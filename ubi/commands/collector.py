@@ -38,7 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "Run the UBI collector. POST /v1/queries and /v1/events (one object, a JSON array or NDJSON), "
             "/ubi_queries and /ubi_events (the OpenSearch reference client), /v1/bulk (OpenSearch _bulk "
             "exports), and OpenSearch's own /_bulk, /{index}/_bulk, /{index}/_doc[/{id}] and /{index}/_create/{id} "
-            "for the UBI indices (answered in OpenSearch's shapes). A 202 is sent only once the records are committed. The collector holds the DuckDB "
+            "for the UBI indices (answered in OpenSearch's shapes). A 202 is sent only once the records are durable: "
+            "fsync'd to the store's answer log when every key is new (DuckDB commits them within UBI_LOG_COMMIT_MS, "
+            "and before any read), else committed (--ack commit: always committed). The collector holds the DuckDB "
             "file; `ubi process`, `ubi report` and `ubi import` keep working while it runs (they read a "
             "sealed Parquet segments of it and write through it). A request to /v1/* or /ubi_* whose every item is "
             "rejected gets 422 naming the first errors (/v1/bulk: 202 with its counts). GET / and HEAD / (the "
@@ -52,6 +54,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--port", type=int, help="port to listen on (default 8000; 0 picks a free one and prints it)"
     )
     p.add_argument("--sink", choices=available_sinks(), help="where records go (default duckdb)")
+    p.add_argument(
+        "--ack",
+        choices=["log", "commit"],
+        help="duckdb sink: answer once new records are fsync'd to the answer log beside the store (log, the "
+        "default: several times the single-event rate) or only after the DuckDB commit (commit)",
+    )
     p.add_argument(
         "--allow-origin",
         action="append",
