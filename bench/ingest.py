@@ -24,8 +24,11 @@ server's peak RSS.
 
 Every HTTP run also says where its time went: the server's CPU over the run's wall time (cores busy), the
 share of wall time the writer thread spent writing groups (``ubi_sink_write_seconds_total``: rows into
-DuckDB and COMMIT) and the requests per commit. A run with both well below their limits is bound by the
-time each request takes (single events: the group-commit cycle), not by the CPU.
+DuckDB and COMMIT, or the answer log) and the requests per DuckDB commit. The server's threads share one
+GIL, so a server near one core is bound by its CPU per request even with a core idle (``bench/ack_modes.py``
+shows it for single events). A run ends when DuckDB has committed its last row (rows answered from the answer
+log are committed within ``UBI_LOG_COMMIT_MS``): ``committed`` is the rate up to then, and the server's CPU
+and counters include that commit.
 
     .venv/bin/python bench/ingest.py [--events 100000] [--singles 20000] [--json]
     .venv/bin/python bench/ingest.py --shapes [--events 50000] [--singles 10000]
@@ -250,16 +253,33 @@ def sink_counters(host: str, port: int) -> dict[str, float]:
     text = httpx.get(f"http://{host}:{port}/metrics", timeout=30).text
     out = {}
     for line in text.splitlines():
-        if line.startswith(("ubi_sink_commits_total", "ubi_sink_grouped_requests_total", "ubi_sink_write_seconds_total")):
+        if line.startswith(("ubi_sink_commits_total", "ubi_sink_grouped_requests_total", "ubi_sink_write_seconds_total",
+                            "ubi_sink_answered_uncommitted_rows", "ubi_sink_answered_from_log_total")):
             out[line.split("{")[0]] = float(line.split()[-1])
     return out
 
 
+def committed(host: str, port: int, timeout: float = 120.0) -> dict[str, float]:
+    """The sink's counters once DuckDB has committed every row answered from the answer log (the collector
+    commits them within UBI_LOG_COMMIT_MS of answering): the run's work is then all counted."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counters = sink_counters(host, port)
+        if not counters.get("ubi_sink_answered_uncommitted_rows") or time.monotonic() > deadline:
+            return counters
+        time.sleep(0.005)
+
+
 def measured(proc: subprocess.Popen, host: str, port: int, **kwargs) -> dict:
-    """One HTTP run with the server's CPU seconds and commits spent on it."""
+    """One HTTP run with the server's CPU seconds and commits spent on it, up to the DuckDB commit of its
+    last row (``committed_per_s``: events over that time; ``events_per_s``: while the clients sent)."""
     cpu0, c0 = cpu_seconds(proc.pid), sink_counters(host, port)
     row = http_load(host, port, **kwargs)
-    cpu1, c1 = cpu_seconds(proc.pid), sink_counters(host, port)
+    sent = time.monotonic()
+    c1 = committed(host, port)
+    row["drain_seconds"] = time.monotonic() - sent
+    row["committed_per_s"] = row["events"] / (row["seconds"] + row["drain_seconds"])
+    cpu1 = cpu_seconds(proc.pid)
     commits = c1["ubi_sink_commits_total"] - c0["ubi_sink_commits_total"]
     row["server_cpu_ms_per_request"] = 1000 * (cpu1 - cpu0) / max(1, row["requests"])
     row["requests_per_commit"] = (
@@ -270,6 +290,8 @@ def measured(proc: subprocess.Popen, host: str, port: int, **kwargs) -> dict:
     # limits while requests wait means the run is bound by the time a request takes, not by the CPU.
     row["server_cores"] = (cpu1 - cpu0) / row["seconds"]
     row["writer_busy"] = (c1["ubi_sink_write_seconds_total"] - c0["ubi_sink_write_seconds_total"]) / row["seconds"]
+    row["from_log"] = (c1.get("ubi_sink_answered_from_log_total", 0) - c0.get("ubi_sink_answered_from_log_total", 0)) / max(
+        1, row["requests"])
     return row
 
 
@@ -397,8 +419,8 @@ def shapes_run(args: argparse.Namespace) -> int:
 
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared machine: figures "
           "inflated by other work)")
-    header = (f"{'shape':22} {'run':7} {'events/s':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'/ceil':>6} "
-              f"{'srv RSS MB':>10} {'srv cores':>9} {'writer':>6} {'req/commit':>10}")
+    header = (f"{'shape':22} {'run':7} {'events/s':>9} {'committed':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} "
+              f"{'/ceil':>6} {'srv RSS MB':>10} {'srv cores':>9} {'writer':>6} {'req/commit':>10} {'from log':>8}")
     print(header)
     print("-" * len(header))
     bad = 0
@@ -423,16 +445,19 @@ def shapes_run(args: argparse.Namespace) -> int:
                 ((stored,),) = con.execute("SELECT count(*) FROM ubi_events").fetchall()
         for run, r in rows:
             ratio = f"{r['events_per_s'] / ceiling:6.2f}" if run == "500/req" else "     -"
-            print(f"{name:22} {run:7} {r['events_per_s']:>9,.0f} {r['requests_per_s']:>7,.0f} {r['p50_ms']:>7.2f} "
+            print(f"{name:22} {run:7} {r['events_per_s']:>9,.0f} {r['committed_per_s']:>9,.0f} "
+                  f"{r['requests_per_s']:>7,.0f} {r['p50_ms']:>7.2f} "
                   f"{r['p99_ms']:>7.2f} {ratio} {rss:>10,.0f} {r['server_cores']:>9.2f} {r['writer_busy']:>6.0%} "
-                  f"{r['requests_per_commit']:>10.1f}", flush=True)
+                  f"{r['requests_per_commit']:>10.1f} {r['from_log']:>8.0%}", flush=True)
         acknowledged = sum(r["events"] for _, r in rows)
         if stored != acknowledged:
             print(f"    ! acknowledged {acknowledged:,} events, found {stored:,}")
             bad += 1
     print(f"load average {os.getloadavg()[0]:.1f} at the end; /ceil: batch events/s over the one-core pydantic "
           f"validation ceiling of the same bodies; single runs at {args.single_connections} connections; srv cores: "
-          "server CPU over wall time; writer: share of wall time the writer spent writing groups (DuckDB and COMMIT)")
+          "server CPU over wall time; writer: share of wall time the writer spent writing groups (DuckDB and COMMIT, "
+          "or the answer log); committed: events/s until DuckDB committed the last one; from log: requests answered "
+          "once fsync'd to the answer log (UBI_ACK=log, the default), the others after their DuckDB commit")
     return 1 if bad else 0
 
 

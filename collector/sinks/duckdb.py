@@ -336,8 +336,9 @@ class DuckDBSink(Sink):
                 jobs.append(nxt)
                 rows += nxt.prepared.n_queries + nxt.prepared.n_events
             self._last_group = len(jobs)
-            if self._log is not None and self._answerable(jobs):
-                self._answer_from_log(jobs)
+            if self._log is not None and self._answerable(jobs) and self._answer_from_log(jobs):
+                if self._commit_wait() == 0.0:  # due: under steady load the queue is never idle long enough
+                    self._commit_answered_now()
             else:
                 self._commit_answered_now()  # rows answered before these come first in the store
                 self._write(jobs)
@@ -371,29 +372,35 @@ class DuckDBSink(Sink):
             and self._db.surely_new("ubi_events", e_keys)
         )
 
-    def _answer_from_log(self, jobs: list[_Job]) -> None:
-        """Append the group's rows to the log (fsync'd), answer every request, keep the rows for the commit."""
+    def _answer_from_log(self, jobs: list[_Job]) -> bool:
+        """Append the group's rows to the log (fsync'd), answer every request, keep the rows for the commit.
+        False (nothing answered, nothing logged) when the rows could not be framed: the group is then written
+        the usual way, which isolates the request at fault."""
         if self._log is None:
-            raise SinkUnavailable("the answer log is not open")  # never: _run checks it
+            return False
         preps = [j.prepared for j in jobs]
         q_rows = [r for p in preps for r in p.query_rows]
         e_rows = [r for p in preps for r in p.event_rows]
         f_rows = [r for p in preps for r in p.failed_rows]
-        frame: answer_log.Tables = (
-            rows_table(q_rows, QUERY_SCHEMA) if q_rows else None,
-            rows_table(e_rows, EVENT_SCHEMA) if e_rows else None,
-            failed_table(f_rows) if f_rows else None,
-        )
-        n = len(q_rows) + len(e_rows) + len(f_rows)
-        payload = answer_log.encode(frame)
         started = time.perf_counter()
+        try:
+            frame: answer_log.Tables = (
+                rows_table(q_rows, QUERY_SCHEMA) if q_rows else None,
+                rows_table(e_rows, EVENT_SCHEMA) if e_rows else None,
+                failed_table(f_rows) if f_rows else None,
+            )
+            payload = answer_log.encode(frame)
+        except Exception:  # a value the Arrow schema cannot hold: never seen, but it must not stop the writer
+            log.exception("could not frame %d requests for the answer log; writing them the usual way", len(jobs))
+            return False
+        n = len(q_rows) + len(e_rows) + len(f_rows)
         try:
             end = self._log.append([(n, payload)])
         except (SinkUnavailable, SpoolError) as exc:  # full, or the disk refused: nothing was answered
             self.write_seconds += time.perf_counter() - started
             err = exc if isinstance(exc, SinkUnavailable) else SinkUnavailable(str(exc))
             self._settle([(j, None, err) for j in jobs])
-            return
+            return True
         self.write_seconds += time.perf_counter() - started
         a = self._answered
         if not a.frames:
@@ -413,6 +420,7 @@ class DuckDBSink(Sink):
                                     [inserted] * j.prepared.n_events), None) for j in jobs])
         if a.rows >= self.log_commit_rows:
             self._commit_answered_now()
+        return True
 
     def _commit_answered_now(self) -> None:
         """Commit the rows answered from the log in one transaction, then move the log's cursor past them.

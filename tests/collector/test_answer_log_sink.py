@@ -187,3 +187,15 @@ def test_a_killed_collector_loses_no_answered_row(tmp_path):
         con.close()
     with Store(db) as store:  # a second open writes nothing again
         assert store.replayed == 0 and store.read("SELECT count(*) FROM ubi_events") == [(len(sent),)]
+
+
+def test_a_group_that_cannot_be_framed_is_written_the_usual_way(sink, make_event, monkeypatch):
+    warm(sink, make_event)
+
+    def broken(tables):
+        raise ValueError("cannot frame")
+
+    monkeypatch.setattr(answer_log, "encode", broken)
+    result = sink.write(batch(make_event(), make_event()), source="t")  # the writer did not die on it
+    assert result.accepted == 2 and sink.answered_from_log == 0
+    assert sink.store.read("SELECT count(*) FROM ubi_events") == [(3,)]

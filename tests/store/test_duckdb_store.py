@@ -296,3 +296,25 @@ def test_a_store_made_before_assessors_were_kept_is_rekeyed_by_assessor(tmp_path
     assert list(key) == ["query", "doc_id", "source", "assessor"]
     with Store(db):  # opening again finds it done
         pass
+
+
+def test_surely_new_says_which_keys_a_write_would_insert(tmp_path, make_event):
+    # The collector answers a request before its commit only when this is True (store/answer_log.py).
+    now = utcnow()
+    stored = [event_row(UbiEvent.model_validate(make_event(event_id=f"s{i}")), now) for i in range(50)]
+    with Store(tmp_path / "s.duckdb") as store:
+        assert not store.surely_new("ubi_events", ["id:x"])  # no write yet: the key filter is not filled
+        store.write(events=pa.Table.from_pylist(stored, schema=EVENT_SCHEMA))
+        assert store.surely_new("ubi_events", [f"id:n{i}" for i in range(50)])
+        assert not store.surely_new("ubi_events", ["id:n0", "id:s7"])
+        assert store.surely_new("ubi_events", [])
+        # Keys the filter may hold (its false positives) are looked up in the key table: force every key there.
+        index = store.keys["ubi_events"]
+        real = index.filter.might_contain
+        index.filter.might_contain = lambda hashes: real(hashes) | True  # type: ignore[method-assign]
+        assert store.surely_new("ubi_events", [f"id:n{i}" for i in range(50)])
+        assert not store.surely_new("ubi_events", ["id:n1", "id:s49"])
+        index.filter.might_contain = real  # type: ignore[method-assign]
+        with store.transaction() as cur:  # a raw transaction may write around the index: it cannot tell
+            cur.execute("SELECT 1")
+        assert not store.surely_new("ubi_events", ["id:n2"])
