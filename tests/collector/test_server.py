@@ -146,7 +146,7 @@ def test_serve_help_explains(flag, capsys):
     with pytest.raises(SystemExit):
         ubi_main(["serve", flag])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    assert "A 202 is sent only once the records are committed" in text
+    assert "A 202 is sent only once the records are durable" in text and "--ack {log,commit}" in text
     assert "keep working while it runs" in text
 
 
