@@ -126,12 +126,13 @@ def answer_log_dir(db: Path | str) -> Path:
 
 
 def has_unapplied(db: Path | str) -> bool:
-    """Whether the answer log of ``db`` holds frames DuckDB has not committed (a collector stopped by a crash)."""
+    """Whether the answer log of ``db`` may hold frames DuckDB has not committed (a collector stopped by a
+    crash): bytes past the cursor (sizes only; a torn tail there counts, and is cut by the next writer)."""
     directory = answer_log_dir(db)
     if not directory.is_dir():
         return False
     try:
-        return next(framelog.unapplied(directory), None) is not None
+        return framelog.bytes_after_cursor(directory) > 0
     except (OSError, framelog.FrameLogError):
         return True  # unreadable: let the writer's open say why
 
@@ -190,6 +191,8 @@ def replay(store: Store) -> int:
         write_frames(store, concat(batch), replay=True)
         framelog.write_cursor(directory, end)
         written += rows
+    if framelog.bytes_after_cursor(directory):  # a torn tail after the last whole frame: never answered
+        framelog.cut_after(directory, framelog.read_cursor(directory))
     if written:
         log.warning("%s: wrote %d rows answered before the collector stopped but not committed (answer log %s)",
                     store.path, written, directory)

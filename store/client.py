@@ -47,19 +47,23 @@ def open_reader(db: Path | str, settings: Settings | None = None) -> duckdb.Duck
         return open_parquet_reader(path)
     if not path.exists():
         raise StoreError(f"{path}: no such database; ingest something first (`ubi serve`, `ubi import`)")
-    if has_unapplied(path):
-        # A collector answered rows and stopped before DuckDB committed them: a writer's open writes them
-        # (ubi_pipeline.store.answer_log). Held by a writer: that one did it when it opened.
-        try:
-            Store(path).close()
-        except StoreError as exc:
-            if not isinstance(exc, StoreLocked):
-                raise
     try:
-        return duckdb.connect(str(path), read_only=True)
+        con = duckdb.connect(str(path), read_only=True)
     except duckdb.IOException as exc:
         if not is_lock_error(exc):
             raise StoreError(f"{path}: cannot open: {exc}") from exc
+    else:
+        if not has_unapplied(path):
+            return con
+        # The file is free, and a collector answered rows it did not commit before it stopped: a writer's open
+        # writes them (ubi_pipeline.store.answer_log), then the reader opens the file again.
+        con.close()
+        try:
+            Store(path).close()
+        except StoreLocked:  # a writer took the file meanwhile, and wrote them as it opened: read through it
+            pass
+        else:
+            return duckdb.connect(str(path), read_only=True)
     sealed = request_seal(path)
     threads = yield_to_writer(settings if settings is not None else Settings())
     try:

@@ -118,3 +118,30 @@ def unapplied(directory: Path) -> Iterator[tuple[Position, int, bytes]]:
             yield Position(s, end), records, payload
         if end < len(data):
             return
+
+
+def bytes_after_cursor(directory: Path) -> int:
+    """Bytes of the segments past the cursor (file sizes only, nothing read)."""
+    directory = Path(directory)
+    cursor = read_cursor(directory)
+    total = 0
+    for s in segments(directory):
+        if s >= cursor.segment:
+            size = segment_path(directory, s).stat().st_size
+            total += max(0, size - cursor.offset) if s == cursor.segment else size
+    return total
+
+
+def cut_after(directory: Path, end: Position) -> None:
+    """Drop what the log holds past ``end`` (a torn tail: never fsync'd, hence never acknowledged): truncate
+    its segment there and remove later ones. Only for the log's one writer."""
+    directory = Path(directory)
+    for s in segments(directory):
+        path = segment_path(directory, s)
+        if s > end.segment:
+            path.unlink(missing_ok=True)
+        elif s == end.segment and path.stat().st_size > end.offset:
+            with open(path, "r+b") as fh:
+                fh.truncate(end.offset)
+                os.fsync(fh.fileno())
+    fsync_dir(directory)

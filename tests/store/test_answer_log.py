@@ -119,6 +119,7 @@ def test_a_torn_frame_at_the_tail_was_never_answered_and_is_not_written(tmp_path
     with Store(db) as store:
         assert store.replayed == 1
         assert store.read("SELECT event_id FROM ubi_events") == [("e1",)]
+    assert not answer_log.has_unapplied(db)  # the torn bytes were cut: readers do not reopen for them
 
 
 def test_a_reader_of_a_store_left_by_a_killed_collector_sees_the_answered_rows(tmp_path):
