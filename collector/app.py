@@ -252,7 +252,7 @@ def create_app(
     app = CollectorAPI(
         title="ubi-pipeline collector",
         version="0.1.0",
-        summary="Collects User Behavior Insights (UBI 1.3.0) query records and events; 202 means committed.",
+        summary="Collects User Behavior Insights (UBI 1.3.0) query records and events; 202 means durable.",
         lifespan=lifespan,
         default_response_class=ORJSONResponse,
     )

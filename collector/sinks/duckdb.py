@@ -1,16 +1,18 @@
 """The embedded sink: validated batches into the DuckDB store, many requests per committed transaction.
 
-Group commit: requests hand their prepared rows to one writer thread, which takes everything pending,
-writes it in ONE transaction and then resolves each request's future with that request's own result. A
-lone request is written at once; under load many requests share a commit (and its WAL fsync), which is
-how single-event requests reach thousands per second. A request's future resolves only after COMMIT.
+Group commit: requests hand their prepared rows to one writer thread, which takes everything pending as one
+group and resolves each request's future with that request's own result once the group is durable. With an
+answer log (``log_dir``; ``UBI_ACK=log``, the default of ``ubi serve``), a group whose keys are all surely
+new is durable once its rows are fsync'd to the log (:mod:`ubi_pipeline.store.answer_log`), and DuckDB
+commits the answered rows of many groups later in one transaction; any other group, and every group without
+the log, is written in a transaction of its own and answered after its COMMIT.
 
 Commit delay (PostgreSQL's ``commit_delay``/``commit_siblings`` idea): when the previous commit carried
 more than one request, the collector is loaded, and the writer waits ``commit_delay`` seconds before
 taking the group, so more requests share the commit. A commit's cost is nearly all fixed (DuckDB plans and
 commits an insert of 16 or 64 rows in about the same time), and a commit that runs while the event loop is
-busy is slowed further by handing the GIL back and forth. ``bench/ingest.py`` measures the effect; the
-figures are in the README (Benchmarks, Ingest).
+busy is slowed further by handing the GIL back and forth. ``bench/ingest.py`` and ``bench/ack_modes.py``
+measure both; the figures are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
