@@ -33,7 +33,7 @@ from typing import Any
 from ubi_pipeline.collector.errors import SinkUnavailable
 from ubi_pipeline.collector.ingest import IngestResult, Prepared, Validated, ingest_many, prepare, result_of
 from ubi_pipeline.collector.sinks.base import Sink
-from ubi_pipeline.collector.spool import Position, Spool, SpoolError
+from ubi_pipeline.collector.spool import HEADER, Position, Spool, SpoolError
 from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.store import answer_log
 from ubi_pipeline.store.duckdb_store import Store
@@ -341,9 +341,11 @@ class DuckDBSink(Sink):
             if self._log is not None and self._answerable(jobs) and self._answer_from_log(jobs):
                 if self._commit_wait() == 0.0:  # due: under steady load the queue is never idle long enough
                     self._commit_answered_now()
-            else:
-                self._commit_answered_now()  # rows answered before these come first in the store
+            elif self._commit_answered_now():  # rows answered before these come first in the store
                 self._write(jobs)
+            else:  # they could not be committed: writing these first would store a retry before its original
+                err = SinkUnavailable(f"the store could not commit earlier requests: {self.last_error}; retry")
+                self._settle([(j, None, err) for j in jobs])
             for c in commits:
                 self._commit_answered_now()
                 c.done.set()
@@ -415,7 +417,7 @@ class DuckDBSink(Sink):
         a.end = end
         a.entries += 1
         a.records += n
-        a.size += len(payload) + 16  # the frame header (collector.spool.HEADER)
+        a.size += HEADER.size + len(payload)
         self.answered_from_log += len(jobs)
         inserted = RowStatus.INSERTED
         self._settle([(j, result_of(j.prepared, [inserted] * j.prepared.n_queries,
@@ -424,12 +426,13 @@ class DuckDBSink(Sink):
             self._commit_answered_now()
         return True
 
-    def _commit_answered_now(self) -> None:
-        """Commit the rows answered from the log in one transaction, then move the log's cursor past them.
-        On failure they stay (in memory and in the log) and the next request or timeout tries again."""
+    def _commit_answered_now(self) -> bool:
+        """Commit the rows answered from the log in one transaction, then move the log's cursor past them;
+        whether none is left uncommitted. On failure they stay (in memory and in the log) and the next request
+        or timeout tries again."""
         a = self._answered
         if not a.frames or self._log is None or a.end is None:
-            return
+            return True
         started = time.perf_counter()
         try:
             odd = answer_log.write_frames(self._db, answer_log.concat(a.frames))
@@ -442,7 +445,7 @@ class DuckDBSink(Sink):
             a.since = time.monotonic()  # try again after another log_commit_seconds
             log.exception("committing %d answered rows to %s failed; they stay in the answer log %s and are "
                           "committed again later", a.rows, self._db.path, self._log.dir)
-            return
+            return False
         self.write_seconds += time.perf_counter() - started
         self.last_error = None
         self.commits += 1
@@ -453,6 +456,7 @@ class DuckDBSink(Sink):
             log.exception("the answer log %s could not record a commit; its frames will be written again "
                           "(as duplicates) on the next start", self._log.dir)
         self._answered = _Answered()
+        return True
 
     def commit_answered(self) -> None:
         """Commit every row answered so far (any thread; :attr:`Store.before_read` calls it): after it, a read

@@ -199,3 +199,22 @@ def test_a_group_that_cannot_be_framed_is_written_the_usual_way(sink, make_event
     result = sink.write(batch(make_event(), make_event()), source="t")  # the writer did not die on it
     assert result.accepted == 2 and sink.answered_from_log == 0
     assert sink.store.read("SELECT count(*) FROM ubi_events") == [(3,)]
+
+
+def test_while_answered_rows_cannot_be_committed_a_retry_of_one_gets_503(sink, make_event, monkeypatch):
+    # Writing the retry first would store it as new, and the answered original would then be the duplicate.
+    warm(sink, make_event)
+    event = make_event(event_id="first")
+    assert sink.write(batch(event), source="t").accepted == 1  # answered from the log
+    real = answer_log.write_frames
+
+    def down(store, tables, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(answer_log, "write_frames", down)
+    with pytest.raises(SinkUnavailable, match="could not commit earlier requests: OSError: disk full"):
+        sink.write(batch(event), source="t")
+    monkeypatch.setattr(answer_log, "write_frames", real)
+    again = sink.write(batch(event), source="t")  # the store is back: the original first, then the retry
+    assert (again.accepted, again.duplicates) == (0, 1)
+    assert sink.store.read("SELECT count(*) FROM ubi_events WHERE event_id = 'first'") == [(1,)]
