@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,43 +27,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT / "bench"))
 
-def start(db: Path, ack: str) -> tuple[subprocess.Popen, str, int]:
-    import re
-
-    cmd = [sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(db), "--port", "0", "--ack", ack]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    line = proc.stdout.readline() if proc.stdout else ""
-    match = re.search(r"http://([\d.]+):(\d+)", line)
-    if not match:
-        proc.kill()
-        raise SystemExit(f"server did not start: {line}{proc.stdout.read() if proc.stdout else ''}")
-    return proc, match.group(1), int(match.group(2))
-
-
-def sink(host: str, port: int) -> dict[str, float]:
-    import httpx
-
-    out = {}
-    for line in httpx.get(f"http://{host}:{port}/metrics", timeout=30).text.splitlines():
-        if line.startswith("ubi_sink_"):
-            out[line.split("{")[0].split()[0]] = float(line.split()[-1])
-    return out
-
 
 def one_run(mode: str, n: int, connections: int, processes: int, shape: str) -> dict:
     import duckdb
-    from ingest import cpu_seconds, http_load
+    from ingest import cpu_seconds, http_load, sink_counters, start_server
 
     with tempfile.TemporaryDirectory(prefix="ubi-ack-") as tmp:
         db = Path(tmp) / "s.duckdb"
-        proc, host, port = start(db, mode)
+        proc, host, port = start_server(db, "--ack", mode)
         try:
-            c0, s0, t0 = cpu_seconds(proc.pid), sink(host, port), time.time()
+            c0, s0, t0 = cpu_seconds(proc.pid), sink_counters(host, port), time.time()
             row = http_load(host, port, name=f"ack-{mode}", n_events=n, per_request=1, processes=processes,
                             connections=connections // processes, shape=shape, array_of_one=shape == "js-client")
             sent = time.time()
             while True:  # until the writer has committed every request the clients sent
-                s1 = sink(host, port)
+                s1 = sink_counters(host, port)
                 if s1["ubi_sink_grouped_requests_total"] - s0["ubi_sink_grouped_requests_total"] >= row["requests"]:
                     break
                 if time.time() - sent > 120:

@@ -295,9 +295,10 @@ def measured(proc: subprocess.Popen, host: str, port: int, **kwargs) -> dict:
     return row
 
 
-def start_server(db: Path) -> tuple[subprocess.Popen, str, int]:
+def start_server(db: Path, *flags: str) -> tuple[subprocess.Popen, str, int]:
+    """``ubi serve`` on a free port with ``flags``; the process, its host and port."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(db), "--port", "0"],
+        [sys.executable, "-m", "ubi_pipeline", "serve", "--db", str(db), "--port", "0", *flags],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -45,16 +45,8 @@ class Store(Protocol):
 
     path: Path
 
-    def write_rows(
-        self,
-        queries: pa.Table | None = None,
-        events: pa.Table | None = None,
-        failed: pa.Table | None = None,
-        *,
-        conflicts: Callable[[Sequence[int]], pa.Table | None] | None = None,
-        event_conflicts: Callable[[Sequence[int]], pa.Table | None] | None = None,
-        failed_or_ignore: bool = False,
-    ) -> Any: ...
+    def write_rows(self, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`ubi_pipeline.store.duckdb_store.Store.write_rows`."""
 
 
 log = logging.getLogger("ubi.store.answer_log")
