@@ -78,20 +78,39 @@ class _Commit:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """One group's rows answered from the log: its tables, and where it ends in the log."""
+
+    tables: answer_log.Tables
+    end: Position  # where the log's next frame starts
+    rows: int
+    size: int  # bytes in the log, header included
+    requests: int
+
+
 @dataclass
 class _Answered:
-    """Rows answered from the log and not yet committed to DuckDB, and how far the log holds them."""
+    """Rows answered from the log and not yet committed to DuckDB, frame by frame, with their keys."""
 
-    frames: list[answer_log.Tables] = field(default_factory=list)
+    frames: list[_Frame] = field(default_factory=list)
     query_keys: set[str] = field(default_factory=set)
     event_keys: set[str] = field(default_factory=set)
-    requests: int = 0
     rows: int = 0
+    size: int = 0
     since: float = 0.0  # monotonic time of the first frame
-    end: Position | None = None  # where the log's next frame starts
-    entries: int = 0
-    records: int = 0
-    size: int = 0  # bytes of the frames in the log, headers included
+
+    @classmethod
+    def of(cls, frames: list[_Frame], since: float) -> _Answered:
+        """The frames left after some were committed."""
+        out = cls(frames=frames, since=since)
+        for f in frames:
+            queries, events, _ = f.tables
+            out.query_keys.update(queries.column("query_key").to_pylist() if queries is not None else ())
+            out.event_keys.update(events.column("event_key").to_pylist() if events is not None else ())
+            out.rows += f.rows
+            out.size += f.size
+        return out
 
 #: Groups of at least this many rows are committed with a short GIL switch interval (:func:`_gil_handover`).
 BIG_GROUP_ROWS = 500
@@ -146,6 +165,7 @@ class DuckDBSink(Sink):
         log_commit_seconds: float = 0.2,
         log_max_bytes: int = 256 * 1024**2,
         log_commit_rows: int = 50_000,
+        log_commit_bytes: int = 4 * 1024**2,
     ) -> None:
         self.store = store
         self.commit_delay = commit_delay
@@ -169,6 +189,9 @@ class DuckDBSink(Sink):
         #: The answer log (:mod:`ubi_pipeline.store.answer_log`); None: every answer waits for its commit.
         self._log: Spool | None = None
         self.log_commit_seconds, self.log_commit_rows = log_commit_seconds, log_commit_rows
+        #: Answered rows are committed once their frames reach this size: a transaction's memory stays
+        #: near that of the commit path's (a 120-record request of records at every limit is 2.9 MB).
+        self.log_commit_bytes = log_commit_bytes
         self._answered = _Answered()
         self.answered_from_log = 0  # requests answered before their commit
         if log_dir is not None:
@@ -409,53 +432,75 @@ class DuckDBSink(Sink):
         a = self._answered
         if not a.frames:
             a.since = time.monotonic()
-        a.frames.append(frame)
+        a.frames.append(_Frame(frame, end, n, HEADER.size + len(payload), len(jobs)))
         a.query_keys.update(r[0] for r in q_rows)
         a.event_keys.update(r[0] for r in e_rows)
-        a.requests += len(jobs)
         a.rows += n
-        a.end = end
-        a.entries += 1
-        a.records += n
         a.size += HEADER.size + len(payload)
         self.answered_from_log += len(jobs)
         inserted = RowStatus.INSERTED
         self._settle([(j, result_of(j.prepared, [inserted] * j.prepared.n_queries,
                                     [inserted] * j.prepared.n_events), None) for j in jobs])
-        if a.rows >= self.log_commit_rows:
+        if a.rows >= self.log_commit_rows or a.size >= self.log_commit_bytes:
             self._commit_answered_now()
         return True
 
     def _commit_answered_now(self) -> bool:
-        """Commit the rows answered from the log in one transaction, then move the log's cursor past them;
-        whether none is left uncommitted. On failure they stay (in memory and in the log) and the next request
-        or timeout tries again."""
+        """Commit the rows answered from the log, then move the log's cursor past them; whether none is left
+        uncommitted. All in one transaction; if that fails, group by group (each frame the size of one commit
+        of the commit path), in order, up to the first that fails. What fails stays (in memory and in the log)
+        and the next request or timeout tries again."""
         a = self._answered
-        if not a.frames or self._log is None or a.end is None:
+        if not a.frames or self._log is None:
             return True
+        if self._commit_frames(a.frames, alone=len(a.frames) == 1):
+            self._answered = _Answered()
+            return True
+        done = 0
+        if len(a.frames) > 1:
+            log.warning("committing %d answered rows in one transaction failed; committing them group by group",
+                        a.rows)
+            for frame in a.frames:
+                if not self._commit_frames([frame], alone=True):
+                    break
+                done += 1
+        if done == len(a.frames):
+            self._answered = _Answered()
+            return True
+        # try again after another log_commit_seconds
+        self._answered = _Answered.of(a.frames[done:], since=time.monotonic()) if done else a
+        if not done:
+            a.since = time.monotonic()
+        return False
+
+    def _commit_frames(self, frames: list[_Frame], *, alone: bool) -> bool:
+        """Commit ``frames`` in one transaction and move the log's cursor past them; False if the commit
+        failed (logged with its traceback when ``alone``: nothing smaller is left to try)."""
+        if self._log is None:
+            return False
         started = time.perf_counter()
         try:
-            odd = answer_log.write_frames(self._db, answer_log.concat(a.frames))
+            odd = answer_log.write_frames(self._db, answer_log.concat([f.tables for f in frames]))
             if odd:
                 log.warning("%d rows answered from the answer log were not new when committed", odd)
         except Exception as exc:
             self.write_seconds += time.perf_counter() - started
             self.last_error = f"{type(exc).__name__}: {exc}"
             self.failed_writes += 1
-            a.since = time.monotonic()  # try again after another log_commit_seconds
-            log.exception("committing %d answered rows to %s failed; they stay in the answer log %s and are "
-                          "committed again later", a.rows, self._db.path, self._log.dir)
+            if alone:
+                log.exception("committing %d answered rows to %s failed; they stay in the answer log %s and are "
+                              "committed again later", sum(f.rows for f in frames), self._db.path, self._log.dir)
             return False
         self.write_seconds += time.perf_counter() - started
         self.last_error = None
         self.commits += 1
-        self.grouped_requests += a.requests
+        self.grouped_requests += sum(f.requests for f in frames)
         try:
-            self._log.ack_through(a.end, entries=a.entries, records=a.records, size=a.size)
+            self._log.ack_through(frames[-1].end, entries=len(frames), records=sum(f.rows for f in frames),
+                                  size=sum(f.size for f in frames))
         except (OSError, SpoolError):  # committed: replaying these frames after a restart stores nothing twice
             log.exception("the answer log %s could not record a commit; its frames will be written again "
                           "(as duplicates) on the next start", self._log.dir)
-        self._answered = _Answered()
         return True
 
     def commit_answered(self) -> None:

@@ -8,6 +8,7 @@ The expected answers are those of the commit path for the same requests (tests/c
 from __future__ import annotations
 
 import signal
+import time
 
 import duckdb
 import httpx
@@ -218,3 +219,39 @@ def test_while_answered_rows_cannot_be_committed_a_retry_of_one_gets_503(sink, m
     again = sink.write(batch(event), source="t")  # the store is back: the original first, then the retry
     assert (again.accepted, again.duplicates) == (0, 1)
     assert sink.store.read("SELECT count(*) FROM ubi_events WHERE event_id = 'first'") == [(1,)]
+
+
+def test_rows_a_transaction_cannot_hold_together_are_committed_group_by_group(sink, make_event, monkeypatch):
+    # A store under a tight memory limit refuses a large transaction ("failed to pin block") but takes the
+    # same rows in the smaller transactions of the commit path: one per answered group.
+    warm(sink, make_event)
+    for _ in range(3):
+        sink.write(batch(make_event(), make_event()), source="t")
+    real = answer_log.write_frames
+    sizes = []
+
+    def small_only(store, tables, **kwargs):
+        sizes.append(tables[1].num_rows)
+        if tables[1].num_rows > 2:
+            raise OSError("failed to pin block")
+        return real(store, tables, **kwargs)
+
+    monkeypatch.setattr(answer_log, "write_frames", small_only)
+    assert sink.store.read("SELECT count(*) FROM ubi_events") == [(7,)]  # the read's commit, group by group
+    assert sizes == [6, 2, 2, 2] and sink.last_error is None
+    assert sink._log is not None and sink._log.state()["entries"] == 0
+
+
+def test_answered_rows_are_committed_once_their_frames_reach_the_size_bound(tmp_path, make_event):
+    sink = logged_sink(tmp_path / "s.duckdb", log_commit_bytes=1)  # every frame is over it
+    try:
+        warm(sink, make_event)
+        sink.write(batch(make_event(), make_event()), source="t")
+        assert sink.answered_from_log == 1
+        deadline = time.monotonic() + 10  # the writer answers first, then commits
+        while (sink.commits < 2 or sink.gauges()["answered_uncommitted_rows"]) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert sink.commits == 2  # the warm-up's and this group's, without a read, a timeout or another request
+        assert sink.gauges()["answered_uncommitted_rows"] == 0
+    finally:
+        sink.close()
