@@ -481,10 +481,22 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
 
 
 def result_of(
-    p: Prepared, qs: Sequence[RowStatus], es: Sequence[RowStatus], conflicts: Sequence[ItemError] = ()
+    p: Prepared,
+    qs: Sequence[RowStatus] | None = None,
+    es: Sequence[RowStatus] | None = None,
+    conflicts: Sequence[ItemError] = (),
 ) -> IngestResult:
-    """The answer for body ``p`` whose query rows and event rows were written with statuses ``qs`` and ``es``;
-    ``conflicts``: the errors of its rows that conflicted with stored ones."""
+    """The answer for body ``p`` whose query rows and event rows were written with statuses ``qs`` and ``es``
+    (None: every row inserted, as for an answer from the answer log); ``conflicts``: the errors of its rows
+    that conflicted with stored ones."""
+    if qs is None and es is None:
+        counts = Counts(queries=p.n_queries, events=p.n_events, failed=len(p.validated.errors))
+    else:
+        counts = None
+    if qs is None:
+        qs = [RowStatus.INSERTED] * p.n_queries
+    if es is None:
+        es = [RowStatus.INSERTED] * p.n_events
     status: dict[int, tuple[RowStatus, str]] = {}
     for index, row, st in zip(p.query_index, p.query_rows, qs, strict=True):
         if st != RowStatus.CONFLICT:
@@ -498,7 +510,8 @@ def result_of(
     if conflicts:
         errors.extend(conflicts)
         errors.sort(key=lambda e: e.index)
-    counts = Counts.of(qs, es, failed=len(p.validated.errors))
+    if counts is None:
+        counts = Counts.of(qs, es, failed=len(p.validated.errors))
     return IngestResult(counts=counts, rejected=len(errors), errors=tuple(errors), item_status=status)
 
 

@@ -40,7 +40,6 @@ from ubi_pipeline.store.duckdb_store import Store
 from ubi_pipeline.store.rows import (
     EVENT_SCHEMA,
     QUERY_SCHEMA,
-    RowStatus,
     failed_row,
     failed_table,
     rows_table,
@@ -438,9 +437,7 @@ class DuckDBSink(Sink):
         a.rows += n
         a.size += HEADER.size + len(payload)
         self.answered_from_log += len(jobs)
-        inserted = RowStatus.INSERTED
-        self._settle([(j, result_of(j.prepared, [inserted] * j.prepared.n_queries,
-                                    [inserted] * j.prepared.n_events), None) for j in jobs])
+        self._settle([(j, result_of(j.prepared), None) for j in jobs])  # every row will be inserted
         if a.rows >= self.log_commit_rows or a.size >= self.log_commit_bytes:
             self._commit_answered_now()
         return True
