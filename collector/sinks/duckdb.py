@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import shutil
 import sys
 import threading
 import time
@@ -294,7 +295,10 @@ class DuckDBSink(Sink):
         self._thread.join()  # the writer commits what it answered before it stops
         if self._log is not None:
             self._db.before_read = None
+            applied = self._log.empty
             self._log.close()
+            if applied:  # nothing left for the next open to write: no folder left beside the store either
+                shutil.rmtree(self._log.dir, ignore_errors=True)
         self._db.close()
 
     # ------------------------------------------------------------ state

@@ -145,6 +145,7 @@ def test_closing_commits_what_was_answered(tmp_path, make_event):
     assert con.execute("SELECT count(*) FROM ubi_events").fetchone() == (3,)
     con.close()
     assert not answer_log.has_unapplied(db)
+    assert not answer_log.answer_log_dir(db).exists()  # a clean stop leaves nothing beside the store
 
 
 def test_commit_mode_never_answers_before_the_commit(tmp_path, make_event):
