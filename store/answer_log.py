@@ -1,7 +1,7 @@
 """The answer log: rows the collector answered for before DuckDB committed them, durable in the meantime.
 
 A single-event request costs the collector about half a millisecond of CPU when its answer waits for the
-DuckDB commit that stores it (``bench/ack_bound.py``): a commit's cost is nearly all fixed (BEGIN, an Arrow
+DuckDB commit that stores it (``bench/ack_modes.py``): a commit's cost is nearly all fixed (BEGIN, an Arrow
 INSERT, COMMIT: 3-5 ms of CPU for 16 rows), and at most one request per client connection can join it,
 since each waits for its answer. With the log, the writer appends the request group's rows to a file,
 fsyncs it and answers; DuckDB commits the rows of many groups at once, a few hundred milliseconds later
@@ -157,8 +157,10 @@ def write_frames(store: Store, tables: Tables, *, replay: bool = False) -> int:
     return sum(st is not RowStatus.INSERTED for st in (*outcome.query_status, *outcome.event_status))
 
 
-#: Frames written per transaction by :func:`replay`.
+#: :func:`replay` writes frames in transactions of at most this many rows or payload bytes (the bytes: as the
+#: collector commits them, so that a store under a tight memory limit can take them on open too).
 REPLAY_ROWS = 50_000
+REPLAY_BYTES = 4 * 1024**2
 
 
 def replay(store: Store) -> int:
@@ -169,16 +171,17 @@ def replay(store: Store) -> int:
         return 0
     written = 0
     batch: list[Tables] = []
-    rows = 0
+    rows = size = 0
     end: framelog.Position | None = None
     for end_of, records, payload in framelog.unapplied(directory):
         batch.append(decode(payload))
         rows += records
+        size += len(payload)
         end = end_of
-        if rows >= REPLAY_ROWS:
+        if rows >= REPLAY_ROWS or size >= REPLAY_BYTES:
             write_frames(store, concat(batch), replay=True)
             framelog.write_cursor(directory, end)
-            written, batch, rows = written + rows, [], 0
+            written, batch, rows, size = written + rows, [], 0, 0
     if batch and end is not None:
         write_frames(store, concat(batch), replay=True)
         framelog.write_cursor(directory, end)

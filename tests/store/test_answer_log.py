@@ -136,3 +136,22 @@ def test_a_reader_of_a_store_left_by_a_killed_collector_sees_the_answered_rows(t
 
 def test_the_log_lives_beside_the_store():
     assert answer_log.answer_log_dir("/data/ubi.duckdb").as_posix() == "/data/ubi.duckdb.answers"
+
+
+def test_a_replay_writes_frames_in_transactions_of_bounded_size(tmp_path, monkeypatch):
+    # As the collector commits them: a store under a tight memory limit takes them on open too.
+    db = tmp_path / "s.duckdb"
+    Store(db).close()
+    write_log(db, [tables([event_row(f"e{i}-{j}") for j in range(3)]) for i in range(4)])
+    sizes = []
+    real = answer_log.write_frames
+
+    def counted(store, frames, **kwargs):
+        sizes.append(frames[1].num_rows)
+        return real(store, frames, **kwargs)
+
+    monkeypatch.setattr(answer_log, "REPLAY_BYTES", 1)  # every frame is over it: one transaction each
+    monkeypatch.setattr(answer_log, "write_frames", counted)
+    with Store(db) as store:
+        assert store.replayed == 12 and count(store, "ubi_events") == 12
+    assert sizes == [3, 3, 3, 3] and not answer_log.has_unapplied(db)
