@@ -37,11 +37,13 @@ from ubi_pipeline.store.framelog import (  # noqa: F401  (HEADER, MAGIC: re-expo
     MAGIC,
     FrameLogError,
     Position,
+    cut_after,
     frame,
     frames,
     read_cursor,
     segment_path,
     segments,
+    unapplied,
     write_cursor,
 )
 
@@ -112,30 +114,19 @@ class Spool:
 
     def _recover(self) -> None:
         self.cursor = self._read_cursor()
-        segments = [s for s in self._segments() if s >= self.cursor.segment]
         for s in self._segments():
             if s < self.cursor.segment:
                 self._path(s).unlink(missing_ok=True)
         self.depth_bytes = self.depth_entries = self.depth_records = 0
-        for s in segments:
-            data = self._path(s).read_bytes()
-            start = self.cursor.offset if s == self.cursor.segment else 0
-            end = start
-            for frame_end, records, _ in frames(data, start):
-                end = frame_end
-                self.depth_entries += 1
-                self.depth_records += records
-            self.depth_bytes += end - start
-            if end < len(data):
-                # A torn or corrupt tail: never fsync'd, hence never acknowledged. Cut it off (and drop any
-                # later segment, which cannot have been written after a failed one).
-                with open(self._path(s), "r+b") as fh:
-                    fh.truncate(end)
-                    os.fsync(fh.fileno())
-                for later in segments[segments.index(s) + 1:]:
-                    self._path(later).unlink(missing_ok=True)
-                segments = segments[:segments.index(s) + 1]
-                break
+        end = self.cursor
+        for frame_end, records, payload in unapplied(self.dir):
+            end = frame_end
+            self.depth_entries += 1
+            self.depth_records += records
+            self.depth_bytes += HEADER.size + len(payload)
+        # A torn or corrupt tail after the last whole frame was never fsync'd, hence never acknowledged.
+        cut_after(self.dir, end)
+        segments = self._segments()
         self._write_segment = segments[-1] if segments else max(self.cursor.segment, 1)
         self._fh = open(self._path(self._write_segment), "ab")
         self._write_offset = self._fh.tell()

@@ -364,7 +364,8 @@ class DuckDBSink(Sink):
                 jobs.append(nxt)
                 rows += nxt.prepared.n_queries + nxt.prepared.n_events
             self._last_group = len(jobs)
-            if self._log is not None and self._answerable(jobs) and self._answer_from_log(jobs):
+            keys = self._answerable(jobs) if self._log is not None else None
+            if keys is not None and self._answer_from_log(jobs, *keys):
                 if self._commit_wait() == 0.0:  # due: under steady load the queue is never idle long enough
                     self._commit_answered_now()
             elif self._commit_answered_now():  # rows answered before these come first in the store
@@ -385,15 +386,15 @@ class DuckDBSink(Sink):
             return None
         return max(0.0, self._answered.since + self.log_commit_seconds - time.monotonic())
 
-    def _answerable(self, jobs: list[_Job]) -> bool:
-        """Whether the group's answer can be given before its commit: every key surely new (module doc of
-        :mod:`ubi_pipeline.store.answer_log`), and the store's last write did not fail."""
+    def _answerable(self, jobs: list[_Job]) -> tuple[list[str], list[str]] | None:
+        """The group's query and event keys when its answer can be given before its commit: every key surely
+        new (module doc of :mod:`ubi_pipeline.store.answer_log`), and the store's last write did not fail."""
         if self.last_error is not None:
-            return False
+            return None
         q_keys = [r[0] for j in jobs for r in j.prepared.query_rows]
         e_keys = [r[0] for j in jobs for r in j.prepared.event_rows]
         a = self._answered
-        return (
+        new = (
             len(set(q_keys)) == len(q_keys)
             and len(set(e_keys)) == len(e_keys)
             and a.query_keys.isdisjoint(q_keys)
@@ -401,8 +402,9 @@ class DuckDBSink(Sink):
             and self._db.surely_new("ubi_queries", q_keys)
             and self._db.surely_new("ubi_events", e_keys)
         )
+        return (q_keys, e_keys) if new else None
 
-    def _answer_from_log(self, jobs: list[_Job]) -> bool:
+    def _answer_from_log(self, jobs: list[_Job], q_keys: list[str], e_keys: list[str]) -> bool:
         """Append the group's rows to the log (fsync'd), answer every request, keep the rows for the commit.
         False (nothing answered, nothing logged) when the rows could not be framed: the group is then written
         the usual way, which isolates the request at fault."""
@@ -436,8 +438,8 @@ class DuckDBSink(Sink):
         if not a.frames:
             a.since = time.monotonic()
         a.frames.append(_Frame(frame, end, n, HEADER.size + len(payload), len(jobs)))
-        a.query_keys.update(r[0] for r in q_rows)
-        a.event_keys.update(r[0] for r in e_rows)
+        a.query_keys.update(q_keys)
+        a.event_keys.update(e_keys)
         a.rows += n
         a.size += HEADER.size + len(payload)
         self.answered_from_log += len(jobs)
