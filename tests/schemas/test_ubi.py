@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from tests.conftest import shared_path
 from ubi_pipeline.schemas.ubi import (
+    COMMON_TIMESTAMP_RE,
     EPOCH_MS_MAX,
     EPOCH_MS_MIN,
     UbiEvent,
@@ -401,3 +402,25 @@ def test_json_schema_and_model_agree_on_events(record, accepted):
 )
 def test_json_schema_and_model_agree_on_queries(record, accepted):
     assert (_model_accepts("query", record), _schema_accepts("query", record)) == (accepted, accepted)
+
+
+@given(st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
+       st.sampled_from(["Z", "+00:00"]), st.integers(0, 6), st.sampled_from([30, 31, 29]))
+def test_the_short_path_for_utc_spellings_gives_the_general_paths_answer(when, zone, digits, day):
+    """parse_timestamp's short path (COMMON_TIMESTAMP_RE) against the general one it skips (forced here by a
+    leading space, which TIMESTAMP_PATTERN allows and the short path does not): the same instant, the same
+    tzinfo object, or the same error for a day that does not exist (2023-02-30)."""
+    text = (f"{when.year:04d}-{when.month:02d}-{when.day:02d}T{when.hour:02d}:{when.minute:02d}:{when.second:02d}"
+            + (f".{when.microsecond:06d}"[: digits + 1] if digits else "") + zone)
+    if day != when.day:
+        text = text[:8] + f"{day:02d}" + text[10:]
+    assert COMMON_TIMESTAMP_RE.match(text)
+    try:
+        short = parse_timestamp(text)
+    except ValueError as exc:
+        with pytest.raises(ValueError) as general_error:
+            parse_timestamp(" " + text)
+        assert str(exc) == str(general_error.value).replace(" " + text, text, 1)
+        return
+    general = parse_timestamp(" " + text)
+    assert short == general and short.tzinfo is general.tzinfo is UTC

@@ -1,0 +1,224 @@
+"""Parse workers: large request bodies are parsed, validated and turned into stored rows in other processes.
+
+The collector's event loop and its DuckDB writer share one GIL. For a 500-event batch the loop spent
+15-22 us of CPU per event on orjson, pydantic and the stored rows (``bench/batch_paths.py``), so a collector
+served 23,000-35,000 events/s with one core busy and the other idle whatever the client count (issue 26).
+Here those three steps run in a pool of worker processes, one per core by default (``UBI_PARSE_WORKERS``);
+the loop only hands over the body's bytes and gets back the rows (a pickle, about 1 us per event to read).
+The writer, the answer log, DuckDB and every answer stay in the collector's process, unchanged.
+
+What a worker sends back is what :func:`~ubi_pipeline.collector.ingest.prepare` makes of
+``validate_items(parse_items(body))`` in process: the same rows, errors and order (the same functions run).
+Only the raw bytes of valid items stay behind: a conflict's ``failed_records`` row needs them, seldom, and
+:class:`BodyRaws` parses the body again for them then.
+
+Anything unusual goes back to the in-process path, which then gives its exact answer or error: a body the
+worker could not parse or that holds too many items, an exception of any kind, a pool that is still starting
+or was broken by a worker that died (it is replaced). Small bodies (under :data:`MIN_ITEMS` items, single
+events) and requests that pass through record filters (they need the models) never leave the process: the
+hand-over costs more than it saves for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import multiprocessing as mp
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ubi_pipeline.collector.bodies import Kind, parse_bulk, parse_items
+from ubi_pipeline.collector.ingest import ItemError, Prepared, Validated, prepare, validate_items
+from ubi_pipeline.schemas.settings import Settings
+
+log = logging.getLogger("ubi.collector")
+
+#: Bytes a body needs before it goes to a worker (about 100 events). A hand-over costs about 0.3 ms of the
+#: loop's time (pipe, pickle, futures); 100 events cost 2-5 ms in process.
+MIN_BODY_BYTES = 32 * 1024
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What a worker sends back: the fields of a :class:`Prepared` without the models or the raw items."""
+
+    query_rows: list[tuple[Any, ...]]
+    event_rows: list[tuple[Any, ...]]
+    failed_rows: list[dict[str, Any]]
+    query_index: list[int]
+    event_ids: list[tuple[int, str | None, str | None]]
+    errors: list[ItemError]
+    received_at: datetime
+
+
+def parse_body(
+    body: bytes, kind: Kind | None, ndjson: bool, indices: Mapping[str, Kind], max_items: int, source: str
+) -> Parsed | None:
+    """Parse, validate and prepare one body (run in a worker). None when the in-process path must take it:
+    the body cannot be parsed, holds more than ``max_items`` items, or anything raised. Its error is then
+    raised there, with its status, and no exception object has to cross the pipe."""
+    try:
+        items = parse_bulk(body, indices=indices) if kind is None else parse_items(body, kind, ndjson=ndjson)
+        if len(items) > max_items:
+            return None
+        p = prepare(validate_items(items), source=source)
+    except Exception:
+        return None
+    return Parsed(p.query_rows, p.event_rows, p.failed_rows, p.query_index, p.event_ids,
+                  list(p.validated.errors), p.received_at)
+
+
+class BodyRaws(Mapping[int, bytes]):
+    """The raw bytes of a body's items, from a parse of the body made on the first look (conflicts only)."""
+
+    def __init__(self, body: bytes, kind: Kind | None, ndjson: bool, indices: Mapping[str, Kind]) -> None:
+        self._args = (body, kind, ndjson, indices)
+        self._items: dict[int, Any] | None = None
+        self._lock = threading.Lock()
+
+    def _parsed(self) -> dict[int, Any]:
+        with self._lock:
+            if self._items is None:
+                body, kind, ndjson, indices = self._args
+                items = parse_bulk(body, indices=indices) if kind is None else parse_items(body, kind, ndjson=ndjson)
+                self._items = {item.index: item for item in items}
+            return self._items
+
+    def __getitem__(self, index: int) -> bytes:
+        raw: bytes = self._parsed()[index].raw_bytes()
+        return raw
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._parsed())
+
+    def __len__(self) -> int:
+        return len(self._parsed())
+
+
+def tune_gc() -> None:
+    """Collect garbage less often: the collector allocates many short-lived, acyclic objects per request.
+
+    With CPython's default gen-0 threshold (700 allocations) a 500-event batch triggers dozens of
+    collections that each walk the batch's still-live models; measured in ``bench/ingest.py`` this halves
+    validation throughput. Objects alive at start-up are frozen out of collection altogether.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+
+
+def _warm() -> int:
+    """Run in each worker at start (the ingest code is imported with this module): tune its garbage collection."""
+    tune_gc()
+    return 0
+
+
+#: Most parse workers when ``UBI_PARSE_WORKERS`` is unset.
+DEFAULT_MAX_WORKERS = 8
+
+
+def workers_for(settings: Settings) -> int:
+    """Parse workers of a collector: ``settings.parse_workers``, or one per core (at most 8)."""
+    if settings.parse_workers is not None:
+        return settings.parse_workers
+    return min(os.cpu_count() or 1, DEFAULT_MAX_WORKERS)
+
+
+class ParsePool:
+    """A pool of parse workers started on the first large body; bodies go in process until it is ready."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._ready = False
+        self._lock = threading.Lock()
+        self._closed = False
+        self.handed = 0  # bodies parsed by a worker
+        self.fell_back = 0  # bodies a worker gave back to the process (errors, a broken pool)
+
+    @property
+    def enabled(self) -> bool:
+        return self.workers > 0 and not self._closed
+
+    def _start(self) -> None:
+        """Start the pool (spawned processes: the collector has threads and an open DuckDB file, so no fork)
+        and mark it ready once every worker has imported the ingest code."""
+        pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_warm)
+        self._pool = pool
+        warmups = [pool.submit(_warm) for _ in range(self.workers)]
+
+        def ready(_: Future[int]) -> None:
+            if all(f.done() for f in warmups) and self._pool is pool:
+                self._ready = not any(f.exception() for f in warmups)
+
+        for f in warmups:
+            f.add_done_callback(ready)
+
+    def live_workers(self) -> int:
+        """Worker processes of the pool that are ready (0 before the first large body)."""
+        return self.workers if self._ready else 0
+
+    def ready(self) -> bool:
+        """True when a worker can take a body now; starts the pool on the first call."""
+        if not self.enabled:
+            return False
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None and not self._closed:
+                    self._start()
+        return self._ready
+
+    async def parse(self, body: bytes, kind: Kind | None, ndjson: bool, indices: Mapping[str, Kind],
+                    max_items: int, source: str) -> Prepared | None:
+        """The body as a :class:`Prepared` from a worker; None: take the in-process path (which gives the
+        exact answer or error for whatever made the worker give up)."""
+        pool = self._pool
+        if pool is None or not self._ready:
+            return None
+        try:
+            parsed = await asyncio.wrap_future(pool.submit(parse_body, body, kind, ndjson, dict(indices), max_items,
+                                                           source))
+        except BrokenProcessPool:
+            log.warning("a parse worker died; starting new workers (bodies are parsed in process meanwhile)")
+            self._replace(pool)
+            self.fell_back += 1
+            return None
+        except Exception:  # a result that could not cross the pipe: never seen; the process takes the body
+            log.exception("a parse worker could not return a body's rows; parsing it in process")
+            self.fell_back += 1
+            return None
+        if parsed is None:
+            self.fell_back += 1
+            return None
+        self.handed += 1
+        return Prepared(
+            validated=Validated(errors=parsed.errors, raws=BodyRaws(body, kind, ndjson, indices)),
+            source=source,
+            received_at=parsed.received_at,
+            query_rows=parsed.query_rows,
+            event_rows=parsed.event_rows,
+            failed_rows=parsed.failed_rows,
+            query_index=parsed.query_index,
+            event_ids=parsed.event_ids,
+        )
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is broken:
+                self._ready = False
+                self._pool = None
+                broken.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pool, self._pool, self._ready = self._pool, None, False
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,173 @@
+"""Parse workers (``collector/workers.py``): large bodies parsed in other processes are answered and stored
+exactly as in the collector's own process, and a worker that dies costs no request.
+
+The same requests go to two collectors on real DuckDB files, one with two spawned parse workers that take
+every body (``MIN_BODY_BYTES`` lowered to 1), one with none; their answers and stored tables are compared.
+Expected numbers come from the requests themselves (items sent, invalid ones written here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ubi_pipeline.collector import workers
+from ubi_pipeline.collector.app import create_app
+from ubi_pipeline.collector.workers import BodyRaws, parse_body
+from ubi_pipeline.schemas.settings import Settings
+
+NDJSON = {"content-type": "application/x-ndjson"}
+JSON = {"content-type": "application/json"}
+_TABLES = {
+    "ubi_queries": "* EXCLUDE (received_at)",
+    "ubi_events": "* EXCLUDE (received_at)",
+    "failed_records": "* EXCLUDE (failed_id, received_at)",
+}
+
+
+def _event(i: int, **over: Any) -> dict[str, Any]:
+    e = {"application": "shop", "action_name": "click", "query_id": f"q{i % 7}", "session_id": "s1",
+         "client_id": "c1", "timestamp": f"2024-05-16T12:34:{i % 60:02d}.{i % 1000:03d}Z",
+         "event_attributes": {"object": {"object_id": f"doc-{i}", "object_id_field": "sku"},
+                              "position": {"ordinal": i % 10}}}
+    e.update(over)
+    return e
+
+
+def _requests() -> list[tuple[str, bytes, dict[str, str]]]:
+    """Bodies of every kind the ingest routes take, each with something a worker must get right."""
+    with_ids = [_event(i, event_id=f"e{i}") for i in range(40)]
+    no_ids = [_event(i) for i in range(40, 80)]
+    invalid = [*no_ids[:5], {"action_name": "click"}, {"action_name": "", "timestamp": "2024-05-16T12:00:00Z"},
+               "not an object", _event(99, timestamp="yesterday")]
+    conflict = [_event(1, event_id="e1", action_name="add_to_cart")]  # e1 stored above with other content
+    bulk = "".join(f'{{"index":{{"_index":"ubi_events","_id":"b{i}"}}}}\n{json.dumps(_event(i))}\n'
+                   for i in range(100, 120))
+    bulk += '{"index":{"_index":"ubi_queries"}}\n{"query_id":"q1","user_query":"red shoes"}\n'
+    queries = "\n".join(json.dumps({"query_id": f"q{i}", "user_query": f"query {i}", "client_id": "c1",
+                                    "query_response_hit_ids": [f"doc-{i}", "doc-2"]}) for i in range(10))
+    return [
+        ("/v1/events", json.dumps(with_ids).encode(), JSON),
+        ("/v1/events", json.dumps(with_ids).encode(), JSON),  # a retry: every event a duplicate
+        ("/v1/events", "\n".join(json.dumps(e) for e in no_ids).encode(), NDJSON),
+        ("/v1/events", json.dumps(invalid).encode(), JSON),
+        ("/v1/events", json.dumps(conflict + with_ids[2:4]).encode(), JSON),
+        ("/v1/bulk", bulk.encode(), NDJSON),
+        ("/v1/queries", queries.encode(), NDJSON),
+        ("/v1/events", b'[{"action_name": "click", "timestamp": ', JSON),  # cannot be parsed: 400
+        ("/v1/events", json.dumps([_event(i) for i in range(200, 260)]).encode(), JSON),  # over max_items: 413
+    ]
+
+
+@pytest.fixture
+def started_pool() -> Iterator[None]:
+    with mock.patch.object(workers, "MIN_BODY_BYTES", 1):
+        yield
+
+
+def _client(db: Path, parse_workers: int) -> TestClient:
+    app = create_app(Settings(db=db, parse_workers=parse_workers, max_items=50), extensions=False)
+    return TestClient(app, base_url="http://localhost", raise_server_exceptions=False)
+
+
+def _wait_ready(client: TestClient) -> workers.ParsePool:
+    pool: workers.ParsePool = client.app.state.collector.parse_pool  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 120
+    while not pool.ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the parse workers did not start in 120 s")
+        time.sleep(0.05)
+    return pool
+
+
+def _stored(client: TestClient) -> dict[str, list[tuple[Any, ...]]]:
+    store = client.app.state.collector.sink.store  # type: ignore[attr-defined]
+    return {t: sorted(store.read(f"SELECT {cols} FROM {t}"), key=repr) for t, cols in _TABLES.items()}
+
+
+def _post(client: TestClient, requests: list[tuple[str, bytes, dict[str, str]]]) -> list[tuple[int, Any]]:
+    return [(r.status_code, r.json()) for r in
+            (client.post(path, content=body, headers=headers) for path, body, headers in requests)]
+
+
+def test_workers_answer_and_store_what_the_process_does(tmp_path: Path, started_pool: None) -> None:
+    requests = _requests()
+    with _client(tmp_path / "workers.duckdb", 2) as client:
+        pool = _wait_ready(client)
+        with_workers = _post(client, requests)
+        stored_workers = _stored(client)
+        metrics = client.get("/metrics").text
+    with _client(tmp_path / "process.duckdb", 0) as client:
+        in_process = _post(client, requests)
+        stored_process = _stored(client)
+    assert with_workers == in_process
+    assert stored_workers == stored_process
+    # 7 bodies parsed by a worker; the unparseable one and the one over max_items came back (their answers above)
+    assert (pool.handed, pool.fell_back) == (7, 2)
+    assert "ubi_parse_bodies_total 7" in metrics and "ubi_parse_workers 2" in metrics
+    statuses = [status for status, _ in with_workers]
+    assert statuses == [202, 202, 202, 202, 202, 202, 202, 400, 413]
+    assert with_workers[1][1]["duplicates"] == 40
+    assert with_workers[3][1]["rejected"] == 4  # written above: four invalid items of nine
+    conflict = with_workers[4][1]["errors"]
+    assert [e["field"] for e in conflict] == ["event_id"]
+    # conflicts' failed_records rows keep the items' raw bytes, which the worker did not send back: the event
+    # re-using e1, and the query record q1 of the last body (the _bulk body stored q1 with another user_query)
+    raws = {r[3]: r[5] for r in stored_workers["failed_records"] if r[1] == "conflict"}
+    assert set(raws) == {"event_id", "query_id"}
+    assert b'"add_to_cart"' in raws["event_id"] and b'"query 1"' in raws["query_id"]
+
+
+def test_a_worker_that_dies_costs_no_request(tmp_path: Path, started_pool: None) -> None:
+    body = json.dumps([_event(i) for i in range(30)]).encode()
+    with _client(tmp_path / "w.duckdb", 2) as client:
+        pool = _wait_ready(client)
+        assert client.post("/v1/events", content=body, headers=JSON).json()["accepted"] == 30
+        victim = next(iter(pool._pool._processes))  # type: ignore[union-attr]
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(0.5)
+        answer = client.post("/v1/events", content=body.replace(b'"s1"', b'"s2"'), headers=JSON)
+        assert (answer.status_code, answer.json()["accepted"]) == (202, 30)
+        assert pool.fell_back == 1
+        _wait_ready(client)  # a new pool started
+        answer = client.post("/v1/events", content=body.replace(b'"s1"', b'"s3"'), headers=JSON)
+        assert answer.json()["accepted"] == 30
+        assert pool.handed == 2
+        assert _stored(client)["ubi_events"].__len__() == 90
+
+
+def test_small_bodies_and_filtered_requests_stay_in_process(tmp_path: Path) -> None:
+    with _client(tmp_path / "s.duckdb", 2) as client:
+        pool: workers.ParsePool = client.app.state.collector.parse_pool  # type: ignore[attr-defined]
+        client.post("/v1/events", content=json.dumps([_event(1)]).encode(), headers=JSON)
+        assert pool._pool is None  # a body under MIN_BODY_BYTES never starts the pool
+    big = json.dumps([_event(i) for i in range(400)]).encode()
+    assert len(big) > workers.MIN_BODY_BYTES
+    app = create_app(Settings(db=tmp_path / "f.duckdb", parse_workers=2), extensions=False,
+                     record_filters=[lambda batch, ctx: batch])
+    with TestClient(app, base_url="http://localhost") as client:
+        assert client.post("/v1/events", content=big, headers=JSON).json()["accepted"] == 400
+        assert client.app.state.collector.parse_pool._pool is None  # type: ignore[attr-defined]
+
+
+def test_parse_body_gives_back_what_it_cannot_take() -> None:
+    indices = {"ubi_events": "event", "ubi_queries": "query"}
+    ok = parse_body(json.dumps([_event(1), {"action_name": "x"}]).encode(), "event", False, indices, 10, "/v1/events")
+    assert ok is not None and len(ok.event_rows) == 1 and [e.index for e in ok.errors] == [1]
+    assert parse_body(b"[1,", "event", False, indices, 10, "/v1/events") is None
+    assert parse_body(json.dumps([_event(i) for i in range(3)]).encode(), "event", False, indices, 2, "x") is None
+
+
+def test_body_raws_parse_the_body_once_on_first_look() -> None:
+    body = b'{"action_name":"a"}\n{"action_name":"b"}'
+    raws = BodyRaws(body, "event", True, {})
+    assert raws._items is None
+    assert raws[1] == b'{"action_name":"b"}' and len(raws) == 2 and list(raws) == [0, 1]
