@@ -31,10 +31,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ingest import BATCH, make_events, shaped_bodies  # noqa: E402  (bench/ingest.py, beside this file)
 
-from ubi_pipeline.collector.app import tune_gc  # noqa: E402
 from ubi_pipeline.collector.bodies import RawItem  # noqa: E402
 from ubi_pipeline.collector.fastpath import prepare_items  # noqa: E402
 from ubi_pipeline.collector.ingest import ingest_many, parse_items, prepare, validate_items  # noqa: E402
+from ubi_pipeline.collector.workers import tune_gc  # noqa: E402
 from ubi_pipeline.stages import skip_pyarrow_pandas_probe  # noqa: E402
 from ubi_pipeline.store.duckdb_store import Store  # noqa: E402
 

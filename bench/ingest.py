@@ -95,8 +95,8 @@ def make_events(n: int, tag: str, seed: int = 0) -> list[dict]:
 
 
 def in_process(n_events: int, workdir: Path) -> dict:
-    from ubi_pipeline.collector.app import tune_gc
     from ubi_pipeline.collector.ingest import ingest_many, parse_items, prepare, validate_items
+    from ubi_pipeline.collector.workers import tune_gc
     from ubi_pipeline.store.duckdb_store import Store
 
     events = make_events(n_events, "inproc")

@@ -111,9 +111,10 @@ def serve(db: Path, whole_key_scan: bool = False) -> int:
     import pyarrow as pa
     from fastapi import Response
 
-    from ubi_pipeline.collector.app import create_app, tune_gc
+    from ubi_pipeline.collector.app import create_app
     from ubi_pipeline.collector.server import bind_socket, make_server, server_config
     from ubi_pipeline.collector.sinks import create_sink
+    from ubi_pipeline.collector.workers import tune_gc
     from ubi_pipeline.schemas.settings import Settings
     from ubi_pipeline.store.client import advertise
 

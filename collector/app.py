@@ -21,7 +21,6 @@ Extension points (used by the security and Kafka work, and by tests):
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -48,24 +47,13 @@ from ubi_pipeline.collector.opensearch import router as opensearch_router
 from ubi_pipeline.collector.routes import INGEST_ROUTES, ingest, router
 from ubi_pipeline.collector.sinks import create_sink
 from ubi_pipeline.collector.sinks.base import Sink
+from ubi_pipeline.collector.workers import ParsePool, workers_for
 from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
 from ubi_pipeline.store.duckdb_store import Store
 from ubi_pipeline.transport import admin
 
 log = logging.getLogger("ubi.collector")
-
-def tune_gc() -> None:
-    """Collect garbage less often: the collector allocates many short-lived, acyclic objects per request.
-
-    With CPython's default gen-0 threshold (700 allocations) a 500-event batch triggers dozens of
-    collections that each walk the batch's still-live models; measured in ``bench/ingest.py`` this halves
-    validation throughput. Objects alive at start-up are frozen out of collection altogether.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
-
 
 class SinkAdmin:
     """The collector as the host of the store's admin routes (:class:`ubi_pipeline.transport.admin.AdminHost`)."""
@@ -241,11 +229,13 @@ def create_app(
     own_sink = sink is None
     the_sink = sink if sink is not None else create_sink(settings)
     metrics = Metrics()
-    collector = Collector(settings, the_sink, list(record_filters or []), metrics)
+    collector = Collector(settings, the_sink, list(record_filters or []), metrics,
+                          parse_pool=ParsePool(workers_for(settings)))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        await asyncio.to_thread(collector.parse_pool.close)
         if own_sink:
             await asyncio.to_thread(the_sink.close)
 

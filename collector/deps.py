@@ -17,12 +17,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.types import Scope
 
+from ubi_pipeline.collector import workers
 from ubi_pipeline.collector.bodies import BodyError, Kind, RawItem, parse_bulk, parse_items
 from ubi_pipeline.collector.errors import RequestError, TooLarge, Unprocessable
 from ubi_pipeline.collector.fastpath import HTTP_MIN_ITEMS, prepare_items
 from ubi_pipeline.collector.ingest import (
     IngestContext,
     IngestResult,
+    Prepared,
     RecordFilter,
     apply_filters,
     validate_items,
@@ -93,6 +95,8 @@ class Collector:
     #: Checks run on a request before its body is read; one returning an error refuses the request with it.
     request_checks: list[Callable[[Scope], RequestError | None]] = field(default_factory=list)
     rejections: RejectionLog = field(default_factory=RejectionLog)
+    #: Worker processes that parse large bodies (:mod:`ubi_pipeline.collector.workers`); none: all in process.
+    parse_pool: workers.ParsePool = field(default_factory=lambda: workers.ParsePool(0))
 
     @property
     def indices(self) -> dict[str, Kind]:
@@ -116,22 +120,24 @@ class Collector:
         """Parse, validate, filter and durably write one body (``kind`` None: an OpenSearch ``_bulk`` body;
         ``parse``: how to split the body into items instead, for the OpenSearch-compatible routes)."""
         try:
-            if parse is not None:
-                items = parse(body)
-            elif kind is None:
-                items = parse_bulk(body, indices=self.bulk_indices)
-            else:
-                items = parse_items(body, kind, ndjson=ndjson)
-            if len(items) > self.settings.max_items:
-                raise TooManyItems(
-                    f"{len(items)} items in one request; at most {self.settings.max_items} "
-                    "(UBI_MAX_ITEMS): split the batch"
-                )
-            columnar = self.sink.takes_rows and not self.record_filters and len(items) >= HTTP_MIN_ITEMS
-            if columnar:  # the columnar path: rows without models (DuckDB releases the GIL: off the loop)
-                prepared = await asyncio.to_thread(prepare_items, items, source=ctx.source)
-            else:
-                validated = apply_filters(validate_items(items), self.record_filters, ctx)
+            prepared = await self.from_worker(body, kind=kind, ndjson=ndjson, ctx=ctx, parse=parse)
+            if prepared is None:
+                if parse is not None:
+                    items = parse(body)
+                elif kind is None:
+                    items = parse_bulk(body, indices=self.bulk_indices)
+                else:
+                    items = parse_items(body, kind, ndjson=ndjson)
+                if len(items) > self.settings.max_items:
+                    raise TooManyItems(
+                        f"{len(items)} items in one request; at most {self.settings.max_items} "
+                        "(UBI_MAX_ITEMS): split the batch"
+                    )
+                if self.sink.takes_rows and not self.record_filters and len(items) >= HTTP_MIN_ITEMS:
+                    # the columnar path: rows without models (DuckDB releases the GIL: off the loop)
+                    prepared = await asyncio.to_thread(prepare_items, items, source=ctx.source)
+                else:
+                    validated = apply_filters(validate_items(items), self.record_filters, ctx)
         except RequestError as exc:
             if exc.keep:
                 await self.keep_body(body, ctx, reason=exc.message, kind=exc.kind)
@@ -142,7 +148,7 @@ class Collector:
             await self.keep_body(body, ctx, reason=reason, kind="unprocessable")
             raise Unprocessable(reason + " (kept in failed_records)") from exc
         try:
-            if columnar:
+            if prepared is not None:
                 result = await self.sink.submit_prepared(prepared)
             else:
                 result = await self.sink.submit_async(validated, source=ctx.source)
@@ -155,6 +161,19 @@ class Collector:
             raise Unprocessable(reason + " (kept in failed_records)") from exc
         self.count(result, ctx.source)
         return result
+
+    async def from_worker(
+        self, body: bytes, *, kind: Kind | None, ndjson: bool, ctx: IngestContext,
+        parse: Callable[[bytes], list[RawItem]] | None,
+    ) -> Prepared | None:
+        """The body's rows from a parse worker (:mod:`ubi_pipeline.collector.workers`) when it is large, its
+        records need no filter and the sink takes rows; None: the caller parses it in process."""
+        if (parse is not None or len(body) < workers.MIN_BODY_BYTES or not self.sink.takes_rows
+                or self.record_filters or not self.parse_pool.ready()):
+            return None
+        return await self.parse_pool.parse(
+            body, kind, ndjson, self.bulk_indices, self.settings.max_items, ctx.source
+        )
 
     async def keep_body(self, body: bytes, ctx: IngestContext, *, reason: str, kind: str) -> None:
         """Keep a refused body in ``failed_records``; a sink failure here is logged, not raised over the cause."""

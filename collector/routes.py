@@ -312,6 +312,13 @@ async def metrics(collector: CollectorDep) -> Response:
         f"ubi_sink_{name}": (f"{sink.name} sink: {name.replace('_', ' ')}", {labels: value})
         for name, value in sink.gauges().items()
     }
+    pool = collector.parse_pool
+    for name, value, what in (
+        ("workers", pool.live_workers(), "parse worker processes running"),
+        ("bodies_total", pool.handed, "request bodies parsed by a worker"),
+        ("fallbacks_total", pool.fell_back, "large bodies a worker gave back to the collector's process"),
+    ):
+        gauges[f"ubi_parse_{name}"] = (what, {(): float(value)})
     return PlainTextResponse(collector.metrics.render(gauges), media_type="text/plain; version=0.0.4")
 
 

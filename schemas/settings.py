@@ -75,6 +75,12 @@ class Settings(BaseSettings):
         200.0, gt=0, le=60_000,
         description="longest time rows answered from the answer log wait for their DuckDB commit",
     )
+    parse_workers: int | None = Field(
+        None, ge=0, le=64,
+        description="worker processes that parse and validate request bodies of 32 KiB or more, started on the first "
+        "such body (the collector's own process keeps one core's worth of Python: the answers and the writer); "
+        "unset: one per core, at most 8; 0: every body in the collector's process",
+    )
     answer_log_max_bytes: int = Field(
         256 * 1024**2, ge=1024 * 1024,
         description="answer log size above which the collector answers 503 (reached only while the store cannot commit)",

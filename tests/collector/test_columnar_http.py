@@ -30,7 +30,8 @@ _TABLES = {
 
 
 def _client(db: Path) -> Iterator[TestClient]:
-    app = create_app(Settings(db=db), extensions=False)
+    # no parse workers: they would take the large bodies before the columnar path (tests/collector/test_workers.py)
+    app = create_app(Settings(db=db, parse_workers=0), extensions=False)
     with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as c:
         yield c
 

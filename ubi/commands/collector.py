@@ -61,6 +61,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "default: several times the single-event rate) or only after the DuckDB commit (commit)",
     )
     p.add_argument(
+        "--parse-workers",
+        type=int,
+        metavar="N",
+        help="processes that parse and validate request bodies of 32 KiB or more, started on the first one "
+        "(default: one per core, at most 8; 0: all in the collector's process)",
+    )
+    p.add_argument(
         "--allow-origin",
         action="append",
         dest="cors_allow_origins",
@@ -138,9 +145,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ubi_pipeline.collector.app import create_app, tune_gc
+    from ubi_pipeline.collector.app import create_app
     from ubi_pipeline.collector.server import bind_socket, close_serving, make_server, server_config
     from ubi_pipeline.collector.sinks import create_sink
+    from ubi_pipeline.collector.workers import tune_gc
     from ubi_pipeline.schemas.settings import Settings
     from ubi_pipeline.store.client import advertise
 
