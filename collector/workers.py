@@ -27,6 +27,7 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -114,9 +115,26 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 20)
 
 
-def _warm() -> int:
-    """Run in each worker at start (the ingest code is imported with this module): tune its garbage collection."""
+#: Seconds between a worker's looks at whether the collector that started it is still alive.
+PARENT_CHECK_SECONDS = 0.5
+
+
+def _watch_parent(parent: int) -> None:
+    """End this worker once its collector is gone. A collector killed with SIGKILL cannot stop its pool, and a
+    worker waiting for a body never sees the pipe close (it holds both ends of the pool's queue)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_SECONDS)
+    os._exit(0)
+
+
+def _start_worker(parent: int) -> None:
+    """Each worker's start (the ingest code is imported with this module): watch the collector, tune the GC."""
+    threading.Thread(target=_watch_parent, args=(parent,), name="ubi-parse-parent-watch", daemon=True).start()
     tune_gc()
+
+
+def _warm() -> int:
+    """A first task for each worker: the pool is ready once every worker has run one."""
     return 0
 
 
@@ -150,7 +168,8 @@ class ParsePool:
     def _start(self) -> None:
         """Start the pool (spawned processes: the collector has threads and an open DuckDB file, so no fork)
         and mark it ready once every worker has imported the ingest code."""
-        pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_warm)
+        pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_start_worker,
+                                   initargs=(os.getpid(),))
         self._pool = pool
         warmups = [pool.submit(_warm) for _ in range(self.workers)]
 

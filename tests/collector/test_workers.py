@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -171,3 +172,47 @@ def test_body_raws_parse_the_body_once_on_first_look() -> None:
     raws = BodyRaws(body, "event", True, {})
     assert raws._items is None
     assert raws[1] == b'{"action_name":"b"}' and len(raws) == 2 and list(raws) == [0, 1]
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out.update(int(c) for c in (task / "children").read_text().split())
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_of_a_collector_killed_with_sigkill_exit(tmp_path: Path) -> None:
+    """A real ``ubi serve``: its workers start on the first large body, serve the next ones, and end within
+    a few PARENT_CHECK_SECONDS of the collector's SIGKILL (which leaves it no chance to stop them)."""
+    from tests_collector_support import start_server
+
+    server = start_server(tmp_path / "k.duckdb", "--parse-workers", "2")
+    try:
+        body = json.dumps([_event(i) for i in range(400)]).encode()
+        deadline = time.monotonic() + 120
+        handed = 0.0
+        k = 0
+        while not handed:
+            k += 1
+            answer = httpx.post(server.url + "/v1/events", content=body.replace(b'"s1"', b'"s%d"' % k), headers=JSON)
+            assert (answer.status_code, answer.json()["accepted"]) == (202, 400)
+            metrics = httpx.get(server.url + "/metrics").text
+            handed = next(float(line.split()[-1]) for line in metrics.splitlines()
+                          if line.startswith("ubi_parse_bodies_total"))
+            assert time.monotonic() < deadline, "no body reached a parse worker in 120 s"
+            time.sleep(0.1)
+        workers_pids = _children(server.proc.pid)
+        assert len(workers_pids) >= 2  # two workers (and multiprocessing's resource tracker)
+    finally:
+        server.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 10 * workers.PARENT_CHECK_SECONDS + 5
+    while any(_alive(p) for p in workers_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in workers_pids)
