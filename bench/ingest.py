@@ -246,6 +246,63 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid``: the server's parse workers (and multiprocessing's resource tracker)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:  # a thread that ended
+            continue
+    return out
+
+
+def _each_child(pid: int, value) -> float:
+    total = 0.0
+    for child in children(pid):
+        try:
+            total += value(child)
+        except (FileNotFoundError, ProcessLookupError):  # a worker replaced meanwhile
+            continue
+    return total
+
+
+def workers_cpu_seconds(pid: int) -> float:
+    """CPU seconds of the server's parse workers so far."""
+    return _each_child(pid, cpu_seconds)
+
+
+def workers_peak_rss_mb(pid: int) -> float:
+    """The parse workers' peak resident sets, summed, in MB."""
+    return _each_child(pid, peak_rss_mb)
+
+
+def parse_workers_running(host: str, port: int) -> float:
+    import httpx
+
+    text = httpx.get(f"http://{host}:{port}/metrics", timeout=30).text
+    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith("ubi_parse_workers ")), 0.0)
+
+
+def warm_workers(host: str, port: int, shape: str | None, timeout: float = 120.0) -> int:
+    """Start the server's parse workers before the clock (a collector starts them on its first large body and
+    parses in process meanwhile, a second or two of a short run); returns the events stored doing so, which
+    the runs' acknowledged counts must include. Does nothing when the server runs none (--parse-workers 0)."""
+    import httpx
+
+    sent, deadline = 0, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = shaped_bodies(make_events(BATCH, f"warm-{sent}"), BATCH, shape)[0]
+        answer = httpx.post(f"http://{host}:{port}/v1/events", content=body, timeout=60,
+                            headers={"content-type": "application/json"})
+        answer.raise_for_status()
+        sent += int(answer.json()["accepted"])
+        if parse_workers_running(host, port) > 0:
+            return sent
+        time.sleep(0.2)
+    return sent
+
+
 def sink_counters(host: str, port: int) -> dict[str, float]:
     """The DuckDB sink's commit counters from /metrics (group commit: requests per commit)."""
     import httpx
@@ -274,12 +331,14 @@ def measured(proc: subprocess.Popen, host: str, port: int, **kwargs) -> dict:
     """One HTTP run with the server's CPU seconds and commits spent on it, up to the DuckDB commit of its
     last row (``committed_per_s``: events over that time; ``events_per_s``: while the clients sent)."""
     cpu0, c0 = cpu_seconds(proc.pid), sink_counters(host, port)
+    w0 = workers_cpu_seconds(proc.pid)
     row = http_load(host, port, **kwargs)
     sent = time.monotonic()
     c1 = committed(host, port)
     row["drain_seconds"] = time.monotonic() - sent
     row["committed_per_s"] = row["events"] / (row["seconds"] + row["drain_seconds"])
     cpu1 = cpu_seconds(proc.pid)
+    row["workers_cores"] = (workers_cpu_seconds(proc.pid) - w0) / row["seconds"]
     commits = c1["ubi_sink_commits_total"] - c0["ubi_sink_commits_total"]
     row["server_cpu_ms_per_request"] = 1000 * (cpu1 - cpu0) / max(1, row["requests"])
     row["requests_per_commit"] = (
@@ -312,6 +371,10 @@ def start_server(db: Path, *flags: str) -> tuple[subprocess.Popen, str, int]:
     return proc, match.group(1), int(match.group(2))
 
 
+def server_flags(args: argparse.Namespace) -> list[str]:
+    return [] if args.parse_workers is None else ["--parse-workers", str(args.parse_workers)]
+
+
 def pct(row: dict, ceiling: float) -> str:
     """Events/s as a share of the in-process ceiling (batch runs only: single events are not comparable)."""
     if row.get("requests") and row["events"] == row["requests"]:
@@ -340,6 +403,8 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2, help="load-generator processes (default 2)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--shapes", action="store_true", help="one batch and one single run per producer shape")
+    parser.add_argument("--parse-workers", type=int, default=None, metavar="N",
+                        help="the server's parse worker processes (default: its own, one per core; 0: none)")
     args = parser.parse_args()
     if args.shapes:
         return shapes_run(args)
@@ -351,8 +416,9 @@ def main() -> int:
         workdir = Path(tmp)
         rows.append(in_process(args.events, workdir))
         db = workdir / "served.duckdb"
-        proc, host, port = start_server(db)
+        proc, host, port = start_server(db, *server_flags(args))
         try:
+            warmed = warm_workers(host, port, None) if args.parse_workers != 0 else 0
             rows.append(
                 measured(
                     proc,
@@ -383,7 +449,7 @@ def main() -> int:
         con = duckdb.connect(str(db), read_only=True)
         (stored,) = con.execute("SELECT count(*) FROM ubi_events").fetchone()
         con.close()
-    acknowledged = sum(r["events"] for r in rows[1:])
+    acknowledged = warmed + sum(r["events"] for r in rows[1:])
     ceiling = rows[0]["events_per_s"]
     if args.json:
         print(json.dumps({"rows": rows, "acknowledged": acknowledged, "stored": stored}, indent=2))
@@ -394,7 +460,7 @@ def main() -> int:
     )
     header = (
         f"{'run':34} {'events':>8} {'requests':>8} {'events/s':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'% ceiling':>9} {'srv CPU ms/req':>14} {'srv cores':>9} {'writer':>6} {'req/commit':>10}"
+        f"{'% ceiling':>9} {'srv CPU ms/req':>14} {'srv cores':>9} {'wrk cores':>9} {'writer':>6} {'req/commit':>10}"
     )
     print(header)
     print("-" * len(header))
@@ -403,14 +469,15 @@ def main() -> int:
             f"{r['run']:34} {r['events']:>8,} {r.get('requests', 0):>8,} {r['events_per_s']:>9,.0f} "
             f"{r.get('requests_per_s', 0):>7,.0f} {r.get('p50_ms', 0):>7.2f} {r.get('p99_ms', 0):>7.2f} "
             f"{pct(r, ceiling):>9} "
-            + (f"{r['server_cpu_ms_per_request']:>14.3f} {r['server_cores']:>9.2f} {r['writer_busy']:>6.0%} "
-               f"{r['requests_per_commit']:>10.1f}" if "server_cores" in r else  # the in-process row has no server
-               f"{'-':>14} {'-':>9} {'-':>6} {'-':>10}")
+            + (f"{r['server_cpu_ms_per_request']:>14.3f} {r['server_cores']:>9.2f} {r['workers_cores']:>9.2f} "
+               f"{r['writer_busy']:>6.0%} {r['requests_per_commit']:>10.1f}" if "server_cores" in r else
+               f"{'-':>14} {'-':>9} {'-':>9} {'-':>6} {'-':>10}")  # the in-process row has no server
         )
     print(
         f"\nacknowledged {acknowledged:,} events over HTTP; found {stored:,} in the database after shutdown"
     )
-    print("server loop/http:", server_stack())
+    print("server loop/http:", server_stack(), "; srv: the collector's process, wrk: its parse workers "
+          f"({warmed:,} events sent before the clock started them)")
     return 0 if stored == acknowledged else 1
 
 
@@ -421,7 +488,8 @@ def shapes_run(args: argparse.Namespace) -> int:
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (shared machine: figures "
           "inflated by other work)")
     header = (f"{'shape':22} {'run':7} {'events/s':>9} {'committed':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} "
-              f"{'/ceil':>6} {'srv RSS MB':>10} {'srv cores':>9} {'writer':>6} {'req/commit':>10} {'from log':>8}")
+              f"{'/ceil':>6} {'srv RSS MB':>10} {'wrk RSS MB':>10} {'srv cores':>9} {'wrk cores':>9} {'writer':>6} "
+              f"{'req/commit':>10} {'from log':>8}")
     print(header)
     print("-" * len(header))
     bad = 0
@@ -429,16 +497,17 @@ def shapes_run(args: argparse.Namespace) -> int:
         ceiling = validation_ceiling(shaped_bodies(make_events(args.events, "ceil"), BATCH, shape))
         with tempfile.TemporaryDirectory(prefix="ubi-bench-") as tmp:
             db = Path(tmp) / "served.duckdb"
-            proc, host, port = start_server(db)
+            proc, host, port = start_server(db, *server_flags(args))
             rows = []
             try:
+                warmed = warm_workers(host, port, shape) if args.parse_workers != 0 else 0
                 for run, n, per, conns in (("500/req", args.events, BATCH, args.batch_connections),
                                            ("1/req", args.singles, 1, args.single_connections)):
                     row = measured(proc, host, port, name=f"{shape}-{run}", n_events=n, per_request=per,
                                    processes=args.processes, connections=max(1, conns // args.processes),
                                    shape=shape, array_of_one=array_of_one)
                     rows.append((run, row))
-                rss = peak_rss_mb(proc.pid)
+                rss, wrss = peak_rss_mb(proc.pid), workers_peak_rss_mb(proc.pid)
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=60)
@@ -448,15 +517,17 @@ def shapes_run(args: argparse.Namespace) -> int:
             ratio = f"{r['events_per_s'] / ceiling:6.2f}" if run == "500/req" else "     -"
             print(f"{name:22} {run:7} {r['events_per_s']:>9,.0f} {r['committed_per_s']:>9,.0f} "
                   f"{r['requests_per_s']:>7,.0f} {r['p50_ms']:>7.2f} "
-                  f"{r['p99_ms']:>7.2f} {ratio} {rss:>10,.0f} {r['server_cores']:>9.2f} {r['writer_busy']:>6.0%} "
+                  f"{r['p99_ms']:>7.2f} {ratio} {rss:>10,.0f} {wrss:>10,.0f} {r['server_cores']:>9.2f} "
+                  f"{r['workers_cores']:>9.2f} {r['writer_busy']:>6.0%} "
                   f"{r['requests_per_commit']:>10.1f} {r['from_log']:>8.0%}", flush=True)
-        acknowledged = sum(r["events"] for _, r in rows)
+        acknowledged = warmed + sum(r["events"] for _, r in rows)
         if stored != acknowledged:
             print(f"    ! acknowledged {acknowledged:,} events, found {stored:,}")
             bad += 1
     print(f"load average {os.getloadavg()[0]:.1f} at the end; /ceil: batch events/s over the one-core pydantic "
           f"validation ceiling of the same bodies; single runs at {args.single_connections} connections; srv cores: "
-          "server CPU over wall time; writer: share of wall time the writer spent writing groups (DuckDB and COMMIT, "
+          "server CPU over wall time (srv: the collector's process, wrk: its parse workers, started before the clock); "
+          "writer: share of wall time the writer spent writing groups (DuckDB and COMMIT, "
           "or the answer log); committed: events/s until DuckDB committed the last one; from log: requests answered "
           "once fsync'd to the answer log (UBI_ACK=log, the default), the others after their DuckDB commit")
     return 1 if bad else 0

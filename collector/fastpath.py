@@ -1110,7 +1110,7 @@ def store_chunk(store: Store, parsed: ParsedChunk) -> tuple[IngestResult, dict[i
     events_tbl, e_order = _in_file_order(e_parts, e_index)
 
     q_index = q.index[fast_q_pos].tolist() + [i for i, _ in prepared.validated.queries]
-    q_rows = fast_q + prepared.query_rows
+    q_rows = fast_q + list(prepared.query_rows)
     queries_tbl, q_order = _in_file_order([rows_table(q_rows, QUERY_SCHEMA)] if q_rows else [], q_index)
     q_fast = [True] * len(fast_q) + [False] * len(prepared.query_rows)
 

@@ -32,12 +32,14 @@ from ubi_pipeline.collector.bodies import (  # noqa: F401  (re-exported: the par
 )
 from ubi_pipeline.collector.errors import TooLarge  # noqa: F401  (re-exported)
 from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
+from ubi_pipeline.store.answer_log import Tables
 from ubi_pipeline.store.duckdb_store import Store
 from ubi_pipeline.store.rows import (
     EVENT_SCHEMA,
     QUERY_SCHEMA,
     Counts,
     RowStatus,
+    TableRows,
     event_values,
     failed_row,
     failed_table,
@@ -288,14 +290,18 @@ class Prepared:
     validated: Validated
     source: str
     received_at: datetime
-    query_rows: list[tuple[Any, ...]]
-    event_rows: list[tuple[Any, ...]]
+    #: Column-ordered tuples, or a :class:`TableRows` when the rows came as a table (a parse worker's).
+    query_rows: Sequence[tuple[Any, ...]]
+    event_rows: Sequence[tuple[Any, ...]]
     failed_rows: list[dict[str, Any]]
     #: Request position of each query row.
     query_index: list[int] = field(default_factory=list)
     #: (request position, the document's event_id, the ``_bulk`` ``_id``) of each event row: what an answer
     #: and a conflict's message name.
     event_ids: list[tuple[int, str | None, str | None]] = field(default_factory=list)
+    #: The rows' tables (queries, events, failed) and their answer-log payload, when a parse worker framed
+    #: them (``ubi_pipeline.collector.workers``): the writer logs the payload as it is.
+    frame: tuple[Tables, bytes] | None = None
 
     @property
     def n_queries(self) -> int:
@@ -304,6 +310,17 @@ class Prepared:
     @property
     def n_events(self) -> int:
         return len(self.event_rows)
+
+    @property
+    def n_rows(self) -> int:
+        """Query, event and failed_records rows."""
+        return len(self.query_rows) + len(self.event_rows) + len(self.failed_rows)
+
+    def query_keys(self) -> list[str]:
+        return _column(self.query_rows, "query_key", 0)
+
+    def event_keys(self) -> list[str]:
+        return _column(self.event_rows, "event_key", 0)
 
     # Arrow views of the rows (built on each call; the group write does not use them).
     @property
@@ -393,8 +410,39 @@ def prepare(validated: Validated, *, source: str, received_at: datetime | None =
     )
 
 
-def _table(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table | None:
+def _table(rows: Sequence[tuple[Any, ...]], schema: pa.Schema) -> pa.Table | None:
     return rows_table(rows, schema) if rows else None
+
+
+def _column(rows: Sequence[tuple[Any, ...]], name: str, position: int) -> list[Any]:
+    """One column of stored rows: read from the table when they came as one, else from each tuple."""
+    if isinstance(rows, TableRows):
+        return rows.column(name)
+    return [r[position] for r in rows]
+
+
+def group_table(batches: Sequence[Prepared], kind: str) -> pa.Table | None:
+    """The ``kind`` (``query`` or ``event``) rows of several bodies as one table, in the bodies' order: the
+    tables of bodies whose rows came as one kept as they are, the tuples of the others converted together
+    (one conversion per run of such bodies: a table costs ~5 us a column whatever its length)."""
+    schema = QUERY_SCHEMA if kind == "query" else EVENT_SCHEMA
+    parts: list[pa.Table] = []
+    pending: list[tuple[Any, ...]] = []
+    for p in batches:
+        rows = p.query_rows if kind == "query" else p.event_rows
+        if isinstance(rows, TableRows):
+            if pending:
+                parts.append(rows_table(pending, schema))
+                pending = []
+            if rows.table is not None and rows.table.num_rows:
+                parts.append(rows.table)
+        else:
+            pending.extend(rows)
+    if pending:
+        parts.append(rows_table(pending, schema))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
 def _conflict_error(p: Prepared, pos: int) -> ItemError:
@@ -463,8 +511,8 @@ def ingest_many(store: Store, batches: list[Prepared]) -> list[IngestResult]:
         return failed_table(rows)
 
     outcome = store.write_rows(
-        _table([r for p in batches for r in p.query_rows], QUERY_SCHEMA),
-        _table([r for p in batches for r in p.event_rows], EVENT_SCHEMA),
+        group_table(batches, "query"),
+        group_table(batches, "event"),
         failed_table(failed) if (failed := [r for p in batches for r in p.failed_rows]) else None,
         conflicts=keep_conflicts,
         event_conflicts=lambda positions: keep_conflicts(positions, events=True),
@@ -498,12 +546,11 @@ def result_of(
     if es is None:
         es = [RowStatus.INSERTED] * p.n_events
     status: dict[int, tuple[RowStatus, str]] = {}
-    for index, row, st in zip(p.query_index, p.query_rows, qs, strict=True):
+    for index, query_id, st in zip(p.query_index, _column(p.query_rows, "query_id", 1), qs, strict=True):
         if st != RowStatus.CONFLICT:
-            status[index] = (st, row[1])
-    for (index, _, _), row, st in zip(p.event_ids, p.event_rows, es, strict=True):
+            status[index] = (st, query_id)
+    for (index, _, _), key, st in zip(p.event_ids, p.event_keys(), es, strict=True):
         if st != RowStatus.CONFLICT:
-            key = row[0]
             stored = key[3:] if key.startswith("id:") else key
             status[index] = (st, stored)
     errors = list(p.validated.errors)

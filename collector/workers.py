@@ -4,8 +4,9 @@ The collector's event loop and its DuckDB writer share one GIL. For a 500-event 
 15-22 us of CPU per event on orjson, pydantic and the stored rows (``bench/batch_paths.py``), so a collector
 served 23,000-35,000 events/s with one core busy and the other idle whatever the client count (issue 26).
 Here those three steps run in a pool of worker processes, one per core by default (``UBI_PARSE_WORKERS``);
-the loop only hands over the body's bytes and gets back the rows (a pickle, about 1 us per event to read).
-The writer, the answer log, DuckDB and every answer stay in the collector's process, unchanged.
+the loop only hands over the body's bytes and gets back the rows as Arrow tables, already framed for the
+answer log (read back without a copy). The writer appends that frame to the answer log as it came, and
+DuckDB inserts the tables; every answer is still given in the collector's process.
 
 What a worker sends back is what :func:`~ubi_pipeline.collector.ingest.prepare` makes of
 ``validate_items(parse_items(body))`` in process: the same rows, errors and order (the same functions run).
@@ -14,7 +15,7 @@ Only the raw bytes of valid items stay behind: a conflict's ``failed_records`` r
 
 Anything unusual goes back to the in-process path, which then gives its exact answer or error: a body the
 worker could not parse or that holds too many items, an exception of any kind, a pool that is still starting
-or was broken by a worker that died (it is replaced). Small bodies (under :data:`MIN_ITEMS` items, single
+or was broken by a worker that died (it is replaced). Small bodies (under :data:`MIN_BODY_BYTES`, single
 events) and requests that pass through record filters (they need the models) never leave the process: the
 hand-over costs more than it saves for them.
 """
@@ -38,6 +39,8 @@ from typing import Any
 from ubi_pipeline.collector.bodies import Kind, parse_bulk, parse_items
 from ubi_pipeline.collector.ingest import ItemError, Prepared, Validated, prepare, validate_items
 from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store import answer_log
+from ubi_pipeline.store.rows import EVENT_SCHEMA, QUERY_SCHEMA, TableRows, failed_table, rows_table
 
 log = logging.getLogger("ubi.collector")
 
@@ -48,10 +51,10 @@ MIN_BODY_BYTES = 32 * 1024
 
 @dataclass(frozen=True)
 class Parsed:
-    """What a worker sends back: the fields of a :class:`Prepared` without the models or the raw items."""
+    """What a worker sends back: the rows as one answer-log payload (Arrow IPC: what the writer logs, and read
+    back without a copy), and what the answers need beside them."""
 
-    query_rows: list[tuple[Any, ...]]
-    event_rows: list[tuple[Any, ...]]
+    payload: bytes
     failed_rows: list[dict[str, Any]]
     query_index: list[int]
     event_ids: list[tuple[int, str | None, str | None]]
@@ -62,18 +65,39 @@ class Parsed:
 def parse_body(
     body: bytes, kind: Kind | None, ndjson: bool, indices: Mapping[str, Kind], max_items: int, source: str
 ) -> Parsed | None:
-    """Parse, validate and prepare one body (run in a worker). None when the in-process path must take it:
-    the body cannot be parsed, holds more than ``max_items`` items, or anything raised. Its error is then
-    raised there, with its status, and no exception object has to cross the pipe."""
+    """Parse, validate and prepare one body, and frame its rows for the answer log (run in a worker). None
+    when the in-process path must take it: the body cannot be parsed, holds more than ``max_items`` items, or
+    anything raised. Its error is then raised there, with its status, and no exception object has to cross
+    the pipe."""
     try:
         items = parse_bulk(body, indices=indices) if kind is None else parse_items(body, kind, ndjson=ndjson)
         if len(items) > max_items:
             return None
         p = prepare(validate_items(items), source=source)
+        payload = answer_log.encode((
+            rows_table(p.query_rows, QUERY_SCHEMA) if p.query_rows else None,
+            rows_table(p.event_rows, EVENT_SCHEMA) if p.event_rows else None,
+            failed_table(p.failed_rows) if p.failed_rows else None,
+        ))
     except Exception:
         return None
-    return Parsed(p.query_rows, p.event_rows, p.failed_rows, p.query_index, p.event_ids,
-                  list(p.validated.errors), p.received_at)
+    return Parsed(payload, p.failed_rows, p.query_index, p.event_ids, list(p.validated.errors), p.received_at)
+
+
+def prepared_of(parsed: Parsed, raws: Mapping[int, bytes], source: str) -> Prepared:
+    """A worker's :class:`Parsed` as the :class:`Prepared` the sink takes: its rows are the payload's tables."""
+    tables = answer_log.decode(parsed.payload)
+    return Prepared(
+        validated=Validated(errors=parsed.errors, raws=raws),
+        source=source,
+        received_at=parsed.received_at,
+        query_rows=TableRows(tables[0]),
+        event_rows=TableRows(tables[1]),
+        failed_rows=parsed.failed_rows,
+        query_index=parsed.query_index,
+        event_ids=parsed.event_ids,
+        frame=(tables, parsed.payload),
+    )
 
 
 class BodyRaws(Mapping[int, bytes]):
@@ -217,16 +241,7 @@ class ParsePool:
             self.fell_back += 1
             return None
         self.handed += 1
-        return Prepared(
-            validated=Validated(errors=parsed.errors, raws=BodyRaws(body, kind, ndjson, indices)),
-            source=source,
-            received_at=parsed.received_at,
-            query_rows=parsed.query_rows,
-            event_rows=parsed.event_rows,
-            failed_rows=parsed.failed_rows,
-            query_index=parsed.query_index,
-            event_ids=parsed.event_ids,
-        )
+        return prepared_of(parsed, BodyRaws(body, kind, ndjson, indices), source)
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
         with self._lock:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from enum import IntEnum
-from typing import Any
+from typing import Any, overload
 
 import orjson
 import pyarrow as pa
@@ -224,8 +224,48 @@ def event_row(e: UbiEvent, received_at: datetime, bulk_id: str | None = None) ->
     return dict(zip(EVENT_SCHEMA.names, event_values(e, received_at, bulk_id), strict=True))
 
 
-def rows_table(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
-    """Stored rows (column-ordered tuples) as an Arrow table of ``schema``."""
+class TableRows(Sequence[tuple[Any, ...]]):
+    """The rows of an Arrow table of stored rows as column-ordered tuples, made only when first read.
+
+    Rows that arrive as a table (from a parse worker) are mostly never read one by one: their table is
+    written as it is, and their keys come from one column (:meth:`column`). Reading a row (a conflict's
+    message, a test) converts them all once, to the values :func:`rows_table` was given.
+    """
+
+    def __init__(self, table: pa.Table | None) -> None:
+        self.table = table
+        self._rows: list[tuple[Any, ...]] | None = None
+
+    def column(self, name: str) -> list[Any]:
+        """One column's values, in row order."""
+        return self.table.column(name).to_pylist() if self.table is not None else []
+
+    def _all(self) -> list[tuple[Any, ...]]:
+        if self._rows is None:
+            t = self.table
+            self._rows = list(zip(*(c.to_pylist() for c in t.columns), strict=True)) if t is not None else []
+        return self._rows
+
+    def __len__(self) -> int:
+        return self.table.num_rows if self.table is not None else 0
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[Any, ...]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[Any, ...]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[Any, ...] | list[tuple[Any, ...]]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self._all())
+
+
+def rows_table(rows: Sequence[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
+    """Stored rows (column-ordered tuples) as an Arrow table of ``schema`` (a :class:`TableRows`' own table)."""
+    if isinstance(rows, TableRows) and rows.table is not None and rows.table.schema.equals(schema):
+        return rows.table
     # Column-wise conversion is several times faster than Table.from_pylist over dicts.
     columns = list(zip(*rows, strict=True))
     return pa.Table.from_arrays(

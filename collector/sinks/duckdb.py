@@ -32,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from ubi_pipeline.collector.errors import SinkUnavailable
-from ubi_pipeline.collector.ingest import IngestResult, Prepared, Validated, ingest_many, prepare, result_of
+from ubi_pipeline.collector.ingest import (
+    IngestResult,
+    Prepared,
+    Validated,
+    group_table,
+    ingest_many,
+    prepare,
+    result_of,
+)
 from ubi_pipeline.collector.sinks.base import Sink
 from ubi_pipeline.collector.spool import HEADER, Position, Spool, SpoolError
 from ubi_pipeline.schemas.settings import Settings
@@ -40,7 +48,6 @@ from ubi_pipeline.store import answer_log
 from ubi_pipeline.store.duckdb_store import Store
 from ubi_pipeline.store.rows import (
     EVENT_SCHEMA,
-    QUERY_SCHEMA,
     failed_row,
     failed_table,
     rows_table,
@@ -87,6 +94,7 @@ class _Frame:
     rows: int
     size: int  # bytes in the log, header included
     requests: int
+    entries: int = 1  # log entries it spans: the group's own, and one per body a parse worker framed
 
 
 @dataclass
@@ -391,8 +399,8 @@ class DuckDBSink(Sink):
         new (module doc of :mod:`ubi_pipeline.store.answer_log`), and the store's last write did not fail."""
         if self.last_error is not None:
             return None
-        q_keys = [r[0] for j in jobs for r in j.prepared.query_rows]
-        e_keys = [r[0] for j in jobs for r in j.prepared.event_rows]
+        q_keys = [k for j in jobs for k in j.prepared.query_keys()]
+        e_keys = [k for j in jobs for k in j.prepared.event_keys()]
         a = self._answered
         new = (
             len(set(q_keys)) == len(q_keys)
@@ -411,23 +419,30 @@ class DuckDBSink(Sink):
         if self._log is None:
             return False
         preps = [j.prepared for j in jobs]
-        q_rows = [r for p in preps for r in p.query_rows]
-        e_rows = [r for p in preps for r in p.event_rows]
-        f_rows = [r for p in preps for r in p.failed_rows]
+        # bodies a parse worker framed are logged as they came, the others framed here together
+        framed = [(p.n_rows, p.frame) for p in preps if p.frame is not None]
+        own = [p for p in preps if p.frame is None]
+        entries = [(rows, payload) for rows, (_, payload) in framed]
+        parts = [tables for _, (tables, _) in framed]
         started = time.perf_counter()
+        if own:
+            f_rows = [r for p in own for r in p.failed_rows]
+            try:
+                tables: answer_log.Tables = (
+                    group_table(own, "query"),
+                    group_table(own, "event"),
+                    failed_table(f_rows) if f_rows else None,
+                )
+                entries.append((sum(p.n_rows for p in own), answer_log.encode(tables)))
+            except Exception:  # a value the Arrow schema cannot hold: never seen, but it must not stop the writer
+                log.exception("could not frame %d requests for the answer log; writing them the usual way", len(jobs))
+                return False
+            parts.append(tables)
+        frame = parts[0] if len(parts) == 1 else answer_log.concat(parts)
+        n = sum(rows for rows, _ in entries)
+        size = sum(HEADER.size + len(payload) for _, payload in entries)
         try:
-            frame: answer_log.Tables = (
-                rows_table(q_rows, QUERY_SCHEMA) if q_rows else None,
-                rows_table(e_rows, EVENT_SCHEMA) if e_rows else None,
-                failed_table(f_rows) if f_rows else None,
-            )
-            payload = answer_log.encode(frame)
-        except Exception:  # a value the Arrow schema cannot hold: never seen, but it must not stop the writer
-            log.exception("could not frame %d requests for the answer log; writing them the usual way", len(jobs))
-            return False
-        n = len(q_rows) + len(e_rows) + len(f_rows)
-        try:
-            end = self._log.append([(n, payload)])
+            end = self._log.append(entries)
         except (SinkUnavailable, SpoolError) as exc:  # full, or the disk refused: nothing was answered
             self.write_seconds += time.perf_counter() - started
             err = exc if isinstance(exc, SinkUnavailable) else SinkUnavailable(str(exc))
@@ -437,11 +452,11 @@ class DuckDBSink(Sink):
         a = self._answered
         if not a.frames:
             a.since = time.monotonic()
-        a.frames.append(_Frame(frame, end, n, HEADER.size + len(payload), len(jobs)))
+        a.frames.append(_Frame(frame, end, n, size, len(jobs), len(entries)))
         a.query_keys.update(q_keys)
         a.event_keys.update(e_keys)
         a.rows += n
-        a.size += HEADER.size + len(payload)
+        a.size += size
         self.answered_from_log += len(jobs)
         self._settle([(j, result_of(j.prepared), None) for j in jobs])  # every row will be inserted
         if a.rows >= self.log_commit_rows or a.size >= self.log_commit_bytes:
@@ -499,7 +514,7 @@ class DuckDBSink(Sink):
         self.commits += 1
         self.grouped_requests += sum(f.requests for f in frames)
         try:
-            self._log.ack_through(frames[-1].end, entries=len(frames), records=sum(f.rows for f in frames),
+            self._log.ack_through(frames[-1].end, entries=sum(f.entries for f in frames), records=sum(f.rows for f in frames),
                                   size=sum(f.size for f in frames))
         except (OSError, SpoolError):  # committed: replaying these frames after a restart stores nothing twice
             log.exception("the answer log %s could not record a commit; its frames will be written again "

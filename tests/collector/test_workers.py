@@ -24,6 +24,8 @@ from ubi_pipeline.collector import workers
 from ubi_pipeline.collector.app import create_app
 from ubi_pipeline.collector.workers import BodyRaws, parse_body
 from ubi_pipeline.schemas.settings import Settings
+from ubi_pipeline.store import answer_log
+from ubi_pipeline.store.duckdb_store import Store
 
 NDJSON = {"content-type": "application/x-ndjson"}
 JSON = {"content-type": "application/json"}
@@ -162,7 +164,10 @@ def test_small_bodies_and_filtered_requests_stay_in_process(tmp_path: Path) -> N
 def test_parse_body_gives_back_what_it_cannot_take() -> None:
     indices = {"ubi_events": "event", "ubi_queries": "query"}
     ok = parse_body(json.dumps([_event(1), {"action_name": "x"}]).encode(), "event", False, indices, 10, "/v1/events")
-    assert ok is not None and len(ok.event_rows) == 1 and [e.index for e in ok.errors] == [1]
+    assert ok is not None and [e.index for e in ok.errors] == [1]
+    queries, events, failed = answer_log.decode(ok.payload)  # the frame the writer logs as it came
+    assert queries is None and events is not None and failed is not None
+    assert events.column("object_id").to_pylist() == ["doc-1"] and failed.column("item_index").to_pylist() == [1]
     assert parse_body(b"[1,", "event", False, indices, 10, "/v1/events") is None
     assert parse_body(json.dumps([_event(i) for i in range(3)]).encode(), "event", False, indices, 2, "x") is None
 
@@ -190,10 +195,13 @@ def _alive(pid: int) -> bool:
 
 def test_workers_of_a_collector_killed_with_sigkill_exit(tmp_path: Path) -> None:
     """A real ``ubi serve``: its workers start on the first large body, serve the next ones, and end within
-    a few PARENT_CHECK_SECONDS of the collector's SIGKILL (which leaves it no chance to stop them)."""
+    a few PARENT_CHECK_SECONDS of the collector's SIGKILL (which leaves it no chance to stop them). Every
+    acknowledged event is then in the store: what DuckDB had not committed is in the answer log, in the
+    frames the workers built, and opening the store writes it."""
     from tests_collector_support import start_server
 
-    server = start_server(tmp_path / "k.duckdb", "--parse-workers", "2")
+    # answered rows wait for their DuckDB commit up to a minute: they are still only in the log at the kill
+    server = start_server(tmp_path / "k.duckdb", "--parse-workers", "2", env={"UBI_LOG_COMMIT_MS": "60000"})
     try:
         body = json.dumps([_event(i) for i in range(400)]).encode()
         deadline = time.monotonic() + 120
@@ -216,3 +224,6 @@ def test_workers_of_a_collector_killed_with_sigkill_exit(tmp_path: Path) -> None
     while any(_alive(p) for p in workers_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in workers_pids)
+    assert answer_log.has_unapplied(tmp_path / "k.duckdb")
+    with Store(tmp_path / "k.duckdb") as store:
+        assert store.read("SELECT count(*) FROM ubi_events")[0][0] == 400 * k
