@@ -20,7 +20,13 @@ import orjson
 import pyarrow as pa
 
 from ubi_pipeline.schemas import tables
-from ubi_pipeline.schemas.ubi import CANONICAL_OPTIONS, JSON_FIELD_MAX_LENGTH, UbiEvent, UbiQuery
+from ubi_pipeline.schemas.ubi import (
+    CANONICAL_OPTIONS,
+    JSON_FIELD_MAX_LENGTH,
+    EventAttributes,
+    UbiEvent,
+    UbiQuery,
+)
 
 
 def utcnow() -> datetime:
@@ -150,11 +156,16 @@ def _naive_utc(ts: datetime | None) -> datetime | None:
     return ts.replace(tzinfo=None) if ts is not None else None
 
 
+# The models' serializers, called directly: ``model_dump`` and ``model_dump_json`` add ~0.8 us of Python per
+# call around the same Rust call, a fifth of an event's dump.
+_QUERY_DUMP = UbiQuery.__pydantic_serializer__.to_python
+_EVENT_DUMP = UbiEvent.__pydantic_serializer__.to_python
+_ATTRIBUTES_JSON = EventAttributes.__pydantic_serializer__.to_json
+
+
 def query_values(q: UbiQuery, received_at: datetime) -> tuple[Any, ...]:
     """One query record in ``QUERY_SCHEMA`` column order (hashing the canonical dump once)."""
-    digest = hashlib.sha256(
-        orjson.dumps(q.model_dump(exclude_none=True), option=CANONICAL_OPTIONS)
-    ).hexdigest()[:32]
+    digest = hashlib.sha256(orjson.dumps(_QUERY_DUMP(q, exclude_none=True), option=CANONICAL_OPTIONS)).hexdigest()[:32]
     qid = q.query_id or ("h:" + digest)
     extra = q.__pydantic_extra__
     return (
@@ -180,9 +191,9 @@ def event_values(e: UbiEvent, received_at: datetime, bulk_id: str | None) -> tup
     attrs = e.event_attributes
     if event_id:
         key = "id:" + event_id
-        attrs_json = attrs.model_dump_json(exclude_none=True) if attrs is not None else None
+        attrs_json = _ATTRIBUTES_JSON(attrs, exclude_none=True).decode() if attrs is not None else None
     else:
-        dump = e.model_dump(exclude_none=True)
+        dump = _EVENT_DUMP(e, exclude_none=True)
         key = "h:" + hashlib.sha256(orjson.dumps(dump, option=CANONICAL_OPTIONS)).hexdigest()[:32]
         attrs_json = orjson.dumps(dump["event_attributes"]).decode() if attrs is not None else None
     obj = attrs.object if attrs is not None else None
