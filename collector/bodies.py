@@ -54,9 +54,13 @@ class NotGzip(RequestError):
     kind = "body"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RawItem:
-    """One item of a body before validation: its kind, parsed value (or parse error) and raw bytes."""
+    """One item of a body before validation: its kind, parsed value (or parse error) and raw bytes.
+
+    Not frozen, though nothing changes one after it is made: a frozen dataclass sets each of its eleven
+    fields through ``object.__setattr__``, 2.4 us an item against 0.6, and a body makes one per record.
+    """
 
     index: int
     kind: Kind | None
