@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import struct
 import threading
 import time
@@ -129,6 +130,7 @@ class Store:
         wait_for_readers: float = 0.0,
         memory_limit: str | None = "256MB",
         load_memory_limit: str | None = None,
+        checkpoint_threshold: str | None = None,
     ) -> None:
         """Open ``path`` for writing.
 
@@ -140,6 +142,13 @@ class Store:
         ``load_memory_limit``: the pool while :meth:`load_tables` writes derived tables (``Settings.memory_limit``,
         the readers' limit; None: ``memory_limit``). ``judgments`` keeps a primary key, whose index DuckDB holds in
         memory whole: replacing the 416,660 judgments of a 20M-event log does not fit in 256 MB.
+        ``checkpoint_threshold``: the WAL size at which a commit checkpoints (None: DuckDB's default, 16 MB; the
+        collector's and the loader's stores take ``Settings.checkpoint_threshold``, 64 MB, through
+        :meth:`from_settings`), at most a quarter of ``memory_limit``: the rows not yet checkpointed stay in the
+        buffer pool, and a 32 MB pool could not commit under a 64 MB threshold. A checkpoint rewrites the table's last, partly filled row group (122,880 rows)
+        whatever it adds: at 16 MB a collector storing 45,000 events/s checkpointed about once a second, and
+        spent a quarter of its own process's CPU on it (``bench/ingest.py``). ``ubi import`` keeps DuckDB's
+        default: its transactions of 125,000 records go to the file as whole row groups, past the WAL.
         """
         self.path = Path(path)
         if not create and not self.path.exists():
@@ -172,6 +181,9 @@ class Store:
         self.memory_limit, self.load_memory_limit = memory_limit, load_memory_limit
         if memory_limit:
             self.con.execute("SET memory_limit = ?", [memory_limit])
+        threshold = _checkpoint_threshold(checkpoint_threshold, memory_limit)
+        if threshold is not None:
+            self.con.execute("SET checkpoint_threshold = ?", [f"{threshold}B"])
         ensure_tables(self.con)
         migrate_keys(self.con)
         self.keys = {t.name: KeyIndex(t) for t in (tables.QUERY_TABLE, tables.EVENT_TABLE)}
@@ -229,6 +241,7 @@ class Store:
             wait_for_readers=settings.store_wait_seconds,
             memory_limit=settings.writer_memory_limit,
             load_memory_limit=settings.memory_limit,
+            checkpoint_threshold=settings.checkpoint_threshold,
         )
 
     def close(self) -> None:
@@ -743,6 +756,35 @@ class Store:
             finally:
                 with contextlib.suppress(duckdb.Error):
                     cur.close()
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*", re.IGNORECASE)
+#: DuckDB's own checkpoint_threshold: a smaller one is never set.
+DUCKDB_CHECKPOINT_THRESHOLD = 16 * 1024**2
+
+
+def size_bytes(text: str) -> int | None:
+    """Bytes of a DuckDB size setting (``256MB``, ``1.5GiB``, ``64kb``; KB = 1000, KiB = 1024); None if
+    it is not one."""
+    m = _SIZE.fullmatch(text)
+    if m is None:
+        return None
+    base = 1024 if m.group(3) else 1000
+    return int(float(m.group(1)) * base ** ("kmgt".find(m.group(2).lower()) + 1 if m.group(2) else 0))
+
+
+def _checkpoint_threshold(wanted: str | None, memory_limit: str | None) -> int | None:
+    """The checkpoint threshold to set, in bytes: ``wanted``, at most a quarter of ``memory_limit``; None (keep
+    DuckDB's 16 MiB) when that is not more than DuckDB's own or either setting is unreadable."""
+    want = size_bytes(wanted) if wanted else None
+    if want is None:
+        return None
+    if memory_limit:
+        limit = size_bytes(memory_limit)
+        if limit is None:
+            return None
+        want = min(want, limit // 4)
+    return want if want > DUCKDB_CHECKPOINT_THRESHOLD else None
 
 
 #: What DuckDB's FatalException says when the transaction committed and only the checkpoint after it failed.

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 
 from ubi_pipeline.schemas.errors import StoreError, StoreLocked
+from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.schemas.ubi import UbiEvent, UbiQuery
 from ubi_pipeline.store.client import collector_url, open_reader
 from ubi_pipeline.store.duckdb_store import Store
@@ -318,3 +319,23 @@ def test_surely_new_says_which_keys_a_write_would_insert(tmp_path, make_event):
         with store.transaction() as cur:  # a raw transaction may write around the index: it cannot tell
             cur.execute("SELECT 1")
         assert not store.surely_new("ubi_events", ["id:n2"])
+
+
+def test_checkpoint_threshold_is_the_setting_within_a_quarter_of_the_writer_pool(tmp_path):
+    """Settings.checkpoint_threshold (64MB) under the default 256MB pool; a quarter of a smaller pool, and
+    DuckDB's own 16 MiB when that quarter is not more (a 32MB pool could not commit under 64MB: rows not yet
+    checkpointed stay in the pool, tests/collector/test_store_attack.py)."""
+    from ubi_pipeline.store.duckdb_store import _checkpoint_threshold, size_bytes
+
+    assert [size_bytes(t) for t in ("256MB", "1.5GiB", "64kb", "7", "lots")] == [256_000_000, 1_610_612_736, 64_000, 7,
+                                                                             None]
+    assert _checkpoint_threshold("64MB", "256MB") == 64_000_000
+    assert _checkpoint_threshold("64MB", "128MB") == 32_000_000
+    assert _checkpoint_threshold("64MB", "32MB") is None and _checkpoint_threshold(None, "1GB") is None
+
+    def threshold(settings: Settings) -> str:
+        with Store.from_settings(settings, tmp_path / f"{settings.writer_memory_limit}.duckdb") as store:
+            return store.con.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0]
+
+    assert threshold(Settings(writer_memory_limit="256MB")) == "61.0 MiB"  # 64,000,000 bytes as DuckDB prints it
+    assert threshold(Settings(writer_memory_limit="32MB")) == "16.0 MiB"  # DuckDB's own
