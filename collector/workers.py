@@ -157,8 +157,18 @@ def _start_worker(parent: int) -> None:
     tune_gc()
 
 
+#: What each worker parses before the pool counts as ready: an event and a query record, so that the
+#: validators pydantic builds on first use (~0.1 s each) are built before the first request's body.
+_WARM_BODY = (b'[{"action_name":"click","timestamp":"2024-05-16T12:34:56.789Z","event_attributes":'
+              b'{"object":{"object_id":"d1"},"position":{"ordinal":1}}},{"action_name":"click"}]')
+_WARM_QUERIES = b'[{"query_id":"q1","user_query":"warm","query_response_hit_ids":["d1"]},{"query_id":1}]'
+
+
 def _warm() -> int:
-    """A first task for each worker: the pool is ready once every worker has run one."""
+    """A first task for each worker (the pool is ready once every worker has run one): parse a few records,
+    valid and invalid, as a request's body would be."""
+    parse_body(_WARM_BODY, "event", False, {}, 10, "warm-up")
+    parse_body(_WARM_QUERIES, "query", False, {}, 10, "warm-up")
     return 0
 
 
