@@ -14,6 +14,7 @@ double. The events of requests that were never answered before the end are not c
 
     .venv/bin/python bench/kill_collector.py                       # 8 kills, 1.5 s apart, 4 clients
     .venv/bin/python bench/kill_collector.py --ack commit --kills 5
+    .venv/bin/python bench/kill_collector.py --max-batch 400          # large batches: the parse workers too
 """
 
 from __future__ import annotations
@@ -78,11 +79,11 @@ class Collector:
             proc.wait(timeout=60)
 
 
-def bodies(client: int, seed: int) -> Iterator[tuple[bytes, list[str]]]:
+def bodies(client: int, seed: int, max_batch: int = 60) -> Iterator[tuple[bytes, list[str]]]:
     """One client's request bodies, without end: (bytes, the ``query_id`` of each event, unique per event)."""
     rng = random.Random(seed)
     for r in itertools.count():
-        size = 1 if rng.random() < 0.7 else rng.randrange(2, 60)
+        size = 1 if rng.random() < 0.7 else rng.randrange(2, max_batch)
         keyed = rng.random() < 0.5
         events, ids = [], []
         for i in range(size):
@@ -135,6 +136,9 @@ def main() -> int:
     ap.add_argument("--every", type=float, default=1.5, help="seconds between kills (default 1.5)")
     ap.add_argument("--clients", type=int, default=4, help="client threads (default 4)")
     ap.add_argument("--seed", type=int, default=7, help="seed of the request mix (default 7)")
+    ap.add_argument("--max-batch", type=int, default=60,
+                    help="largest batch, in events (default 60; 400: batches of 32 KiB or more reach the parse "
+                    "workers, collector/workers.py)")
     args = ap.parse_args()
     from ubi_pipeline.store.client import open_reader
 
@@ -147,7 +151,7 @@ def main() -> int:
         stop = threading.Event()
         acked: list[list[str]] = [[] for _ in range(args.clients)]
         stats = [{"requests": 0, "retries": 0} for _ in range(args.clients)]
-        threads = [threading.Thread(target=client_loop, args=(collector, bodies(c, args.seed + c), acked[c],
+        threads = [threading.Thread(target=client_loop, args=(collector, bodies(c, args.seed + c, args.max_batch), acked[c],
                                                               stats[c], stop)) for c in range(args.clients)]
         for t in threads:
             t.start()
