@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import Scope
 
 from ubi_pipeline.collector import workers
-from ubi_pipeline.collector.bodies import BodyError, Kind, RawItem, parse_bulk, parse_items
+from ubi_pipeline.collector.bodies import BodyError, Kind, RawItem
 from ubi_pipeline.collector.errors import RequestError, TooLarge, Unprocessable
 from ubi_pipeline.collector.fastpath import HTTP_MIN_ITEMS, prepare_items
 from ubi_pipeline.collector.ingest import (
@@ -122,12 +122,7 @@ class Collector:
         try:
             prepared = await self.from_worker(body, kind=kind, ndjson=ndjson, ctx=ctx, parse=parse)
             if prepared is None:
-                if parse is not None:
-                    items = parse(body)
-                elif kind is None:
-                    items = parse_bulk(body, indices=self.bulk_indices)
-                else:
-                    items = parse_items(body, kind, ndjson=ndjson)
+                items = parse(body) if parse is not None else workers.body_items(body, kind, ndjson, self.bulk_indices)
                 if len(items) > self.settings.max_items:
                     raise TooManyItems(
                         f"{len(items)} items in one request; at most {self.settings.max_items} "

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ubi_pipeline.collector.bodies import Kind, parse_bulk, parse_items
+from ubi_pipeline.collector.bodies import Kind, RawItem, parse_bulk, parse_items
 from ubi_pipeline.collector.ingest import ItemError, Prepared, Validated, prepare, validate_items
 from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.store import answer_log
@@ -62,6 +62,11 @@ class Parsed:
     received_at: datetime
 
 
+def body_items(body: bytes, kind: Kind | None, ndjson: bool, indices: Mapping[str, Kind]) -> list[RawItem]:
+    """The items of a body as ``Collector.accept`` splits it (``kind`` None: an OpenSearch ``_bulk`` body)."""
+    return parse_bulk(body, indices=indices) if kind is None else parse_items(body, kind, ndjson=ndjson)
+
+
 def parse_body(
     body: bytes, kind: Kind | None, ndjson: bool, indices: Mapping[str, Kind], max_items: int, source: str
 ) -> Parsed | None:
@@ -70,7 +75,7 @@ def parse_body(
     anything raised. Its error is then raised there, with its status, and no exception object has to cross
     the pipe."""
     try:
-        items = parse_bulk(body, indices=indices) if kind is None else parse_items(body, kind, ndjson=ndjson)
+        items = body_items(body, kind, ndjson, indices)
         if len(items) > max_items:
             return None
         p = prepare(validate_items(items), source=source)
@@ -105,20 +110,17 @@ class BodyRaws(Mapping[int, bytes]):
 
     def __init__(self, body: bytes, kind: Kind | None, ndjson: bool, indices: Mapping[str, Kind]) -> None:
         self._args = (body, kind, ndjson, indices)
-        self._items: dict[int, Any] | None = None
+        self._items: dict[int, RawItem] | None = None
         self._lock = threading.Lock()
 
-    def _parsed(self) -> dict[int, Any]:
+    def _parsed(self) -> dict[int, RawItem]:
         with self._lock:
             if self._items is None:
-                body, kind, ndjson, indices = self._args
-                items = parse_bulk(body, indices=indices) if kind is None else parse_items(body, kind, ndjson=ndjson)
-                self._items = {item.index: item for item in items}
+                self._items = {item.index: item for item in body_items(*self._args)}
             return self._items
 
     def __getitem__(self, index: int) -> bytes:
-        raw: bytes = self._parsed()[index].raw_bytes()
-        return raw
+        return self._parsed()[index].raw_bytes()
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._parsed())
