@@ -185,6 +185,11 @@ def workers_for(settings: Settings) -> int:
     return min(os.cpu_count() or 1, DEFAULT_MAX_WORKERS)
 
 
+#: Seconds after a pool broke (a worker died) or could not start before a new one is started: a machine that
+#: cannot start processes gets one attempt and one log line per interval, not one per request.
+RESTART_AFTER_SECONDS = 10.0
+
+
 class ParsePool:
     """A pool of parse workers started on the first large body; bodies go in process until it is ready."""
 
@@ -194,6 +199,7 @@ class ParsePool:
         self._ready = False
         self._lock = threading.Lock()
         self._closed = False
+        self._broken_at: float | None = None  # monotonic time the last pool broke or failed to start
         self.handed = 0  # bodies parsed by a worker
         self.fell_back = 0  # bodies a worker gave back to the process (errors, a broken pool)
 
@@ -210,8 +216,15 @@ class ParsePool:
         warmups = [pool.submit(_warm) for _ in range(self.workers)]
 
         def ready(_: Future[int]) -> None:
-            if all(f.done() for f in warmups) and self._pool is pool:
-                self._ready = not any(f.exception() for f in warmups)
+            if not all(f.done() for f in warmups) or self._pool is not pool:
+                return
+            failed = next((f.exception() for f in warmups if f.cancelled() or f.exception()), None)
+            if failed is None:
+                self._ready = True
+            else:
+                log.warning("the parse workers did not start (%s); bodies are parsed in process, trying again in "
+                            "%g s", failed, RESTART_AFTER_SECONDS)
+                self._replace(pool)
 
         for f in warmups:
             f.add_done_callback(ready)
@@ -225,6 +238,8 @@ class ParsePool:
         if not self.enabled:
             return False
         if self._pool is None:
+            if self._broken_at is not None and time.monotonic() - self._broken_at < RESTART_AFTER_SECONDS:
+                return False
             with self._lock:
                 if self._pool is None and not self._closed:
                     self._start()
@@ -241,8 +256,9 @@ class ParsePool:
             parsed = await asyncio.wrap_future(pool.submit(parse_body, body, kind, ndjson, dict(indices), max_items,
                                                            source))
         except BrokenProcessPool:
-            log.warning("a parse worker died; starting new workers (bodies are parsed in process meanwhile)")
-            self._replace(pool)
+            if self._replace(pool):
+                log.warning("a parse worker died; new workers start with the next large body after %g s (bodies "
+                            "are parsed in process meanwhile)", RESTART_AFTER_SECONDS)
             self.fell_back += 1
             return None
         except Exception:  # a result that could not cross the pipe: never seen; the process takes the body
@@ -255,12 +271,14 @@ class ParsePool:
         self.handed += 1
         return prepared_of(parsed, BodyRaws(body, kind, ndjson, indices), source)
 
-    def _replace(self, broken: ProcessPoolExecutor) -> None:
+    def _replace(self, broken: ProcessPoolExecutor) -> bool:
+        """Drop ``broken`` (a new pool starts after RESTART_AFTER_SECONDS); False if it was dropped already."""
         with self._lock:
-            if self._pool is broken:
-                self._ready = False
-                self._pool = None
-                broken.shutdown(wait=False, cancel_futures=True)
+            if self._pool is not broken:
+                return False
+            self._ready, self._pool, self._broken_at = False, None, time.monotonic()
+        broken.shutdown(wait=False, cancel_futures=True)
+        return True
 
     def close(self) -> None:
         with self._lock:

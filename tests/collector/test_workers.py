@@ -129,7 +129,11 @@ def test_workers_answer_and_store_what_the_process_does(tmp_path: Path, started_
     assert b'"add_to_cart"' in raws["event_id"] and b'"query 1"' in raws["query_id"]
 
 
-def test_a_worker_that_dies_costs_no_request(tmp_path: Path, started_pool: None) -> None:
+def test_a_worker_that_dies_costs_no_request(tmp_path: Path, started_pool: None,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request that meets the broken pool is parsed in process; no pool starts for RESTART_AFTER_SECONDS
+    (shortened here), then one does."""
+    monkeypatch.setattr(workers, "RESTART_AFTER_SECONDS", 1.0)
     body = json.dumps([_event(i) for i in range(30)]).encode()
     with _client(tmp_path / "w.duckdb", 2) as client:
         pool = _wait_ready(client)
@@ -140,6 +144,8 @@ def test_a_worker_that_dies_costs_no_request(tmp_path: Path, started_pool: None)
         answer = client.post("/v1/events", content=body.replace(b'"s1"', b'"s2"'), headers=JSON)
         assert (answer.status_code, answer.json()["accepted"]) == (202, 30)
         assert pool.fell_back == 1
+        assert not pool.ready() and pool._pool is None  # within RESTART_AFTER_SECONDS: no new pool yet
+        time.sleep(1.0)
         _wait_ready(client)  # a new pool started
         answer = client.post("/v1/events", content=body.replace(b'"s1"', b'"s3"'), headers=JSON)
         assert answer.json()["accepted"] == 30
@@ -227,3 +233,25 @@ def test_workers_of_a_collector_killed_with_sigkill_exit(tmp_path: Path) -> None
     assert answer_log.has_unapplied(tmp_path / "k.duckdb")
     with Store(tmp_path / "k.duckdb") as store:
         assert store.read("SELECT count(*) FROM ubi_events")[0][0] == 400 * k
+
+
+def _no_start() -> int:
+    """A worker's first task that fails, as when the workers cannot import the ingest code."""
+    raise RuntimeError("this worker cannot start")
+
+
+def test_workers_that_cannot_start_leave_the_bodies_in_process(tmp_path: Path, started_pool: None,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers, "_warm", _no_start)
+    monkeypatch.setattr(workers, "RESTART_AFTER_SECONDS", 600.0)
+    body = json.dumps([_event(i) for i in range(30)]).encode()
+    with _client(tmp_path / "n.duckdb", 2) as client:
+        pool: workers.ParsePool = client.app.state.collector.parse_pool  # type: ignore[attr-defined]
+        assert client.post("/v1/events", content=body, headers=JSON).json()["accepted"] == 30  # starts the pool
+        deadline = time.monotonic() + 120
+        while pool._broken_at is None:
+            assert time.monotonic() < deadline, "the failed start was not noticed in 120 s"
+            time.sleep(0.05)
+        answer = client.post("/v1/events", content=body.replace(b'"s1"', b'"s2"'), headers=JSON)
+        assert (answer.status_code, answer.json()["accepted"]) == (202, 30)
+        assert pool._pool is None and pool.handed == 0  # no second start within RESTART_AFTER_SECONDS
