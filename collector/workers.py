@@ -8,8 +8,9 @@ the loop only hands over the body's bytes and gets back the rows as Arrow tables
 answer log (read back without a copy). The writer appends that frame to the answer log as it came, and
 DuckDB inserts the tables; every answer is still given in the collector's process.
 
-What a worker sends back is what :func:`~ubi_pipeline.collector.ingest.prepare` makes of
-``validate_items(parse_items(body))`` in process: the same rows, errors and order (the same functions run).
+What a worker sends back is what the process would make of the body: ``prepare(validate_items(items))``, or
+the columnar path's ``prepare_items(items)`` from ``fastpath.HTTP_MIN_ITEMS`` items (``ubi import``'s chunks
+to a running collector); the same rows, errors and order (the same functions run).
 Only the raw bytes of valid items stay behind: a conflict's ``failed_records`` row needs them, seldom, and
 :class:`BodyRaws` parses the body again for them then.
 
@@ -37,6 +38,7 @@ from datetime import datetime
 from typing import Any
 
 from ubi_pipeline.collector.bodies import Kind, RawItem, parse_bulk, parse_items
+from ubi_pipeline.collector.fastpath import HTTP_MIN_ITEMS, prepare_items
 from ubi_pipeline.collector.ingest import ItemError, Prepared, Validated, prepare, validate_items
 from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.store import answer_log
@@ -78,7 +80,10 @@ def parse_body(
         items = body_items(body, kind, ndjson, indices)
         if len(items) > max_items:
             return None
-        p = prepare(validate_items(items), source=source)
+        if len(items) >= HTTP_MIN_ITEMS:  # as in process: the columnar path pays for itself from there
+            p = prepare_items(items, source=source)
+        else:
+            p = prepare(validate_items(items), source=source)
         payload = answer_log.encode((
             rows_table(p.query_rows, QUERY_SCHEMA) if p.query_rows else None,
             rows_table(p.event_rows, EVENT_SCHEMA) if p.event_rows else None,

@@ -129,6 +129,27 @@ def test_workers_answer_and_store_what_the_process_does(tmp_path: Path, started_
     assert b'"add_to_cart"' in raws["event_id"] and b'"query 1"' in raws["query_id"]
 
 
+def test_a_body_of_columnar_size_is_stored_as_the_process_stores_it(tmp_path: Path) -> None:
+    """From fastpath.HTTP_MIN_ITEMS items a worker takes the columnar path, as the process does (``ubi import``'s
+    chunks to a running collector): the same answer and rows, events with and without ids, one invalid."""
+    from ubi_pipeline.collector.fastpath import HTTP_MIN_ITEMS
+
+    events = [_event(i, **({"event_id": f"id{i}"} if i % 2 else {})) for i in range(HTTP_MIN_ITEMS)]
+    events[7] = {"action_name": "click", "timestamp": "not a time"}
+    body = "\n".join(json.dumps(e) for e in events).encode()
+    out = []
+    for name, n in (("workers", 2), ("process", 0)):
+        app = create_app(Settings(db=tmp_path / f"{name}.duckdb", parse_workers=n), extensions=False)
+        with TestClient(app, base_url="http://localhost") as client:
+            if n:
+                _wait_ready(client)
+            answer = client.post("/v1/events", content=body, headers=NDJSON).json()
+            out.append((answer, _stored(client), client.app.state.collector.parse_pool.handed))
+    assert out[0][0] == out[1][0] and out[0][0]["accepted"] == HTTP_MIN_ITEMS - 1
+    assert out[0][1] == out[1][1]
+    assert (out[0][2], out[1][2]) == (1, 0)
+
+
 def test_a_worker_that_dies_costs_no_request(tmp_path: Path, started_pool: None,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The request that meets the broken pool is parsed in process; no pool starts for RESTART_AFTER_SECONDS
@@ -150,7 +171,7 @@ def test_a_worker_that_dies_costs_no_request(tmp_path: Path, started_pool: None,
         answer = client.post("/v1/events", content=body.replace(b'"s1"', b'"s3"'), headers=JSON)
         assert answer.json()["accepted"] == 30
         assert pool.handed == 2
-        assert _stored(client)["ubi_events"].__len__() == 90
+        assert len(_stored(client)["ubi_events"]) == 90
 
 
 def test_small_bodies_and_filtered_requests_stay_in_process(tmp_path: Path) -> None:
