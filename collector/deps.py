@@ -99,6 +99,12 @@ class Collector:
     parse_pool: workers.ParsePool = field(default_factory=lambda: workers.ParsePool(0))
 
     @property
+    def rows_without_models(self) -> bool:
+        """Whether a body's rows may be built without pydantic models (the columnar path, a parse worker): the
+        sink takes rows and no record filter needs the models."""
+        return self.sink.takes_rows and not self.record_filters
+
+    @property
     def indices(self) -> dict[str, Kind]:
         """The OpenSearch index names this collector takes (``query_index``, ``event_index``) -> kind."""
         return {self.settings.query_index: "query", self.settings.event_index: "event"}
@@ -128,7 +134,7 @@ class Collector:
                         f"{len(items)} items in one request; at most {self.settings.max_items} "
                         "(UBI_MAX_ITEMS): split the batch"
                     )
-                if self.sink.takes_rows and not self.record_filters and len(items) >= HTTP_MIN_ITEMS:
+                if self.rows_without_models and len(items) >= HTTP_MIN_ITEMS:
                     # the columnar path: rows without models (DuckDB releases the GIL: off the loop)
                     prepared = await asyncio.to_thread(prepare_items, items, source=ctx.source)
                 else:
@@ -163,8 +169,8 @@ class Collector:
     ) -> Prepared | None:
         """The body's rows from a parse worker (:mod:`ubi_pipeline.collector.workers`) when it is large, its
         records need no filter and the sink takes rows; None: the caller parses it in process."""
-        if (parse is not None or len(body) < workers.MIN_BODY_BYTES or not self.sink.takes_rows
-                or self.record_filters or not self.parse_pool.ready()):
+        if (parse is not None or len(body) < workers.MIN_BODY_BYTES or not self.rows_without_models
+                or not self.parse_pool.ready()):
             return None
         return await self.parse_pool.parse(
             body, kind, ndjson, self.bulk_indices, self.settings.max_items, ctx.source

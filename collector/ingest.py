@@ -317,10 +317,10 @@ class Prepared:
         return len(self.query_rows) + len(self.event_rows) + len(self.failed_rows)
 
     def query_keys(self) -> list[str]:
-        return _column(self.query_rows, "query_key", 0)
+        return _column(self.query_rows, QUERY_SCHEMA, "query_key")
 
     def event_keys(self) -> list[str]:
-        return _column(self.event_rows, "event_key", 0)
+        return _column(self.event_rows, EVENT_SCHEMA, "event_key")
 
     # Arrow views of the rows (built on each call; the group write does not use them).
     @property
@@ -414,10 +414,11 @@ def _table(rows: Sequence[tuple[Any, ...]], schema: pa.Schema) -> pa.Table | Non
     return rows_table(rows, schema) if rows else None
 
 
-def _column(rows: Sequence[tuple[Any, ...]], name: str, position: int) -> list[Any]:
-    """One column of stored rows: read from the table when they came as one, else from each tuple."""
+def _column(rows: Sequence[tuple[Any, ...]], schema: pa.Schema, name: str) -> list[Any]:
+    """One column of stored rows of ``schema``: read from the table when they came as one, else from each tuple."""
     if isinstance(rows, TableRows):
         return rows.column(name)
+    position = schema.get_field_index(name)
     return [r[position] for r in rows]
 
 
@@ -443,6 +444,12 @@ def group_table(batches: Sequence[Prepared], kind: str) -> pa.Table | None:
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+
+def frame_tables(batches: Sequence[Prepared]) -> Tables:
+    """The query, event and ``failed_records`` rows of several bodies as the answer log frames them."""
+    failed = [r for p in batches for r in p.failed_rows]
+    return group_table(batches, "query"), group_table(batches, "event"), failed_table(failed) if failed else None
 
 
 def _conflict_error(p: Prepared, pos: int) -> ItemError:
@@ -546,7 +553,7 @@ def result_of(
     if es is None:
         es = [RowStatus.INSERTED] * p.n_events
     status: dict[int, tuple[RowStatus, str]] = {}
-    for index, query_id, st in zip(p.query_index, _column(p.query_rows, "query_id", 1), qs, strict=True):
+    for index, query_id, st in zip(p.query_index, _column(p.query_rows, QUERY_SCHEMA, "query_id"), qs, strict=True):
         if st != RowStatus.CONFLICT:
             status[index] = (st, query_id)
     for (index, _, _), key, st in zip(p.event_ids, p.event_keys(), es, strict=True):

@@ -35,14 +35,20 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from ubi_pipeline.collector.bodies import Kind, RawItem, parse_bulk, parse_items
 from ubi_pipeline.collector.fastpath import HTTP_MIN_ITEMS, prepare_items
-from ubi_pipeline.collector.ingest import ItemError, Prepared, Validated, prepare, validate_items
+from ubi_pipeline.collector.ingest import (
+    ItemError,
+    Prepared,
+    Validated,
+    frame_tables,
+    prepare,
+    validate_items,
+)
 from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.store import answer_log
-from ubi_pipeline.store.rows import EVENT_SCHEMA, QUERY_SCHEMA, TableRows, failed_table, rows_table
+from ubi_pipeline.store.rows import TableRows
 
 log = logging.getLogger("ubi.collector")
 
@@ -57,7 +63,6 @@ class Parsed:
     back without a copy), and what the answers need beside them."""
 
     payload: bytes
-    failed_rows: list[dict[str, Any]]
     query_index: list[int]
     event_ids: list[tuple[int, str | None, str | None]]
     errors: list[ItemError]
@@ -84,18 +89,15 @@ def parse_body(
             p = prepare_items(items, source=source)
         else:
             p = prepare(validate_items(items), source=source)
-        payload = answer_log.encode((
-            rows_table(p.query_rows, QUERY_SCHEMA) if p.query_rows else None,
-            rows_table(p.event_rows, EVENT_SCHEMA) if p.event_rows else None,
-            failed_table(p.failed_rows) if p.failed_rows else None,
-        ))
+        payload = answer_log.encode(frame_tables([p]))
     except Exception:
         return None
-    return Parsed(payload, p.failed_rows, p.query_index, p.event_ids, list(p.validated.errors), p.received_at)
+    return Parsed(payload, p.query_index, p.event_ids, list(p.validated.errors), p.received_at)
 
 
 def prepared_of(parsed: Parsed, raws: Mapping[int, bytes], source: str) -> Prepared:
-    """A worker's :class:`Parsed` as the :class:`Prepared` the sink takes: its rows are the payload's tables."""
+    """A worker's :class:`Parsed` as the :class:`Prepared` the sink takes: its rows are the payload's tables
+    (``failed_records`` rows too: rejected items are few, and reading them back keeps one copy on the pipe)."""
     tables = answer_log.decode(parsed.payload)
     return Prepared(
         validated=Validated(errors=parsed.errors, raws=raws),
@@ -103,7 +105,7 @@ def prepared_of(parsed: Parsed, raws: Mapping[int, bytes], source: str) -> Prepa
         received_at=parsed.received_at,
         query_rows=TableRows(tables[0]),
         event_rows=TableRows(tables[1]),
-        failed_rows=parsed.failed_rows,
+        failed_rows=tables[2].to_pylist() if tables[2] is not None else [],
         query_index=parsed.query_index,
         event_ids=parsed.event_ids,
         frame=(tables, parsed.payload),

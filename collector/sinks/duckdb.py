@@ -36,7 +36,7 @@ from ubi_pipeline.collector.ingest import (
     IngestResult,
     Prepared,
     Validated,
-    group_table,
+    frame_tables,
     ingest_many,
     prepare,
     result_of,
@@ -49,7 +49,6 @@ from ubi_pipeline.store.duckdb_store import Store
 from ubi_pipeline.store.rows import (
     EVENT_SCHEMA,
     failed_row,
-    failed_table,
     rows_table,
 )
 
@@ -426,13 +425,8 @@ class DuckDBSink(Sink):
         parts = [tables for _, (tables, _) in framed]
         started = time.perf_counter()
         if own:
-            f_rows = [r for p in own for r in p.failed_rows]
             try:
-                tables: answer_log.Tables = (
-                    group_table(own, "query"),
-                    group_table(own, "event"),
-                    failed_table(f_rows) if f_rows else None,
-                )
+                tables = frame_tables(own)
                 entries.append((sum(p.n_rows for p in own), answer_log.encode(tables)))
             except Exception:  # a value the Arrow schema cannot hold: never seen, but it must not stop the writer
                 log.exception("could not frame %d requests for the answer log; writing them the usual way", len(jobs))
