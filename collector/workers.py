@@ -225,7 +225,10 @@ class ParsePool:
         def ready(_: Future[int]) -> None:
             if not all(f.done() for f in warmups) or self._pool is not pool:
                 return
-            failed = next((f.exception() for f in warmups if f.cancelled() or f.exception()), None)
+            # a cancelled future's exception() raises: name it instead (raising here would leave the pool set
+            # but never ready, and never tried again)
+            failed = next(("cancelled" if f.cancelled() else f.exception() for f in warmups
+                           if f.cancelled() or f.exception() is not None), None)
             if failed is None:
                 self._ready = True
             else:

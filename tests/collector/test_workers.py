@@ -276,3 +276,29 @@ def test_workers_that_cannot_start_leave_the_bodies_in_process(tmp_path: Path, s
         answer = client.post("/v1/events", content=body.replace(b'"s1"', b'"s2"'), headers=JSON)
         assert (answer.status_code, answer.json()["accepted"]) == (202, 30)
         assert pool._pool is None and pool.handed == 0  # no second start within RESTART_AFTER_SECONDS
+
+
+def test_a_cancelled_warm_up_drops_the_pool_rather_than_leaving_it_never_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool closed while its workers start cancels their first tasks: the pool is dropped (and started again
+    after RESTART_AFTER_SECONDS), where the done-callback used to raise on the cancelled future."""
+    from concurrent.futures import Future
+
+    made: list[Future[int]] = []
+
+    class Pool:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def submit(self, fn: Any) -> Future[int]:
+            made.append(Future())
+            return made[-1]
+
+        def shutdown(self, **kwargs: Any) -> None:
+            pass
+
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", Pool)
+    pool = workers.ParsePool(2)
+    assert not pool.ready()
+    made[0].set_result(0)
+    made[1].cancel()
+    assert pool._pool is None and pool._broken_at is not None and not pool.ready()
