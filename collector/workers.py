@@ -36,6 +36,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import datetime
 
+import numpy as np
+
 from ubi_pipeline.collector.bodies import Kind, RawItem, parse_bulk, parse_items
 from ubi_pipeline.collector.fastpath import HTTP_MIN_ITEMS, prepare_items
 from ubi_pipeline.collector.ingest import (
@@ -67,6 +69,9 @@ class Parsed:
     event_ids: list[tuple[int, str | None, str | None]]
     errors: list[ItemError]
     received_at: datetime
+    #: The key index's hashes of the rows' query and event keys (``Prepared.hashes``): computed here, where
+    #: cores are many, instead of in the writer's thread.
+    key_hashes: tuple[np.ndarray, np.ndarray]
 
 
 def body_items(body: bytes, kind: Kind | None, ndjson: bool, indices: Mapping[str, Kind]) -> list[RawItem]:
@@ -90,9 +95,10 @@ def parse_body(
         else:
             p = prepare(validate_items(items), source=source)
         payload = answer_log.encode(frame_tables([p]))
+        hashes = p.hashes()
     except Exception:
         return None
-    return Parsed(payload, p.query_index, p.event_ids, list(p.validated.errors), p.received_at)
+    return Parsed(payload, p.query_index, p.event_ids, list(p.validated.errors), p.received_at, hashes)
 
 
 def prepared_of(parsed: Parsed, raws: Mapping[int, bytes], source: str) -> Prepared:
@@ -109,6 +115,7 @@ def prepared_of(parsed: Parsed, raws: Mapping[int, bytes], source: str) -> Prepa
         query_index=parsed.query_index,
         event_ids=parsed.event_ids,
         frame=(tables, parsed.payload),
+        key_hashes=parsed.key_hashes,
     )
 
 

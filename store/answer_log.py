@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import orjson
 import pyarrow as pa
 
@@ -129,10 +130,17 @@ def has_unapplied(db: Path | str) -> bool:
         return True  # unreadable: let the writer's open say why
 
 
-def write_frames(store: Store, tables: Tables, *, replay: bool = False) -> int:
+def write_frames(
+    store: Store,
+    tables: Tables,
+    *,
+    replay: bool = False,
+    key_hashes: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
+) -> int:
     """Write the rows of answered frames in one transaction; the rows that were not new (0 unless rows were
     written around the collector, or this is a replay). Rows whose key turns out to be taken by different
-    content are kept in ``failed_records``, never dropped."""
+    content are kept in ``failed_records``, never dropped. ``key_hashes``: the key index's hashes of the
+    queries' and events' keys, when the writer has them (:meth:`Store.write_rows`)."""
     queries, events, failed = tables
 
     def keep(rows: pa.Table | None, kind: str) -> Callable[[Sequence[int]], pa.Table | None]:
@@ -152,7 +160,7 @@ def write_frames(store: Store, tables: Tables, *, replay: bool = False) -> int:
 
     outcome = store.write_rows(
         queries, events, failed, conflicts=keep(queries, "query record"), event_conflicts=keep(events, "event"),
-        failed_or_ignore=replay,
+        failed_or_ignore=replay, key_hashes=key_hashes,
     )
     return sum(st is not RowStatus.INSERTED for st in (*outcome.query_status, *outcome.event_status))
 

@@ -467,6 +467,7 @@ class Store:
         conflicts: Callable[[Sequence[int]], pa.Table | None] | None = None,
         event_conflicts: Callable[[Sequence[int]], pa.Table | None] | None = None,
         failed_or_ignore: bool = False,
+        key_hashes: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
     ) -> RowOutcome:
         """Like :meth:`write`, but report the outcome of every row, and keep conflicts in the same transaction.
 
@@ -474,16 +475,18 @@ class Store:
         (events) and returns the ``failed_records`` rows to insert for them, in the same transaction as
         everything else. Within a batch the first occurrence of a key wins; later ones are duplicates (or
         conflicts). ``failed_or_ignore``: a ``failed`` row whose ``failed_id`` is stored already is skipped (a
-        replay of rows written before), not an error.
+        replay of rows written before), not an error. ``key_hashes``: the key index's hashes of the
+        ``query_key`` and ``event_key`` columns (:func:`ubi_pipeline.store.keys.key_hashes`), when the caller has
+        them already (:meth:`surely_new` took them); None: computed here.
         """
         q_status: list[RowStatus] = []
         e_status: list[RowStatus] = []
         f_ins = 0
         with self._write_transaction() as (cur, after):
             if queries is not None and queries.num_rows:
-                q_status = self._insert_queries(cur, queries, after)
+                q_status = self._insert_queries(cur, queries, after, key_hashes[0])
             if events is not None and events.num_rows:
-                e_status = self._insert_events(cur, events, after)
+                e_status = self._insert_events(cur, events, after, key_hashes[1])
             if failed is not None and failed.num_rows:
                 self._insert_failed(cur, failed, or_ignore=failed_or_ignore)
                 f_ins += failed.num_rows
@@ -491,7 +494,7 @@ class Store:
             f_ins += self._keep_conflicts(cur, e_status, event_conflicts)
         return RowOutcome(tuple(q_status), tuple(e_status), f_ins)
 
-    def surely_new(self, table: str, keys: Sequence[str]) -> bool:
+    def surely_new(self, table: str, keys: Sequence[str], hashes: np.ndarray | None = None) -> bool:
         """Whether none of ``keys`` is stored (committed) in ``table`` (``ubi_events`` or ``ubi_queries``).
 
         The key index's filter answers for most keys without reading anything (no false negatives,
@@ -506,7 +509,7 @@ class Store:
         with self.lock:
             if index.filter is None or index.stale or self._invalid is not None or self._batch is not None:
                 return False
-            hashes = index.hashes(keys)
+            hashes = _given(hashes, keys) if hashes is not None else index.hashes(keys)
             maybe = np.flatnonzero(index.filter.might_contain(hashes))
             if not len(maybe):
                 return True
@@ -557,6 +560,7 @@ class Store:
         keep: list[int],
         fetch: Sequence[str],
         after: list[Callable[[duckdb.DuckDBPyConnection], None]],
+        given: np.ndarray | None = None,
     ) -> tuple[dict[int, tuple[Any, ...]], set[int]]:
         """Insert the rows at ``keep`` (first occurrences) whose key is not stored (:mod:`ubi_pipeline.store.keys`).
 
@@ -568,7 +572,12 @@ class Store:
         # Also with no new row: the key rows sync added for raw inserts commit with this transaction.
         after.append(index.committed)
         first = [keys[p] for p in keep]
-        hashes = index.hashes(first)
+        if given is None:
+            hashes = index.hashes(first)
+        else:
+            hashes = _given(given, keys)
+            if len(keep) < len(keys):
+                hashes = hashes[np.asarray(keep, dtype=np.int64)]
         stored = index.lookup(cur, first, hashes, fetch)
         new = [j for j in range(len(keep)) if j not in stored] if stored else list(range(len(keep)))
         if new:
@@ -584,10 +593,12 @@ class Store:
         cur: duckdb.DuckDBPyConnection,
         events: pa.Table,
         after: list[Callable[[duckdb.DuckDBPyConnection], None]],
+        given: np.ndarray | None = None,
     ) -> list[RowStatus]:
         keys = events.column("event_key").to_pylist()
         keep = self._first_occurrences(keys)
-        stored, new = self._insert_new(cur, tables.EVENT_TABLE, events, keys, keep, EVENT_CONTENT_COLUMNS, after)
+        stored, new = self._insert_new(cur, tables.EVENT_TABLE, events, keys, keep, EVENT_CONTENT_COLUMNS, after,
+                                       given)
         if len(new) == len(keys):  # every row inserted (the common write): nothing to compare
             return [_INSERTED] * len(keys)
         status = [_INSERTED if pos in new else _DUPLICATE for pos in range(len(keys))]
@@ -616,11 +627,13 @@ class Store:
         cur: duckdb.DuckDBPyConnection,
         queries: pa.Table,
         after: list[Callable[[duckdb.DuckDBPyConnection], None]],
+        given: np.ndarray | None = None,
     ) -> list[RowStatus]:
         keys = queries.column("query_key").to_pylist()
         hashes = queries.column("content_hash").to_pylist()
         keep = self._first_occurrences(keys)
-        stored, new = self._insert_new(cur, tables.QUERY_TABLE, queries, keys, keep, ("content_hash",), after)
+        stored, new = self._insert_new(cur, tables.QUERY_TABLE, queries, keys, keep, ("content_hash",), after,
+                                       given)
         if len(new) == len(keys):  # every record inserted (the common write): nothing to compare
             return [_INSERTED] * len(keys)
         # The content hash of each key's first record: stored before, or inserted by this batch.
@@ -761,6 +774,17 @@ class Store:
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*", re.IGNORECASE)
 #: DuckDB's own checkpoint_threshold: a smaller one is never set.
 DUCKDB_CHECKPOINT_THRESHOLD = 16 * 1024**2
+
+
+def _given(hashes: np.ndarray, keys: Sequence[str]) -> np.ndarray:
+    """Key hashes a caller computed for ``keys``, checked to be one per key: a hash that is not its key's would
+    let a retry past the key index, so a mismatch is an error, never ignored."""
+    if len(hashes) != len(keys) or hashes.dtype != np.uint64:
+        raise StoreError(
+            f"{len(hashes)} key hashes ({hashes.dtype}) were given for {len(keys)} keys: expected one uint64 per key "
+            "(ubi_pipeline.store.keys.key_hashes)"
+        )
+    return hashes
 
 
 def size_bytes(text: str) -> int | None:

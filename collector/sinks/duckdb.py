@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ubi_pipeline.collector.errors import SinkUnavailable
 from ubi_pipeline.collector.ingest import (
     IngestResult,
@@ -94,6 +96,24 @@ class _Frame:
     size: int  # bytes in the log, header included
     requests: int
     entries: int = 1  # log entries it spans: the group's own, and one per body a parse worker framed
+    #: The key index's hashes of its query and event keys, in its tables' row order (taken for surely_new,
+    #: used again by the commit); None: computed at the commit.
+    hashes: tuple[np.ndarray, np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """A group's keys, all surely new, and each body's key hashes (queries, events), in the group's order."""
+
+    queries: list[str]
+    events: list[str]
+    hashes: list[tuple[np.ndarray, np.ndarray]]
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
 
 @dataclass
@@ -372,7 +392,7 @@ class DuckDBSink(Sink):
                 rows += nxt.prepared.n_queries + nxt.prepared.n_events
             self._last_group = len(jobs)
             keys = self._answerable(jobs) if self._log is not None else None
-            if keys is not None and self._answer_from_log(jobs, *keys):
+            if keys is not None and self._answer_from_log(jobs, keys):
                 if self._commit_wait() == 0.0:  # due: under steady load the queue is never idle long enough
                     self._commit_answered_now()
             elif self._commit_answered_now():  # rows answered before these come first in the store
@@ -393,25 +413,31 @@ class DuckDBSink(Sink):
             return None
         return max(0.0, self._answered.since + self.log_commit_seconds - time.monotonic())
 
-    def _answerable(self, jobs: list[_Job]) -> tuple[list[str], list[str]] | None:
-        """The group's query and event keys when its answer can be given before its commit: every key surely
-        new (module doc of :mod:`ubi_pipeline.store.answer_log`), and the store's last write did not fail."""
+    def _answerable(self, jobs: list[_Job]) -> _Keys | None:
+        """The group's query and event keys (and their hashes) when its answer can be given before its commit:
+        every key surely new (module doc of :mod:`ubi_pipeline.store.answer_log`), and the store's last write
+        did not fail."""
         if self.last_error is not None:
             return None
         q_keys = [k for j in jobs for k in j.prepared.query_keys()]
         e_keys = [k for j in jobs for k in j.prepared.event_keys()]
         a = self._answered
-        new = (
+        if not (
             len(set(q_keys)) == len(q_keys)
             and len(set(e_keys)) == len(e_keys)
             and a.query_keys.isdisjoint(q_keys)
             and a.event_keys.isdisjoint(e_keys)
-            and self._db.surely_new("ubi_queries", q_keys)
-            and self._db.surely_new("ubi_events", e_keys)
-        )
-        return (q_keys, e_keys) if new else None
+        ):
+            return None
+        # a parse worker's bodies come with their hashes; the others' are computed once, here
+        hashes = [j.prepared.hashes() for j in jobs]
+        q_hashes = _joined([h[0] for h in hashes])
+        e_hashes = _joined([h[1] for h in hashes])
+        if self._db.surely_new("ubi_queries", q_keys, q_hashes) and self._db.surely_new("ubi_events", e_keys, e_hashes):
+            return _Keys(q_keys, e_keys, hashes)
+        return None
 
-    def _answer_from_log(self, jobs: list[_Job], q_keys: list[str], e_keys: list[str]) -> bool:
+    def _answer_from_log(self, jobs: list[_Job], keys: _Keys) -> bool:
         """Append the group's rows to the log (fsync'd), answer every request, keep the rows for the commit.
         False (nothing answered, nothing logged) when the rows could not be framed: the group is then written
         the usual way, which isolates the request at fault."""
@@ -421,6 +447,10 @@ class DuckDBSink(Sink):
         # bodies a parse worker framed are logged as they came, the others framed here together
         framed = [(p.n_rows, p.frame) for p in preps if p.frame is not None]
         own = [p for p in preps if p.frame is None]
+        # the hashes in the frame's row order: the framed bodies' rows first, then the others'
+        order = [*(h for p, h in zip(preps, keys.hashes, strict=True) if p.frame is not None),
+                 *(h for p, h in zip(preps, keys.hashes, strict=True) if p.frame is None)]
+        hashes = (_joined([h[0] for h in order]), _joined([h[1] for h in order]))
         entries = [(rows, payload) for rows, (_, payload) in framed]
         parts = [tables for _, (tables, _) in framed]
         started = time.perf_counter()
@@ -446,9 +476,9 @@ class DuckDBSink(Sink):
         a = self._answered
         if not a.frames:
             a.since = time.monotonic()
-        a.frames.append(_Frame(frame, end, n, size, len(jobs), len(entries)))
-        a.query_keys.update(q_keys)
-        a.event_keys.update(e_keys)
+        a.frames.append(_Frame(frame, end, n, size, len(jobs), len(entries), hashes))
+        a.query_keys.update(keys.queries)
+        a.event_keys.update(keys.events)
         a.rows += n
         a.size += size
         self.answered_from_log += len(jobs)
@@ -492,7 +522,15 @@ class DuckDBSink(Sink):
             return False
         started = time.perf_counter()
         try:
-            odd = answer_log.write_frames(self._db, answer_log.concat([f.tables for f in frames]))
+            hashed = all(f.hashes is not None for f in frames)
+            odd = answer_log.write_frames(
+                self._db,
+                answer_log.concat([f.tables for f in frames]),
+                key_hashes=(
+                    _joined([f.hashes[0] for f in frames if f.hashes is not None]),
+                    _joined([f.hashes[1] for f in frames if f.hashes is not None]),
+                ) if hashed else (None, None),
+            )
             if odd:
                 log.warning("%d rows answered from the answer log were not new when committed", odd)
         except Exception as exc:

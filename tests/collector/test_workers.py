@@ -26,6 +26,7 @@ from ubi_pipeline.collector.workers import BodyRaws, parse_body
 from ubi_pipeline.schemas.settings import Settings
 from ubi_pipeline.store import answer_log
 from ubi_pipeline.store.duckdb_store import Store
+from ubi_pipeline.store.keys import key_hashes
 
 NDJSON = {"content-type": "application/x-ndjson"}
 JSON = {"content-type": "application/json"}
@@ -195,6 +196,9 @@ def test_parse_body_gives_back_what_it_cannot_take() -> None:
     queries, events, failed = answer_log.decode(ok.payload)  # the frame the writer logs as it came
     assert queries is None and events is not None and failed is not None
     assert events.column("object_id").to_pylist() == ["doc-1"] and failed.column("item_index").to_pylist() == [1]
+    # the key index's hashes come with the rows, as the writer's process would compute them
+    assert len(ok.key_hashes[0]) == 0
+    assert ok.key_hashes[1].tolist() == key_hashes(events.column("event_key").to_pylist()).tolist()
     assert parse_body(b"[1,", "event", False, indices, 10, "/v1/events") is None
     assert parse_body(json.dumps([_event(i) for i in range(3)]).encode(), "event", False, indices, 2, "x") is None
 
@@ -302,3 +306,42 @@ def test_a_cancelled_warm_up_drops_the_pool_rather_than_leaving_it_never_ready(m
     made[0].set_result(0)
     made[1].cancel()
     assert pool._pool is None and pool._broken_at is not None and not pool.ready()
+
+
+def test_a_group_of_framed_and_own_bodies_commits_with_each_rows_own_key_hashes(tmp_path: Path) -> None:
+    # The writer logs a parse worker's bodies first and frames the others after them; the key hashes it took
+    # for surely_new go to the commit in that same row order. Expected: the hashes of the committed frame's
+    # key column, whatever the order of the group; and a retry of the whole group found as duplicates.
+    from ubi_pipeline.collector.ingest import prepare, validate_items
+    from ubi_pipeline.collector.sinks.duckdb import DuckDBSink, _Job
+    from ubi_pipeline.collector.workers import body_items, prepared_of
+
+    def bodies(offset: int) -> list[bytes]:
+        return [json.dumps([_event(offset + 10 * b + i, event_id=f"g{offset + 10 * b + i}") for i in range(10)]).encode()
+                for b in range(3)]
+
+    def jobs(offset: int) -> list[_Job]:
+        a, b, c = bodies(offset)
+        own = prepare(validate_items(body_items(b, "event", False, {})), source="/v1/events")
+        framed = [prepared_of(p, BodyRaws(body, "event", False, {}), "/v1/events") for body in (a, c)
+                  if (p := parse_body(body, "event", False, {}, 100, "/v1/events")) is not None]
+        return [_Job(framed[0], mock.Mock()), _Job(own, mock.Mock()), _Job(framed[1], mock.Mock())]
+
+    sink = DuckDBSink(Store(tmp_path / "g.duckdb"), log_dir=tmp_path / "g.duckdb.answers")
+    try:
+        sink._write(jobs(1000))  # fills the key filter, so the next group can be answered from the log
+        group = jobs(0)
+        keys = sink._answerable(group)
+        assert keys is not None and sink._answer_from_log(group, keys)
+        (frame,) = sink._answered.frames
+        assert frame.hashes is not None
+        logged = frame.tables[1].column("event_key").to_pylist()
+        assert logged[10:20] == group[2].prepared.event_keys()  # framed bodies first, the own one last
+        assert frame.hashes[1].tolist() == key_hashes(logged).tolist()
+        assert sink._commit_answered_now()
+        retry = jobs(0)
+        assert sink._answerable(retry) is None  # every key is stored now: the commit took the right hashes
+        sink._write(retry)
+        assert sink.store.read("SELECT count(*) FROM ubi_events") == [(60,)]
+    finally:
+        sink.close()

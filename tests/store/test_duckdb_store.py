@@ -321,6 +321,39 @@ def test_surely_new_says_which_keys_a_write_would_insert(tmp_path, make_event):
         assert not store.surely_new("ubi_events", ["id:n2"])
 
 
+def test_key_hashes_a_caller_gives_are_the_ones_the_index_uses(tmp_path, make_event):
+    # The collector's writer hashes a group's keys once for surely_new and hands the same hashes to the
+    # commit (write_rows); a parse worker computes them with the rows. Given or computed, a retry must be
+    # found the same way: the expected statuses are those of the same writes without hashes.
+    from ubi_pipeline.store.keys import key_hashes
+    from ubi_pipeline.store.rows import RowStatus
+
+    now = utcnow()
+    first = pa.Table.from_pylist(
+        [event_row(UbiEvent.model_validate(make_event(event_id=f"k{i}")), now) for i in range(40)], schema=EVENT_SCHEMA)
+    # a retry of 10 of them, a repeat inside the batch, and 5 new
+    again = pa.concat_tables([first.slice(30, 10), first.slice(30, 1), pa.Table.from_pylist(
+        [event_row(UbiEvent.model_validate(make_event(event_id=f"n{i}")), now) for i in range(5)], schema=EVENT_SCHEMA)])
+    outcomes = []
+    for given in (False, True):
+        with Store(tmp_path / f"h{given}.duckdb") as store:
+            for table in (first, again):
+                keys = table.column("event_key").to_pylist()
+                hashes = key_hashes(keys) if given else None
+                outcome = store.write_rows(events=table, key_hashes=(None, hashes))
+                outcomes.append(outcome.event_status)
+            # after the writes (the filter is filled by the first), the retries are not new, other keys are
+            for keys, new in ((again.column("event_key").to_pylist()[:10], False), ([f"id:m{i}" for i in range(9)], True)):
+                assert store.surely_new("ubi_events", keys, key_hashes(keys) if given else None) is new
+            assert store.read("SELECT count(*) FROM ubi_events") == [(45,)]
+    assert outcomes[:2] == outcomes[2:]
+    assert outcomes[1] == (RowStatus.DUPLICATE,) * 11 + (RowStatus.INSERTED,) * 5
+    with Store(tmp_path / "bad.duckdb") as store:  # hashes that are not one per key are refused, never used
+        keys = first.column("event_key").to_pylist()
+        with pytest.raises(StoreError, match="40 keys: expected one uint64 per key"):
+            store.write_rows(events=first, key_hashes=(None, key_hashes(keys)[:-1]))
+
+
 def test_checkpoint_threshold_is_the_setting_within_a_quarter_of_the_writer_pool(tmp_path):
     """Settings.checkpoint_threshold (64MB) under the default 256MB pool; a quarter of a smaller pool, and
     DuckDB's own 16 MiB when that quarter is not more (a 32MB pool could not commit under 64MB: rows not yet
