@@ -12,8 +12,6 @@ import dataclasses
 import io
 import itertools
 import os
-import queue
-import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -643,62 +641,6 @@ class CollectorWriter:
         self.client.close()
 
 
-#: Chunks :func:`read_ahead` may hold read and not yet taken.
-READ_AHEAD_CHUNKS = 1
-_DONE = object()
-
-
-def read_ahead(chunks: Iterator[Chunk], cursor: FileCursor, depth: int = READ_AHEAD_CHUNKS) -> Iterator[tuple[Chunk, int]]:
-    """``chunks`` read in a thread of their own, each with how far into the file its reader was when it was
-    complete (``cursor.done``), in order, at most ``depth`` ahead of the taker; an exception raised while
-    reading is raised to the taker where it occurred in the file.
-
-    Splitting a file into chunks (``_bulk`` pairing above all: 1.9 us per record) then overlaps the writing of
-    the chunk before, which runs in the taker's thread; both are numpy, Arrow and DuckDB work that releases the
-    GIL most of the time. A taker that stops early (an error, or it is closed) stops the reader and closes
-    ``chunks`` (and so the file) before this returns.
-    """
-    out: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
-    stop = threading.Event()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def read() -> None:
-        try:
-            for part in chunks:
-                if not put((part, cursor.done)):
-                    break
-            else:
-                put(_DONE)
-        except BaseException as exc:  # handed to the taker, raised there
-            put(exc)
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
-
-    reader = threading.Thread(target=read, name="ubi-import-read", daemon=True)
-    reader.start()
-    try:
-        while True:
-            item = out.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        reader.join()
-
-
 def _import_fast(
     store: Store,
     parser: duckdb.DuckDBPyConnection,
@@ -714,14 +656,13 @@ def _import_fast(
     """Import one file through the fast path, two chunks at a time; returns the records read.
 
     A chunk is validated (:func:`ubi_pipeline.collector.fastpath.parse_chunk`, in ``pool``'s one thread) while the one
-    before it is written (:func:`ubi_pipeline.collector.fastpath.store_chunk`, here) and the one after it read
-    (:func:`read_ahead`, a thread of its own). The three spend most of their time in DuckDB, numpy and Arrow,
-    which release the GIL, so they share the two cores. Chunks
+    before it is written (:func:`ubi_pipeline.collector.fastpath.store_chunk`, here) and the one after it read. Both
+    halves spend most of their time in DuckDB, which releases the GIL, so they share the two cores. Chunks
     are written one at a time, in file order, into transactions of ``batch_records`` records or more
     (:meth:`ubi_pipeline.store.duckdb_store.Store.batch`; the last of a file may be smaller): the outcome of every record is
     what :func:`ubi_pipeline.collector.fastpath.write_chunk` of each chunk in turn gives, and a chunk's counts, errors and
     progress are reported once its transaction committed. Validation reads nothing of the store, so running
-    it a chunk early changes nothing. Memory: four chunks at most (two read ahead, validated, written); the open
+    it a chunk early changes nothing. Memory: three chunks at most (read, validated, written); the open
     transaction's rows are DuckDB's (its buffer pool, and row groups written to the file).
     """
     records = 0
@@ -775,12 +716,12 @@ def _import_fast(
         commit()
 
     try:
-        for part, done in read_ahead(fast_chunks(path, kind, cursor), cursor):
+        for part in fast_chunks(path, kind, cursor):
             parsed = pool.submit(parse_chunk, parser, part, source=source, received_at=utcnow())
             if pending is not None:
                 previous, pending = pending, None
                 write(previous)
-            pending = (parsed, len(part), done)
+            pending = (parsed, len(part), cursor.done)
         finish()
     except InputFileError:
         # The file stops being readable after this chunk: its records are written before the error is

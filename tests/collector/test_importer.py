@@ -149,9 +149,7 @@ def test_a_failure_writing_what_was_read_before_a_cut_also_rolls_back(
     from ubi_pipeline.schemas.errors import InputFileError
 
     cut = _cut_gzip(tmp_path, 30_000)
-    # set once reading the file raised (in the read-ahead thread, up to three chunks before the writes reach
-    # the cut, of 15 before it): only the writes after that fail
-    ended: list[InputFileError] = []
+    ended: list[InputFileError] = []  # set once reading the file raised: only the writes after it fail
     reading, storing = importer.fast_chunks, importer.store_chunk
 
     def read(*args: object, **kwargs: object) -> Iterator[object]:
@@ -173,59 +171,3 @@ def test_a_failure_writing_what_was_read_before_a_cut_also_rolls_back(
     with duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True) as con:  # the store was released
         stored = con.execute("SELECT count(*) FROM ubi_events").fetchall()[0][0]
     assert 0 < stored < 30_000  # the transactions committed before the cut stay; the failed one left nothing
-
-
-# ---------------------------------------------------------------- read_ahead
-
-
-class _Cursor:
-    """A FileCursor stand-in whose position the reading generator moves."""
-
-    def __init__(self) -> None:
-        self.done = 0
-
-
-def test_read_ahead_gives_every_chunk_in_order_with_the_position_it_was_read_at() -> None:
-    cursor = _Cursor()
-
-    def chunks() -> Iterator[int]:
-        for i in range(50):
-            cursor.done = 100 * (i + 1)  # the reader's position once chunk i is complete
-            yield i
-
-    got = list(importer.read_ahead(chunks(), cursor))  # type: ignore[arg-type]
-    # the position taken with each chunk is the one at its reading, not the taker's later one
-    assert got == [(i, 100 * (i + 1)) for i in range(50)]
-
-
-def test_read_ahead_raises_a_read_error_after_the_chunks_read_before_it() -> None:
-    def chunks() -> Iterator[int]:
-        yield 1
-        yield 2
-        raise ValueError("cut short after chunk 2")
-
-    taken: list[int] = []
-    with pytest.raises(ValueError, match="cut short after chunk 2"):
-        for part, _ in importer.read_ahead(chunks(), _Cursor()):  # type: ignore[arg-type]
-            taken.append(part)
-    assert taken == [1, 2]
-
-
-def test_read_ahead_stops_and_closes_the_reader_when_the_taker_stops_early() -> None:
-    closed = threading.Event()
-    produced: list[int] = []
-
-    def chunks() -> Iterator[int]:
-        try:
-            for i in range(1000):
-                produced.append(i)
-                yield i
-        finally:
-            closed.set()  # what closes the file in fast_chunks
-
-    reading = importer.read_ahead(chunks(), _Cursor(), depth=1)  # type: ignore[arg-type]
-    assert next(reading)[0] == 0
-    reading.close()  # the taker failed (a write error) or was done
-    assert closed.is_set()  # the reader thread stopped and closed the generator before close() returned
-    assert len(produced) <= 3  # it never read more than its depth ahead: 1 taken, 1 queued, 1 waiting to be
-    assert not any(t.name == "ubi-import-read" for t in threading.enumerate())
