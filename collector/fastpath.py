@@ -885,7 +885,8 @@ class Chunk:
     """One transaction's worth of a file: fast-path candidates of each kind and items for the exact path.
 
     ``given`` is the kind the exact path is told (``--kind``, the ``_bulk`` index), per candidate group;
-    None: guessed from the keys, with ``kind_of``.
+    None: guessed from the keys, with ``kind_of``. ``nbytes``: the bytes of the lines it was read from
+    (documents only for ``_bulk``; 0 where the reader does not count them).
     """
 
     events: Candidates = field(default_factory=Candidates)
@@ -893,6 +894,7 @@ class Chunk:
     exact: list[RawItem] = field(default_factory=list)
     given: dict[str, str | None] = field(default_factory=lambda: {"event": None, "query": None})
     kind_of: Any = None
+    nbytes: int = 0
 
     def __len__(self) -> int:
         return len(self.events) + len(self.queries) + len(self.exact)

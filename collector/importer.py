@@ -244,50 +244,68 @@ def _format(fh: io.BufferedReader, path: Path) -> str | None:
 #: Records per chunk on the fast path (a store this process holds, no record filters): what is validated
 #: at once; a chunk of 50,000 events holds about 25 MB of lines.
 FAST_CHUNK_ITEMS = 50_000
+#: ... and bytes of lines per chunk, whichever comes first: every producer's layout measured (330-470 bytes
+#: a record) fills a chunk by records first, while a file of the largest records the limits accept (about
+#: 29 kB each) gets chunks of about 1,100. Without it, 40,000 such records (1.16 GB) were validated as one
+#: chunk and the import peaked at 9.4 GB of RSS.
+FAST_CHUNK_BYTES = 32 * 1024 * 1024
+#: Bytes of lines per transaction on the fast path, whatever ``Settings.import_batch_records``: the largest
+#: records' chunks are committed four at a time (40,000 of them in one transaction peaked at 2.6 GB of RSS).
+BATCH_BYTES = 4 * FAST_CHUNK_BYTES
 #: Records per transaction on the fast path (``Settings.import_batch_records``): several chunks.
 BATCH_RECORDS = 125_000
 
 
 def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None = None,
-                size: int = FAST_CHUNK_ITEMS) -> Iterator[Chunk]:
+                size: int = FAST_CHUNK_ITEMS, max_bytes: int = FAST_CHUNK_BYTES) -> Iterator[Chunk]:
     """The records of a file in chunks for :func:`ubi_pipeline.collector.fastpath.write_chunk`: NDJSON lines and plain
     ``_bulk`` documents as fast-path candidates, everything else (and every JSON array item) as the items
-    :func:`iter_items` yields for it, with the same indexes, lines and kinds."""
+    :func:`iter_items` yields for it, with the same indexes, lines and kinds. A chunk ends at ``size``
+    records or once its records' lines reach ``max_bytes`` (a record is never split: a chunk holds one at least)."""
     with _opened(path, cursor) as (fh, fmt):
         try:
             if fmt == "bulk":
-                yield from _bulk_chunks(fh, size)
+                yield from _bulk_chunks(fh, size, max_bytes)
             elif fmt == "ndjson":
-                yield from _ndjson_chunks(fh, kind, size)
+                yield from _ndjson_chunks(fh, kind, size, max_bytes)
             elif fmt == "array":
                 elements = split_json(fh)
                 items = _with_kinds(elements, kind, lambda e: orjson.loads(e[2]), array_items)
-                for part in chunks(items, size, 1 << 62):
+                for part in chunks(items, size, max_bytes):
                     yield Chunk(exact=part)
         except BodyError as exc:
             raise _file_error(path, exc) from exc
 
 
-def _sized(blocks: Iterator[tuple[np.ndarray, pa.Array]], size: int) -> Iterator[tuple[np.ndarray, pa.Array]]:
-    """The lines of ``blocks`` regrouped into runs of ``size`` lines (the last one shorter)."""
+def _sized(blocks: Iterator[tuple[np.ndarray, pa.Array]], size: int,
+           max_bytes: int = FAST_CHUNK_BYTES) -> Iterator[tuple[np.ndarray, pa.Array]]:
+    """The lines of ``blocks`` regrouped into runs of ``size`` lines, or fewer where their bytes reach
+    ``max_bytes`` first (a run ends with the line that reaches it; the last run may be shorter)."""
     numbers: list[np.ndarray] = []
     lines: list[pa.Array] = []
-    have = 0
+    have = have_bytes = 0
     for block_numbers, block in blocks:
+        ends = np.cumsum(pc.binary_length(block).to_numpy(zero_copy_only=False), dtype=np.int64)
         pos = 0
         while pos < len(block):
             take = min(size - have, len(block) - pos)
+            before = int(ends[pos - 1]) if pos else 0
+            # the first line at which the run's bytes reach max_bytes ends it
+            full = int(np.searchsorted(ends[pos:pos + take], before + max_bytes - have_bytes, side="left"))
+            if full < take:
+                take = full + 1
             numbers.append(block_numbers[pos:pos + take])
             lines.append(block.slice(pos, take))
-            have, pos = have + take, pos + take
-            if have == size:
+            have, have_bytes = have + take, have_bytes + int(ends[pos + take - 1]) - before
+            pos += take
+            if have == size or have_bytes >= max_bytes:
                 yield np.concatenate(numbers), pa.concat_arrays(lines)
-                numbers, lines, have = [], [], 0
+                numbers, lines, have, have_bytes = [], [], 0, 0
     if have:
         yield np.concatenate(numbers), pa.concat_arrays(lines)
 
 
-def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int) -> Iterator[Chunk]:
+def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int, max_bytes: int = FAST_CHUNK_BYTES) -> Iterator[Chunk]:
     """NDJSON lines as event and query candidates, a block at a time (:mod:`ubi_pipeline.collector.blocks`): with no
     ``--kind``, a line is an event candidate when it names ``action_name`` (a plain event does, a plain
     query record does not: the key guess), and the kind of the first records is the default of those that
@@ -313,8 +331,9 @@ def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int) -> Iterator[Chunk
         blocks = itertools.chain(head, blocks)
     given: dict[str, str | None] = {"event": kind, "query": kind}
     index = 0
-    for numbers, lines in _sized(blocks, size):
+    for numbers, lines in _sized(blocks, size, max_bytes):
         n = len(lines)
+        lengths = pc.binary_length(lines).to_numpy(zero_copy_only=False)
         positions = np.arange(index, index + n, dtype=np.int64)
         if kind == "event":
             is_event = np.ones(n, dtype=bool)
@@ -329,7 +348,7 @@ def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int) -> Iterator[Chunk
             elif mask.any():
                 c.extend(positions[mask], numbers[mask], lines.filter(pa.array(mask)))
         index += n
-        yield Chunk(events=events, queries=queries, given=given, kind_of=kind_of)
+        yield Chunk(events=events, queries=queries, given=given, kind_of=kind_of, nbytes=int(lengths.sum()))
 
 
 #: :data:`ubi_pipeline.collector.bodies.PLAIN_ACTION_PATTERN` for Arrow (RE2), matching the whole line as ``fullmatch``.
@@ -422,14 +441,16 @@ class _Counting:
         return int(self.numbers[pos]), self.lines[pos].as_py()
 
 
-def _bulk_chunks(fh: BinaryIO, size: int) -> Iterator[Chunk]:
+def _bulk_chunks(fh: BinaryIO, size: int, max_bytes: int = FAST_CHUNK_BYTES) -> Iterator[Chunk]:
     """``_bulk`` lines as candidates, a block at a time (:mod:`ubi_pipeline.collector.blocks`): runs of plain action lines
     (:data:`ubi_pipeline.collector.bodies.PLAIN_ACTION_PATTERN`), each followed by its document, are paired in Arrow
     without Python per line; at any other action line :func:`ubi_pipeline.collector.bodies.bulk_record` (what
     :func:`ubi_pipeline.collector.bodies.bulk_records` does for a line) takes one record, and pairing resumes after it.
-    Records, indexes and lines are :func:`bulk_records`' (``plain=True``)."""
+    Records, indexes and lines are :func:`bulk_records`' (``plain=True``). A chunk ends at ``size`` records or
+    with the record whose lines take it to ``max_bytes`` (documents only, for paired lines)."""
     given: dict[str, str | None] = {"event": "event", "query": "query"}
     chunk = Chunk(given=given)
+    chunk_bytes = 0
     blocks = block_lines(fh)
     numbers, lines = np.zeros(0, np.int64), pa.array([], pa.large_binary())
     index = 0
@@ -442,6 +463,7 @@ def _bulk_chunks(fh: BinaryIO, size: int) -> Iterator[Chunk]:
             numbers = np.concatenate([numbers, block[0]])
             lines = pa.concat_arrays([lines, block[1]]) if len(lines) else block[1]
         plain, verbs, names, id_at, ids = _plain_actions(lines)
+        lengths = pc.binary_length(lines).to_numpy(zero_copy_only=False)
         p = 0
         while p < len(lines):
             if len(lines) - p < 2 and not eof:
@@ -451,6 +473,10 @@ def _bulk_chunks(fh: BinaryIO, size: int) -> Iterator[Chunk]:
             pairs = min(stop, size - len(chunk))
             more = True
             if pairs:
+                ends = np.cumsum(lengths[p + 1:p + 2 * pairs:2], dtype=np.int64)
+                full = int(np.searchsorted(ends, max_bytes - chunk_bytes, side="left"))
+                pairs = min(pairs, full + 1)
+                chunk_bytes += int(ends[pairs - 1])
                 docs = pa.array(np.arange(p + 1, p + 2 * pairs, 2, dtype=np.int64))
                 verb = _VERB_TEXT.take(pa.array(verbs[p:p + 2 * pairs:2]))
                 name_codes = names[p:p + 2 * pairs:2]
@@ -480,14 +506,18 @@ def _bulk_chunks(fh: BinaryIO, size: int) -> Iterator[Chunk]:
                 else:
                     chunk.exact.append(record)  # type: ignore[arg-type]
                 index += 1
+                chunk_bytes += int(lengths[p:p + 1 + rest.taken].sum())
                 p += 1 + rest.taken
-            if len(chunk) >= size:
+            if len(chunk) >= size or chunk_bytes >= max_bytes:
+                chunk.nbytes = chunk_bytes
                 yield chunk
                 chunk = Chunk(given=given)
+                chunk_bytes = 0
             if not more:
                 eof, p = True, len(lines)
         numbers, lines = numbers[p:], lines.slice(p)
     if len(chunk):
+        chunk.nbytes = chunk_bytes
         yield chunk
 
 
@@ -658,8 +688,9 @@ def _import_fast(
     A chunk is validated (:func:`ubi_pipeline.collector.fastpath.parse_chunk`, in ``pool``'s one thread) while the one
     before it is written (:func:`ubi_pipeline.collector.fastpath.store_chunk`, here) and the one after it read. Both
     halves spend most of their time in DuckDB, which releases the GIL, so they share the two cores. Chunks
-    are written one at a time, in file order, into transactions of ``batch_records`` records or more
-    (:meth:`ubi_pipeline.store.duckdb_store.Store.batch`; the last of a file may be smaller): the outcome of every record is
+    are written one at a time, in file order, into transactions of ``batch_records`` records or more, or of
+    :data:`BATCH_BYTES` of lines (:meth:`ubi_pipeline.store.duckdb_store.Store.batch`; the last of a file may be
+    smaller): the outcome of every record is
     what :func:`ubi_pipeline.collector.fastpath.write_chunk` of each chunk in turn gives, and a chunk's counts, errors and
     progress are reported once its transaction committed. Validation reads nothing of the store, so running
     it a chunk early changes nothing. Memory: three chunks at most (read, validated, written); the open
@@ -669,15 +700,15 @@ def _import_fast(
     source = str(path)
     written: list[tuple[IngestResult, Mapping[int, int | None], int, int]] = []  # not committed yet
     batch: Any = None  # the open Store.batch() context
-    in_batch = 0
+    in_batch = in_batch_bytes = 0
 
     def commit() -> None:
-        nonlocal batch, in_batch, records
+        nonlocal batch, in_batch, in_batch_bytes, records
         if batch is None:
             return
         batch, open_batch = None, batch
         open_batch.__exit__(None, None, None)
-        in_batch = 0
+        in_batch = in_batch_bytes = 0
         for result, lines, n, done in written:
             report.add(result, lines, max_errors)
             records += n
@@ -685,16 +716,17 @@ def _import_fast(
                 on_progress(source, done, cursor.size, records)  # the bytes read when the chunk was complete
         written.clear()
 
-    def write(pending: tuple[Future[ParsedChunk], int, int]) -> None:
-        nonlocal batch, in_batch
-        parsed, n, done = pending
+    def write(pending: tuple[Future[ParsedChunk], int, int, int]) -> None:
+        nonlocal batch, in_batch, in_batch_bytes
+        parsed, n, nbytes, done = pending
         if batch is None:
             batch = store.batch()
             batch.__enter__()
         result, lines = store_chunk(store, parsed.result())
         written.append((result, lines, n, done))
         in_batch += n
-        if in_batch >= batch_records:
+        in_batch_bytes += nbytes
+        if in_batch >= batch_records or in_batch_bytes >= BATCH_BYTES:
             commit()
 
     def rollback(exc: BaseException) -> None:
@@ -704,7 +736,7 @@ def _import_fast(
             batch, open_batch = None, batch
             open_batch.__exit__(type(exc), exc, exc.__traceback__)
 
-    pending: tuple[Future[ParsedChunk], int, int] | None = None
+    pending: tuple[Future[ParsedChunk], int, int, int] | None = None
 
     def finish() -> None:
         """Write the chunk read last and commit. Always inside a try that rolls back: a failure here with the
@@ -721,7 +753,7 @@ def _import_fast(
             if pending is not None:
                 previous, pending = pending, None
                 write(previous)
-            pending = (parsed, len(part), cursor.done)
+            pending = (parsed, len(part), part.nbytes, cursor.done)
         finish()
     except InputFileError:
         # The file stops being readable after this chunk: its records are written before the error is

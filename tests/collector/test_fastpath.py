@@ -411,6 +411,43 @@ def test_generated_logs_agree_and_take_the_fast_path(tmp_path: Path, fmt: str) -
     assert sum(r["accepted"] for r in fast["reports"]) > 3_000
 
 
+@pytest.mark.parametrize("fmt", ["ndjson", "bulk"])
+def test_chunks_end_at_a_byte_bound_and_still_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    fmt: str) -> None:
+    """A chunk ends at ``max_bytes`` of lines as well as at ``size`` records (``FAST_CHUNK_BYTES``: before it, a
+    file of the largest records the limits accept was validated as one chunk). Every record is in exactly one
+    chunk, in file order; every chunk but the last reached the bound with its last record and not before;
+    and an import cut that way, with transactions cut at ``BATCH_BYTES``, stores what the exact path stores."""
+    files = write_files(tmp_path / "in", 1_500, fmt=fmt, seed=4)
+    bound = 20_000  # bytes: about 50 generated records (330-470 bytes a document)
+    for path in files:
+        chunks = list(importer.fast_chunks(path, max_bytes=bound))
+        assert len(chunks) >= path.stat().st_size // (3 * bound)  # every file here holds 2+ bounds' worth
+        seen: list[int] = []
+        for c in chunks:
+            seen.extend(sorted([*c.events.index.tolist(), *c.queries.index.tolist(), *(it.index for it in c.exact)]))
+        assert seen == list(range(len(seen)))  # each record once, chunks in file order
+        whole = list(importer.fast_chunks(path))
+        assert len(whole) == 1 and len(whole[0]) == len(seen)
+        longest = max(len(line) for line in path.read_bytes().splitlines())
+        for c in chunks[:-1]:
+            assert bound <= c.nbytes < bound + longest, c.nbytes
+        assert 0 < chunks[-1].nbytes < bound + longest
+    monkeypatch.setattr(importer, "fast_chunks", functools.partial(importer.fast_chunks, max_bytes=bound))
+    monkeypatch.setattr(importer, "BATCH_BYTES", 3 * bound)
+    commits = []
+    batch = importer.Store.batch
+
+    def counted(self: Any) -> Any:
+        commits.append(1)
+        return batch(self)
+
+    monkeypatch.setattr(importer.Store, "batch", counted)
+    fast = _assert_same(tmp_path, files)
+    assert sum(r["accepted"] for r in fast["reports"]) > 1_500
+    assert len(commits) > 5  # cut by bytes: the default batch_records would have been one transaction a file
+
+
 #: Event lines of the shape LEAN_EVENT_SQL reads (compact, no null) with the edge pieces above.
 compact_event_line = st.builds(
     _render,
