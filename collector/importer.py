@@ -252,8 +252,8 @@ FAST_CHUNK_BYTES = 32 * 1024 * 1024
 #: Bytes of lines per transaction on the fast path, whatever ``Settings.import_batch_records``: the largest
 #: records' chunks are committed four at a time (40,000 of them in one transaction peaked at 2.6 GB of RSS).
 BATCH_BYTES = 4 * FAST_CHUNK_BYTES
-#: Records per transaction on the fast path (``Settings.import_batch_records``): several chunks.
-BATCH_RECORDS = 125_000
+#: Records per transaction on the fast path (``Settings.import_batch_records``): one chunk.
+BATCH_RECORDS = 50_000
 
 
 def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None = None,

@@ -148,7 +148,7 @@ class Store:
         buffer pool, and a 32 MB pool could not commit under a 64 MB threshold. A checkpoint rewrites the table's last, partly filled row group (122,880 rows)
         whatever it adds: at 16 MB a collector storing 45,000 events/s checkpointed about once a second, and
         spent a quarter of its own process's CPU on it (``bench/ingest.py``). ``ubi import`` keeps DuckDB's
-        default: its transactions of 125,000 records go to the file as whole row groups, past the WAL.
+        default (its transactions are of 50,000 records).
         """
         self.path = Path(path)
         if not create and not self.path.exists():

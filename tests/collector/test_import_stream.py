@@ -129,8 +129,8 @@ def test_reading_a_json_array_larger_than_the_memory_cap(tmp_path: Path) -> None
 def test_a_killed_import_run_again_stores_every_record_once(tmp_path: Path) -> None:
     files = write_files(tmp_path / "in", 120_000, fmt="ndjson", seed=6)
     db = tmp_path / "ubi.duckdb"
-    # one transaction per 50,000-record chunk (UBI_IMPORT_BATCH_RECORDS; the default, 125,000, would write this
-    # file's events in one), so that the kill can come between two commits
+    # one transaction per 50,000-record chunk (UBI_IMPORT_BATCH_RECORDS, set here as a larger default would
+    # write this file's events in one), so that the kill can come between two commits
     env = {**os.environ, "COLUMNS": "200", "UBI_IMPORT_BATCH_RECORDS": "50000"}
     # --progress-every 0: a line after every committed chunk (the default, one per 5 s, can come only after
     # the last chunk of a file the fast path imports in a few seconds, and the kill would find it all stored)
