@@ -247,10 +247,10 @@ FAST_CHUNK_ITEMS = 50_000
 #: ... and bytes of lines per chunk, whichever comes first: every producer's layout measured (330-470 bytes
 #: a record) fills a chunk by records first, while a file of the largest records the limits accept (about
 #: 29 kB each) gets chunks of about 1,100. Without it, 40,000 such records (1.16 GB) were validated as one
-#: chunk and the import peaked at 9.4 GB of RSS.
+#: chunk and the import peaked at 9.0 GiB of RSS.
 FAST_CHUNK_BYTES = 32 * 1024 * 1024
 #: Bytes of lines per transaction on the fast path, whatever ``Settings.import_batch_records``: the largest
-#: records' chunks are committed four at a time (40,000 of them in one transaction peaked at 2.6 GB of RSS).
+#: records' chunks are committed four at a time (40,000 of them in one transaction peaked at 2.6 GiB of RSS).
 BATCH_BYTES = 4 * FAST_CHUNK_BYTES
 #: Records per transaction on the fast path (``Settings.import_batch_records``): one chunk.
 BATCH_RECORDS = 50_000
