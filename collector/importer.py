@@ -278,9 +278,10 @@ def fast_chunks(path: Path, kind: Kind | None = None, cursor: FileCursor | None 
 
 
 def _sized(blocks: Iterator[tuple[np.ndarray, pa.Array]], size: int,
-           max_bytes: int = FAST_CHUNK_BYTES) -> Iterator[tuple[np.ndarray, pa.Array]]:
+           max_bytes: int) -> Iterator[tuple[np.ndarray, pa.Array, int]]:
     """The lines of ``blocks`` regrouped into runs of ``size`` lines, or fewer where their bytes reach
-    ``max_bytes`` first (a run ends with the line that reaches it; the last run may be shorter)."""
+    ``max_bytes`` first (a run ends with the line that reaches it; the last run may be shorter), each with
+    its line numbers and its bytes."""
     numbers: list[np.ndarray] = []
     lines: list[pa.Array] = []
     have = have_bytes = 0
@@ -299,13 +300,13 @@ def _sized(blocks: Iterator[tuple[np.ndarray, pa.Array]], size: int,
             have, have_bytes = have + take, have_bytes + int(ends[pos + take - 1]) - before
             pos += take
             if have == size or have_bytes >= max_bytes:
-                yield np.concatenate(numbers), pa.concat_arrays(lines)
+                yield np.concatenate(numbers), pa.concat_arrays(lines), have_bytes
                 numbers, lines, have, have_bytes = [], [], 0, 0
     if have:
-        yield np.concatenate(numbers), pa.concat_arrays(lines)
+        yield np.concatenate(numbers), pa.concat_arrays(lines), have_bytes
 
 
-def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int, max_bytes: int = FAST_CHUNK_BYTES) -> Iterator[Chunk]:
+def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int, max_bytes: int) -> Iterator[Chunk]:
     """NDJSON lines as event and query candidates, a block at a time (:mod:`ubi_pipeline.collector.blocks`): with no
     ``--kind``, a line is an event candidate when it names ``action_name`` (a plain event does, a plain
     query record does not: the key guess), and the kind of the first records is the default of those that
@@ -331,9 +332,8 @@ def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int, max_bytes: int = 
         blocks = itertools.chain(head, blocks)
     given: dict[str, str | None] = {"event": kind, "query": kind}
     index = 0
-    for numbers, lines in _sized(blocks, size, max_bytes):
+    for numbers, lines, nbytes in _sized(blocks, size, max_bytes):
         n = len(lines)
-        lengths = pc.binary_length(lines).to_numpy(zero_copy_only=False)
         positions = np.arange(index, index + n, dtype=np.int64)
         if kind == "event":
             is_event = np.ones(n, dtype=bool)
@@ -348,7 +348,7 @@ def _ndjson_chunks(fh: BinaryIO, kind: Kind | None, size: int, max_bytes: int = 
             elif mask.any():
                 c.extend(positions[mask], numbers[mask], lines.filter(pa.array(mask)))
         index += n
-        yield Chunk(events=events, queries=queries, given=given, kind_of=kind_of, nbytes=int(lengths.sum()))
+        yield Chunk(events=events, queries=queries, given=given, kind_of=kind_of, nbytes=nbytes)
 
 
 #: :data:`ubi_pipeline.collector.bodies.PLAIN_ACTION_PATTERN` for Arrow (RE2), matching the whole line as ``fullmatch``.
@@ -441,7 +441,7 @@ class _Counting:
         return int(self.numbers[pos]), self.lines[pos].as_py()
 
 
-def _bulk_chunks(fh: BinaryIO, size: int, max_bytes: int = FAST_CHUNK_BYTES) -> Iterator[Chunk]:
+def _bulk_chunks(fh: BinaryIO, size: int, max_bytes: int) -> Iterator[Chunk]:
     """``_bulk`` lines as candidates, a block at a time (:mod:`ubi_pipeline.collector.blocks`): runs of plain action lines
     (:data:`ubi_pipeline.collector.bodies.PLAIN_ACTION_PATTERN`), each followed by its document, are paired in Arrow
     without Python per line; at any other action line :func:`ubi_pipeline.collector.bodies.bulk_record` (what
